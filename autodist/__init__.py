@@ -1,0 +1,44 @@
+"""autodist: automatic distribution of TensorFlow training.
+
+Importing the package does no work: TensorFlow is loaded only when a name that
+needs it (``capture``) is first used.
+
+Example:
+    >>> import autodist
+    >>> spec = autodist.ResourceSpec.local(workers=2, ps=1)
+    >>> gi = autodist.capture(model)                           # doctest: +SKIP
+    >>> s = autodist.builders.PSLoadBalancing().build(gi, spec)  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from autodist.ir.errors import AutodistError, CaptureError, ResourceSpecError, StrategyError
+from autodist.ir.graph_item import GraphItem
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.ir.strategy import Strategy
+
+__version__ = "0.1.0"
+
+# Names resolved on first use, so that `import autodist` stays cheap.
+_LAZY = {
+    "capture": ("autodist.ir.capture", "capture"),
+    "builders": ("autodist.search.builders", None),
+    "models": ("autodist.models", None),
+}
+
+__all__ = ["AutodistError", "CaptureError", "GraphItem", "ResourceSpec", "ResourceSpecError",
+           "Strategy", "StrategyError", "builders", "capture", "models"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'autodist' has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name)
+    return module if attr is None else getattr(module, attr)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

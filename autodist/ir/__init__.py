@@ -1,0 +1,1 @@
+"""The IR: GraphItem, ResourceSpec and Strategy, their validation, and capture."""

@@ -1,0 +1,570 @@
+"""Capture a training step into a GraphItem.
+
+Three sources are supported, all lowered to the same IR:
+
+* a compiled Keras 3 model (functional, Sequential, or subclassed once built);
+  loss and optimizer come from ``model.compile``;
+* a user function computing the loss from its inputs, with explicit variables
+  and an optimizer;
+* a ``tf.compat.v1`` graph: a loss tensor and a ``tf.compat.v1.train``
+  optimizer.
+
+The traced step computes the loss and returns the gradient of every trainable
+variable, so the gradient of each variable is known by construction. The
+optimizer update is not traced: the optimizer is recorded as data
+(`OptimizerInfo`) and the kernels build its update where the strategy says.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import re
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from autodist.ir.errors import CaptureError
+from autodist.ir.graph_item import GraphItem
+from autodist.ir.op_costs import estimate_ops
+from autodist.proto import graph_item_pb2
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ESTIMATE_BATCH_SIZE = 32
+SUPPORTED_ALGORITHMS = ("sgd", "adam", "adamw", "adagrad", "rmsprop")
+
+
+@dataclasses.dataclass
+class _TracedVariable:
+    name: str
+    handle_node: str
+    dtype: tf.DType
+    shape: list[int]
+    gradient: Any  # tf.Tensor, tf.IndexedSlices or None
+
+
+def capture(target: Any, *, x: Any = None, y: Any = None,
+            input_signature: Sequence[tf.TensorSpec] | None = None,
+            variables: Sequence[Any] | None = None,
+            optimizer: Any = None, name: str | None = None,
+            estimate_batch_size: int = DEFAULT_ESTIMATE_BATCH_SIZE) -> GraphItem:
+    """Traces one training step of `target` into a GraphItem.
+
+    Args:
+        target: A compiled `keras.Model`; or a callable computing a scalar loss
+            from its inputs (then `variables`, `input_signature` and
+            `optimizer` are required); or a scalar loss `tf.Tensor` of a
+            `tf.compat.v1` graph (then `optimizer` is a `tf.compat.v1.train`
+            optimizer).
+        x: Keras only: an example batch of inputs (or a TensorSpec structure);
+            needed for subclassed models, otherwise taken from `model.inputs`.
+        y: Keras only: an example batch of targets (or a TensorSpec); by
+            default inferred from the model output and the loss.
+        input_signature: Function only: TensorSpecs of the inputs.
+        variables: Function: the trainable variables. v1 graph: optional
+            subset of the trainable variables.
+        optimizer: Function or v1 graph: the optimizer.
+        name: Name of the GraphItem (default: model or function name).
+        estimate_batch_size: Batch size used for per-op FLOP/byte estimates.
+
+    Returns:
+        The GraphItem.
+
+    Raises:
+        CaptureError: naming what is missing or unsupported.
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+
+    if estimate_batch_size < 1:
+        raise CaptureError(f"estimate_batch_size must be >= 1. Received: {estimate_batch_size!r}")
+    if isinstance(target, keras.Model):
+        if variables is not None or input_signature is not None or optimizer is not None:
+            raise CaptureError("a Keras model takes its variables, inputs and optimizer from "
+                               "the model and its compile(); pass x=/y= examples instead")
+        return _capture_keras(target, x, y, name, estimate_batch_size)
+    if isinstance(target, tf.Tensor):
+        if tf.is_symbolic_tensor(target) and not isinstance(target.graph, _func_graph_type()):
+            return _capture_v1(target, optimizer, variables, name, estimate_batch_size)
+        raise CaptureError("a tensor passed to capture() must be the loss of a "
+                           f"tf.compat.v1 graph. Received: {target!r}")
+    if callable(target):
+        return _capture_function(target, variables, input_signature, optimizer, name,
+                                 estimate_batch_size)
+    raise CaptureError("capture() takes a compiled keras.Model, a loss function, or a "
+                       f"tf.compat.v1 loss tensor. Received: {type(target).__name__}")
+
+
+def _func_graph_type() -> type:
+    from tensorflow.python.framework import func_graph  # pylint: disable=import-outside-toplevel
+    return func_graph.FuncGraph
+
+
+# --------------------------------------------------------------------- Keras
+def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise CaptureError(f"model {model.name!r} is not compiled: call "
+                           "model.compile(optimizer=..., loss=...) before capture")
+    if getattr(model, "loss", None) is None:
+        raise CaptureError(f"model {model.name!r} was compiled without a loss")
+    x_spec = _keras_input_spec(model, x)
+    if not model.built:
+        raise CaptureError(f"model {model.name!r} is not built: call it on a batch, or pass "
+                           "capture(model, x=example_batch)")
+    y_spec = _keras_target_spec(model, x_spec, y)
+    trainable = list(model.trainable_variables)
+    if not trainable:
+        raise CaptureError(f"model {model.name!r} has no trainable variables")
+
+    def step(inputs, targets):
+        with tf.GradientTape() as tape:
+            predictions = model(inputs, training=True)
+            loss = model.compute_loss(x=inputs, y=targets, y_pred=predictions, training=True)
+        grads = tape.gradient(loss, [v.value for v in trainable])
+        return loss, grads
+
+    concrete = tf.function(step, autograph=False).get_concrete_function(x_spec, y_spec)
+    names = _unique_names([v.path for v in trainable])
+    state = [v for v in model.variables if not v.trainable]
+    input_names = _keras_input_names(model, x_spec)
+    input_infos = [(n, "x") for n in input_names] + [("y", "y")]
+    return _from_concrete_function(
+        concrete, trainable, names, state, _unique_names([v.path for v in state]),
+        input_infos, _optimizer_info(model.optimizer, trainable),
+        "keras", name or model.name, batch_size)
+
+
+def _keras_input_spec(model, x):
+    if x is not None:
+        return tf.nest.map_structure(_spec_of, x)
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        inputs = None
+    if inputs:
+        specs = [tf.TensorSpec(_batch_free(t.shape), tf.as_dtype(t.dtype),
+                               name=_clean(getattr(t, "name", f"input_{i}")))
+                 for i, t in enumerate(inputs)]
+        return specs[0] if len(specs) == 1 else specs
+    raise CaptureError(f"cannot infer the input shape of model {model.name!r} "
+                       "(a subclassed model): pass capture(model, x=example_batch)")
+
+
+def _keras_input_names(model, x_spec) -> list[str]:
+    flat = tf.nest.flatten(x_spec)
+    names = [s.name or f"input_{i}" for i, s in enumerate(flat)]
+    return _unique_names(names) if len(flat) > 1 else [names[0] or "x"]
+
+
+def _keras_target_spec(model, x_spec, y):
+    if y is not None:
+        return tf.nest.map_structure(_spec_of, y)
+    try:
+        out = model.compute_output_spec(
+            tf.nest.map_structure(lambda s: _symbolic(s), x_spec))
+    except Exception as e:  # Keras raises many types here
+        raise CaptureError(f"cannot infer the output of model {model.name!r} ({e}); "
+                           "pass capture(model, x=..., y=example_targets)") from e
+    if isinstance(out, (list, tuple, dict)):
+        raise CaptureError(f"model {model.name!r} has several outputs; pass y= with "
+                           "example targets or TensorSpecs")
+    shape = _batch_free(out.shape)
+    if _is_sparse_categorical(model.loss):
+        return tf.TensorSpec(shape[:-1], tf.int32, name="y")
+    return tf.TensorSpec(shape, tf.as_dtype(out.dtype), name="y")
+
+
+def _symbolic(spec: tf.TensorSpec):
+    import keras  # pylint: disable=import-outside-toplevel
+    return keras.KerasTensor(spec.shape, dtype=spec.dtype.name)
+
+
+def _is_sparse_categorical(loss) -> bool:
+    text = loss if isinstance(loss, str) else getattr(loss, "name", "") or ""
+    fn = getattr(loss, "fn", None)
+    if fn is not None:
+        text += " " + getattr(fn, "__name__", "")
+    if not isinstance(loss, str):
+        text += " " + type(loss).__name__
+    return "sparse_categorical" in text.lower() or "sparsecategorical" in text.lower()
+
+
+def _spec_of(value) -> tf.TensorSpec:
+    if isinstance(value, tf.TensorSpec):
+        return value
+    arr = np.asarray(value) if not isinstance(value, tf.Tensor) else value
+    dtype = tf.as_dtype(arr.dtype)
+    if dtype == tf.float64:
+        dtype = tf.float32
+    if dtype == tf.int64:
+        dtype = tf.int32
+    return tf.TensorSpec([None] + list(arr.shape[1:]), dtype)
+
+
+def _batch_free(shape) -> list[int | None]:
+    dims = list(shape)
+    return [None] + [None if d is None else int(d) for d in dims[1:]]
+
+
+def _clean(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name.split(":")[0]) or "input"
+
+
+# ------------------------------------------------------------------ function
+def _capture_function(fn, variables, input_signature, optimizer, name, batch_size) -> GraphItem:
+    missing = [arg for arg, value in (("variables", variables),
+                                      ("input_signature", input_signature),
+                                      ("optimizer", optimizer)) if value is None]
+    if missing:
+        raise CaptureError(f"capturing a loss function needs {', '.join(missing)}: "
+                           "capture(loss_fn, variables=[...], "
+                           "input_signature=[tf.TensorSpec(...)], optimizer=...)")
+    variables = list(variables)
+    if not variables:
+        raise CaptureError("capture(loss_fn, variables=...) received an empty variable list")
+    tf_vars = [_tf_variable(v, i) for i, v in enumerate(variables)]
+    python_fn = getattr(fn, "python_function", fn)
+    specs = [s if isinstance(s, tf.TensorSpec) else _spec_of(s) for s in input_signature]
+
+    def step(*args):
+        with tf.GradientTape() as tape:
+            loss = python_fn(*args)
+        grads = tape.gradient(loss, tf_vars)
+        return loss, grads
+
+    concrete = tf.function(step, autograph=True).get_concrete_function(*specs)
+    names = _unique_names([_variable_name(v) for v in variables])
+    input_infos = [(s.name or f"input_{i}", "") for i, s in enumerate(specs)]
+    return _from_concrete_function(
+        concrete, variables, names, [], [], input_infos, _optimizer_info(optimizer, variables),
+        "function", name or getattr(python_fn, "__name__", "step"), batch_size)
+
+
+def _tf_variable(v, index):
+    inner = getattr(v, "value", None)
+    if isinstance(v, tf.Variable):
+        return v
+    if isinstance(inner, tf.Variable):
+        return inner
+    raise CaptureError(f"variables[{index}] is not a tf.Variable or keras.Variable. "
+                       f"Received: {type(v).__name__}")
+
+
+def _variable_name(v) -> str:
+    path = getattr(v, "path", None)
+    if isinstance(path, str) and path:
+        return path
+    return v.name.split(":")[0]
+
+
+def _from_concrete_function(concrete, trainable, names, state, state_names, input_infos,
+                            optimizer_info, source, name, batch_size) -> GraphItem:
+    graph = concrete.graph
+    loss, grads = concrete.structured_outputs
+    if loss.shape.rank not in (0, None):
+        raise CaptureError(f"the loss must be a scalar. Received shape {loss.shape}")
+    captured = {id(external): internal for external, internal in graph.captures}
+    handle_of = {}
+    for v in list(trainable) + list(state):
+        tf_var = v.value if isinstance(getattr(v, "value", None), tf.Variable) else v
+        internal = captured.get(id(tf_var.handle))
+        if internal is not None:
+            handle_of[id(v)] = internal.op.name
+
+    traced = []
+    for v, var_name, grad in zip(trainable, names, grads):
+        if id(v) not in handle_of:
+            logger.warning("variable %s is not used by the step; it gets no gradient", var_name)
+        traced.append(_TracedVariable(var_name, handle_of.get(id(v), ""), tf.as_dtype(v.dtype),
+                                      [int(d) for d in v.shape], grad))
+    known_handles = set(handle_of.values())
+
+    graph_def = graph.as_graph_def()
+    _inline_constant_captures(graph, graph_def, known_handles)
+
+    num_inputs = len(input_infos)
+    inputs = []
+    flat_inputs = concrete.inputs[:len(tf.nest.flatten(concrete.structured_input_signature))]
+    if len(flat_inputs) != num_inputs:
+        input_infos = [(t.op.name, "") for t in flat_inputs]
+    for (in_name, role), tensor in zip(input_infos, flat_inputs):
+        inputs.append(graph_item_pb2.TensorInfo(
+            name=in_name, tensor=tensor.name, dtype=tensor.dtype.name,
+            shape=_proto_shape(tensor.shape), role=role))
+
+    states = []
+    for v, var_name in zip(state, state_names):
+        node = handle_of.get(id(v))
+        if node is None:
+            continue
+        updates = _update_ops(graph, node)
+        states.append(_state_info(var_name, node, tf.as_dtype(v.dtype), list(v.shape), updates))
+    return _assemble(graph, graph_def, source, name, inputs, loss, traced, states,
+                     optimizer_info, ("gradient_tape/",), batch_size)
+
+
+def _inline_constant_captures(graph, graph_def, variable_handles: set[str]) -> None:
+    """Replaces placeholders of captured eager tensors by constants.
+
+    Resource captures must be the model's variables; anything else a traced
+    step captured from Python (an eager tensor) becomes a Const node so that
+    the GraphDef is self-contained.
+    """
+    nodes = {n.name: n for n in graph_def.node}
+    for external, internal in graph.captures:
+        node_name = internal.op.name
+        if node_name in variable_handles:
+            continue
+        if internal.dtype == tf.resource:
+            raise CaptureError(
+                f"the step reads a resource ({node_name}) that is not one of the "
+                "model's variables; only variables may be captured")
+        value = tf.get_static_value(external)
+        if value is None:
+            raise CaptureError(f"the step captures a tensor ({node_name}) whose value is "
+                               "not known at trace time")
+        const = tf.compat.v1.NodeDef(name=node_name, op="Const")
+        const.attr["dtype"].type = internal.dtype.as_datatype_enum
+        const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
+        nodes[node_name].CopyFrom(const)
+
+
+def _update_ops(graph, handle_node: str) -> list[str]:
+    out = []
+    for op in graph.get_operations():
+        if op.type in ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp") \
+                and op.inputs[0].op.name == handle_node:
+            out.append(op.name)
+    return out
+
+
+# ------------------------------------------------------------------ v1 graph
+def _capture_v1(loss, optimizer, variables, name, batch_size) -> GraphItem:
+    if optimizer is None or not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise CaptureError("capturing a tf.compat.v1 graph needs optimizer= a "
+                           "tf.compat.v1.train optimizer. Received: "
+                           f"{type(optimizer).__name__}")
+    graph = loss.graph
+    with graph.as_default():
+        var_list = list(variables) if variables is not None else \
+            tf.compat.v1.trainable_variables()
+        if not var_list:
+            raise CaptureError("the v1 graph has no trainable variables")
+        for v in var_list:
+            if not isinstance(v, tf.Variable) or v.op.type != "VarHandleOp":
+                raise CaptureError(
+                    f"variable {getattr(v, 'name', v)!r} is a reference variable; create it "
+                    "with use_resource=True (or tf.compat.v1.enable_resource_variables())")
+        grads_and_vars = optimizer.compute_gradients(loss, var_list=var_list)
+    names = _unique_names([v.op.name for v in var_list])
+    traced = [_TracedVariable(n, v.op.name, v.dtype.base_dtype, [int(d) for d in v.shape], g)
+              for n, (g, v) in zip(names, grads_and_vars)]
+    grad_scopes = sorted({_first_scope(g) for g, _ in grads_and_vars if g is not None})
+    inputs = [graph_item_pb2.TensorInfo(name=op.name, tensor=op.outputs[0].name,
+                                        dtype=op.outputs[0].dtype.name,
+                                        shape=_proto_shape(op.outputs[0].shape))
+              for op in graph.get_operations() if op.type == "Placeholder"]
+    trainable_handles = {v.op.name for v in var_list}
+    states = []
+    for v in tf.compat.v1.global_variables() if graph is tf.compat.v1.get_default_graph() \
+            else graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
+        if v.op.name in trainable_handles or v.op.type != "VarHandleOp":
+            continue
+        updates = _update_ops(graph, v.op.name)
+        if updates:
+            states.append(_state_info(v.op.name, v.op.name, v.dtype.base_dtype,
+                                      list(v.shape), updates))
+    optimizer_info = _optimizer_info(optimizer, var_list)
+    return _assemble(graph, graph.as_graph_def(), "v1_graph", name or "v1_graph", inputs, loss,
+                     traced, states, optimizer_info, tuple(grad_scopes) or ("gradients/",),
+                     batch_size)
+
+
+def _first_scope(grad) -> str:
+    tensor = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+    return tensor.name.split("/")[0] + "/"
+
+
+# ------------------------------------------------------------------- shared
+def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, optimizer_info,
+              backward_prefixes, batch_size) -> GraphItem:
+    order = {op.name: i for i, op in enumerate(graph.get_operations())}
+    fetches = [loss.op] + [op for s in states for op in map(graph.get_operation_by_name,
+                                                              s.update_ops)]
+    variables = []
+    for t in traced:
+        info = graph_item_pb2.VariableInfo(
+            name=t.name, handle_node=t.handle_node, dtype=t.dtype.name, shape=t.shape,
+            byte_size=math.prod(t.shape) * t.dtype.size)
+        grad = t.gradient
+        if isinstance(grad, tf.IndexedSlices):
+            info.sparse_gradient = True
+            info.gradient.values = grad.values.name
+            info.gradient.indices = grad.indices.name
+            if grad.dense_shape is not None:
+                info.gradient.dense_shape = grad.dense_shape.name
+            producer = grad.values
+        elif grad is not None:
+            info.gradient.dense = grad.name
+            producer = grad
+        else:
+            producer = None
+        if producer is not None:
+            fetches.append(producer.op)
+            source_op = producer.op
+            # Function outputs are Identity wrappers; the order is the producer's.
+            while source_op.type == "Identity" and source_op.inputs:
+                source_op = source_op.inputs[0].op
+            info.gradient_order = order.get(source_op.name, 0)
+        info.partitionable_axes.extend(_partitionable_axes(t.shape, info.sparse_gradient))
+        info.slots.extend(_slot_names(optimizer_info, t.name))
+        variables.append(info)
+
+    relevant = _ancestors(fetches)
+    ops = [op_info for op_info in estimate_ops(graph, batch_size, backward_prefixes)
+           if op_info.name in relevant]
+    proto = graph_item_pb2.GraphItem(
+        graph_def=graph_def.SerializeToString(deterministic=True), source=source, name=name,
+        inputs=inputs, loss_tensor=loss.name, variables=variables, state_variables=states,
+        optimizer=optimizer_info, ops=ops, estimate_batch_size=batch_size)
+    return GraphItem(proto)
+
+
+def _ancestors(fetch_ops) -> set[str]:
+    seen: set[str] = set()
+    stack = list(fetch_ops)
+    while stack:
+        op = stack.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return seen
+
+
+def _partitionable_axes(shape: list[int], sparse: bool) -> list[int]:
+    if sparse:
+        # A gather reads rows: only axis 0 can be split.
+        return [0] if shape and shape[0] > 1 else []
+    return [axis for axis, dim in enumerate(shape) if dim > 1]
+
+
+def _state_info(name, handle_node, dtype, shape, updates) -> graph_item_pb2.StateInfo:
+    shape = [int(d) for d in shape]
+    return graph_item_pb2.StateInfo(name=name, handle_node=handle_node, dtype=dtype.name,
+                                    shape=shape, byte_size=math.prod(shape) * dtype.size,
+                                    update_ops=updates)
+
+
+def _proto_shape(shape: tf.TensorShape) -> list[int]:
+    if shape.rank is None:
+        return []
+    return [-1 if d is None else int(d) for d in shape.as_list()]
+
+
+def _unique_names(names: Sequence[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        if n in seen:
+            seen[n] += 1
+            candidate = f"{n}_{seen[n]}"
+            while candidate in seen:
+                seen[n] += 1
+                candidate = f"{n}_{seen[n]}"
+            n = candidate
+        seen.setdefault(n, 0)
+        out.append(n)
+    return out
+
+
+# ---------------------------------------------------------------- optimizer
+_KERAS_ALGORITHMS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "Adagrad": "adagrad",
+                     "RMSprop": "rmsprop"}
+_V1_ALGORITHMS = {"GradientDescentOptimizer": "sgd", "MomentumOptimizer": "sgd",
+                  "AdamOptimizer": "adam", "AdagradOptimizer": "adagrad",
+                  "RMSPropOptimizer": "rmsprop"}
+# Attributes of v1 optimizers, as the Keras hyper-parameter they correspond to.
+_V1_HYPERPARAMETERS = {"_learning_rate": "learning_rate", "_lr": "learning_rate",
+                       "_momentum": "momentum",
+                       "_use_nesterov": "nesterov", "_beta1": "beta_1", "_beta2": "beta_2",
+                       "_epsilon": "epsilon", "_initial_accumulator_value":
+                       "initial_accumulator_value", "_decay": "rho", "_centered": "centered"}
+
+
+def _optimizer_info(optimizer, variables) -> graph_item_pb2.OptimizerInfo:
+    import keras  # pylint: disable=import-outside-toplevel
+
+    class_name = type(optimizer).__name__
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        algorithm = _V1_ALGORITHMS.get(class_name)
+        if algorithm is None:
+            raise CaptureError(f"unsupported tf.compat.v1 optimizer {class_name}; supported: "
+                               f"{sorted(_V1_ALGORITHMS)}")
+        hyper = {}
+        for attr, key in _V1_HYPERPARAMETERS.items():
+            value = getattr(optimizer, attr, None)
+            if value is None:
+                continue
+            static = tf.get_static_value(value) if isinstance(value, tf.Tensor) else value
+            if static is None or callable(static):
+                raise CaptureError(f"{class_name}.{key} must be a number, not a tensor "
+                                   f"computed at run time. Received: {value!r}")
+            hyper[key] = float(static)
+        config = {"class_name": class_name, "config": hyper}
+        return graph_item_pb2.OptimizerInfo(algorithm=algorithm, family="v1",
+                                            class_name=class_name, hyperparameters=hyper,
+                                            config_json=json.dumps(config, sort_keys=True))
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        algorithm = _KERAS_ALGORITHMS.get(class_name)
+        if algorithm is None:
+            raise CaptureError(f"unsupported Keras optimizer {class_name}; supported: "
+                               f"{sorted(_KERAS_ALGORITHMS)}")
+        config = optimizer.get_config()
+        hyper = {}
+        for key, value in config.items():
+            if isinstance(value, bool):
+                hyper[key] = float(value)
+            elif isinstance(value, (int, float)) and value is not None:
+                hyper[key] = float(value)
+        lr = optimizer.learning_rate
+        if "learning_rate" not in hyper:
+            hyper["learning_rate"] = float(np.asarray(lr))
+        serialized = keras.optimizers.serialize(optimizer)
+        return graph_item_pb2.OptimizerInfo(
+            algorithm=algorithm, family="keras", class_name=class_name, hyperparameters=hyper,
+            config_json=json.dumps(serialized, sort_keys=True, default=str))
+    raise CaptureError("optimizer must be a keras.optimizers.Optimizer or a "
+                       f"tf.compat.v1.train.Optimizer. Received: {class_name}")
+
+
+def _slot_names(info: graph_item_pb2.OptimizerInfo, var_name: str) -> list[str]:
+    hp = info.hyperparameters
+    algorithm = info.algorithm
+    if info.family == "v1":
+        if algorithm == "sgd":
+            return ["momentum"] if info.class_name == "MomentumOptimizer" else []
+        if algorithm == "adam":
+            return ["m", "v"]
+        if algorithm == "adagrad":
+            return ["accumulator"]
+        if algorithm == "rmsprop":
+            return ["rms", "momentum"] + (["mg"] if hp.get("centered") else [])
+    else:
+        if algorithm == "sgd":
+            return ["momentum"] if hp.get("momentum", 0.0) > 0 else []
+        if algorithm in ("adam", "adamw"):
+            return ["momentum", "velocity"] + (["velocity_hat"] if hp.get("amsgrad") else [])
+        if algorithm == "adagrad":
+            return ["accumulator"]
+        if algorithm == "rmsprop":
+            slots = ["velocity"]
+            if hp.get("momentum", 0.0) > 0:
+                slots.append("momentum")
+            if hp.get("centered"):
+                slots.append("average_gradient")
+            return slots
+    raise CaptureError(f"no slot rule for optimizer {info.class_name} (variable {var_name})")

@@ -1,0 +1,234 @@
+"""GraphItem: the traced training step and what the compiler knows about it.
+
+A GraphItem is made by `autodist.capture` and consumed by the search, the
+kernels and the runtime. It wraps `graph_item.proto`; nothing here imports
+TensorFlow, so the search can work on GraphItems without it.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Iterator
+
+import networkx as nx
+from google.protobuf import text_format
+
+from autodist.ir.atomic import atomic_write
+from autodist.ir.errors import CaptureError
+from autodist.ir.fingerprint import fingerprint
+from autodist.proto import graph_item_pb2
+
+GRAPH_ITEM_SCHEMA_VERSION = 1
+
+VariableInfo = graph_item_pb2.VariableInfo
+
+
+class GraphItem:
+    """The traced step (GraphDef) plus per-variable facts.
+
+    Attributes exposed as properties: `variables` (trainable, in capture
+    order), `state_variables`, `optimizer`, `inputs`, `loss_tensor`, `ops`.
+
+    Example:
+        >>> gi = autodist.capture(model)          # doctest: +SKIP
+        >>> gi.variable("dense/kernel").byte_size  # doctest: +SKIP
+        200704
+    """
+
+    def __init__(self, proto: graph_item_pb2.GraphItem) -> None:
+        self._proto = graph_item_pb2.GraphItem()
+        self._proto.CopyFrom(proto)
+        if not self._proto.schema_version:
+            self._proto.schema_version = GRAPH_ITEM_SCHEMA_VERSION
+        self._by_name = {v.name: v for v in self._proto.variables}
+        if len(self._by_name) != len(self._proto.variables):
+            names = [v.name for v in self._proto.variables]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise CaptureError(f"variable names must be unique. Received duplicates: {dup}")
+        self._fingerprint: str | None = None
+
+    # ------------------------------------------------------------ accessors
+    @property
+    def proto(self) -> graph_item_pb2.GraphItem:
+        """The underlying protobuf (do not modify)."""
+        return self._proto
+
+    @property
+    def name(self) -> str:
+        return self._proto.name
+
+    @property
+    def source(self) -> str:
+        return self._proto.source
+
+    @property
+    def variables(self) -> list[VariableInfo]:
+        return list(self._proto.variables)
+
+    @property
+    def variable_names(self) -> list[str]:
+        return [v.name for v in self._proto.variables]
+
+    def variable(self, name: str) -> VariableInfo:
+        """The trainable variable called `name`; KeyError names the known ones."""
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no trainable variable {name!r} in GraphItem {self.name!r}; "
+                           f"known: {sorted(self._by_name)}") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    @property
+    def state_variables(self) -> list[graph_item_pb2.StateInfo]:
+        return list(self._proto.state_variables)
+
+    @property
+    def optimizer(self) -> graph_item_pb2.OptimizerInfo:
+        return self._proto.optimizer
+
+    @property
+    def inputs(self) -> list[graph_item_pb2.TensorInfo]:
+        return list(self._proto.inputs)
+
+    @property
+    def loss_tensor(self) -> str:
+        return self._proto.loss_tensor
+
+    @property
+    def ops(self) -> list[graph_item_pb2.OpInfo]:
+        return list(self._proto.ops)
+
+    @property
+    def num_parameters(self) -> int:
+        total = 0
+        for v in self._proto.variables:
+            n = 1
+            for d in v.shape:
+                n *= d
+            total += n
+        return total
+
+    @property
+    def total_variable_bytes(self) -> int:
+        return sum(v.byte_size for v in self._proto.variables)
+
+    @property
+    def total_flops(self) -> float:
+        """Estimated FLOPs of one step at `estimate_batch_size`."""
+        return sum(op.flops for op in self._proto.ops)
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self._proto)
+        return self._fingerprint
+
+    def graph_def(self):
+        """The step as a `tf.compat.v1.GraphDef` (imports TensorFlow)."""
+        from tensorflow.core.framework import graph_pb2  # pylint: disable=import-outside-toplevel
+
+        graph_def = graph_pb2.GraphDef()
+        graph_def.ParseFromString(self._proto.graph_def)
+        return graph_def
+
+    def op_dag(self) -> nx.DiGraph:
+        """The op DAG as a networkx graph.
+
+        Nodes carry ``type``, ``phase``, ``flops``, ``output_bytes`` and
+        ``order`` (topological index); edges go from producer to consumer,
+        control edges included (attribute ``control=True``).
+        """
+        from tensorflow.core.framework import graph_pb2  # pylint: disable=import-outside-toplevel
+
+        graph_def = graph_pb2.GraphDef()
+        graph_def.ParseFromString(self._proto.graph_def)
+        dag = nx.DiGraph()
+        for order, op in enumerate(self._proto.ops):
+            dag.add_node(op.name, type=op.type, phase=op.phase, flops=op.flops,
+                         output_bytes=op.output_bytes, order=order)
+        for node in graph_def.node:
+            if node.name not in dag:
+                dag.add_node(node.name, type=node.op, phase="", flops=0.0,
+                             output_bytes=0, order=-1)
+            for inp in node.input:
+                control = inp.startswith("^")
+                src = inp.lstrip("^").split(":")[0]
+                dag.add_edge(src, node.name, control=control)
+        return dag
+
+    # ------------------------------------------------------- serialization
+    def serialize(self) -> bytes:
+        return self._proto.SerializeToString(deterministic=True)
+
+    @classmethod
+    def deserialize(cls, data: bytes) -> GraphItem:
+        proto = graph_item_pb2.GraphItem()
+        proto.ParseFromString(data)
+        return cls(proto)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the binary proto atomically (a temporary file, then rename)."""
+        atomic_write(path, self.serialize())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> GraphItem:
+        try:
+            data = pathlib.Path(path).read_bytes()
+        except OSError as e:
+            raise CaptureError(f"cannot read GraphItem file {str(path)!r}: {e}") from e
+        try:
+            return cls.deserialize(data)
+        except Exception as e:  # protobuf raises DecodeError
+            raise CaptureError(f"{str(path)!r} is not a GraphItem protobuf: {e}") from e
+
+    def summary(self) -> str:
+        """A table of the variables: name, shape, dtype, bytes, sparse, axes, slots."""
+        rows = [("name", "shape", "dtype", "bytes", "sparse", "axes", "slots")]
+        for v in self._proto.variables:
+            rows.append((v.name, "x".join(str(d) for d in v.shape) or "scalar", v.dtype,
+                         f"{v.byte_size:,}", "yes" if v.sparse_gradient else "no",
+                         ",".join(str(a) for a in v.partitionable_axes) or "-",
+                         ",".join(v.slots) or "-"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        opt = self._proto.optimizer
+        hp = ", ".join(f"{k}={v:g}" for k, v in sorted(opt.hyperparameters.items()))
+        phases: dict[str, int] = {}
+        for op in self._proto.ops:
+            phases[op.phase] = phases.get(op.phase, 0) + 1
+        header = [
+            f"GraphItem {self.name!r} (captured from {self.source}), fingerprint {self.fingerprint}",
+            f"  variables: {len(self._proto.variables)} trainable, "
+            f"{self.num_parameters:,} parameters, {self.total_variable_bytes:,} bytes; "
+            f"{len(self._proto.state_variables)} state variables",
+            f"  optimizer: {opt.class_name} ({opt.family} {opt.algorithm}) {hp}",
+            f"  ops: {len(self._proto.ops)} "
+            f"({', '.join(f'{k} {v}' for k, v in sorted(phases.items()))}), "
+            f"{self.total_flops / 1e9:.3f} GFLOP per step at batch {self._proto.estimate_batch_size}",
+            "  inputs: " + ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}" for t in self._proto.inputs),
+            "",
+        ]
+        return "\n".join(header + lines)
+
+    def to_text(self, include_graph: bool = False) -> str:
+        """Text form of the proto; the GraphDef bytes are left out unless asked."""
+        proto = graph_item_pb2.GraphItem()
+        proto.CopyFrom(self._proto)
+        if not include_graph:
+            proto.ClearField("graph_def")
+            proto.ClearField("ops")
+        return text_format.MessageToString(proto)
+
+    def __iter__(self) -> Iterator[VariableInfo]:
+        return iter(self._proto.variables)
+
+    def __len__(self) -> int:
+        return len(self._proto.variables)
+
+    def __repr__(self) -> str:
+        return (f"GraphItem(name={self.name!r}, variables={len(self)}, "
+                f"parameters={self.num_parameters:,}, ops={len(self._proto.ops)})")
+

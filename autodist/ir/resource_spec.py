@@ -1,0 +1,466 @@
+"""ResourceSpec: the cluster a strategy runs on.
+
+Every node of the spec is one TensorFlow task. A node with the ``worker`` role
+belongs to the job ``worker`` and runs compute replicas on its GPUs (or, with no
+GPU, on its first CPU); a node that only has the ``ps`` role belongs to the job
+``ps``. Parameter-server variables live on the first CPU of the nodes that have
+the ``ps`` role. Device names are TensorFlow's, e.g.
+``/job:worker/task:1/device:GPU:0``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from typing import Any, Iterable, Mapping
+
+from google.protobuf import text_format
+
+from autodist.ir.errors import ResourceSpecError
+from autodist.ir.fingerprint import fingerprint
+from autodist.proto import resource_spec_pb2
+
+RESOURCE_SPEC_SCHEMA_VERSION = 1
+# Used when a node's bandwidth is unknown (0 in the proto).
+DEFAULT_BANDWIDTH_GBPS = 10.0
+VALID_ROLES = ("worker", "ps")
+_NODE_KEYS = {"address", "port", "chief", "cpus", "gpus", "network_bandwidth",
+              "roles", "ssh_config"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """One device of the cluster.
+
+    Attributes:
+        name: TensorFlow device name, e.g. "/job:worker/task:0/device:CPU:0".
+        node_index: Index of the node in ResourceSpec.nodes.
+        device_type: "CPU" or "GPU".
+        index: The device index on its node.
+    """
+
+    name: str
+    node_index: int
+    device_type: str
+    index: int
+
+
+class ResourceSpec:
+    """The nodes, devices, roles and bandwidths of a cluster.
+
+    Build one with `ResourceSpec.local`, `ResourceSpec.from_yaml`,
+    `ResourceSpec.from_tf_config` or `ResourceSpec.from_dict`; every
+    constructor validates and raises `ResourceSpecError` naming the field and
+    the value received.
+
+    Example:
+        >>> spec = ResourceSpec.local(workers=2, ps=1)
+        >>> spec.replica_devices
+        ['/job:worker/task:0/device:CPU:0', '/job:worker/task:1/device:CPU:0']
+        >>> spec.ps_devices
+        ['/job:ps/task:0/device:CPU:0']
+    """
+
+    def __init__(self, proto: resource_spec_pb2.ResourceSpec) -> None:
+        self._proto = resource_spec_pb2.ResourceSpec()
+        self._proto.CopyFrom(proto)
+        if not self._proto.schema_version:
+            self._proto.schema_version = RESOURCE_SPEC_SCHEMA_VERSION
+        self._validate()
+        self._tasks = self._assign_tasks()
+
+    # ----------------------------------------------------------- constructors
+    @classmethod
+    def local(cls, workers: int = 2, ps: int = 0,
+              bandwidth_gbps: float | None = None,
+              address: str = "localhost") -> ResourceSpec:
+        """A cluster of local processes on one host, ports chosen at launch.
+
+        Args:
+            workers: Number of worker tasks (one CPU replica each), >= 1.
+            ps: Number of parameter-server-only tasks. With 0, the workers'
+                CPUs hold parameter-server variables.
+            bandwidth_gbps: Bandwidth per task in Gbit/s; None = unknown.
+            address: Host of every task.
+
+        Returns:
+            The spec; worker 0 is the chief.
+        """
+        if not isinstance(workers, int) or workers < 1:
+            raise ResourceSpecError(
+                f"ResourceSpec.local: workers must be an integer >= 1. Received: {workers!r}")
+        if not isinstance(ps, int) or ps < 0:
+            raise ResourceSpecError(
+                f"ResourceSpec.local: ps must be an integer >= 0. Received: {ps!r}")
+        worker_roles = ["worker"] if ps else ["worker", "ps"]
+        nodes = []
+        for i in range(workers):
+            nodes.append({"address": address, "chief": i == 0, "cpus": [0],
+                          "roles": worker_roles, "network_bandwidth": bandwidth_gbps})
+        for _ in range(ps):
+            nodes.append({"address": address, "cpus": [0], "roles": ["ps"],
+                          "network_bandwidth": bandwidth_gbps})
+        return cls.from_dict({"nodes": nodes}, source="ResourceSpec.local")
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike) -> ResourceSpec:
+        """Reads the AutoDist-style YAML format.
+
+        The file holds a list of nodes, each with ``address`` (host or
+        ``host:port``), optional ``port``, ``cpus`` (indices, default [0]),
+        ``gpus`` (indices), ``chief`` (exactly one node), ``network_bandwidth``
+        (Gbit/s) and ``roles`` (default both ``worker`` and ``ps``)::
+
+            nodes:
+              - address: 10.0.0.1
+                gpus: [0, 1]
+                chief: true
+                network_bandwidth: 25
+              - address: 10.0.0.2
+                gpus: [0, 1]
+                network_bandwidth: 25
+
+        Args:
+            path: Path of the YAML file.
+
+        Returns:
+            The validated spec.
+        """
+        import yaml  # pylint: disable=import-outside-toplevel
+
+        path = pathlib.Path(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except OSError as e:
+            raise ResourceSpecError(f"cannot read resource spec {str(path)!r}: {e}") from e
+        except yaml.YAMLError as e:
+            raise ResourceSpecError(f"resource spec {str(path)!r} is not valid YAML: {e}") from e
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_tf_config(cls, tf_config: str | Mapping[str, Any] | None = None, *,
+                       gpus_per_worker: int = 0,
+                       bandwidth_gbps: float | None = None) -> ResourceSpec:
+        """Reads a TF_CONFIG (the convention of Kubernetes TF operators).
+
+        ``chief`` and ``worker`` tasks become worker nodes (the chief, or else
+        worker 0, is the chief); ``ps`` tasks become parameter-server nodes.
+
+        Args:
+            tf_config: The JSON string or parsed dict; None reads the
+                ``TF_CONFIG`` environment variable.
+            gpus_per_worker: GPUs on each worker node.
+            bandwidth_gbps: Bandwidth per node in Gbit/s; None = unknown.
+
+        Returns:
+            The validated spec.
+        """
+        if tf_config is None:
+            tf_config = os.environ.get("TF_CONFIG")
+            if not tf_config:
+                raise ResourceSpecError("TF_CONFIG is not set in the environment")
+        if isinstance(tf_config, str):
+            try:
+                tf_config = json.loads(tf_config)
+            except json.JSONDecodeError as e:
+                raise ResourceSpecError(f"TF_CONFIG is not valid JSON: {e}. "
+                                        f"Received: {tf_config!r}") from e
+        cluster = tf_config.get("cluster") if isinstance(tf_config, Mapping) else None
+        if not isinstance(cluster, Mapping) or not cluster:
+            raise ResourceSpecError(
+                f"TF_CONFIG must have a non-empty 'cluster' mapping. Received: {tf_config!r}")
+        unknown = set(cluster) - {"chief", "worker", "ps", "evaluator"}
+        if unknown:
+            raise ResourceSpecError(
+                f"TF_CONFIG cluster has unknown jobs {sorted(unknown)}; "
+                f"expected chief, worker, ps. Received: {dict(cluster)!r}")
+        if gpus_per_worker < 0:
+            raise ResourceSpecError(
+                f"gpus_per_worker must be >= 0. Received: {gpus_per_worker!r}")
+        nodes = []
+        has_chief = bool(cluster.get("chief"))
+        for job in ("chief", "worker", "ps"):
+            addresses = cluster.get(job) or []
+            if not isinstance(addresses, list):
+                raise ResourceSpecError(
+                    f"TF_CONFIG cluster.{job} must be a list of 'host:port'. "
+                    f"Received: {addresses!r}")
+            for i, addr in enumerate(addresses):
+                node: dict[str, Any] = {"address": addr, "cpus": [0],
+                                        "network_bandwidth": bandwidth_gbps}
+                if job == "ps":
+                    node["roles"] = ["ps"]
+                else:
+                    node["roles"] = ["worker"] if cluster.get("ps") else ["worker", "ps"]
+                    node["gpus"] = list(range(gpus_per_worker))
+                    node["chief"] = (job == "chief") or (not has_chief and i == 0)
+                nodes.append(node)
+        return cls.from_dict({"nodes": nodes}, source="TF_CONFIG")
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "resource spec") -> ResourceSpec:
+        """Builds a spec from the parsed YAML structure ({"nodes": [...]})."""
+        if not isinstance(data, Mapping) or "nodes" not in data:
+            raise ResourceSpecError(
+                f"{source}: expected a mapping with a 'nodes' list. Received: {data!r}")
+        nodes = data["nodes"]
+        if not isinstance(nodes, list) or not nodes:
+            raise ResourceSpecError(
+                f"{source}: 'nodes' must be a non-empty list. Received: {nodes!r}")
+        proto = resource_spec_pb2.ResourceSpec(schema_version=RESOURCE_SPEC_SCHEMA_VERSION)
+        for i, raw in enumerate(nodes):
+            proto.nodes.append(_node_from_dict(raw, f"{source}: nodes[{i}]"))
+        if not any(n.chief for n in proto.nodes):
+            first_worker = next((n for n in proto.nodes if "worker" in n.roles), None)
+            if first_worker is not None:
+                first_worker.chief = True
+        return cls(proto)
+
+    # ------------------------------------------------------------ properties
+    @property
+    def proto(self) -> resource_spec_pb2.ResourceSpec:
+        """A copy of the underlying protobuf."""
+        copy = resource_spec_pb2.ResourceSpec()
+        copy.CopyFrom(self._proto)
+        return copy
+
+    @property
+    def nodes(self) -> list[resource_spec_pb2.Node]:
+        return list(self._proto.nodes)
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self._proto)
+
+    def task_of(self, node_index: int) -> tuple[str, int]:
+        """Returns (job, task index) of a node."""
+        return self._tasks[node_index]
+
+    @property
+    def chief_index(self) -> int:
+        return next(i for i, n in enumerate(self._proto.nodes) if n.chief)
+
+    @property
+    def devices(self) -> list[Device]:
+        """Every device of the cluster, node by node."""
+        out = []
+        for i, node in enumerate(self._proto.nodes):
+            job, task = self._tasks[i]
+            for c in node.cpus:
+                out.append(Device(f"/job:{job}/task:{task}/device:CPU:{c}", i, "CPU", c))
+            for g in node.gpus:
+                out.append(Device(f"/job:{job}/task:{task}/device:GPU:{g}", i, "GPU", g))
+        return out
+
+    @property
+    def device_names(self) -> list[str]:
+        return [d.name for d in self.devices]
+
+    @property
+    def replica_devices(self) -> list[str]:
+        """Compute devices: GPUs of worker nodes, or their first CPU without GPUs."""
+        out = []
+        for i, node in enumerate(self._proto.nodes):
+            if "worker" not in node.roles:
+                continue
+            job, task = self._tasks[i]
+            if node.gpus:
+                out += [f"/job:{job}/task:{task}/device:GPU:{g}" for g in node.gpus]
+            else:
+                out.append(f"/job:{job}/task:{task}/device:CPU:{node.cpus[0]}")
+        return out
+
+    @property
+    def ps_devices(self) -> list[str]:
+        """Devices that may hold parameter-server variables (first CPU of ps nodes)."""
+        out = []
+        for i, node in enumerate(self._proto.nodes):
+            if "ps" in node.roles:
+                job, task = self._tasks[i]
+                out.append(f"/job:{job}/task:{task}/device:CPU:{node.cpus[0]}")
+        return out
+
+    def node_of(self, device: str) -> int:
+        """Index of the node holding `device`; raises KeyError if absent."""
+        for d in self.devices:
+            if d.name == device:
+                return d.node_index
+        raise KeyError(device)
+
+    def bandwidth_gbps(self, node_or_device: int | str) -> float:
+        """Bandwidth of a node (by index or by one of its devices), in Gbit/s."""
+        index = node_or_device if isinstance(node_or_device, int) else self.node_of(node_or_device)
+        value = self._proto.nodes[index].network_bandwidth_gbps
+        return value if value > 0 else DEFAULT_BANDWIDTH_GBPS
+
+    def cluster_def(self, ports: Iterable[int] | None = None) -> dict[str, list[str]]:
+        """The TensorFlow cluster as {job: ["host:port", ...]}.
+
+        Args:
+            ports: Port per node, overriding the spec's (needed where the
+                spec leaves ports to be chosen at launch).
+        """
+        ports = list(ports) if ports is not None else [n.port for n in self._proto.nodes]
+        if len(ports) != len(self._proto.nodes):
+            raise ResourceSpecError(
+                f"cluster_def needs one port per node ({len(self._proto.nodes)}). "
+                f"Received: {ports!r}")
+        jobs: dict[str, list[str]] = {}
+        for i, node in enumerate(self._proto.nodes):
+            job, task = self._tasks[i]
+            if not ports[i]:
+                raise ResourceSpecError(
+                    f"node {i} ({node.address}) has no port; pass ports= or set one in the spec")
+            jobs.setdefault(job, []).append("")
+            jobs[job][task] = f"{node.address}:{ports[i]}"
+        return jobs
+
+    # --------------------------------------------------------- serialization
+    def to_text(self) -> str:
+        return text_format.MessageToString(self._proto)
+
+    @classmethod
+    def from_text(cls, text: str) -> ResourceSpec:
+        proto = resource_spec_pb2.ResourceSpec()
+        try:
+            text_format.Parse(text, proto)
+        except text_format.ParseError as e:
+            raise ResourceSpecError(f"malformed resource spec text: {e}") from e
+        return cls(proto)
+
+    def serialize(self) -> bytes:
+        return self._proto.SerializeToString(deterministic=True)
+
+    @classmethod
+    def deserialize(cls, data: bytes) -> ResourceSpec:
+        proto = resource_spec_pb2.ResourceSpec()
+        proto.ParseFromString(data)
+        return cls(proto)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ResourceSpec) and self._proto == other._proto
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint)
+
+    def __repr__(self) -> str:
+        return (f"ResourceSpec(nodes={len(self._proto.nodes)}, "
+                f"replicas={len(self.replica_devices)}, ps={len(self.ps_devices)})")
+
+    # ------------------------------------------------------------ internals
+    def _validate(self) -> None:
+        nodes = self._proto.nodes
+        if not nodes:
+            raise ResourceSpecError("a resource spec needs at least one node. Received: 0 nodes")
+        chiefs = [i for i, n in enumerate(nodes) if n.chief]
+        if len(chiefs) != 1:
+            raise ResourceSpecError(
+                f"exactly one node must be the chief. Received: chief on nodes {chiefs}")
+        if "worker" not in nodes[chiefs[0]].roles:
+            raise ResourceSpecError(
+                f"the chief (node {chiefs[0]}, {nodes[chiefs[0]].address}) must have the "
+                f"'worker' role. Received roles: {list(nodes[chiefs[0]].roles)}")
+        seen: dict[tuple[str, int], int] = {}
+        for i, n in enumerate(nodes):
+            where = f"nodes[{i}] ({n.address or '?'})"
+            if not n.address:
+                raise ResourceSpecError(f"nodes[{i}].address is empty")
+            if not 0 <= n.port <= 65535:
+                raise ResourceSpecError(f"{where}.port must be in 0..65535. Received: {n.port}")
+            if not n.roles:
+                raise ResourceSpecError(f"{where}.roles is empty; expected worker and/or ps")
+            for r in n.roles:
+                if r not in VALID_ROLES:
+                    raise ResourceSpecError(
+                        f"{where}.roles: unknown role {r!r}; expected one of {VALID_ROLES}")
+            if not n.cpus:
+                raise ResourceSpecError(f"{where}.cpus is empty; every task has a CPU")
+            for field in ("cpus", "gpus"):
+                values = list(getattr(n, field))
+                if any(v < 0 for v in values) or len(set(values)) != len(values):
+                    raise ResourceSpecError(
+                        f"{where}.{field} must be distinct indices >= 0. Received: {values}")
+            if n.gpus and "worker" not in n.roles:
+                raise ResourceSpecError(
+                    f"{where} has GPUs {list(n.gpus)} but no 'worker' role to use them")
+            if n.network_bandwidth_gbps < 0:
+                raise ResourceSpecError(
+                    f"{where}.network_bandwidth must be >= 0 Gbit/s. "
+                    f"Received: {n.network_bandwidth_gbps}")
+            if n.port:
+                key = (n.address, n.port)
+                if key in seen:
+                    raise ResourceSpecError(
+                        f"{where} repeats {n.address}:{n.port} of nodes[{seen[key]}]")
+                seen[key] = i
+
+    def _assign_tasks(self) -> list[tuple[str, int]]:
+        # The chief is worker task 0; other workers follow in file order.
+        nodes = self._proto.nodes
+        order = sorted(range(len(nodes)), key=lambda i: (not nodes[i].chief, i))
+        counters = {"worker": 0, "ps": 0}
+        tasks: list[tuple[str, int]] = [("", 0)] * len(nodes)
+        for i in order:
+            job = "worker" if "worker" in nodes[i].roles else "ps"
+            tasks[i] = (job, counters[job])
+            counters[job] += 1
+        return tasks
+
+
+def _node_from_dict(raw: Any, where: str) -> resource_spec_pb2.Node:
+    if not isinstance(raw, Mapping):
+        raise ResourceSpecError(f"{where} must be a mapping. Received: {raw!r}")
+    unknown = set(raw) - _NODE_KEYS
+    if unknown:
+        raise ResourceSpecError(
+            f"{where} has unknown fields {sorted(unknown)}; expected some of "
+            f"{sorted(_NODE_KEYS)}. Received: {dict(raw)!r}")
+    address = raw.get("address")
+    if not isinstance(address, str) or not address.strip():
+        raise ResourceSpecError(f"{where}.address must be a non-empty string. Received: {address!r}")
+    address = address.strip()
+    port = raw.get("port", 0)
+    if ":" in address and not address.startswith("["):
+        host, _, port_text = address.rpartition(":")
+        try:
+            port = int(port_text)
+        except ValueError as e:
+            raise ResourceSpecError(
+                f"{where}.address has a malformed port. Received: {address!r}") from e
+        address = host
+    if isinstance(port, bool) or not isinstance(port, int):
+        raise ResourceSpecError(f"{where}.port must be an integer. Received: {port!r}")
+    node = resource_spec_pb2.Node(address=address)
+    if not 0 <= port <= 65535:
+        raise ResourceSpecError(f"{where}.port must be in 0..65535. Received: {port!r}")
+    node.port = port
+    chief = raw.get("chief", False)
+    if not isinstance(chief, bool):
+        raise ResourceSpecError(f"{where}.chief must be true or false. Received: {chief!r}")
+    node.chief = chief
+    node.cpus.extend(_indices(raw.get("cpus", [0]), f"{where}.cpus"))
+    node.gpus.extend(_indices(raw.get("gpus", []), f"{where}.gpus"))
+    bandwidth = raw.get("network_bandwidth")
+    if bandwidth is not None:
+        if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or bandwidth <= 0:
+            raise ResourceSpecError(
+                f"{where}.network_bandwidth must be a positive number of Gbit/s. "
+                f"Received: {bandwidth!r}")
+        node.network_bandwidth_gbps = float(bandwidth)
+    roles = raw.get("roles", ["worker", "ps"])
+    if isinstance(roles, str):
+        roles = [roles]
+    if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+        raise ResourceSpecError(f"{where}.roles must be a list of strings. Received: {roles!r}")
+    node.roles.extend(roles)
+    return node
+
+
+def _indices(value: Any, where: str) -> list[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = list(range(value))  # "gpus: 2" means GPUs 0 and 1
+    if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ResourceSpecError(f"{where} must be a list of device indices. Received: {value!r}")
+    return value

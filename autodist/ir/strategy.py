@@ -1,0 +1,429 @@
+"""Strategy: how a GraphItem is distributed over a ResourceSpec.
+
+A wrapper over `strategy.proto` with binary and text forms and validation.
+Builders, the search and users all produce the same object.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import uuid
+from typing import Iterator
+
+from google.protobuf import text_format
+from google.protobuf.message import DecodeError
+
+from autodist.ir.atomic import atomic_write
+from autodist.ir.errors import StrategyError
+from autodist.ir.graph_item import GraphItem
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.proto import strategy_pb2
+
+STRATEGY_SCHEMA_VERSION = 1
+
+VariableConfig = strategy_pb2.VariableConfig
+Synchronizer = strategy_pb2.Synchronizer
+PSSynchronizer = strategy_pb2.PSSynchronizer
+AllReduceSynchronizer = strategy_pb2.AllReduceSynchronizer
+Partitioner = strategy_pb2.Partitioner
+
+_DENSE_ONLY_SPECS = (AllReduceSynchronizer.RING, AllReduceSynchronizer.NCCL)
+
+
+class Strategy:
+    """A distribution strategy: replicas, virtual nodes and per-variable configs.
+
+    Example:
+        >>> s = autodist.builders.AllReduce().build(gi, spec)   # doctest: +SKIP
+        >>> s.save("s.pb"); autodist.Strategy.load("s.pb") == s  # doctest: +SKIP
+        True
+        >>> print(s.to_text())                                   # doctest: +SKIP
+    """
+
+    def __init__(self, proto: strategy_pb2.Strategy | None = None) -> None:
+        self._proto = strategy_pb2.Strategy()
+        if proto is not None:
+            self._proto.CopyFrom(proto)
+        if not self._proto.schema_version:
+            self._proto.schema_version = STRATEGY_SCHEMA_VERSION
+        if not self._proto.id:
+            self._proto.id = uuid.uuid4().hex
+
+    # ------------------------------------------------------------ accessors
+    @property
+    def proto(self) -> strategy_pb2.Strategy:
+        """The underlying protobuf (mutable: edits change this strategy)."""
+        return self._proto
+
+    @property
+    def id(self) -> str:
+        return self._proto.id
+
+    @property
+    def origin(self) -> str:
+        return self._proto.origin
+
+    @property
+    def replicas(self) -> list[str]:
+        return list(self._proto.graph_config.replicas)
+
+    @property
+    def variables(self) -> list[VariableConfig]:
+        return list(self._proto.variables)
+
+    def variable(self, name: str) -> VariableConfig:
+        """The config of variable `name`; KeyError if the strategy has none."""
+        for config in self._proto.variables:
+            if config.var_name == name:
+                return config
+        raise KeyError(f"strategy {self.id} has no config for variable {name!r}")
+
+    def __iter__(self) -> Iterator[VariableConfig]:
+        return iter(self._proto.variables)
+
+    def __len__(self) -> int:
+        return len(self._proto.variables)
+
+    # ------------------------------------------------------- serialization
+    def serialize(self) -> bytes:
+        return self._proto.SerializeToString(deterministic=True)
+
+    @classmethod
+    def deserialize(cls, data: bytes, source: str = "bytes") -> Strategy:
+        proto = strategy_pb2.Strategy()
+        try:
+            proto.ParseFromString(data)
+        except DecodeError as e:
+            raise StrategyError(f"{source} is not a Strategy protobuf: {e}") from e
+        if not proto.schema_version or not proto.id:
+            raise StrategyError(f"{source} is not a Strategy protobuf "
+                                "(no schema_version or id)")
+        return cls(proto)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the binary form atomically."""
+        atomic_write(path, self.serialize())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Strategy:
+        """Reads a strategy written by `save` (binary) or a text-format file."""
+        path = pathlib.Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise StrategyError(f"cannot read strategy file {str(path)!r}: {e}") from e
+        if path.suffix in (".txt", ".pbtxt", ".textproto"):
+            return cls.from_text(data.decode())
+        return cls.deserialize(data, source=repr(str(path)))
+
+    def to_text(self) -> str:
+        return text_format.MessageToString(self._proto)
+
+    @classmethod
+    def from_text(cls, text: str) -> Strategy:
+        proto = strategy_pb2.Strategy()
+        try:
+            text_format.Parse(text, proto)
+        except text_format.ParseError as e:
+            raise StrategyError(f"malformed strategy text: {e}") from e
+        return cls(proto)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Strategy) and self._proto == other._proto
+
+    def __hash__(self) -> int:
+        return hash(self.serialize())
+
+    def __repr__(self) -> str:
+        return (f"Strategy(id={self.id[:8]}, origin={self.origin!r}, "
+                f"replicas={len(self._proto.graph_config.replicas)}, "
+                f"variables={len(self._proto.variables)})")
+
+    def summary(self) -> str:
+        """A table: variable, partition, synchronizer and placement per shard."""
+        rows = [("variable", "partition", "synchronizer")]
+        for config in self._proto.variables:
+            part = "-"
+            if config.HasField("partitioner") and config.partitioner.num_shards > 1:
+                p = config.partitioner
+                part = f"axis {p.axis} x{p.num_shards}"
+                if p.shard_sizes:
+                    part += " (" + ",".join(str(s) for s in p.shard_sizes) + ")"
+            syncs = [describe_synchronizer(s) for s in config.shards]
+            rows.append((config.var_name, part, "; ".join(syncs)))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        gc = self._proto.graph_config
+        header = [f"Strategy {self.id} (origin: {self.origin or 'unknown'}, "
+                  f"schema v{self._proto.schema_version})",
+                  f"  replicas: {', '.join(gc.replicas) or 'none'}"]
+        if gc.virtual_nodes.num_virtual_nodes:
+            vn = gc.virtual_nodes
+            header.append(f"  virtual nodes: {vn.num_virtual_nodes} x "
+                          f"{vn.global_batch_size // max(vn.num_virtual_nodes, 1)} examples "
+                          f"(global batch {vn.global_batch_size})")
+        perf = self._proto.performance
+        if perf.predicted_step_time_s:
+            header.append(f"  predicted step time: {perf.predicted_step_time_s * 1e3:.3f} ms "
+                          f"({perf.predictor or 'unknown predictor'})")
+        return "\n".join(header + [""] + lines)
+
+    # ------------------------------------------------------------ validation
+    def validate(self, graph_item: GraphItem, resource_spec: ResourceSpec, *,
+                 check_fingerprints: bool = False) -> None:
+        """Checks that this strategy can run `graph_item` on `resource_spec`.
+
+        Args:
+            graph_item: The captured step.
+            resource_spec: The cluster.
+            check_fingerprints: Also require the fingerprints recorded in the
+                strategy to match (a strategy re-used on a re-captured model
+                usually fails this even when it fits; variables, shapes and
+                devices are always checked).
+
+        Raises:
+            StrategyError: naming the variable, the field and the value received.
+        """
+        _Validator(self._proto, graph_item, resource_spec).run(check_fingerprints)
+
+
+def describe_synchronizer(sync: Synchronizer) -> str:
+    """One line for a synchronizer, e.g. "PS(/job:ps/task:0/device:CPU:0, sync)"."""
+    kind = sync.WhichOneof("kind")
+    if kind == "ps":
+        ps = sync.ps
+        mode = "sync" if ps.sync else "async"
+        if ps.sync and ps.staleness:
+            mode = f"stale<={ps.staleness}"
+        extra = ", local copy" if ps.local_replication else ""
+        return f"PS({ps.reduction_destination}, {mode}{extra})"
+    if kind == "all_reduce":
+        ar = sync.all_reduce
+        spec = AllReduceSynchronizer.Spec.Name(ar.spec)
+        comp = AllReduceSynchronizer.Compressor.Name(ar.compressor)
+        return f"AllReduce({spec}, {comp}, group {ar.group})"
+    return "none"
+
+
+class _Validator:
+    """Checks one strategy; each check raises StrategyError on the first fault."""
+
+    def __init__(self, proto: strategy_pb2.Strategy, graph_item: GraphItem,
+                 spec: ResourceSpec) -> None:
+        self.proto = proto
+        self.gi = graph_item
+        self.spec = spec
+        self.devices = set(spec.device_names)
+
+    def run(self, check_fingerprints: bool) -> None:
+        if self.proto.schema_version > STRATEGY_SCHEMA_VERSION:
+            raise StrategyError(
+                f"strategy schema version {self.proto.schema_version} is newer than this "
+                f"autodist understands ({STRATEGY_SCHEMA_VERSION})",
+                field="schema_version", received=self.proto.schema_version)
+        if check_fingerprints:
+            self._check_fingerprints()
+        replicas = self._check_replicas()
+        self._check_virtual_nodes(replicas)
+        self._check_variables(replicas)
+
+    def _check_fingerprints(self) -> None:
+        for field, actual in (("graph_item_fingerprint", self.gi.fingerprint),
+                              ("resource_spec_fingerprint", self.spec.fingerprint)):
+            recorded = getattr(self.proto, field)
+            if recorded and recorded != actual:
+                raise StrategyError(f"strategy {field} is {recorded!r} but the given one is "
+                                    f"{actual!r}: it was made for another "
+                                    f"{'graph' if 'graph' in field else 'cluster'}",
+                                    field=field, received=recorded)
+
+    def _check_replicas(self) -> list[str]:
+        replicas = list(self.proto.graph_config.replicas)
+        if not replicas:
+            raise StrategyError("graph_config.replicas is empty: a strategy needs at least "
+                                "one compute replica", field="graph_config.replicas",
+                                received=replicas)
+        seen = set()
+        compute = set(self.spec.replica_devices)
+        for device in replicas:
+            if device not in self.devices:
+                raise StrategyError(
+                    f"graph_config.replicas names device {device!r}, which is not in the "
+                    f"resource spec (devices: {sorted(self.devices)})",
+                    field="graph_config.replicas", received=device)
+            if device not in compute:
+                raise StrategyError(
+                    f"graph_config.replicas names {device!r}, which is not a compute device "
+                    f"of a worker node (compute devices: {sorted(compute)})",
+                    field="graph_config.replicas", received=device)
+            if device in seen:
+                raise StrategyError(f"graph_config.replicas repeats {device!r}",
+                                    field="graph_config.replicas", received=device)
+            seen.add(device)
+        return replicas
+
+    def _check_virtual_nodes(self, replicas: list[str]) -> None:
+        vn = self.proto.graph_config.virtual_nodes
+        field = "graph_config.virtual_nodes"
+        if vn.num_virtual_nodes == 0:
+            if vn.global_batch_size or vn.device:
+                raise StrategyError(f"{field} sets global_batch_size or device but "
+                                    "num_virtual_nodes is 0", field=f"{field}.num_virtual_nodes",
+                                    received=0)
+            return
+        if vn.num_virtual_nodes < 0:
+            raise StrategyError(f"{field}.num_virtual_nodes must be >= 1. "
+                                f"Received: {vn.num_virtual_nodes}",
+                                field=f"{field}.num_virtual_nodes", received=vn.num_virtual_nodes)
+        if vn.global_batch_size <= 0 or vn.global_batch_size % vn.num_virtual_nodes:
+            raise StrategyError(
+                f"{field}.global_batch_size must be a positive multiple of num_virtual_nodes "
+                f"({vn.num_virtual_nodes}). Received: {vn.global_batch_size}",
+                field=f"{field}.global_batch_size", received=vn.global_batch_size)
+        if len(vn.device) != vn.num_virtual_nodes:
+            raise StrategyError(
+                f"{field}.device must map each of the {vn.num_virtual_nodes} virtual nodes to "
+                f"a replica. Received {len(vn.device)} entries",
+                field=f"{field}.device", received=list(vn.device))
+        for i, device in enumerate(vn.device):
+            if device not in replicas:
+                raise StrategyError(
+                    f"{field}.device[{i}] is {device!r}, which is not one of the replicas "
+                    f"{replicas}", field=f"{field}.device", received=device)
+        idle = [r for r in replicas if r not in set(vn.device)]
+        if idle:
+            raise StrategyError(f"replicas {idle} run no virtual node; drop them from "
+                                "graph_config.replicas or assign them virtual nodes",
+                                field=f"{field}.device", received=list(vn.device))
+
+    def _check_variables(self, replicas: list[str]) -> None:
+        seen: set[str] = set()
+        groups: dict[int, tuple[str, int, int, str]] = {}
+        for config in self.proto.variables:
+            name = config.var_name
+            if name not in self.gi:
+                raise StrategyError(
+                    f"strategy names unknown variable {name!r}; the GraphItem "
+                    f"{self.gi.name!r} has {sorted(self.gi.variable_names)}",
+                    variable=name, field="var_name", received=name)
+            if name in seen:
+                raise StrategyError(f"variable {name!r} is configured twice", variable=name,
+                                    field="var_name", received=name)
+            seen.add(name)
+            var = self.gi.variable(name)
+            shards = self._check_partitioner(config, var)
+            if len(config.shards) != shards:
+                raise StrategyError(
+                    f"variable {name!r} has {shards} shard(s) but {len(config.shards)} "
+                    "synchronizers in shards (need one per shard)",
+                    variable=name, field="shards", received=len(config.shards))
+            for i, sync in enumerate(config.shards):
+                self._check_synchronizer(name, var, i, sync, replicas, groups)
+        missing = [n for n in self.gi.variable_names if n not in seen]
+        if missing:
+            raise StrategyError(f"strategy has no config for variables {missing}",
+                                variable=missing[0], field="variables", received=None)
+
+    def _check_partitioner(self, config: VariableConfig, var) -> int:
+        name = config.var_name
+        if not config.HasField("partitioner"):
+            return 1
+        p = config.partitioner
+        if p.num_shards < 0:
+            raise StrategyError(f"variable {name!r}: partitioner.num_shards must be >= 1. "
+                                f"Received: {p.num_shards}", variable=name,
+                                field="partitioner.num_shards", received=p.num_shards)
+        if p.num_shards <= 1:
+            if p.shard_sizes:
+                raise StrategyError(f"variable {name!r}: shard_sizes given for "
+                                    f"{p.num_shards} shard(s)", variable=name,
+                                    field="partitioner.shard_sizes", received=list(p.shard_sizes))
+            return 1
+        rank = len(var.shape)
+        if not 0 <= p.axis < rank:
+            raise StrategyError(
+                f"variable {name!r} (shape {list(var.shape)}): partitioner.axis must be in "
+                f"[0, {rank}). Received: {p.axis}", variable=name, field="partitioner.axis",
+                received=p.axis)
+        if p.axis not in var.partitionable_axes:
+            why = " (its gradient is sparse: only axis 0)" if var.sparse_gradient else ""
+            raise StrategyError(
+                f"variable {name!r} cannot be partitioned along axis {p.axis}{why}; "
+                f"partitionable axes: {list(var.partitionable_axes)}", variable=name,
+                field="partitioner.axis", received=p.axis)
+        dim = var.shape[p.axis]
+        if p.num_shards > dim:
+            raise StrategyError(
+                f"variable {name!r}: partitioner.num_shards {p.num_shards} is larger than "
+                f"axis {p.axis} (size {dim})", variable=name, field="partitioner.num_shards",
+                received=p.num_shards)
+        if p.shard_sizes:
+            sizes = list(p.shard_sizes)
+            if len(sizes) != p.num_shards or any(s <= 0 for s in sizes) or sum(sizes) != dim:
+                raise StrategyError(
+                    f"variable {name!r}: partitioner.shard_sizes must be {p.num_shards} "
+                    f"positive sizes summing to {dim} (axis {p.axis}). Received: {sizes}",
+                    variable=name, field="partitioner.shard_sizes", received=sizes)
+        return p.num_shards
+
+    def _check_synchronizer(self, name: str, var, index: int, sync: Synchronizer,
+                            replicas: list[str],
+                            groups: dict[int, tuple[str, int, int, str]]) -> None:
+        where = f"shards[{index}]"
+        kind = sync.WhichOneof("kind")
+        if kind is None:
+            raise StrategyError(f"variable {name!r}: {where} has no synchronizer (ps or "
+                                "all_reduce)", variable=name, field=where, received=None)
+        if kind == "ps":
+            ps = sync.ps
+            if ps.reduction_destination not in self.devices:
+                raise StrategyError(
+                    f"variable {name!r}: {where}.ps.reduction_destination "
+                    f"{ps.reduction_destination!r} is not a device of the resource spec "
+                    f"(devices: {sorted(self.devices)})", variable=name,
+                    field=f"{where}.ps.reduction_destination", received=ps.reduction_destination)
+            if ps.staleness < 0:
+                raise StrategyError(f"variable {name!r}: {where}.ps.staleness must be >= 0. "
+                                    f"Received: {ps.staleness}", variable=name,
+                                    field=f"{where}.ps.staleness", received=ps.staleness)
+            if ps.staleness and not ps.sync:
+                raise StrategyError(
+                    f"variable {name!r}: {where}.ps.staleness is {ps.staleness} but sync is "
+                    "false; bounded staleness needs sync=true (async has no bound)",
+                    variable=name, field=f"{where}.ps.staleness", received=ps.staleness)
+            return
+        ar = sync.all_reduce
+        if ar.group < 0:
+            raise StrategyError(f"variable {name!r}: {where}.all_reduce.group must be >= 0. "
+                                f"Received: {ar.group}", variable=name,
+                                field=f"{where}.all_reduce.group", received=ar.group)
+        spec_name = AllReduceSynchronizer.Spec.Name(ar.spec)
+        if var.sparse_gradient and ar.spec in _DENSE_ONLY_SPECS:
+            raise StrategyError(
+                f"variable {name!r} has a sparse gradient, which all-reduce spec {spec_name} "
+                "cannot take; use ALL_GATHER (or AUTO) or a PS synchronizer",
+                variable=name, field=f"{where}.all_reduce.spec", received=spec_name)
+        compressor = AllReduceSynchronizer.Compressor.Name(ar.compressor)
+        if var.sparse_gradient and ar.compressor == AllReduceSynchronizer.FP16_ERROR_FEEDBACK:
+            raise StrategyError(
+                f"variable {name!r} has a sparse gradient; compressor {compressor} keeps a "
+                "dense residual and cannot take it (use NONE or FP16)", variable=name,
+                field=f"{where}.all_reduce.compressor", received=compressor)
+        if ar.compressor != AllReduceSynchronizer.NONE and not var.dtype.startswith("float"):
+            raise StrategyError(f"variable {name!r} of dtype {var.dtype} cannot use compressor "
+                                f"{compressor}", variable=name,
+                                field=f"{where}.all_reduce.compressor", received=compressor)
+        if ar.spec == AllReduceSynchronizer.NCCL:
+            cpu = [r for r in replicas if "/device:GPU:" not in r]
+            if cpu:
+                raise StrategyError(f"variable {name!r}: all-reduce spec NCCL needs GPU replicas; "
+                                    f"these are not: {cpu}", variable=name,
+                                    field=f"{where}.all_reduce.spec", received=spec_name)
+        key = (spec_name, ar.compressor, int(var.sparse_gradient), var.dtype)
+        first = groups.setdefault(ar.group, (name,) + key)
+        if first[1:] != key:
+            raise StrategyError(
+                f"variable {name!r}: all-reduce group {ar.group} mixes (spec, compressor, "
+                f"sparse, dtype) {key} with {first[1:]} of variable {first[0]!r}; fused groups "
+                "must agree", variable=name, field=f"{where}.all_reduce.group", received=ar.group)

@@ -1,0 +1,154 @@
+"""Example models, compiled and ready to capture.
+
+Used by the demo, the tests and the benchmarks. Each function builds a fresh
+compiled Keras 3 model; `seed` fixes its initial weights. Sizes are small by
+default so a step takes milliseconds on a CPU.
+
+Example:
+    >>> from autodist import models
+    >>> model = models.build("mlp")              # doctest: +SKIP
+    >>> gi = autodist.capture(model)             # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def mlp(input_dim: int = 784, hidden: tuple[int, ...] = (256, 256), classes: int = 10,
+        seed: int = 0, optimizer: Any = "sgd"):
+    """A multi-layer perceptron for classification (sparse integer labels)."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((input_dim,), name="features")
+    h = inputs
+    for i, width in enumerate(hidden):
+        h = keras.layers.Dense(width, activation="relu", name=f"dense_{i}")(h)
+    outputs = keras.layers.Dense(classes, name="logits")(h)
+    model = keras.Model(inputs, outputs, name="mlp")
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def cnn(image_size: int = 32, channels: int = 3, classes: int = 10, seed: int = 0,
+        optimizer: Any = "sgd"):
+    """A small ResNet-style CNN with batch normalization and a residual block."""
+    import keras  # pylint: disable=import-outside-toplevel
+    from keras import layers  # pylint: disable=import-outside-toplevel
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((image_size, image_size, channels), name="image")
+    h = layers.Conv2D(16, 3, padding="same", use_bias=False, name="stem_conv")(inputs)
+    h = layers.BatchNormalization(name="stem_bn")(h)
+    h = layers.ReLU()(h)
+    shortcut = h
+    h = layers.Conv2D(16, 3, padding="same", use_bias=False, name="block_conv1")(h)
+    h = layers.BatchNormalization(name="block_bn1")(h)
+    h = layers.ReLU()(h)
+    h = layers.Conv2D(16, 3, padding="same", use_bias=False, name="block_conv2")(h)
+    h = layers.BatchNormalization(name="block_bn2")(h)
+    h = layers.ReLU()(layers.Add()([h, shortcut]))
+    h = layers.Conv2D(32, 3, strides=2, padding="same", name="down_conv")(h)
+    h = layers.GlobalAveragePooling2D()(h)
+    outputs = layers.Dense(classes, name="logits")(h)
+    model = keras.Model(inputs, outputs, name="cnn")
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def embedding_model(num_users: int = 1000, num_items: int = 2000, dim: int = 16,
+                    seed: int = 0, optimizer: Any = "adam"):
+    """A neural collaborative-filtering model with two embedding tables.
+
+    Inputs are integer user and item ids; the output is a click logit. Both
+    embedding tables get sparse (IndexedSlices) gradients.
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+    from keras import layers  # pylint: disable=import-outside-toplevel
+
+    keras.utils.set_random_seed(seed)
+    user = keras.Input((1,), dtype="int32", name="user")
+    item = keras.Input((1,), dtype="int32", name="item")
+    u = layers.Flatten()(layers.Embedding(num_users, dim, name="user_embedding")(user))
+    v = layers.Flatten()(layers.Embedding(num_items, dim, name="item_embedding")(item))
+    h = layers.Concatenate()([u, v, layers.Multiply()([u, v])])
+    h = layers.Dense(32, activation="relu", name="mlp_hidden")(h)
+    outputs = layers.Dense(1, name="logit")(h)
+    model = keras.Model([user, item], outputs, name="ncf")
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    return model
+
+
+def transformer(vocab_size: int = 1000, seq_len: int = 16, dim: int = 32, heads: int = 2,
+                layers_count: int = 2, classes: int = 2, seed: int = 0,
+                optimizer: Any = "adam"):
+    """A small Transformer encoder classifier (token + position embeddings)."""
+    import keras  # pylint: disable=import-outside-toplevel
+    from keras import layers  # pylint: disable=import-outside-toplevel
+
+    keras.utils.set_random_seed(seed)
+    tokens = keras.Input((seq_len,), dtype="int32", name="tokens")
+    h = layers.Embedding(vocab_size, dim, name="token_embedding")(tokens)
+    h = _position_embedding_layer()(seq_len, dim, name="position_embedding")(h)
+    for i in range(layers_count):
+        attn = layers.MultiHeadAttention(heads, dim // heads, name=f"attention_{i}")(h, h)
+        h = layers.LayerNormalization(name=f"norm_{i}a")(h + attn)
+        ff = layers.Dense(dim * 2, activation="gelu", name=f"ffn_{i}_in")(h)
+        ff = layers.Dense(dim, name=f"ffn_{i}_out")(ff)
+        h = layers.LayerNormalization(name=f"norm_{i}b")(h + ff)
+    h = layers.GlobalAveragePooling1D()(h)
+    outputs = layers.Dense(classes, name="logits")(h)
+    model = keras.Model(tokens, outputs, name="transformer")
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _position_embedding_layer():
+    """A layer adding a learned (seq_len, dim) position table to its input."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    class PositionEmbedding(keras.layers.Layer):
+        def __init__(self, seq_len: int, dim: int, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.table = self.add_weight(shape=(seq_len, dim), name="embeddings",
+                                         initializer="random_normal")
+
+        def call(self, inputs):
+            return inputs + self.table[None, :, :]
+
+    return PositionEmbedding
+
+
+def resnet50(image_size: int = 64, classes: int = 1000, seed: int = 0,
+             optimizer: Any = "sgd"):
+    """Keras' ResNet50 (about 25M parameters), untrained, at a small image size."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    keras.utils.set_random_seed(seed)
+    model = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3),
+                                        classes=classes)
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=False))
+    return model
+
+
+BUILDERS: dict[str, Callable[..., Any]] = {
+    "mlp": mlp,
+    "cnn": cnn,
+    "ncf": embedding_model,
+    "transformer": transformer,
+    "resnet50": resnet50,
+}
+
+
+def build(name: str, **kwargs: Any):
+    """Builds the example model called `name` (one of `BUILDERS`)."""
+    try:
+        factory = BUILDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown example model {name!r}; known: {sorted(BUILDERS)}") from None
+    return factory(**kwargs)

@@ -1,0 +1,4 @@
+"""Generated protobuf modules for the schemas in ``proto/``.
+
+Regenerate with ``python proto/generate.py`` after editing a ``.proto`` file.
+"""
