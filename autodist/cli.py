@@ -1,0 +1,137 @@
+"""The `autodist` command line.
+
+    autodist inspect MODEL [--save graph_item.pb] [--batch-size N]
+    autodist strategy show FILE [--graph-item GI.pb --cluster cluster.yml]
+    autodist strategy build BUILDER --model MODEL [--cluster cluster.yml] --out s.pb
+
+MODEL is an example model name (see `autodist.models.BUILDERS`), a saved
+`.keras` file, a GraphItem file (`.pb`), or `package.module:function`
+returning a compiled Keras model.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pathlib
+import sys
+from typing import Sequence
+
+from autodist.ir.errors import AutodistError
+from autodist.ir.graph_item import GraphItem
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.ir.strategy import Strategy
+
+
+def load_graph_item(model: str, batch_size: int | None = None) -> GraphItem:
+    """Resolves a MODEL argument to a GraphItem (capturing it if needed)."""
+    path = pathlib.Path(model)
+    if path.suffix == ".pb" and path.exists():
+        return GraphItem.load(path)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from autodist import models  # pylint: disable=import-outside-toplevel
+    from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
+
+    if model in models.BUILDERS:
+        keras_model = models.build(model)
+    elif path.suffix == ".keras":
+        if not path.exists():
+            raise AutodistError(f"model file {model!r} does not exist")
+        import keras  # pylint: disable=import-outside-toplevel
+        keras_model = keras.models.load_model(path)
+    elif ":" in model:
+        module_name, _, attr = model.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise AutodistError(f"cannot load {model!r}: {e}") from e
+        keras_model = factory()
+    else:
+        raise AutodistError(
+            f"unknown model {model!r}: expected an example name ({', '.join(models.BUILDERS)}), "
+            "a .keras file, a GraphItem .pb file or package.module:function")
+    kwargs = {"estimate_batch_size": batch_size} if batch_size else {}
+    return capture(keras_model, **kwargs)
+
+
+def _cluster(path: str | None) -> ResourceSpec:
+    return ResourceSpec.from_yaml(path) if path else ResourceSpec.local(workers=2, ps=1)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    graph_item = load_graph_item(args.model, args.batch_size)
+    print(graph_item.summary())
+    if args.save:
+        graph_item.save(args.save)
+        print(f"\nGraphItem written to {args.save}")
+    return 0
+
+
+def _cmd_strategy_show(args: argparse.Namespace) -> int:
+    strategy = Strategy.load(args.file)
+    print(strategy.summary())
+    if args.text:
+        print()
+        print(strategy.to_text())
+    if args.graph_item:
+        strategy.validate(load_graph_item(args.graph_item), _cluster(args.cluster))
+        print("\nvalid for the given GraphItem and cluster")
+    return 0
+
+
+def _cmd_strategy_build(args: argparse.Namespace) -> int:
+    from autodist.search import builders  # pylint: disable=import-outside-toplevel
+
+    builder = builders.get(args.builder)()
+    graph_item = load_graph_item(args.model)
+    strategy = builder.build(graph_item, _cluster(args.cluster))
+    print(strategy.summary())
+    if args.out:
+        strategy.save(args.out)
+        print(f"\nstrategy written to {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autodist", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    inspect = sub.add_parser("inspect", help="capture a model and print its variables")
+    inspect.add_argument("model", help="example name, .keras file, GraphItem .pb or "
+                                       "module:function")
+    inspect.add_argument("--save", help="write the GraphItem to this file")
+    inspect.add_argument("--batch-size", type=int, help="batch size of the FLOP estimates")
+    inspect.set_defaults(func=_cmd_inspect)
+
+    strategy = sub.add_parser("strategy", help="show or build strategies")
+    strategy_sub = strategy.add_subparsers(dest="strategy_command", required=True)
+    show = strategy_sub.add_parser("show", help="print a strategy file")
+    show.add_argument("file")
+    show.add_argument("--text", action="store_true", help="also print the text protobuf")
+    show.add_argument("--graph-item", help="validate against this model / GraphItem")
+    show.add_argument("--cluster", help="resource spec YAML for validation "
+                                        "(default: local 2 workers + 1 PS)")
+    show.set_defaults(func=_cmd_strategy_show)
+    build = strategy_sub.add_parser("build", help="make a strategy with a named builder")
+    build.add_argument("builder", help="PS, PSLoadBalancing, PartitionedPS, "
+                                       "UnevenPartitionedPS, AllReduce, PartitionedAR, "
+                                       "RandomAxisPartitionAR or Parallax")
+    build.add_argument("--model", required=True)
+    build.add_argument("--cluster", help="resource spec YAML (default: local 2 workers + 1 PS)")
+    build.add_argument("--out", help="write the strategy (binary) to this file")
+    build.set_defaults(func=_cmd_strategy_build)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (AutodistError, ValueError, KeyError) as e:
+        print(f"autodist: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Strategy search: builders (named presets), and later the space, cost model and tuner."""

@@ -1,0 +1,30 @@
+"""Named strategy presets: each `Builder().build(graph_item, spec) -> Strategy`.
+
+Example:
+    >>> s = autodist.builders.PSLoadBalancing().build(gi, spec)   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from autodist.search.builders.all_reduce import AllReduce, PartitionedAR, RandomAxisPartitionAR
+from autodist.search.builders.base import Builder
+from autodist.search.builders.parallax import Parallax
+from autodist.search.builders.ps import PS, PartitionedPS, PSLoadBalancing, UnevenPartitionedPS
+
+# Every builder by name (the CLI and the search look them up here).
+BUILDERS: dict[str, type[Builder]] = {
+    cls.name: cls for cls in (PS, PSLoadBalancing, PartitionedPS, UnevenPartitionedPS,
+                              AllReduce, PartitionedAR, RandomAxisPartitionAR, Parallax)
+}
+
+
+def get(name: str) -> type[Builder]:
+    """The builder class called `name`; ValueError lists the known names."""
+    try:
+        return BUILDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown builder {name!r}; known: {sorted(BUILDERS)}") from None
+
+
+__all__ = ["AllReduce", "BUILDERS", "Builder", "PS", "PSLoadBalancing", "Parallax",
+           "PartitionedAR", "PartitionedPS", "RandomAxisPartitionAR", "UnevenPartitionedPS",
+           "get"]
