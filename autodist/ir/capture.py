@@ -302,7 +302,7 @@ def _from_concrete_function(concrete, trainable, names, state, state_names, inpu
         updates = _update_ops(graph, node)
         states.append(_state_info(var_name, node, tf.as_dtype(v.dtype), list(v.shape), updates))
     return _assemble(graph, graph_def, source, name, inputs, loss, traced, states,
-                     optimizer_info, ("gradient_tape/",), batch_size)
+                     optimizer_info, batch_size)
 
 
 def _inline_constant_captures(graph, graph_def, variable_handles: set[str]) -> None:
@@ -361,7 +361,6 @@ def _capture_v1(loss, optimizer, variables, name, batch_size) -> GraphItem:
     names = _unique_names([v.op.name for v in var_list])
     traced = [_TracedVariable(n, v.op.name, v.dtype.base_dtype, [int(d) for d in v.shape], g)
               for n, (g, v) in zip(names, grads_and_vars)]
-    grad_scopes = sorted({_first_scope(g) for g, _ in grads_and_vars if g is not None})
     inputs = [graph_item_pb2.TensorInfo(name=op.name, tensor=op.outputs[0].name,
                                         dtype=op.outputs[0].dtype.name,
                                         shape=_proto_shape(op.outputs[0].shape))
@@ -378,18 +377,12 @@ def _capture_v1(loss, optimizer, variables, name, batch_size) -> GraphItem:
                                       list(v.shape), updates))
     optimizer_info = _optimizer_info(optimizer, var_list)
     return _assemble(graph, graph.as_graph_def(), "v1_graph", name or "v1_graph", inputs, loss,
-                     traced, states, optimizer_info, tuple(grad_scopes) or ("gradients/",),
-                     batch_size)
-
-
-def _first_scope(grad) -> str:
-    tensor = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-    return tensor.name.split("/")[0] + "/"
+                     traced, states, optimizer_info, batch_size)
 
 
 # ------------------------------------------------------------------- shared
 def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, optimizer_info,
-              backward_prefixes, batch_size) -> GraphItem:
+              batch_size) -> GraphItem:
     order = {op.name: i for i, op in enumerate(graph.get_operations())}
     fetches = [loss.op] + [op for s in states for op in map(graph.get_operation_by_name,
                                                               s.update_ops)]
@@ -413,23 +406,24 @@ def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, opti
             producer = None
         if producer is not None:
             fetches.append(producer.op)
-            source_op = producer.op
-            # Function outputs are Identity wrappers; the order is the producer's.
-            while source_op.type == "Identity" and source_op.inputs:
-                source_op = source_op.inputs[0].op
-            info.gradient_order = order.get(source_op.name, 0)
+            info.gradient_order = order.get(_producer(producer.op).name, 0)
         info.partitionable_axes.extend(_partitionable_axes(t.shape, info.sparse_gradient))
         info.slots.extend(_slot_names(optimizer_info, t.name))
         variables.append(info)
 
-    relevant = _ancestors(fetches)
-    ops = [op_info for op_info in estimate_ops(graph, batch_size, backward_prefixes)
-           if op_info.name in relevant]
+    ops = estimate_ops(graph, batch_size, _producer(loss.op).name, keep=_ancestors(fetches))
     proto = graph_item_pb2.GraphItem(
         graph_def=graph_def.SerializeToString(deterministic=True), source=source, name=name,
         inputs=inputs, loss_tensor=loss.name, variables=variables, state_variables=states,
         optimizer=optimizer_info, ops=ops, estimate_batch_size=batch_size)
     return GraphItem(proto)
+
+
+def _producer(op):
+    """The op behind Identity wrappers (a traced function's outputs are Identities)."""
+    while op.type == "Identity" and op.inputs:
+        op = op.inputs[0].op
+    return op
 
 
 def _ancestors(fetch_ops) -> set[str]:

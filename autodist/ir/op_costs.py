@@ -139,35 +139,40 @@ def op_flops(op: tf.Operation, batch_size: int) -> float:
     return float(max(sizes, default=0)) * _TRANSCENDENTAL.get(kind, 1)
 
 
-def op_phase(op: tf.Operation, backward_prefixes: Sequence[str]) -> str:
-    """Classifies an op as input, forward, backward or update."""
+def op_phase(op: tf.Operation, order: int, backward_start: int) -> str:
+    """Classifies an op as input, forward, backward or update.
+
+    The gradient ops are created after the loss, so an op created after the
+    loss op (`order > backward_start`) belongs to the backward pass.
+    """
     if op.type in ("Placeholder", "PlaceholderWithDefault"):
         return "input"
     if op.type in ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"):
         return "update"
-    name = op.name
-    for scope in backward_prefixes:
-        if name.startswith(scope) or f"/{scope}" in name:
-            return "backward"
-    return "forward"
+    return "backward" if order > backward_start else "forward"
 
 
-def estimate_ops(graph: tf.Graph, batch_size: int,
-                 backward_prefixes: Sequence[str]) -> list[graph_item_pb2.OpInfo]:
-    """Per-op estimates for every op of `graph`, in topological order.
+def estimate_ops(graph: tf.Graph, batch_size: int, loss_op: str,
+                 keep: set[str] | None = None) -> list[graph_item_pb2.OpInfo]:
+    """Per-op estimates for the ops of `graph`, in topological order.
 
     TensorFlow creates ops in topological order, so `graph.get_operations()`
-    is one.
+    is one; the forward pass (up to the loss) comes before the backward pass.
 
     Args:
         graph: The traced graph.
         batch_size: Substituted for unknown dimensions.
-        backward_prefixes: Name scopes of gradient ops, e.g. ("gradient_tape/",).
+        loss_op: Name of the op computing the loss.
+        keep: If given, only ops with these names are estimated.
     """
+    operations = graph.get_operations()
+    backward_start = next(i for i, op in enumerate(operations) if op.name == loss_op)
     infos = []
-    for op in graph.get_operations():
+    for order, op in enumerate(operations):
+        if keep is not None and op.name not in keep:
+            continue
         infos.append(graph_item_pb2.OpInfo(
-            name=op.name, type=op.type, phase=op_phase(op, backward_prefixes),
+            name=op.name, type=op.type, phase=op_phase(op, order, backward_start),
             flops=op_flops(op, batch_size),
             output_bytes=sum(_bytes(t, batch_size) for t in op.outputs)))
     return infos

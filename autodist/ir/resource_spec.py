@@ -353,14 +353,6 @@ class ResourceSpec:
         nodes = self._proto.nodes
         if not nodes:
             raise ResourceSpecError("a resource spec needs at least one node. Received: 0 nodes")
-        chiefs = [i for i, n in enumerate(nodes) if n.chief]
-        if len(chiefs) != 1:
-            raise ResourceSpecError(
-                f"exactly one node must be the chief. Received: chief on nodes {chiefs}")
-        if "worker" not in nodes[chiefs[0]].roles:
-            raise ResourceSpecError(
-                f"the chief (node {chiefs[0]}, {nodes[chiefs[0]].address}) must have the "
-                f"'worker' role. Received roles: {list(nodes[chiefs[0]].roles)}")
         seen: dict[tuple[str, int], int] = {}
         for i, n in enumerate(nodes):
             where = f"nodes[{i}] ({n.address or '?'})"
@@ -394,6 +386,17 @@ class ResourceSpec:
                     raise ResourceSpecError(
                         f"{where} repeats {n.address}:{n.port} of nodes[{seen[key]}]")
                 seen[key] = i
+        if not any("worker" in n.roles for n in nodes):
+            raise ResourceSpecError("no node has the 'worker' role: nothing can compute. "
+                                    f"Received roles: {[list(n.roles) for n in nodes]}")
+        chiefs = [i for i, n in enumerate(nodes) if n.chief]
+        if len(chiefs) != 1:
+            raise ResourceSpecError(
+                f"exactly one node must be the chief. Received: chief on nodes {chiefs}")
+        if "worker" not in nodes[chiefs[0]].roles:
+            raise ResourceSpecError(
+                f"the chief (node {chiefs[0]}, {nodes[chiefs[0]].address}) must have the "
+                f"'worker' role. Received roles: {list(nodes[chiefs[0]].roles)}")
 
     def _assign_tasks(self) -> list[tuple[str, int]]:
         # The chief is worker task 0; other workers follow in file order.

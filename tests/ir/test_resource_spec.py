@@ -1,0 +1,132 @@
+"""ResourceSpec: constructors, devices, roles, and errors naming field and value."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autodist.ir.errors import ResourceSpecError
+from autodist.ir.resource_spec import DEFAULT_BANDWIDTH_GBPS, ResourceSpec
+
+
+def test_local_workers_and_ps():
+    spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=1.0)
+    assert spec.replica_devices == ["/job:worker/task:0/device:CPU:0",
+                                    "/job:worker/task:1/device:CPU:0"]
+    assert spec.ps_devices == ["/job:ps/task:0/device:CPU:0"]
+    assert spec.chief_index == 0
+    assert spec.bandwidth_gbps("/job:ps/task:0/device:CPU:0") == 1.0
+    assert spec.cluster_def(ports=[5000, 5001, 5002]) == {
+        "worker": ["localhost:5000", "localhost:5001"], "ps": ["localhost:5002"]}
+
+
+def test_local_without_ps_puts_variables_on_workers():
+    spec = ResourceSpec.local(workers=3)
+    assert spec.ps_devices == spec.replica_devices
+    assert spec.bandwidth_gbps(0) == DEFAULT_BANDWIDTH_GBPS
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"workers": 0}, "workers must be an integer >= 1. Received: 0"),
+    ({"workers": 1, "ps": -1}, "ps must be an integer >= 0. Received: -1"),
+])
+def test_local_errors(kwargs, match):
+    with pytest.raises(ResourceSpecError, match=match):
+        ResourceSpec.local(**kwargs)
+
+
+def test_from_yaml(tmp_path):
+    path = tmp_path / "cluster.yml"
+    path.write_text("""
+nodes:
+  - address: 10.0.0.2
+    gpus: [0, 1]
+    network_bandwidth: 25
+  - address: 10.0.0.1:2222
+    gpus: [0, 1]
+    chief: true
+    network_bandwidth: 100
+  - address: 10.0.0.3
+    roles: [ps]
+""")
+    spec = ResourceSpec.from_yaml(path)
+    # The chief is worker task 0 whatever its place in the file.
+    assert spec.task_of(1) == ("worker", 0) and spec.task_of(0) == ("worker", 1)
+    assert spec.task_of(2) == ("ps", 0)
+    assert spec.nodes[1].port == 2222 and spec.nodes[1].address == "10.0.0.1"
+    assert spec.replica_devices == [
+        "/job:worker/task:1/device:GPU:0", "/job:worker/task:1/device:GPU:1",
+        "/job:worker/task:0/device:GPU:0", "/job:worker/task:0/device:GPU:1"]
+    assert spec.ps_devices == ["/job:worker/task:1/device:CPU:0",
+                               "/job:worker/task:0/device:CPU:0",
+                               "/job:ps/task:0/device:CPU:0"]
+    assert spec.bandwidth_gbps("/job:worker/task:0/device:GPU:1") == 100
+    assert ResourceSpec.from_text(spec.to_text()) == spec
+    assert ResourceSpec.deserialize(spec.serialize()).fingerprint == spec.fingerprint
+
+
+@pytest.mark.parametrize("text,match", [
+    ("nodes: []", "'nodes' must be a non-empty list. Received: \\[\\]"),
+    ("hosts: [a]", "expected a mapping with a 'nodes' list"),
+    ("nodes:\n  - address: a\n    chief: true\n  - address: b\n    chief: true",
+     "exactly one node must be the chief. Received: chief on nodes \\[0, 1\\]"),
+    ("nodes:\n  - address: a\n    gpus: [0, 0]", "gpus must be distinct indices >= 0. "
+                                               "Received: \\[0, 0\\]"),
+    ("nodes:\n  - address: a\n    network_bandwidth: -3",
+     "network_bandwidth must be a positive number of Gbit/s. Received: -3"),
+    ("nodes:\n  - address: a\n    roles: [trainer]", "unknown role 'trainer'"),
+    ("nodes:\n  - address: a\n    cpu: [0]", "unknown fields \\['cpu'\\]"),
+    ("nodes:\n  - address: a:notaport", "malformed port. Received: 'a:notaport'"),
+    ("nodes:\n  - address: a:99999", "port must be in 0..65535. Received: 99999"),
+    ("nodes:\n  - address: a:1\n  - address: a:1", "repeats a:1 of nodes\\[0\\]"),
+    ("nodes:\n  - address: ''", "address must be a non-empty string. Received: ''"),
+    ("nodes:\n  - address: a\n    roles: [ps]\n    chief: true\n  - address: b",
+     "the chief \\(node 0, a\\) must have the 'worker' role"),
+    ("nodes:\n  - address: a\n    roles: [ps]", "no node has the 'worker' role"),
+    ("nodes:\n  - address: a\n    gpus: [-1]", "gpus must be distinct indices >= 0"),
+    ("nodes: [", "not valid YAML"),
+])
+def test_yaml_errors_name_field_and_value(tmp_path, text, match):
+    path = tmp_path / "bad.yml"
+    path.write_text(text)
+    with pytest.raises(ResourceSpecError, match=match):
+        ResourceSpec.from_yaml(path)
+
+
+def test_missing_yaml_file(tmp_path):
+    with pytest.raises(ResourceSpecError, match="cannot read resource spec"):
+        ResourceSpec.from_yaml(tmp_path / "absent.yml")
+
+
+def test_from_tf_config(monkeypatch):
+    config = {"cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p:1"]},
+              "task": {"type": "worker", "index": 0}}
+    spec = ResourceSpec.from_tf_config(json.dumps(config), gpus_per_worker=2)
+    assert spec.cluster_def() == {"worker": ["c:1", "w0:1", "w1:1"], "ps": ["p:1"]}
+    assert len(spec.replica_devices) == 6
+    assert spec.ps_devices == ["/job:ps/task:0/device:CPU:0"]
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]}}))
+    spec = ResourceSpec.from_tf_config()
+    assert spec.chief_index == 0 and len(spec.ps_devices) == 2
+
+
+@pytest.mark.parametrize("config,match", [
+    ("{not json", "TF_CONFIG is not valid JSON"),
+    ({"task": {}}, "must have a non-empty 'cluster' mapping"),
+    ({"cluster": {"trainer": ["a:1"]}}, "unknown jobs \\['trainer'\\]"),
+    ({"cluster": {"worker": "a:1"}}, "cluster.worker must be a list"),
+])
+def test_tf_config_errors(config, match):
+    with pytest.raises(ResourceSpecError, match=match):
+        ResourceSpec.from_tf_config(config)
+
+
+def test_tf_config_unset(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ResourceSpecError, match="TF_CONFIG is not set"):
+        ResourceSpec.from_tf_config()
+
+
+def test_cluster_def_needs_ports():
+    with pytest.raises(ResourceSpecError, match="has no port"):
+        ResourceSpec.local(workers=1).cluster_def()
