@@ -28,6 +28,8 @@ AllReduceSynchronizer = strategy_pb2.AllReduceSynchronizer
 Partitioner = strategy_pb2.Partitioner
 
 _DENSE_ONLY_SPECS = (AllReduceSynchronizer.RING, AllReduceSynchronizer.NCCL)
+# Files with these suffixes hold the text form; any other path the binary form.
+_TEXT_SUFFIXES = (".txt", ".pbtxt", ".textproto")
 
 
 class Strategy:
@@ -101,19 +103,25 @@ class Strategy:
         return cls(proto)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes the binary form atomically."""
-        atomic_write(path, self.serialize())
+        """Writes the binary form atomically (the text form for a text suffix, see `load`)."""
+        if pathlib.Path(path).suffix in _TEXT_SUFFIXES:
+            atomic_write(path, self.to_text().encode())
+        else:
+            atomic_write(path, self.serialize())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Strategy:
-        """Reads a strategy written by `save` (binary) or a text-format file."""
+        """Reads a strategy written by `save`: text for a text suffix, else binary."""
         path = pathlib.Path(path)
         try:
             data = path.read_bytes()
         except OSError as e:
             raise StrategyError(f"cannot read strategy file {str(path)!r}: {e}") from e
-        if path.suffix in (".txt", ".pbtxt", ".textproto"):
-            return cls.from_text(data.decode())
+        if path.suffix in _TEXT_SUFFIXES:
+            try:
+                return cls.from_text(data.decode())
+            except (UnicodeDecodeError, StrategyError) as e:
+                raise StrategyError(f"strategy file {str(path)!r}: {e}") from e
         return cls.deserialize(data, source=repr(str(path)))
 
     def to_text(self) -> str:

@@ -1,0 +1,65 @@
+"""The command line: inspect, strategy build / show, and its errors."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from autodist import cli
+from autodist.ir.strategy import Strategy
+
+
+def test_inspect_prints_variable_table(capsys, tmp_path):
+    out_file = tmp_path / "mlp.pb"
+    assert cli.main(["inspect", "mlp", "--save", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    assert "dense_0/kernel  784x256" in out
+    assert "name" in out and "sparse" in out and "axes" in out
+    assert out_file.exists()
+    # A saved GraphItem is a valid MODEL argument and needs no re-capture.
+    assert cli.main(["inspect", str(out_file)]) == 0
+    assert "dense_0/kernel" in capsys.readouterr().out
+
+
+def test_strategy_build_and_show(capsys, tmp_path):
+    gi_file = tmp_path / "ncf.pb"
+    strategy_file = tmp_path / "s.pb"
+    cluster = tmp_path / "cluster.yml"
+    cluster.write_text("nodes:\n  - address: a\n    chief: true\n  - address: b\n")
+    assert cli.main(["inspect", "ncf", "--save", str(gi_file)]) == 0
+    assert cli.main(["strategy", "build", "Parallax", "--model", str(gi_file),
+                     "--cluster", str(cluster), "--out", str(strategy_file)]) == 0
+    strategy = Strategy.load(strategy_file)
+    assert strategy.origin == "Parallax"
+    capsys.readouterr()
+    assert cli.main(["strategy", "show", str(strategy_file), "--text", "--graph-item",
+                     str(gi_file), "--cluster", str(cluster)]) == 0
+    out = capsys.readouterr().out
+    assert "user_embedding/embeddings" in out and "PS(" in out and "AllReduce(" in out
+    assert 'origin: "Parallax"' in out
+    assert "valid for the given GraphItem and cluster" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["inspect", "no_such_model"], "unknown model 'no_such_model'"),
+    (["inspect", "missing.keras"], "does not exist"),
+    (["strategy", "build", "Nope", "--model", "mlp"], "unknown builder 'Nope'"),
+    (["strategy", "show", "/nonexistent/s.pb"], "cannot read strategy file"),
+])
+def test_errors_are_reported_not_raised(capsys, argv, message):
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_console_script_entry_point():
+    result = subprocess.run([sys.executable, "-m", "autodist.cli", "--help"],
+                            capture_output=True, text=True, timeout=60, check=True)
+    assert "inspect" in result.stdout and "strategy" in result.stdout
+
+
+def test_import_does_no_tensorflow_work():
+    code = "import sys, autodist; print('tensorflow' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert result.stdout.strip() == "False"
