@@ -139,7 +139,8 @@ def test_text_round_trip_preserves_every_field():
 
 
 def test_serialize_is_deterministic():
-    assert Strategy(full_strategy_proto()).serialize() == Strategy(full_strategy_proto()).serialize()
+    first, second = Strategy(full_strategy_proto()), Strategy(full_strategy_proto())
+    assert first.serialize() == second.serialize()
 
 
 def test_save_load_binary(tmp_path):
