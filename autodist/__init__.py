@@ -25,11 +25,12 @@ __version__ = "0.1.0"
 _LAZY = {
     "capture": ("autodist.ir.capture", "capture"),
     "builders": ("autodist.search.builders", None),
+    "distribute": ("autodist.api", "distribute"),
     "models": ("autodist.models", None),
 }
 
 __all__ = ["AutodistError", "CaptureError", "GraphItem", "ResourceSpec", "ResourceSpecError",
-           "Strategy", "StrategyError", "builders", "capture", "models"]
+           "Strategy", "StrategyError", "builders", "capture", "distribute", "models"]
 
 
 def __getattr__(name: str) -> Any:

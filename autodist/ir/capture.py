@@ -136,6 +136,12 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
         "keras", name or model.name, batch_size)
 
 
+def keras_variable_names(model) -> tuple[list[str], list[str]]:
+    """Names capture gives a Keras model's (trainable, non-trainable) variables, in order."""
+    return (_unique_names([v.path for v in model.trainable_variables]),
+            _unique_names([v.path for v in model.variables if not v.trainable]))
+
+
 def _keras_input_spec(model, x):
     if x is not None:
         return tf.nest.map_structure(_spec_of, x)

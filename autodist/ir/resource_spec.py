@@ -238,6 +238,11 @@ class ResourceSpec:
         return self._tasks[node_index]
 
     @property
+    def num_worker_tasks(self) -> int:
+        """Number of tasks in the TensorFlow job "worker"."""
+        return sum(1 for job, _ in self._tasks if job == "worker")
+
+    @property
     def chief_index(self) -> int:
         return next(i for i, n in enumerate(self._proto.nodes) if n.chief)
 

@@ -1,0 +1,157 @@
+"""All-reduce synchronizer: collective reduction of mirrored shards' gradients.
+
+Dense gradients of the shards sharing a `group` are flattened into one buffer
+and summed with ``CollectiveReduceV2`` across all replicas; sparse gradients
+are all-gathered (indices and values, padded to the largest replica). Keys are
+deterministic functions of the strategy, never hashes: every replica of every
+task builds the same collectives with the same keys.
+
+Compressors: ``FP16`` casts the wire buffer to float16 and back;
+``FP16_ERROR_FEEDBACK`` also keeps, per replica and group, the rounding error
+of the last step in a variable and adds it to the next step's buffer.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from autodist.kernels.program import Program, Replica, Shard
+from autodist.proto import strategy_pb2
+
+ARSync = strategy_pb2.AllReduceSynchronizer
+GROUP_KEY = 1
+_KEYS_PER_COLLECTIVE = 4
+
+
+@dataclasses.dataclass
+class CollectiveConfig:
+    """Options of the collectives of one program.
+
+    Attributes:
+        group_size: Number of replicas in the whole job.
+        timeout_s: A collective waiting longer than this fails (no hang).
+    """
+
+    group_size: int
+    timeout_s: float
+
+
+def instance_keys(shards: list[Shard]) -> dict[tuple[str, int], int]:
+    """Deterministic instance-key bases.
+
+    A dense group gets one key base per group id; each sparse shard gets its
+    own base after all groups. A base leaves room for the three collectives
+    of an all-gather.
+    """
+    groups = sorted({s.synchronizer.all_reduce.group for s in shards if not s.sparse})
+    keys: dict[tuple[str, int], int] = {}
+    for g in groups:
+        keys[("group", g)] = 1 + _KEYS_PER_COLLECTIVE * g
+    base = 1 + _KEYS_PER_COLLECTIVE * (max(groups, default=-1) + 1)
+    for i, s in enumerate(sorted((s for s in shards if s.sparse), key=lambda s: s.name)):
+        keys[("shard", i)] = base + _KEYS_PER_COLLECTIVE * i
+        keys[("name", s.name)] = keys[("shard", i)]
+    return keys
+
+
+def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
+                     gradients: dict[str, object], config: CollectiveConfig) -> dict[str, object]:
+    """All-reduces one replica's (scaled) gradients of all-reduce shards.
+
+    Args:
+        program: The program (for error-feedback residual variables).
+        replica: The local replica the collectives run for.
+        shards: Every all-reduce shard of the strategy, in a fixed order.
+        gradients: Shard name -> this replica's gradient (dense or IndexedSlices).
+        config: Group size and timeout.
+
+    Returns:
+        Shard name -> the summed gradient over all replicas.
+    """
+    keys = instance_keys(shards)
+    out: dict[str, object] = {}
+    groups: dict[int, list[Shard]] = {}
+    for s in shards:
+        if s.name not in gradients:
+            continue
+        if s.sparse:
+            out[s.name] = _all_gather(gradients[s.name], s, keys[("name", s.name)], config,
+                                      s.synchronizer.all_reduce)
+        else:
+            groups.setdefault(s.synchronizer.all_reduce.group, []).append(s)
+    for group, members in sorted(groups.items()):
+        sync = members[0].synchronizer.all_reduce
+        flat = tf.concat([tf.reshape(gradients[s.name], [-1]) for s in members], axis=0)
+        reduced = _reduce(program, replica, flat, group, keys[("group", group)], config, sync)
+        sizes = [tf.TensorShape(s.shape).num_elements() for s in members]
+        for s, part in zip(members, tf.split(reduced, sizes)):
+            out[s.name] = tf.reshape(part, s.shape)
+    return out
+
+
+def _hint(sync) -> str:
+    return "nccl" if sync.spec == ARSync.NCCL else "ring"
+
+
+def _collective_reduce(tensor, key: int, config: CollectiveConfig, hint: str):
+    return tf.raw_ops.CollectiveReduceV2(
+        input=tensor, group_size=tf.constant(config.group_size),
+        group_key=tf.constant(GROUP_KEY), instance_key=tf.constant(key), ordering_token=[],
+        merge_op="Add", final_op="Id", communication_hint=hint,
+        timeout_seconds=config.timeout_s)
+
+
+def _collective_gather(tensor, key: int, config: CollectiveConfig, hint: str):
+    return tf.raw_ops.CollectiveGatherV2(
+        input=tensor, group_size=tf.constant(config.group_size),
+        group_key=tf.constant(GROUP_KEY), instance_key=tf.constant(key), ordering_token=[],
+        communication_hint=hint, timeout_seconds=config.timeout_s)
+
+
+def _reduce(program: Program, replica: Replica, flat, group: int, key: int,
+            config: CollectiveConfig, sync):
+    dtype = flat.dtype
+    if sync.compressor == ARSync.NONE:
+        return _collective_reduce(flat, key, config, _hint(sync))
+    if sync.compressor == ARSync.FP16:
+        wire = tf.cast(flat, tf.float16)
+        return tf.cast(_collective_reduce(wire, key, config, _hint(sync)), dtype)
+    residual = error_feedback_residual(program, replica, group, flat)
+    corrected = flat + residual
+    wire = tf.cast(corrected, tf.float16)
+    update = residual.assign(corrected - tf.cast(wire, dtype))
+    with tf.control_dependencies([update]):
+        reduced = _collective_reduce(tf.identity(wire), key, config, _hint(sync))
+    return tf.cast(reduced, dtype)
+
+
+def error_feedback_residual(program: Program, replica: Replica, group: int, flat) -> tf.Variable:
+    """The residual variable of one replica's group (created on first use)."""
+    name = f"autodist/error_feedback/group_{group}/replica_{replica.index}"
+    if name not in program.storage:
+        with tf.device(replica.device):
+            program.storage[name] = tf.compat.v1.Variable(
+                tf.zeros([flat.shape.num_elements()], flat.dtype), name=name, trainable=False,
+                use_resource=True)
+    return program.storage[name]
+
+
+def _all_gather(grad, shard: Shard, key: int, config: CollectiveConfig, sync):
+    hint = _hint(sync)
+    values, indices = grad.values, grad.indices
+    if sync.compressor != ARSync.NONE:
+        values = tf.cast(values, tf.float16)
+    count = tf.shape(indices, out_type=tf.int32)[:1]
+    counts = _collective_gather(count, key, config, hint)
+    longest = tf.reduce_max(counts)
+    pad = longest - count[0]
+    # Padding rows carry index 0 and value 0: they add nothing to the sum.
+    values = tf.pad(values, tf.concat([[[0, pad]], tf.zeros([tf.rank(values) - 1, 2],
+                                                            tf.int32)], 0))
+    indices = tf.pad(indices, [[0, pad]])
+    all_values = _collective_gather(values, key + 1, config, hint)
+    all_indices = _collective_gather(indices, key + 2, config, hint)
+    if sync.compressor != ARSync.NONE:
+        all_values = tf.cast(all_values, grad.values.dtype)
+    return tf.IndexedSlices(all_values, all_indices, grad.dense_shape)

@@ -1,0 +1,192 @@
+"""Optimizer updates with the exact semantics of the user's optimizer.
+
+The captured step does not contain the optimizer: the GraphItem records it
+(`OptimizerInfo`) and this module builds its update for one variable (or
+shard) wherever the strategy puts it. Keras 3 optimizers follow Keras'
+`update_step` formulas; tf.compat.v1 optimizers use TensorFlow's fused
+``ResourceApply*`` kernels, as `minimize` would.
+
+Sparse gradients (IndexedSlices) are summed into a dense gradient before the
+update, as Keras does (its update formulas densify IndexedSlices), so every
+row's slots decay each step; the result equals single-device Keras exactly.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import tensorflow as tf
+
+from autodist.ir.errors import StrategyError
+from autodist.proto import graph_item_pb2
+
+# Keras options that change the update in ways not implemented yet.
+_UNSUPPORTED_KERAS_OPTIONS = ("clipnorm", "clipvalue", "global_clipnorm",
+                              "gradient_accumulation_steps", "loss_scale_factor")
+
+
+@dataclasses.dataclass
+class Slots:
+    """The optimizer slot variables of one variable (or shard), by slot name."""
+
+    variables: dict[str, tf.Variable]
+
+    def __getitem__(self, name: str) -> tf.Variable:
+        return self.variables[name]
+
+
+def slot_initial_value(info: graph_item_pb2.OptimizerInfo, slot: str) -> float:
+    """The value a slot starts at (TensorFlow v1 Adagrad and RMSProp do not start at 0)."""
+    hp = info.hyperparameters
+    if info.family == "v1" and info.algorithm == "adagrad":
+        return hp.get("initial_accumulator_value", 0.1)
+    if info.family == "v1" and info.algorithm == "rmsprop" and slot == "rms":
+        return 1.0
+    if info.family == "keras" and info.algorithm == "adagrad":
+        return hp.get("initial_accumulator_value", 0.1)
+    return 0.0
+
+
+def check_supported(info: graph_item_pb2.OptimizerInfo) -> None:
+    """Raises StrategyError for optimizer options the runtime cannot reproduce."""
+    hp = info.hyperparameters
+    for option in _UNSUPPORTED_KERAS_OPTIONS:
+        if hp.get(option):
+            raise StrategyError(f"optimizer {info.class_name} uses {option}={hp[option]:g}, "
+                                "which the distributed runtime does not support yet",
+                                field=f"optimizer.{option}", received=hp[option])
+    if hp.get("use_ema"):
+        raise StrategyError(f"optimizer {info.class_name} uses use_ema=True, which the "
+                            "distributed runtime does not support yet",
+                            field="optimizer.use_ema", received=True)
+    if info.family == "v1" and info.algorithm not in ("sgd", "adam"):
+        raise StrategyError(f"tf.compat.v1 optimizer {info.class_name} is not supported by "
+                            "the distributed runtime yet (supported: GradientDescent, Momentum, "
+                            "Adam)", field="optimizer", received=info.class_name)
+
+
+def dense_gradient(grad, shape: list[int]) -> tf.Tensor:
+    """A dense gradient; IndexedSlices are summed into their rows."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.math.unsorted_segment_sum(grad.values, grad.indices, shape[0])
+    return grad
+
+
+def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slots: Slots,
+                 step: tf.Tensor) -> tf.Operation:
+    """Builds one optimizer update of `var` with gradient `grad`.
+
+    Args:
+        info: The captured optimizer.
+        var: The variable (or shard) to update; the update runs on its device.
+        grad: Its gradient, dense or IndexedSlices (already aggregated).
+        slots: Its slot variables, named as in `VariableInfo.slots`.
+        step: The number of updates applied before this one (int64 scalar);
+            Adam's bias correction uses step + 1.
+
+    Returns:
+        The update op.
+    """
+    grad = tf.cast(dense_gradient(grad, var.shape.as_list()), var.dtype)
+    builder = _KERAS if info.family == "keras" else _V1
+    try:
+        update = builder[info.algorithm]
+    except KeyError:
+        raise StrategyError(f"no update rule for {info.family} optimizer {info.class_name}",
+                            field="optimizer", received=info.class_name) from None
+    hp = {k: tf.constant(v, var.dtype) for k, v in info.hyperparameters.items()
+          if k not in ("nesterov", "amsgrad", "centered", "use_ema")}
+    flags = info.hyperparameters
+    return update(var, grad, slots, step, hp, flags)
+
+
+# ---------------------------------------------------------------- Keras 3
+def _keras_weight_decay(var, hp):
+    if "weight_decay" in hp:
+        return [var.assign_sub(var * hp["weight_decay"] * hp["learning_rate"])]
+    return []
+
+
+def _keras_sgd(var, grad, slots, step, hp, flags):
+    lr = hp["learning_rate"]
+    deps = _keras_weight_decay(var, hp)
+    with tf.control_dependencies(deps):
+        if flags.get("momentum", 0.0) == 0.0:
+            return var.assign_sub(grad * lr).op
+        m = slots["momentum"]
+        momentum = hp["momentum"]
+        new_m = m.assign(m * momentum - grad * lr)
+        with tf.control_dependencies([new_m]):
+            if flags.get("nesterov"):
+                return var.assign_add(new_m * momentum - grad * lr).op
+            return var.assign_add(new_m).op
+
+
+def _keras_adam(var, grad, slots, step, hp, flags):
+    # alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t), as in keras.optimizers.Adam.
+    lr = hp["learning_rate"]
+    beta_1, beta_2, epsilon = hp["beta_1"], hp["beta_2"], hp["epsilon"]
+    t = tf.cast(step + 1, var.dtype)
+    alpha = lr * tf.sqrt(1 - tf.pow(beta_2, t)) / (1 - tf.pow(beta_1, t))
+    deps = _keras_weight_decay(var, hp)
+    with tf.control_dependencies(deps):
+        m = slots["momentum"]
+        v = slots["velocity"]
+        new_m = m.assign_add((grad - m) * (1 - beta_1))
+        new_v = v.assign_add((tf.square(grad) - v) * (1 - beta_2))
+        if flags.get("amsgrad"):
+            new_v = slots["velocity_hat"].assign(tf.maximum(slots["velocity_hat"], new_v))
+        return var.assign_sub(new_m * alpha / (tf.sqrt(new_v) + epsilon)).op
+
+
+def _keras_adagrad(var, grad, slots, step, hp, flags):
+    lr, epsilon = hp["learning_rate"], hp["epsilon"]
+    deps = _keras_weight_decay(var, hp)
+    with tf.control_dependencies(deps):
+        acc = slots["accumulator"].assign_add(tf.square(grad))
+        return var.assign_sub(lr * grad / tf.sqrt(acc + epsilon)).op
+
+
+def _keras_rmsprop(var, grad, slots, step, hp, flags):
+    lr, rho, epsilon = hp["learning_rate"], hp["rho"], hp["epsilon"]
+    deps = _keras_weight_decay(var, hp)
+    with tf.control_dependencies(deps):
+        velocity = slots["velocity"].assign(rho * slots["velocity"] + (1 - rho) * tf.square(grad))
+        if flags.get("centered"):
+            average = slots["average_gradient"].assign(
+                rho * slots["average_gradient"] + (1 - rho) * grad)
+            denominator = velocity - tf.square(average) + epsilon
+        else:
+            denominator = velocity + epsilon
+        increment = lr * grad / tf.sqrt(denominator)
+        if flags.get("momentum", 0.0) > 0:
+            m = slots["momentum"].assign(hp["momentum"] * slots["momentum"] + increment)
+            return var.assign_sub(m).op
+        return var.assign_sub(increment).op
+
+
+_KERAS: dict[str, Callable] = {"sgd": _keras_sgd, "adam": _keras_adam,
+                               "adamw": _keras_adam, "adagrad": _keras_adagrad,
+                               "rmsprop": _keras_rmsprop}
+
+
+# ------------------------------------------------------------ tf.compat.v1
+def _v1_sgd(var, grad, slots, step, hp, flags):
+    lr = hp["learning_rate"]
+    if "momentum" not in slots.variables:
+        return tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
+    return tf.raw_ops.ResourceApplyMomentum(var=var.handle, accum=slots["momentum"].handle,
+                                            lr=lr, grad=grad, momentum=hp["momentum"],
+                                            use_nesterov=bool(flags.get("nesterov")))
+
+
+def _v1_adam(var, grad, slots, step, hp, flags):
+    t = tf.cast(step + 1, var.dtype)
+    beta_1, beta_2 = hp["beta_1"], hp["beta_2"]
+    return tf.raw_ops.ResourceApplyAdam(
+        var=var.handle, m=slots["m"].handle, v=slots["v"].handle,
+        beta1_power=tf.pow(beta_1, t), beta2_power=tf.pow(beta_2, t), lr=hp["learning_rate"],
+        beta1=beta_1, beta2=beta_2, epsilon=hp["epsilon"], grad=grad)
+
+
+_V1: dict[str, Callable] = {"sgd": _v1_sgd, "adam": _v1_adam}

@@ -1,0 +1,134 @@
+"""Replicator pass: variable storage and one compute replica per local device.
+
+Storage follows the strategy. A shard synchronized by a parameter server is
+one variable on its `reduction_destination`; every task's program creates it
+under the same name, so TensorFlow's runtime shares it (the resource lives
+on the PS task). A shard synchronized by all-reduce is mirrored: one copy per
+replica, on the replica's device. State variables (batch-norm statistics) are
+local to each replica.
+
+Each local replica imports the (partitioned) step GraphDef on its device,
+with the variable placeholders mapped to the storage handles; its inputs
+stay placeholders to feed.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from autodist.ir.strategy import Strategy
+from autodist.kernels.optimizers import slot_initial_value
+from autodist.kernels.program import Program, Replica, Shard, Stage
+
+SCOPE = "autodist"
+
+
+def storage_device(shard: Shard, replica_device: str) -> str:
+    """Where a shard lives for a replica: its PS, or the replica itself."""
+    if shard.kind == "ps":
+        return shard.synchronizer.ps.reduction_destination
+    return replica_device
+
+
+def storage_name(shard: Shard, replica_index: int | None) -> str:
+    """Variable name of a shard (mirrored copies are named by replica)."""
+    base = f"{SCOPE}/vars/{shard.name}"
+    return base if shard.kind == "ps" else f"{base}/replica_{replica_index}"
+
+
+def apply(program: Program, strategy: Strategy) -> Program:
+    """PARTITIONED -> REPLICATED: creates storage and imports the local replicas."""
+    program.require(Stage.PARTITIONED, "replicator")
+    gi = program.graph_item
+    if program.graph is None:
+        program.graph = tf.Graph()
+    local = program.local_replica_devices(strategy)
+    with program.graph.as_default():
+        for index, device in local:
+            program.replicas.append(_import_replica(program, index, device))
+    program.stage = Stage.REPLICATED
+    program.extras["num_replicas"] = len(strategy.replicas)
+    program.extras["optimizer"] = gi.optimizer
+    return program
+
+
+def get_storage(program: Program, shard: Shard, replica: Replica) -> tf.Variable:
+    """The variable holding `shard` as `replica` sees it (created on first use)."""
+    key = storage_name(shard, replica.index)
+    if key not in program.storage:
+        device = storage_device(shard, replica.device)
+        dtype = tf.as_dtype(shard.dtype)
+        with tf.device(device):
+            program.storage[key] = _variable(key, tf.zeros(shard.shape, dtype), dtype)
+            info = program.graph_item.variable(shard.var_name)
+            optimizer = program.graph_item.optimizer
+            for slot in info.slots:
+                init = slot_initial_value(optimizer, slot)
+                program.storage[f"{key}/slot/{slot}"] = _variable(
+                    f"{key}/slot/{slot}", tf.fill(shard.shape, tf.constant(init, dtype)), dtype)
+    return program.storage[key]
+
+
+def get_slots(program: Program, shard: Shard, replica: Replica) -> dict[str, tf.Variable]:
+    key = storage_name(shard, replica.index)
+    info = program.graph_item.variable(shard.var_name)
+    return {slot: program.storage[f"{key}/slot/{slot}"] for slot in info.slots}
+
+
+def _variable(name: str, initial_value, dtype) -> tf.Variable:
+    # Not a Keras variable: plain resource variables whose names (and so
+    # shared names) are the same in every task's program.
+    return tf.compat.v1.Variable(initial_value, dtype=dtype, name=name, trainable=False,
+                                 use_resource=True)
+
+
+def _import_replica(program: Program, index: int, device: str) -> Replica:
+    gi = program.graph_item
+    replica = Replica(index=index, device=device)
+    input_map = {}
+    for var in gi.variables:
+        for shard in program.shards[var.name]:
+            if shard.placeholder:
+                input_map[f"{shard.placeholder}:0"] = get_storage(program, shard, replica).handle
+    for state in gi.state_variables:
+        key = f"{SCOPE}/state/{state.name}/replica_{index}"
+        if key not in program.storage:
+            with tf.device(device):
+                program.storage[key] = _variable(key, tf.zeros(list(state.shape),
+                                                               tf.as_dtype(state.dtype)),
+                                                 tf.as_dtype(state.dtype))
+        input_map[f"{state.handle_node}:0"] = program.storage[key].handle
+    fetches = [gi.loss_tensor]
+    for var in gi.variables:
+        g = var.gradient
+        fetches += [g.dense] if g.dense else [g.values, g.indices] if g.values else []
+    update_ops = [op for state in gi.state_variables for op in state.update_ops]
+    graph_def = _strip_devices(program.graph_def)
+    with tf.device(device):
+        outputs = tf.graph_util.import_graph_def(
+            graph_def, input_map=input_map, return_elements=fetches + update_ops,
+            name=f"{SCOPE}/replica_{index}")
+    replica.loss = outputs[0]
+    i = 1
+    for var in gi.variables:
+        g = var.gradient
+        if g.dense:
+            replica.gradients[var.name] = outputs[i]
+            i += 1
+        elif g.values:
+            replica.gradients[var.name] = tf.IndexedSlices(
+                outputs[i], outputs[i + 1], tf.constant(list(var.shape), outputs[i + 1].dtype))
+            i += 2
+    replica.state_updates = list(outputs[i:])
+    graph = program.graph
+    for info in gi.inputs:
+        replica.inputs[info.name] = graph.get_tensor_by_name(
+            f"{SCOPE}/replica_{index}/{info.tensor}")
+    return replica
+
+
+def _strip_devices(graph_def):
+    out = tf.compat.v1.GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        node.device = ""
+    return out

@@ -1,0 +1,142 @@
+"""Synchronizer pass: aggregate gradients and apply updates as the strategy says.
+
+Builds, for one task, the `train_op` that runs a step of its local replicas:
+scaled gradients (each replica's gradient of its mean loss times its share of
+the global batch, so uneven batches weigh correctly), split per shard, then
+per shard either the PS protocol (`ps_synchronizer`) or collective reduction
+(`all_reduce_synchronizer`), then the optimizer update (`optimizers`).
+
+Results land in `program.extras`: ``train_op``, ``scales`` (placeholder per
+local replica), ``weighted_loss`` (this task's part of the global loss),
+``step`` (updates applied so far) and ``after_step`` (what a non-chief task
+runs to wait for the chief).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from autodist.ir.strategy import Strategy
+from autodist.kernels import all_reduce_synchronizer as ar
+from autodist.kernels import ps_synchronizer as ps
+from autodist.kernels.optimizers import Slots, apply_update, check_supported
+from autodist.kernels.partitioner import split_gradient
+from autodist.kernels.program import Program, Stage
+from autodist.kernels.replicator import get_slots, get_storage
+
+
+@dataclasses.dataclass
+class SyncOptions:
+    """Options of the synchronizer pass.
+
+    Attributes:
+        is_chief: This task is the chief (applies synchronous PS updates).
+        worker_tasks: Number of worker tasks in the job.
+        task_index: This worker task's index.
+        timeout_s: Bound on every collective.
+    """
+
+    is_chief: bool
+    worker_tasks: int
+    task_index: int
+    timeout_s: float = 60.0
+
+
+def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program:
+    """REPLICATED -> SYNCHRONIZED: builds the train op of this task."""
+    program.require(Stage.REPLICATED, "synchronizer")
+    gi = program.graph_item
+    check_supported(gi.optimizer)
+    all_shards = [s for var in gi.variables for s in program.shards[var.name]]
+    ar_shards = [s for s in all_shards if s.kind == "all_reduce"]
+    with program.graph.as_default():
+        first_device = program.replicas[0].device
+        with tf.device(first_device):
+            step = tf.compat.v1.Variable(tf.constant(0, tf.int64), name="autodist/step",
+                                         trainable=False, use_resource=True)
+        step_value = step.read_value()
+        scales = {}
+        scaled: dict[int, dict[str, object]] = {}
+        weighted_losses = []
+        for replica in program.replicas:
+            with tf.device(replica.device):
+                scale = tf.compat.v1.placeholder(tf.float32, [], name=f"autodist/scale_{replica.index}")
+                scales[replica.index] = scale
+                weighted_losses.append(tf.cast(replica.loss, tf.float32) * scale)
+                per_shard = {}
+                for var in gi.variables:
+                    grad = replica.gradients.get(var.name)
+                    if grad is None:
+                        continue
+                    for shard, part in zip(program.shards[var.name],
+                                           split_gradient(grad, program.shards[var.name])):
+                        per_shard[shard.name] = _scale(part, scale)
+                scaled[replica.index] = per_shard
+        updates = []
+        pushes = []
+        # All-reduce shards: reduce, then each replica updates its own copy.
+        for replica in program.replicas:
+            with tf.device(replica.device):
+                reduced = ar.reduce_gradients(
+                    program, replica, ar_shards,
+                    {s.name: scaled[replica.index][s.name] for s in ar_shards
+                     if s.name in scaled[replica.index]},
+                    ar.CollectiveConfig(len(strategy.replicas), options.timeout_s))
+                for shard in ar_shards:
+                    if shard.name not in reduced:
+                        continue
+                    var = get_storage(program, shard, replica)
+                    updates.append(apply_update(gi.optimizer, var, reduced[shard.name],
+                                                Slots(get_slots(program, shard, replica)),
+                                                step_value))
+        # PS shards.
+        ps_sync_updates = []
+        for shard in (s for s in all_shards if s.kind == "ps"):
+            replicas_with_grad = [r for r in program.replicas if shard.name in scaled[r.index]]
+            if not replicas_with_grad:
+                continue
+            var = get_storage(program, shard, program.replicas[0])
+            slots = Slots(get_slots(program, shard, program.replicas[0]))
+            if shard.synchronizer.ps.sync:
+                acc = ps.accumulator(shard)
+                for r in replicas_with_grad:
+                    with tf.device(r.device):
+                        pushes.append(ps.push(acc, shard, scaled[r.index][shard.name], step_value))
+                if options.is_chief:
+                    with tf.control_dependencies(pushes):
+                        total = ps.take(acc, shard, len(strategy.replicas))
+                    ps_sync_updates.append(apply_update(gi.optimizer, var, total, slots,
+                                                        step_value))
+            else:
+                for r in replicas_with_grad:
+                    updates.append(apply_update(gi.optimizer, var, scaled[r.index][shard.name],
+                                                slots, step_value))
+        state_updates = [op for r in program.replicas for op in r.state_updates]
+        main = updates + ps_sync_updates + pushes + state_updates
+        release = []
+        has_sync_ps = any(s.kind == "ps" and s.synchronizer.ps.sync for s in all_shards)
+        queue_device = next((s.synchronizer.ps.reduction_destination for s in all_shards
+                             if s.kind == "ps" and s.synchronizer.ps.sync), None)
+        if has_sync_ps and options.is_chief:
+            with tf.control_dependencies(ps_sync_updates):
+                for task in range(options.worker_tasks):
+                    if task != options.task_index:
+                        release.append(ps.token_queue(queue_device, task).enqueue(step_value))
+        with tf.control_dependencies(main + release):
+            increment = step.assign_add(1)
+        train_op = tf.group(increment, name="autodist/train_op")
+        after_step = None
+        if has_sync_ps and not options.is_chief:
+            after_step = ps.token_queue(queue_device, options.task_index).dequeue()
+        program.extras.update(train_op=train_op, scales=scales, step=step,
+                              weighted_loss=tf.add_n(weighted_losses), after_step=after_step)
+    program.stage = Stage.SYNCHRONIZED
+    return program
+
+
+def _scale(grad, scale):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(scale, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad * tf.cast(scale, grad.dtype)

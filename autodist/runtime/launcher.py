@@ -1,0 +1,190 @@
+"""Local launcher: a cluster of real task processes on this machine.
+
+Ports are chosen free (a task that finds its port taken exits with a known
+code and the cluster is restarted on new ports, a bounded number of times);
+every wait is bounded; every process started is stopped on exit, error or
+Ctrl-C; each task keeps its log in the job directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from autodist.ir.errors import AutodistError
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.runtime.job import JobDir
+from autodist.runtime.task import EXIT_PORT_IN_USE
+
+_LOG_TAIL_LINES = 30
+
+
+class TaskFailedError(AutodistError, RuntimeError):
+    """A task of the cluster died or stopped answering.
+
+    Attributes:
+        task: "job:index" of the task.
+        log: Path of its log.
+    """
+
+    def __init__(self, message: str, task: str, log: str) -> None:
+        super().__init__(message)
+        self.task = task
+        self.log = log
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports that were free a moment ago (loopback)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclasses.dataclass
+class _Task:
+    job: str
+    index: int
+    process: subprocess.Popen
+    log_path: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}:{self.index}"
+
+
+class LocalCluster:
+    """Starts one process per node of a local ResourceSpec.
+
+    Use as a context manager so the processes are always stopped:
+
+        with LocalCluster(job, spec) as cluster:
+            cluster.wait_ready(timeout_s=60)
+            cluster.wait_workers(timeout_s=600)
+    """
+
+    def __init__(self, job: JobDir, spec: ResourceSpec, *, port_retries: int = 3) -> None:
+        for i, node in enumerate(spec.nodes):
+            if node.address not in ("localhost", "127.0.0.1") and not node.address.startswith("127."):
+                raise AutodistError(f"LocalCluster runs tasks on this machine only; node {i} has "
+                                    f"address {node.address!r}")
+        self.job = job
+        self.spec = spec
+        self.port_retries = port_retries
+        self.tasks: list[_Task] = []
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        ports = [n.port or p for n, p in zip(self.spec.nodes, free_ports(len(self.spec.nodes)))]
+        self.job.write_ports(ports)
+        for flag in (self.job.path / "ready").glob("*"):
+            flag.unlink()
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+                   PYTHONUNBUFFERED="1")
+        for i in range(len(self.spec.nodes)):
+            job, index = self.spec.task_of(i)
+            log_path = self.job.log(job, index)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "ab") as log:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "autodist.runtime.task", "--job-dir",
+                     str(self.job.path), "--job", job, "--task", str(index)],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                    start_new_session=True)
+            self.tasks.append(_Task(job, index, process, str(log_path)))
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Waits until every task's server is up; restarts on a taken port."""
+        for attempt in range(self.port_retries + 1):
+            deadline = time.monotonic() + timeout_s
+            while True:
+                busy = [t for t in self.tasks if t.process.poll() == EXIT_PORT_IN_USE]
+                if busy:
+                    break
+                self._raise_if_failed()
+                if all(self.job.ready_flag(t.job, t.index).exists() for t in self.tasks):
+                    return
+                if time.monotonic() > deadline:
+                    slow = [t for t in self.tasks
+                            if not self.job.ready_flag(t.job, t.index).exists()]
+                    raise TaskFailedError(
+                        f"task {slow[0].name} did not start within {timeout_s:.0f}s; "
+                        f"log {slow[0].log_path}:\n{_tail(slow[0].log_path)}",
+                        slow[0].name, slow[0].log_path)
+                time.sleep(0.05)
+            self.stop()
+            if attempt == self.port_retries:
+                raise TaskFailedError(f"task {busy[0].name} found its port taken "
+                                      f"{self.port_retries + 1} times", busy[0].name,
+                                      busy[0].log_path)
+            self.start()
+
+    def wait_workers(self, timeout_s: float,
+                     on_poll: Callable[[], None] | None = None) -> None:
+        """Waits until every worker exits 0; raises naming the first task that failed.
+
+        A parameter server that exits, or a worker exiting non-zero, is a
+        failure; so is not finishing within `timeout_s`.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._raise_if_failed()
+            workers = [t for t in self.tasks if t.job == "worker"]
+            if all(t.process.poll() == 0 for t in workers):
+                return
+            if on_poll is not None:
+                on_poll()
+            if time.monotonic() > deadline:
+                running = [t.name for t in workers if t.process.poll() is None]
+                raise TaskFailedError(f"workers {running} did not finish within {timeout_s:.0f}s",
+                                      running[0], self.job.log("worker", 0).as_posix())
+            time.sleep(0.1)
+
+    def _raise_if_failed(self) -> None:
+        for t in self.tasks:
+            code = t.process.poll()
+            failed = (code is not None and code not in (0, EXIT_PORT_IN_USE)) or \
+                (t.job == "ps" and code is not None and code != EXIT_PORT_IN_USE)
+            if failed:
+                raise TaskFailedError(
+                    f"task {t.name} exited with code {code}; log {t.log_path}:\n"
+                    f"{_tail(t.log_path)}", t.name, t.log_path)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Terminates every task (then kills what is left after `grace_s`)."""
+        for t in self.tasks:
+            if t.process.poll() is None:
+                t.process.terminate()
+        deadline = time.monotonic() + grace_s
+        for t in self.tasks:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                t.process.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                t.process.kill()
+                t.process.wait(timeout=grace_s)
+        self.tasks = []
+
+
+def _tail(path: str, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,77 @@
+"""Entry point of one task process: ``python -m autodist.runtime.task``.
+
+    python -m autodist.runtime.task --job-dir DIR --job worker --task 0
+
+Starts this task's TensorFlow server, marks it ready, and (for a worker)
+trains from the job directory. A parameter-server task serves until it is
+stopped. Exit codes: 0 done, 1 failed (traceback in the log), 3 the port was
+taken (the launcher retries with other ports).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import traceback
+
+EXIT_FAILED = 1
+EXIT_PORT_IN_USE = 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--job-dir", required=True)
+    parser.add_argument("--job", choices=("worker", "ps"), required=True)
+    parser.add_argument("--task", type=int, required=True)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from autodist.runtime.job import JobDir  # pylint: disable=import-outside-toplevel
+    from autodist.runtime.worker import run_worker, session_config  # pylint: disable=C0415
+
+    job = JobDir(args.job_dir)
+    try:
+        spec = job.resource_spec()
+        strategy = job.strategy()
+        config = job.config()
+        cluster = tf.train.ClusterSpec(spec.cluster_def(job.ports()))
+        server_config = session_config(strategy, args.task if args.job == "worker" else 0)
+        del server_config.device_filters[:]
+        try:
+            server = tf.distribute.Server(cluster, job_name=args.job, task_index=args.task,
+                                          config=server_config, start=True)
+        except (tf.errors.UnknownError, tf.errors.InternalError) as e:
+            if "address already in use" in str(e).lower() or "failed to bind" in str(e).lower():
+                print(f"port taken: {e}", file=sys.stderr)
+                return EXIT_PORT_IN_USE
+            raise
+        flag = job.ready_flag(args.job, args.task)
+        flag.write_text(str(os.getpid()))
+        if args.job == "ps":
+            while True:  # served until the launcher stops this process
+                time.sleep(3600)
+        _wait_for_cluster(job, spec, config.startup_timeout_s)
+        run_worker(job, args.task, server.target)
+        return 0
+    except Exception:  # pylint: disable=broad-except
+        traceback.print_exc()
+        return EXIT_FAILED
+
+
+def _wait_for_cluster(job, spec, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    flags = [job.ready_flag(*spec.task_of(i)) for i in range(len(spec.nodes))]
+    while not all(f.exists() for f in flags):
+        if time.monotonic() > deadline:
+            missing = [f.name for f in flags if not f.exists()]
+            raise TimeoutError(f"tasks {missing} did not start within {timeout_s}s")
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""What a worker task does: build its program, initialize, train, report.
+
+Runs inside a task process (see `task.py`) or, for tests, in a thread next
+to in-process servers. All waits are bounded by the RunConfig's timeouts.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from autodist.ir.atomic import atomic_write
+from autodist.ir.graph_item import GraphItem
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.ir.strategy import Strategy
+from autodist.kernels import partitioner, replicator, synchronizer
+from autodist.kernels.program import Program
+from autodist.runtime import data as batching
+from autodist.runtime.job import JobDir, RunConfig
+
+logger = logging.getLogger(__name__)
+
+COLLECTIVE_LEADER = "/job:worker/replica:0/task:0"
+
+
+class WorkerError(RuntimeError):
+    """A worker could not start or finish its part of the job."""
+
+
+def session_config(strategy: Strategy, task_index: int) -> tf.compat.v1.ConfigProto:
+    """Session/server config: collective leader; device filters for pure-PS jobs."""
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=False)
+    config.experimental.collective_group_leader = COLLECTIVE_LEADER
+    uses_collectives = any(s.WhichOneof("kind") == "all_reduce"
+                           for v in strategy.variables for s in v.shards)
+    if not uses_collectives:
+        config.device_filters.extend(["/job:ps", f"/job:worker/task:{task_index}"])
+    return config
+
+
+def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
+                  task_index: int, timeout_s: float) -> Program:
+    """Runs the three passes for worker task `task_index`."""
+    program = Program(graph_item, spec, ("worker", task_index))
+    partitioner.apply(program, strategy)
+    replicator.apply(program, strategy)
+    if not program.replicas:
+        raise WorkerError(f"worker task {task_index} has no replica in the strategy "
+                          f"(replicas: {strategy.replicas})")
+    synchronizer.apply(program, strategy, synchronizer.SyncOptions(
+        is_chief=task_index == 0, worker_tasks=spec.num_worker_tasks, task_index=task_index,
+        timeout_s=timeout_s))
+    return program
+
+
+def _strip_replica(key: str) -> str:
+    head, sep, tail = key.rpartition("/replica_")
+    return head if sep and tail.isdigit() else key
+
+
+def is_shared(storage_key: str) -> bool:
+    """True for PS storage (and its slots), which the chief initializes."""
+    if not storage_key.startswith("autodist/vars/"):
+        return False
+    var_key = storage_key.split("/slot/")[0]
+    return _strip_replica(var_key) == var_key
+
+
+class Trainer:
+    """The training loop of one worker task.
+
+    Args:
+        job: The job directory.
+        task_index: This worker's task index.
+        target: The session target (this task's server).
+    """
+
+    def __init__(self, job: JobDir, task_index: int, target: str) -> None:
+        self.job = job
+        self.task_index = task_index
+        self.graph_item = job.graph_item()
+        self.strategy = job.strategy()
+        self.spec = job.resource_spec()
+        self.config: RunConfig = job.config()
+        self.is_chief = task_index == 0
+        self.program = build_program(self.graph_item, self.strategy, self.spec, task_index,
+                                     self.config.step_timeout_s)
+        self.session = tf.compat.v1.Session(
+            target, graph=self.program.graph,
+            config=session_config(self.strategy, task_index))
+        self.run_options = tf.compat.v1.RunOptions(
+            timeout_in_ms=int(self.config.step_timeout_s * 1000))
+
+    # ---------------------------------------------------------- initialize
+    def initialize(self) -> None:
+        """Chief: PS variables; everyone: its local variables; then a ready flag."""
+        program = self.program
+        values = self.job.init_values()
+        with program.graph.as_default():
+            ready = self._ready_flag()
+            local, shared = [], []
+            for name, var in program.storage.items():
+                (shared if is_shared(name) else local).append((name, var))
+            step = program.extras["step"]
+            inits = [step.initializer] + [v.initializer for _, v in local]
+            if self.is_chief:
+                inits += [v.initializer for _, v in shared]
+            assigns, feeds = self._value_assigns(values, local, shared)
+        self.session.run(inits, options=self.run_options)
+        if assigns:
+            self.session.run(assigns, feed_dict=feeds, options=self.run_options)
+        if self.is_chief:
+            self.session.run(ready.initializer, options=self.run_options)
+        else:
+            self._wait_for(ready)
+
+    def _ready_flag(self) -> tf.Variable:
+        device = next(iter(self.spec.ps_devices), self.strategy.replicas[0])
+        with tf.device(device):
+            return tf.compat.v1.Variable(True, name="autodist/ps_ready", trainable=False,
+                                         use_resource=True)
+
+    def _value_assigns(self, values, local, shared):
+        """Assign ops (fed by placeholders) giving each storage variable its value."""
+        shards = {}
+        for var_shards in self.program.shards.values():
+            for shard in var_shards:
+                shards[shard.name] = shard
+        assigns, feeds = [], {}
+        targets = local + (shared if self.is_chief else [])
+        for name, var in targets:
+            value = self._initial_value(name, values, shards)
+            if value is None:
+                continue
+            placeholder = tf.compat.v1.placeholder(var.dtype.base_dtype, var.shape)
+            assigns.append(var.assign(placeholder).op)
+            feeds[placeholder] = value
+        return assigns, feeds
+
+    def _initial_value(self, name: str, values: dict[str, np.ndarray], shards) -> Any:
+        if name.startswith("autodist/state/"):
+            state = name[len("autodist/state/"):].rsplit("/replica_", 1)[0]
+            return values.get(state)
+        if not name.startswith("autodist/vars/") or "/slot/" in name:
+            return None  # steps, slots, residuals start at their initializers
+        shard = shards[_strip_replica(name[len("autodist/vars/"):])]
+        full = values[shard.var_name]
+        if shard.num_shards == 1:
+            return full
+        index = [slice(None)] * full.ndim
+        index[shard.axis] = slice(shard.offset, shard.offset + shard.shape[shard.axis])
+        return full[tuple(index)]
+
+    def _wait_for(self, flag: tf.Variable) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        with self.program.graph.as_default():
+            check = tf.raw_ops.VarIsInitializedOp(resource=flag.handle)
+        while True:
+            try:
+                if self.session.run(check, options=self.run_options):
+                    return
+            except tf.errors.UnavailableError:
+                pass
+            if time.monotonic() > deadline:
+                raise WorkerError(f"worker {self.task_index}: the chief did not initialize the "
+                                  f"parameter servers within {self.config.startup_timeout_s}s")
+            time.sleep(0.05)
+
+    # --------------------------------------------------------------- train
+    def train(self) -> dict[str, Any]:
+        """Runs every step; returns this task's per-step weighted losses and times."""
+        inputs, targets = self.job.data()
+        num_examples = len(targets)
+        config = self.config
+        steps = batching.steps_per_epoch(num_examples, config.global_batch_size,
+                                         config.steps_per_epoch)
+        extras = self.program.extras
+        fetches = {"loss": extras["weighted_loss"], "train": extras["train_op"]}
+        after = extras["after_step"]
+        x_names = [info.name for info in self.graph_item.inputs if info.role != "y"]
+        y_name = next((info.name for info in self.graph_item.inputs if info.role == "y"), None)
+        num_replicas = len(self.strategy.replicas)
+        losses, times = [], []
+        progress = self.job.file("progress.jsonl") if self.is_chief else None
+        for epoch in range(config.epochs):
+            order = batching.epoch_order(num_examples, epoch, config.shuffle, config.seed)
+            for step in range(steps):
+                rows = batching.batch_rows(order, step, config.global_batch_size)
+                parts = batching.replica_rows(rows, num_replicas)
+                feed = {}
+                for replica in self.program.replicas:
+                    mine = parts[replica.index]
+                    for name, array in zip(x_names, inputs):
+                        feed[replica.inputs[name]] = np.asarray(array[mine])
+                    if y_name is not None:
+                        feed[replica.inputs[y_name]] = np.asarray(targets[mine])
+                    feed[extras["scales"][replica.index]] = len(mine) / len(rows)
+                start = time.perf_counter()
+                result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
+                if after is not None:
+                    self.session.run(after, options=self.run_options)
+                times.append(time.perf_counter() - start)
+                losses.append(float(result["loss"]))
+                if progress is not None:
+                    with open(progress, "a") as f:
+                        f.write(json.dumps({"epoch": epoch, "step": step,
+                                            "loss": losses[-1], "time": times[-1]}) + "\n")
+        return {"losses": losses, "step_times": times, "steps_per_epoch": steps}
+
+    # ------------------------------------------------------------- finish
+    def final_weights(self) -> dict[str, np.ndarray]:
+        """Trained values by variable name, shards reassembled (chief's view)."""
+        program = self.program
+        replica = program.replicas[0]
+        reads = {var.name: [replicator.get_storage(program, s, replica)
+                            for s in program.shards[var.name]]
+                 for var in self.graph_item.variables}
+        with program.graph.as_default():
+            tensors = {}
+            for name, parts in reads.items():
+                axis = program.shards[name][0].axis
+                values = [p.read_value() for p in parts]
+                tensors[name] = values[0] if len(values) == 1 else tf.concat(values, axis)
+            for state in self.graph_item.state_variables:
+                key = f"autodist/state/{state.name}/replica_{replica.index}"
+                tensors[state.name] = program.storage[key].read_value()
+        return self.session.run(tensors, options=self.run_options)
+
+
+def run_worker(job: JobDir, task_index: int, target: str) -> None:
+    """Builds, initializes and trains; writes results (and weights from the chief)."""
+    trainer = Trainer(job, task_index, target)
+    trainer.initialize()
+    result = trainer.train()
+    if trainer.is_chief:
+        weights = trainer.final_weights()
+        tmp = job.file("final_weights.tmp.npz")
+        np.savez(tmp, **weights)
+        tmp.replace(job.file("final_weights.npz"))
+    atomic_write(job.result(task_index), json.dumps(result).encode())
+    trainer.session.close()
