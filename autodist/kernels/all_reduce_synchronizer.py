@@ -41,8 +41,10 @@ def instance_keys(shards: list[Shard]) -> dict[tuple[str, int], int]:
     """Deterministic instance-key bases.
 
     A dense group gets one key base per group id; each sparse shard gets its
-    own base after all groups. A base leaves room for the three collectives
-    of an all-gather.
+    own base after all groups, leaving room for the three collectives of an
+    all-gather. The shapes of an all-gather change from step to step, and
+    TensorFlow keeps the shape of a collective instance, so all-gathers add
+    `step * ("stride", 0)` to their base: a new instance every step.
     """
     groups = sorted({s.synchronizer.all_reduce.group for s in shards if not s.sparse})
     keys: dict[tuple[str, int], int] = {}
@@ -52,11 +54,13 @@ def instance_keys(shards: list[Shard]) -> dict[tuple[str, int], int]:
     for i, s in enumerate(sorted((s for s in shards if s.sparse), key=lambda s: s.name)):
         keys[("shard", i)] = base + _KEYS_PER_COLLECTIVE * i
         keys[("name", s.name)] = keys[("shard", i)]
+    keys[("stride", 0)] = _KEYS_PER_COLLECTIVE * max(1, sum(1 for s in shards if s.sparse))
     return keys
 
 
 def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
-                     gradients: dict[str, object], config: CollectiveConfig) -> dict[str, object]:
+                     gradients: dict[str, object], config: CollectiveConfig,
+                     step) -> dict[str, object]:
     """All-reduces one replica's (scaled) gradients of all-reduce shards.
 
     Args:
@@ -65,6 +69,7 @@ def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
         shards: Every all-reduce shard of the strategy, in a fixed order.
         gradients: Shard name -> this replica's gradient (dense or IndexedSlices).
         config: Group size and timeout.
+        step: The step number (int64 tensor), for the keys of all-gathers.
 
     Returns:
         Shard name -> the summed gradient over all replicas.
@@ -76,14 +81,16 @@ def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
         if s.name not in gradients:
             continue
         if s.sparse:
-            out[s.name] = _all_gather(gradients[s.name], s, keys[("name", s.name)], config,
+            key = keys[("name", s.name)] + tf.cast(step, tf.int32) * keys[("stride", 0)]
+            out[s.name] = _all_gather(gradients[s.name], s, key, config,
                                       s.synchronizer.all_reduce)
         else:
             groups.setdefault(s.synchronizer.all_reduce.group, []).append(s)
     for group, members in sorted(groups.items()):
         sync = members[0].synchronizer.all_reduce
         flat = tf.concat([tf.reshape(gradients[s.name], [-1]) for s in members], axis=0)
-        reduced = _reduce(program, replica, flat, group, keys[("group", group)], config, sync)
+        reduced = _reduce(program, replica, flat, group, tf.constant(keys[("group", group)]),
+                          config, sync)
         sizes = [tf.TensorShape(s.shape).num_elements() for s in members]
         for s, part in zip(members, tf.split(reduced, sizes)):
             out[s.name] = tf.reshape(part, s.shape)
@@ -94,22 +101,22 @@ def _hint(sync) -> str:
     return "nccl" if sync.spec == ARSync.NCCL else "ring"
 
 
-def _collective_reduce(tensor, key: int, config: CollectiveConfig, hint: str):
+def _collective_reduce(tensor, key, config: CollectiveConfig, hint: str):
     return tf.raw_ops.CollectiveReduceV2(
         input=tensor, group_size=tf.constant(config.group_size),
-        group_key=tf.constant(GROUP_KEY), instance_key=tf.constant(key), ordering_token=[],
+        group_key=tf.constant(GROUP_KEY), instance_key=key, ordering_token=[],
         merge_op="Add", final_op="Id", communication_hint=hint,
         timeout_seconds=config.timeout_s)
 
 
-def _collective_gather(tensor, key: int, config: CollectiveConfig, hint: str):
+def _collective_gather(tensor, key, config: CollectiveConfig, hint: str):
     return tf.raw_ops.CollectiveGatherV2(
         input=tensor, group_size=tf.constant(config.group_size),
-        group_key=tf.constant(GROUP_KEY), instance_key=tf.constant(key), ordering_token=[],
+        group_key=tf.constant(GROUP_KEY), instance_key=key, ordering_token=[],
         communication_hint=hint, timeout_seconds=config.timeout_s)
 
 
-def _reduce(program: Program, replica: Replica, flat, group: int, key: int,
+def _reduce(program: Program, replica: Replica, flat, group: int, key,
             config: CollectiveConfig, sync):
     dtype = flat.dtype
     if sync.compressor == ARSync.NONE:
@@ -137,7 +144,7 @@ def error_feedback_residual(program: Program, replica: Replica, group: int, flat
     return program.storage[name]
 
 
-def _all_gather(grad, shard: Shard, key: int, config: CollectiveConfig, sync):
+def _all_gather(grad, shard: Shard, key, config: CollectiveConfig, sync):
     hint = _hint(sync)
     values, indices = grad.values, grad.indices
     if sync.compressor != ARSync.NONE:

@@ -8,7 +8,11 @@ shard) wherever the strategy puts it. Keras 3 optimizers follow Keras'
 
 Sparse gradients (IndexedSlices) are summed into a dense gradient before the
 update, as Keras does (its update formulas densify IndexedSlices), so every
-row's slots decay each step; the result equals single-device Keras exactly.
+row's slots decay each step. Keras squares a sparse gradient before
+densifying it, so where a row occurs several times in a batch its "squared
+gradient" is the sum of the squares of its occurrences, not the square of
+their sum; `apply_update` takes that sum (`grad_square`) to match Keras
+exactly.
 """
 from __future__ import annotations
 
@@ -72,8 +76,20 @@ def dense_gradient(grad, shape: list[int]) -> tf.Tensor:
     return grad
 
 
+def needs_square(info: graph_item_pb2.OptimizerInfo) -> bool:
+    """Whether the update uses the squared gradient (and so, for sparse, its sum)."""
+    return info.family == "keras" and info.algorithm in ("adam", "adamw", "adagrad", "rmsprop")
+
+
+def square_gradient(grad, shape: list[int]) -> tf.Tensor:
+    """Keras' squared gradient: for IndexedSlices, the sum of squared occurrences."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.math.unsorted_segment_sum(tf.square(grad.values), grad.indices, shape[0])
+    return tf.square(grad)
+
+
 def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slots: Slots,
-                 step: tf.Tensor) -> tf.Operation:
+                 step: tf.Tensor, grad_square=None) -> tf.Operation:
     """Builds one optimizer update of `var` with gradient `grad`.
 
     Args:
@@ -83,11 +99,17 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
         slots: Its slot variables, named as in `VariableInfo.slots`.
         step: The number of updates applied before this one (int64 scalar);
             Adam's bias correction uses step + 1.
+        grad_square: The squared gradient as Keras computes it (see the module
+            doc); by default derived from `grad`.
 
     Returns:
         The update op.
     """
-    grad = tf.cast(dense_gradient(grad, var.shape.as_list()), var.dtype)
+    shape = var.shape.as_list()
+    if grad_square is None:
+        grad_square = square_gradient(grad, shape)
+    grad = tf.cast(dense_gradient(grad, shape), var.dtype)
+    grad_square = tf.cast(grad_square, var.dtype)
     builder = _KERAS if info.family == "keras" else _V1
     try:
         update = builder[info.algorithm]
@@ -97,7 +119,7 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
     hp = {k: tf.constant(v, var.dtype) for k, v in info.hyperparameters.items()
           if k not in ("nesterov", "amsgrad", "centered", "use_ema")}
     flags = info.hyperparameters
-    return update(var, grad, slots, step, hp, flags)
+    return update(var, grad, grad_square, slots, step, hp, flags)
 
 
 # ---------------------------------------------------------------- Keras 3
@@ -107,7 +129,7 @@ def _keras_weight_decay(var, hp):
     return []
 
 
-def _keras_sgd(var, grad, slots, step, hp, flags):
+def _keras_sgd(var, grad, grad_square, slots, step, hp, flags):
     lr = hp["learning_rate"]
     deps = _keras_weight_decay(var, hp)
     with tf.control_dependencies(deps):
@@ -122,7 +144,7 @@ def _keras_sgd(var, grad, slots, step, hp, flags):
             return var.assign_add(new_m).op
 
 
-def _keras_adam(var, grad, slots, step, hp, flags):
+def _keras_adam(var, grad, grad_square, slots, step, hp, flags):
     # alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t), as in keras.optimizers.Adam.
     lr = hp["learning_rate"]
     beta_1, beta_2, epsilon = hp["beta_1"], hp["beta_2"], hp["epsilon"]
@@ -133,25 +155,25 @@ def _keras_adam(var, grad, slots, step, hp, flags):
         m = slots["momentum"]
         v = slots["velocity"]
         new_m = m.assign_add((grad - m) * (1 - beta_1))
-        new_v = v.assign_add((tf.square(grad) - v) * (1 - beta_2))
+        new_v = v.assign_add((grad_square - v) * (1 - beta_2))
         if flags.get("amsgrad"):
             new_v = slots["velocity_hat"].assign(tf.maximum(slots["velocity_hat"], new_v))
         return var.assign_sub(new_m * alpha / (tf.sqrt(new_v) + epsilon)).op
 
 
-def _keras_adagrad(var, grad, slots, step, hp, flags):
+def _keras_adagrad(var, grad, grad_square, slots, step, hp, flags):
     lr, epsilon = hp["learning_rate"], hp["epsilon"]
     deps = _keras_weight_decay(var, hp)
     with tf.control_dependencies(deps):
-        acc = slots["accumulator"].assign_add(tf.square(grad))
+        acc = slots["accumulator"].assign_add(grad_square)
         return var.assign_sub(lr * grad / tf.sqrt(acc + epsilon)).op
 
 
-def _keras_rmsprop(var, grad, slots, step, hp, flags):
+def _keras_rmsprop(var, grad, grad_square, slots, step, hp, flags):
     lr, rho, epsilon = hp["learning_rate"], hp["rho"], hp["epsilon"]
     deps = _keras_weight_decay(var, hp)
     with tf.control_dependencies(deps):
-        velocity = slots["velocity"].assign(rho * slots["velocity"] + (1 - rho) * tf.square(grad))
+        velocity = slots["velocity"].assign(rho * slots["velocity"] + (1 - rho) * grad_square)
         if flags.get("centered"):
             average = slots["average_gradient"].assign(
                 rho * slots["average_gradient"] + (1 - rho) * grad)
@@ -171,7 +193,7 @@ _KERAS: dict[str, Callable] = {"sgd": _keras_sgd, "adam": _keras_adam,
 
 
 # ------------------------------------------------------------ tf.compat.v1
-def _v1_sgd(var, grad, slots, step, hp, flags):
+def _v1_sgd(var, grad, grad_square, slots, step, hp, flags):
     lr = hp["learning_rate"]
     if "momentum" not in slots.variables:
         return tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
@@ -180,7 +202,7 @@ def _v1_sgd(var, grad, slots, step, hp, flags):
                                             use_nesterov=bool(flags.get("nesterov")))
 
 
-def _v1_adam(var, grad, slots, step, hp, flags):
+def _v1_adam(var, grad, grad_square, slots, step, hp, flags):
     t = tf.cast(step + 1, var.dtype)
     beta_1, beta_2 = hp["beta_1"], hp["beta_2"]
     return tf.raw_ops.ResourceApplyAdam(

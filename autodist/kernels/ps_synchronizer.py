@@ -18,11 +18,16 @@ from autodist.kernels.program import Shard
 SCOPE = "autodist/ps"
 
 
-def accumulator(shard: Shard):
-    """The shard's accumulator on its PS, shared by name across tasks."""
+def accumulator(shard: Shard, purpose: str = "gradient"):
+    """The shard's accumulator on its PS, shared by name across tasks.
+
+    Args:
+        shard: The shard.
+        purpose: "gradient", or "square" for the sum of squared sparse rows.
+    """
     dtype = tf.as_dtype(shard.dtype)
     with tf.device(shard.synchronizer.ps.reduction_destination):
-        name = f"{SCOPE}/accumulator/{shard.name}"
+        name = f"{SCOPE}/accumulator/{purpose}/{shard.name}"
         if shard.sparse:
             return tf.compat.v1.SparseConditionalAccumulator(
                 dtype, shape=shard.shape, shared_name=name, name=name.replace("/", "_"),

@@ -127,8 +127,15 @@ def _import_replica(program: Program, index: int, device: str) -> Replica:
 
 
 def _strip_devices(graph_def):
+    """Clears devices and colocation constraints: the strategy decides placement.
+
+    Colocation attributes (``_class``) would tie gradient ops to the reads of
+    a variable, and so to its parameter server.
+    """
     out = tf.compat.v1.GraphDef()
     out.CopyFrom(graph_def)
     for node in out.node:
         node.device = ""
+        if "_class" in node.attr:
+            del node.attr["_class"]
     return out

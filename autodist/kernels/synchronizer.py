@@ -20,7 +20,8 @@ import tensorflow as tf
 from autodist.ir.strategy import Strategy
 from autodist.kernels import all_reduce_synchronizer as ar
 from autodist.kernels import ps_synchronizer as ps
-from autodist.kernels.optimizers import Slots, apply_update, check_supported
+from autodist.kernels.optimizers import (Slots, apply_update, check_supported, dense_gradient,
+                                         needs_square)
 from autodist.kernels.partitioner import split_gradient
 from autodist.kernels.program import Program, Stage
 from autodist.kernels.replicator import get_slots, get_storage
@@ -82,7 +83,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                     program, replica, ar_shards,
                     {s.name: scaled[replica.index][s.name] for s in ar_shards
                      if s.name in scaled[replica.index]},
-                    ar.CollectiveConfig(len(strategy.replicas), options.timeout_s))
+                    ar.CollectiveConfig(len(strategy.replicas), options.timeout_s), step_value)
                 for shard in ar_shards:
                     if shard.name not in reduced:
                         continue
@@ -100,14 +101,24 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             slots = Slots(get_slots(program, shard, program.replicas[0]))
             if shard.synchronizer.ps.sync:
                 acc = ps.accumulator(shard)
+                # Keras squares each occurrence of a sparse row: accumulate those too.
+                square_acc = ps.accumulator(shard, "square") \
+                    if shard.sparse and needs_square(gi.optimizer) else None
                 for r in replicas_with_grad:
+                    grad = scaled[r.index][shard.name]
                     with tf.device(r.device):
-                        pushes.append(ps.push(acc, shard, scaled[r.index][shard.name], step_value))
+                        pushes.append(ps.push(acc, shard, grad, step_value))
+                        if square_acc is not None:
+                            squares = tf.IndexedSlices(tf.square(grad.values), grad.indices,
+                                                       grad.dense_shape)
+                            pushes.append(ps.push(square_acc, shard, squares, step_value))
                 if options.is_chief:
                     with tf.control_dependencies(pushes):
                         total = ps.take(acc, shard, len(strategy.replicas))
+                        total_square = None if square_acc is None else dense_gradient(
+                            ps.take(square_acc, shard, len(strategy.replicas)), shard.shape)
                     ps_sync_updates.append(apply_update(gi.optimizer, var, total, slots,
-                                                        step_value))
+                                                        step_value, total_square))
             else:
                 for r in replicas_with_grad:
                     updates.append(apply_update(gi.optimizer, var, scaled[r.index][shard.name],
