@@ -99,6 +99,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                 continue
             var = get_storage(program, shard, program.replicas[0])
             slots = Slots(get_slots(program, shard, program.replicas[0]))
+            destination = shard.synchronizer.ps.reduction_destination
             if shard.synchronizer.ps.sync:
                 acc = ps.accumulator(shard)
                 # Keras squares each occurrence of a sparse row: accumulate those too.
@@ -113,16 +114,19 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                                                        grad.dense_shape)
                             pushes.append(ps.push(square_acc, shard, squares, step_value))
                 if options.is_chief:
-                    with tf.control_dependencies(pushes):
+                    # The update runs where the variable lives.
+                    with tf.device(destination), tf.control_dependencies(pushes):
                         total = ps.take(acc, shard, len(strategy.replicas))
                         total_square = None if square_acc is None else dense_gradient(
                             ps.take(square_acc, shard, len(strategy.replicas)), shard.shape)
-                    ps_sync_updates.append(apply_update(gi.optimizer, var, total, slots,
-                                                        step_value, total_square))
+                        ps_sync_updates.append(apply_update(gi.optimizer, var, total, slots,
+                                                            step_value, total_square))
             else:
                 for r in replicas_with_grad:
-                    updates.append(apply_update(gi.optimizer, var, scaled[r.index][shard.name],
-                                                slots, step_value))
+                    with tf.device(destination):
+                        updates.append(apply_update(gi.optimizer, var,
+                                                    scaled[r.index][shard.name], slots,
+                                                    step_value))
         state_updates = [op for r in program.replicas for op in r.state_updates]
         main = updates + ps_sync_updates + pushes + state_updates
         release = []
