@@ -25,7 +25,7 @@ class History:
     """What `fit` returns.
 
     Attributes:
-        history: {"loss": [mean loss of each epoch]}, as Keras' History.
+        history: {"loss": [mean loss of each epoch, over examples]}, as Keras' History.
         step_losses: The global loss of every step (weighted over replicas).
         step_times: The chief's time of every step, in seconds.
         epoch: Epoch indices.
@@ -110,7 +110,8 @@ class DistributedRun:
             cluster.wait_ready(self.startup_timeout_s)
             cluster.wait_workers(timeout_s, on_poll=progress.update)
         progress.finish()
-        history = self._history(job, steps, epochs)
+        sizes = [len(batching.batch_rows(np.arange(n), s, batch_size)) for s in range(steps)]
+        history = self._history(job, sizes, epochs)
         self._write_back(job)
         if self.job_dir is None:
             shutil.rmtree(path, ignore_errors=True)
@@ -160,12 +161,15 @@ class DistributedRun:
                 if name in weights.files:
                     var.assign(weights[name])
 
-    def _history(self, job: JobDir, steps: int, epochs: int) -> History:
+    def _history(self, job: JobDir, batch_sizes: list[int], epochs: int) -> History:
         results = [json.loads(job.result(i).read_text())
                    for i in range(self.resource_spec.num_worker_tasks)
                    if job.result(i).exists()]
         losses = np.sum([r["losses"] for r in results], axis=0).tolist()
-        epoch_losses = [float(np.mean(losses[e * steps:(e + 1) * steps])) for e in range(epochs)]
+        steps = len(batch_sizes)
+        # As Keras: the epoch loss is the mean over examples (batches weighted by size).
+        epoch_losses = [float(np.average(losses[e * steps:(e + 1) * steps], weights=batch_sizes))
+                        for e in range(epochs)]
         return History(history={"loss": epoch_losses}, step_losses=losses,
                        step_times=results[0]["step_times"], epoch=list(range(epochs)))
 
