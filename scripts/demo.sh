@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Installs autodist, captures an example model and builds strategies for a local cluster.
+# Installs autodist, then trains an example recommendation model (two embedding
+# tables) on a local cluster of 2 worker + 1 PS processes with the Parallax
+# strategy, and checks the weights against single-device Keras.
+#
+# TensorFlow servers bind every interface, so the cluster runs in a private
+# network namespace (loopback only) when `unshare` is allowed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
@@ -7,6 +12,9 @@ export TF_CPP_MIN_LOG_LEVEL=2
 mkdir -p demo_out
 .venv/bin/autodist inspect ncf --save demo_out/ncf.pb
 echo
-.venv/bin/autodist strategy build Parallax --model demo_out/ncf.pb --out demo_out/parallax.pb
-echo
-.venv/bin/autodist strategy show demo_out/parallax.pb --graph-item demo_out/ncf.pb
+cmd=(.venv/bin/autodist run --model ncf --builder Parallax --workers 2 --ps 1 --epochs 2)
+if unshare -n true 2>/dev/null; then
+  unshare -n bash -c 'ip link set lo up && "$@"' bash "${cmd[@]}"
+else
+  "${cmd[@]}"
+fi

@@ -145,6 +145,35 @@ BUILDERS: dict[str, Callable[..., Any]] = {
 }
 
 
+def synthetic_data(model, num_examples: int, seed: int = 0):
+    """Random inputs and targets shaped for `model` (for demos and benchmarks).
+
+    Integer inputs (ids) are drawn below the size of the embedding they feed,
+    read from the model's Embedding layers in order.
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(seed)
+    vocab = [layer.input_dim for layer in model.layers
+             if isinstance(layer, keras.layers.Embedding)]
+    xs = []
+    for i, tensor in enumerate(model.inputs):
+        shape = (num_examples,) + tuple(tensor.shape[1:])
+        if "int" in str(tensor.dtype):
+            high = vocab[i] if i < len(vocab) else 2
+            xs.append(rng.integers(0, high, shape).astype("int32"))
+        else:
+            xs.append(rng.normal(size=shape).astype("float32"))
+    out = model.outputs[0]
+    classes = int(out.shape[-1])
+    if classes == 1:
+        y = rng.integers(0, 2, (num_examples, 1)).astype("float32")
+    else:
+        y = rng.integers(0, classes, num_examples).astype("int32")
+    return (xs[0] if len(xs) == 1 else xs), y
+
+
 def build(name: str, **kwargs: Any):
     """Builds the example model called `name` (one of `BUILDERS`)."""
     try:

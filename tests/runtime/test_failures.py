@@ -1,0 +1,96 @@
+"""Failures are reported within bounded time, naming the task and its log; nothing hangs."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import numpy as np
+import pytest
+
+import autodist
+from autodist import models
+from autodist.runtime.job import JobDir, RunConfig
+from autodist.runtime.launcher import LocalCluster, TaskFailedError
+
+pytestmark = pytest.mark.cluster
+
+
+def _long_job(tmp_path, spec, step_timeout_s=60.0) -> JobDir:
+    model = models.mlp(input_dim=8, hidden=(8,))
+    graph_item = autodist.capture(model)
+    strategy = autodist.builders.AllReduce().build(graph_item, spec)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 8)).astype("float32")
+    y = rng.integers(0, 10, 64).astype("int32")
+    job = JobDir(tmp_path / "job")
+    init = {n: v.numpy() for n, v in zip(graph_item.variable_names, model.trainable_variables)}
+    job.write(graph_item, strategy, spec, RunConfig(global_batch_size=8, epochs=10_000,
+                                                    step_timeout_s=step_timeout_s),
+              init, [x], y)
+    return job
+
+
+def _wait_for_progress(job: JobDir, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    path = job.file("progress.jsonl")
+    while not (path.exists() and path.read_text().count("\n") >= 3):
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.1)
+
+
+def test_killed_worker_is_reported_quickly(tmp_path):
+    spec = autodist.ResourceSpec.local(workers=2)
+    job = _long_job(tmp_path, spec)
+    with LocalCluster(job, spec) as cluster:
+        cluster.wait_ready(120)
+        _wait_for_progress(job)
+        victim = next(t for t in cluster.tasks if t.name == "worker:1")
+        os.kill(victim.process.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(TaskFailedError, match="task worker:1 exited with code -9") as err:
+            cluster.wait_workers(timeout_s=120)
+        assert time.monotonic() - start < 10
+        assert err.value.task == "worker:1"
+        assert err.value.log.endswith("worker_1.log")
+        processes = [t.process for t in cluster.tasks]
+    assert all(p.poll() is not None for p in processes)  # everything was stopped
+
+
+def test_unresponsive_worker_times_out(tmp_path):
+    spec = autodist.ResourceSpec.local(workers=2)
+    job = _long_job(tmp_path, spec, step_timeout_s=5.0)
+    with LocalCluster(job, spec) as cluster:
+        cluster.wait_ready(120)
+        _wait_for_progress(job)
+        victim = next(t for t in cluster.tasks if t.name == "worker:1")
+        os.kill(victim.process.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        try:
+            with pytest.raises(TaskFailedError, match="task worker:0 exited with code 1") as err:
+                cluster.wait_workers(timeout_s=120)
+        finally:
+            os.kill(victim.process.pid, signal.SIGCONT)
+        assert time.monotonic() - start < 30
+        assert "Deadline" in str(err.value) or "deadline" in str(err.value) or \
+            "timed out" in str(err.value).lower()
+
+
+def test_taken_port_is_reported(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        spec = autodist.ResourceSpec.from_dict({"nodes": [
+            {"address": "localhost", "port": port, "chief": True}]})
+        job = _long_job(tmp_path, spec)
+        with LocalCluster(job, spec, port_retries=0) as cluster:
+            with pytest.raises(TaskFailedError, match="worker:0 found its port taken"):
+                cluster.wait_ready(120)
+
+
+def test_local_cluster_rejects_remote_addresses(tmp_path):
+    spec = autodist.ResourceSpec.from_dict({"nodes": [{"address": "10.1.2.3", "chief": True}]})
+    with pytest.raises(autodist.AutodistError, match="this machine only"):
+        LocalCluster(JobDir(tmp_path), spec)
