@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
             server = tf.distribute.Server(cluster, job_name=args.job, task_index=args.task,
                                           config=server_config, start=True)
         except (tf.errors.UnknownError, tf.errors.InternalError) as e:
-            if "address already in use" in str(e).lower() or "failed to bind" in str(e).lower():
+            # gRPC reports a taken port as "Could not start gRPC server".
+            message = str(e).lower()
+            if any(m in message for m in ("address already in use", "failed to bind",
+                                          "could not start grpc server")):
                 print(f"port taken: {e}", file=sys.stderr)
                 return EXIT_PORT_IN_USE
             raise
