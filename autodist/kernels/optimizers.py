@@ -88,8 +88,16 @@ def square_gradient(grad, shape: list[int]) -> tf.Tensor:
     return tf.square(grad)
 
 
+def hyperparameter_tensors(info: graph_item_pb2.OptimizerInfo,
+                           dtype: tf.DType) -> dict[str, tf.Tensor]:
+    """The numeric hyper-parameters as constants of `dtype` (build once, share)."""
+    return {k: tf.constant(v, dtype) for k, v in info.hyperparameters.items()
+            if k not in ("nesterov", "amsgrad", "centered", "use_ema")}
+
+
 def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slots: Slots,
-                 step: tf.Tensor, grad_square=None) -> tf.Operation:
+                 step: tf.Tensor, grad_square=None,
+                 hyperparameters: dict[str, tf.Tensor] | None = None) -> tf.Operation:
     """Builds one optimizer update of `var` with gradient `grad`.
 
     Args:
@@ -101,6 +109,9 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
             Adam's bias correction uses step + 1.
         grad_square: The squared gradient as Keras computes it (see the module
             doc); by default derived from `grad`.
+        hyperparameters: From `hyperparameter_tensors` for the variable's
+            dtype; pass them to share the constants between updates (made
+            here if absent).
 
     Returns:
         The update op.
@@ -116,8 +127,8 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
     except KeyError:
         raise StrategyError(f"no update rule for {info.family} optimizer {info.class_name}",
                             field="optimizer", received=info.class_name) from None
-    hp = {k: tf.constant(v, var.dtype) for k, v in info.hyperparameters.items()
-          if k not in ("nesterov", "amsgrad", "centered", "use_ema")}
+    hp = hyperparameters if hyperparameters is not None else \
+        hyperparameter_tensors(info, var.dtype.base_dtype)
     flags = info.hyperparameters
     return update(var, grad, grad_square, slots, step, hp, flags)
 

@@ -21,7 +21,7 @@ from autodist.ir.strategy import Strategy
 from autodist.kernels import all_reduce_synchronizer as ar
 from autodist.kernels import ps_synchronizer as ps
 from autodist.kernels.optimizers import (Slots, apply_update, check_supported, dense_gradient,
-                                         needs_square)
+                                         hyperparameter_tensors, needs_square)
 from autodist.kernels.partitioner import split_gradient
 from autodist.kernels.program import Program, Stage
 from autodist.kernels.replicator import get_slots, get_storage
@@ -52,6 +52,16 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
     all_shards = [s for var in gi.variables for s in program.shards[var.name]]
     ar_shards = [s for s in all_shards if s.kind == "all_reduce"]
     with program.graph.as_default():
+        hyper_cache: dict[tf.DType, dict[str, tf.Tensor]] = {}
+
+        def update(var, grad, slots, grad_square=None):
+            dtype = var.dtype.base_dtype
+            if dtype not in hyper_cache:
+                with tf.device(None):
+                    hyper_cache[dtype] = hyperparameter_tensors(gi.optimizer, dtype)
+            return apply_update(gi.optimizer, var, grad, slots, step_value, grad_square,
+                                hyper_cache[dtype])
+
         first_device = program.replicas[0].device
         with tf.device(first_device):
             step = tf.compat.v1.Variable(tf.constant(0, tf.int64), name="autodist/step",
@@ -88,9 +98,8 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                     if shard.name not in reduced:
                         continue
                     var = get_storage(program, shard, replica)
-                    updates.append(apply_update(gi.optimizer, var, reduced[shard.name],
-                                                Slots(get_slots(program, shard, replica)),
-                                                step_value))
+                    updates.append(update(var, reduced[shard.name],
+                                          Slots(get_slots(program, shard, replica))))
         # PS shards.
         ps_sync_updates = []
         for shard in (s for s in all_shards if s.kind == "ps"):
@@ -119,14 +128,11 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                         total = ps.take(acc, shard, len(strategy.replicas))
                         total_square = None if square_acc is None else dense_gradient(
                             ps.take(square_acc, shard, len(strategy.replicas)), shard.shape)
-                        ps_sync_updates.append(apply_update(gi.optimizer, var, total, slots,
-                                                            step_value, total_square))
+                        ps_sync_updates.append(update(var, total, slots, total_square))
             else:
                 for r in replicas_with_grad:
                     with tf.device(destination):
-                        updates.append(apply_update(gi.optimizer, var,
-                                                    scaled[r.index][shard.name], slots,
-                                                    step_value))
+                        updates.append(update(var, scaled[r.index][shard.name], slots))
         state_updates = [op for r in program.replicas for op in r.state_updates]
         main = updates + ps_sync_updates + pushes + state_updates
         release = []
