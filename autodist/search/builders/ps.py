@@ -94,17 +94,22 @@ class PartitionedPS(PS):
             if n == 1:
                 config.shards.append(self.options.synchronizer(balancer.place(v.byte_size)))
             else:
-                sizes = even_sizes(v.shape[axis], n)
-                config.partitioner.CopyFrom(partitioner(axis, sizes))
-                row_bytes = v.byte_size / v.shape[axis]
-                used: list[str] = []
-                # The shards of one variable go to distinct servers: spreading
-                # its traffic is the point of partitioning it.
-                for size in sizes:
-                    used.append(balancer.place(row_bytes * size, exclude=used))
-                config.shards.extend(self.options.synchronizer(d) for d in used)
+                self._split(v, axis, n, balancer, config)
             placed[v.name] = config
         return [placed[v.name] for v in graph_item.variables]
+
+    def _split(self, v, axis: int, n: int, balancer: LoadBalancer,
+               config: strategy_pb2.VariableConfig) -> None:
+        """Partitions `v` into `n` even shards on distinct, least loaded servers."""
+        sizes = even_sizes(v.shape[axis], n)
+        config.partitioner.CopyFrom(partitioner(axis, sizes))
+        row_bytes = v.byte_size / v.shape[axis]
+        used: list[str] = []
+        # The shards of one variable go to distinct servers: spreading its
+        # traffic is the point of partitioning it.
+        for size in sizes:
+            used.append(balancer.place(row_bytes * size, exclude=used))
+        config.shards.extend(self.options.synchronizer(d) for d in used)
 
 
 class UnevenPartitionedPS(PartitionedPS):
@@ -118,23 +123,11 @@ class UnevenPartitionedPS(PartitionedPS):
 
     name = "UnevenPartitionedPS"
 
-    def variable_configs(self, graph_item: GraphItem,
-                         resource_spec: ResourceSpec) -> list[strategy_pb2.VariableConfig]:
-        balancer = LoadBalancer(resource_spec, resource_spec.ps_devices)
-        limit = self._max_shards(resource_spec)
-        placed: dict[str, strategy_pb2.VariableConfig] = {}
-        for v in largest_first(graph_item.variables):
-            config = strategy_pb2.VariableConfig(var_name=v.name)
-            axis = partition_axis(v)
-            n = 1 if axis is None else shard_count(v, axis, limit, self.min_shard_bytes)
-            if n == 1:
-                config.shards.append(self.options.synchronizer(balancer.place(v.byte_size)))
-            else:
-                dim = v.shape[axis]
-                shares = balancer.split(v.byte_size, n)
-                sizes = proportional_sizes(dim, [share for _, share in shares])
-                if len(sizes) > 1:
-                    config.partitioner.CopyFrom(partitioner(axis, sizes))
-                config.shards.extend(self.options.synchronizer(d) for d, _ in shares)
-            placed[v.name] = config
-        return [placed[v.name] for v in graph_item.variables]
+    def _split(self, v, axis: int, n: int, balancer: LoadBalancer,
+               config: strategy_pb2.VariableConfig) -> None:
+        """Partitions `v` over up to `n` servers with water-filled shard sizes."""
+        shares = balancer.split(v.byte_size, n)
+        sizes = proportional_sizes(v.shape[axis], [share for _, share in shares])
+        if len(sizes) > 1:
+            config.partitioner.CopyFrom(partitioner(axis, sizes))
+        config.shards.extend(self.options.synchronizer(d) for d, _ in shares)
