@@ -17,6 +17,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from autodist.ir.errors import StrategyError
 from autodist.ir.strategy import Strategy
 from autodist.kernels import all_reduce_synchronizer as ar
 from autodist.kernels import ps_synchronizer as ps
@@ -44,9 +45,35 @@ class SyncOptions:
     timeout_s: float = 60.0
 
 
+def check_supported(strategy: Strategy) -> None:
+    """Raises StrategyError for synchronizer options this pass does not build yet.
+
+    Asynchronous and bounded-staleness PS and worker-local PS copies are in
+    the schema but not in the runtime yet; refusing them is better than
+    training with semantics nobody tested.
+    """
+    for config in strategy.variables:
+        for i, shard in enumerate(config.shards):
+            if shard.WhichOneof("kind") != "ps":
+                continue
+            ps_sync = shard.ps
+            for field, value, unsupported in (("sync", ps_sync.sync, not ps_sync.sync),
+                                              ("staleness", ps_sync.staleness,
+                                               ps_sync.staleness > 0),
+                                              ("local_replication", ps_sync.local_replication,
+                                               ps_sync.local_replication)):
+                if unsupported:
+                    raise StrategyError(
+                        f"variable {config.var_name!r}: shards[{i}].ps.{field}={value} is not "
+                        "supported by the distributed runtime yet (synchronous PS only)",
+                        variable=config.var_name, field=f"shards[{i}].ps.{field}",
+                        received=value)
+
+
 def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program:
     """REPLICATED -> SYNCHRONIZED: builds the train op of this task."""
     program.require(Stage.REPLICATED, "synchronizer")
+    check_supported(strategy)
     gi = program.graph_item
     check_supported(gi.optimizer)
     all_shards = [s for var in gi.variables for s in program.shards[var.name]]

@@ -15,6 +15,8 @@ from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
+from autodist.kernels import synchronizer
+from autodist.kernels.optimizers import check_supported as check_optimizer
 from autodist.runtime import data as batching
 from autodist.runtime.job import JobDir, RunConfig
 from autodist.runtime.launcher import LocalCluster
@@ -59,6 +61,8 @@ class DistributedRun:
         self.strategy = strategy
         self.resource_spec = resource_spec
         strategy.validate(self.graph_item, resource_spec)
+        synchronizer.check_supported(strategy)
+        check_optimizer(self.graph_item.optimizer)
         self.job_dir = job_dir
         self.step_timeout_s = step_timeout_s
         self.startup_timeout_s = startup_timeout_s

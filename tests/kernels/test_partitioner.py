@@ -98,3 +98,21 @@ def test_pass_checks_its_stage():
     with pytest.raises(StageError, match="partitioner needs a CAPTURED program; this one is "
                                          "PARTITIONED"):
         partitioner.apply(program, builders.PS().build(graph_item, spec))
+
+
+@pytest.mark.parametrize("options,field", [
+    ({"sync": False}, "shards\\[0\\].ps.sync"),
+    ({"staleness": 2}, "shards\\[0\\].ps.staleness"),
+    ({"local_replication": True}, "shards\\[0\\].ps.local_replication"),
+])
+def test_runtime_refuses_untested_ps_modes(options, field):
+    from autodist.kernels.synchronizer import check_supported
+    from autodist.ir.errors import StrategyError
+
+    spec = autodist.ResourceSpec.local(workers=2, ps=1)
+    graph_item = capture(models.mlp(input_dim=4, hidden=(3,)))
+    strategy = builders.PS(**options).build(graph_item, spec)
+    with pytest.raises(StrategyError, match=f"{field}=.* is not supported by the distributed "
+                                            "runtime yet"):
+        check_supported(strategy)
+    check_supported(builders.PS().build(graph_item, spec))
