@@ -45,7 +45,7 @@ class SyncOptions:
     timeout_s: float = 60.0
 
 
-def check_supported(strategy: Strategy) -> None:
+def check_strategy_supported(strategy: Strategy) -> None:
     """Raises StrategyError for synchronizer options this pass does not build yet.
 
     Asynchronous and bounded-staleness PS and worker-local PS copies are in
@@ -73,7 +73,7 @@ def check_supported(strategy: Strategy) -> None:
 def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program:
     """REPLICATED -> SYNCHRONIZED: builds the train op of this task."""
     program.require(Stage.REPLICATED, "synchronizer")
-    check_supported(strategy)
+    check_strategy_supported(strategy)
     gi = program.graph_item
     check_supported(gi.optimizer)
     all_shards = [s for var in gi.variables for s in program.shards[var.name]]

@@ -61,7 +61,7 @@ class DistributedRun:
         self.strategy = strategy
         self.resource_spec = resource_spec
         strategy.validate(self.graph_item, resource_spec)
-        synchronizer.check_supported(strategy)
+        synchronizer.check_strategy_supported(strategy)
         check_optimizer(self.graph_item.optimizer)
         self.job_dir = job_dir
         self.step_timeout_s = step_timeout_s

@@ -106,7 +106,7 @@ def test_pass_checks_its_stage():
     ({"local_replication": True}, "shards\\[0\\].ps.local_replication"),
 ])
 def test_runtime_refuses_untested_ps_modes(options, field):
-    from autodist.kernels.synchronizer import check_supported
+    from autodist.kernels.synchronizer import check_strategy_supported
     from autodist.ir.errors import StrategyError
 
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
@@ -114,5 +114,5 @@ def test_runtime_refuses_untested_ps_modes(options, field):
     strategy = builders.PS(**options).build(graph_item, spec)
     with pytest.raises(StrategyError, match=f"{field}=.* is not supported by the distributed "
                                             "runtime yet"):
-        check_supported(strategy)
-    check_supported(builders.PS().build(graph_item, spec))
+        check_strategy_supported(strategy)
+    check_strategy_supported(builders.PS().build(graph_item, spec))
