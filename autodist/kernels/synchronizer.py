@@ -127,7 +127,16 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                     var = get_storage(program, shard, replica)
                     updates.append(update(var, reduced[shard.name],
                                           Slots(get_slots(program, shard, replica))))
-        # PS shards.
+        # PS shards. With collectives in the step, TensorFlow gives every worker's
+        # step the same step id (collective graphs are coordinated); two workers'
+        # steps with one id on a shared PS task abort each other ("Cleanup
+        # <step_id>"). So the PS protocol then runs in a second session run
+        # without collectives, on gradients stashed in worker-local variables.
+        has_sync_ps = any(s.kind == "ps" and s.synchronizer.ps.sync for s in all_shards)
+        two_phase = has_sync_ps and bool(ar_shards)
+        stashes = []
+        if two_phase:
+            scaled, stashes = _stash_ps_gradients(program, all_shards, scaled)
         ps_sync_updates = []
         for shard in (s for s in all_shards if s.kind == "ps"):
             replicas_with_grad = [r for r in program.replicas if shard.name in scaled[r.index]]
@@ -161,9 +170,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                     with tf.device(destination):
                         updates.append(update(var, scaled[r.index][shard.name], slots))
         state_updates = [op for r in program.replicas for op in r.state_updates]
-        main = updates + ps_sync_updates + pushes + state_updates
         release = []
-        has_sync_ps = any(s.kind == "ps" and s.synchronizer.ps.sync for s in all_shards)
         queue_device = next((s.synchronizer.ps.reduction_destination for s in all_shards
                              if s.kind == "ps" and s.synchronizer.ps.sync), None)
         if has_sync_ps and options.is_chief:
@@ -171,16 +178,62 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                 for task in range(options.worker_tasks):
                     if task != options.task_index:
                         release.append(ps.token_queue(queue_device, task).enqueue(step_value))
-        with tf.control_dependencies(main + release):
-            increment = step.assign_add(1)
-        train_op = tf.group(increment, name="autodist/train_op")
+        ps_work = ps_sync_updates + pushes + release
+        if two_phase:
+            train_op = tf.group(updates + state_updates + stashes, name="autodist/train_op")
+            with tf.control_dependencies(ps_work):
+                ps_op = tf.group(step.assign_add(1), name="autodist/ps_op")
+        else:
+            with tf.control_dependencies(updates + state_updates + ps_work):
+                train_op = tf.group(step.assign_add(1), name="autodist/train_op")
+            ps_op = None
         after_step = None
         if has_sync_ps and not options.is_chief:
             after_step = ps.token_queue(queue_device, options.task_index).dequeue()
-        program.extras.update(train_op=train_op, scales=scales, step=step,
+        program.extras.update(train_op=train_op, ps_op=ps_op, scales=scales, step=step,
                               weighted_loss=tf.add_n(weighted_losses), after_step=after_step)
     program.stage = Stage.SYNCHRONIZED
     return program
+
+
+def _stash_ps_gradients(program: Program, shards, scaled):
+    """Worker-local copies of the PS shards' gradients, written by the first run.
+
+    Returns:
+        (gradients read back from the stash, per replica and shard; the ops
+        that write the stash).
+    """
+    reads: dict[int, dict[str, object]] = {}
+    writes = []
+    for replica in program.replicas:
+        reads[replica.index] = dict(scaled[replica.index])
+        for shard in shards:
+            grad = scaled[replica.index].get(shard.name)
+            if shard.kind != "ps" or grad is None:
+                continue
+            base = f"autodist/stash/{shard.name}/replica_{replica.index}"
+            with tf.device(replica.device):
+                if isinstance(grad, tf.IndexedSlices):
+                    values = _stash_variable(program, f"{base}/values", grad.values.dtype)
+                    indices = _stash_variable(program, f"{base}/indices", grad.indices.dtype)
+                    writes += [values.assign(grad.values).op, indices.assign(grad.indices).op]
+                    reads[replica.index][shard.name] = tf.IndexedSlices(
+                        values.read_value(), indices.read_value(), grad.dense_shape)
+                else:
+                    dense = _stash_variable(program, base, grad.dtype)
+                    writes.append(dense.assign(grad).op)
+                    reads[replica.index][shard.name] = tf.reshape(dense.read_value(),
+                                                                  shard.shape)
+    return reads, writes
+
+
+def _stash_variable(program: Program, name: str, dtype) -> tf.Variable:
+    # Any shape: sparse gradients change their row count every step.
+    var = tf.compat.v1.Variable(tf.zeros([0], dtype), name=name, trainable=False,
+                                use_resource=True, shape=tf.TensorShape(None),
+                                validate_shape=False)
+    program.storage[name] = var
+    return var
 
 
 def _scale(grad, scale):

@@ -180,6 +180,7 @@ class Trainer:
                                          config.steps_per_epoch)
         extras = self.program.extras
         fetches = {"loss": extras["weighted_loss"], "train": extras["train_op"]}
+        ps_op = extras["ps_op"]
         after = extras["after_step"]
         x_names = [info.name for info in self.graph_item.inputs if info.role != "y"]
         y_name = next((info.name for info in self.graph_item.inputs if info.role == "y"), None)
@@ -201,14 +202,19 @@ class Trainer:
                     feed[extras["scales"][replica.index]] = len(mine) / len(rows)
                 start = time.perf_counter()
                 result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
+                if ps_op is not None:
+                    self.session.run(ps_op, options=self.run_options)
                 if after is not None:
                     self.session.run(after, options=self.run_options)
                 times.append(time.perf_counter() - start)
                 losses.append(float(result["loss"]))
                 if progress is not None:
+                    # This task's replicas' mean loss: an estimate of the global loss.
+                    share = sum(len(parts[r.index]) for r in self.program.replicas) / len(rows)
                     with open(progress, "a") as f:
                         f.write(json.dumps({"epoch": epoch, "step": step,
-                                            "loss": losses[-1], "time": times[-1]}) + "\n")
+                                            "loss": losses[-1] / max(share, 1e-12),
+                                            "time": times[-1]}) + "\n")
         return {"losses": losses, "step_times": times, "steps_per_epoch": steps}
 
     # ------------------------------------------------------------- finish
