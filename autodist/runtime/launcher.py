@@ -104,7 +104,8 @@ class LocalCluster:
             with open(log_path, "ab") as log:
                 process = subprocess.Popen(
                     [sys.executable, "-m", "autodist.runtime.task", "--job-dir",
-                     str(self.job.path), "--job", job, "--task", str(index)],
+                     str(self.job.path), "--job", job, "--task", str(index),
+                     "--parent-pid", str(os.getpid())],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                     start_new_session=True)
             self.tasks.append(_Task(job, index, process, str(log_path)))

@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -25,7 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-dir", required=True)
     parser.add_argument("--job", choices=("worker", "ps"), required=True)
     parser.add_argument("--task", type=int, required=True)
+    parser.add_argument("--parent-pid", type=int, default=0,
+                        help="exit when this process (the launcher) is gone")
     args = parser.parse_args(argv)
+    if args.parent_pid:
+        _exit_with_parent(args.parent_pid)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -64,6 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:  # pylint: disable=broad-except
         traceback.print_exc()
         return EXIT_FAILED
+
+
+def _exit_with_parent(parent_pid: int, period_s: float = 1.0) -> None:
+    """Ends this task if the launcher dies without stopping it (e.g. SIGKILL)."""
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(EXIT_FAILED)  # pylint: disable=protected-access
+            time.sleep(period_s)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def _wait_for_cluster(job, spec, timeout_s: float) -> None:

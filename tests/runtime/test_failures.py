@@ -94,3 +94,49 @@ def test_local_cluster_rejects_remote_addresses(tmp_path):
     spec = autodist.ResourceSpec.from_dict({"nodes": [{"address": "10.1.2.3", "chief": True}]})
     with pytest.raises(autodist.AutodistError, match="this machine only"):
         LocalCluster(JobDir(tmp_path), spec)
+
+
+def test_tasks_exit_when_the_launcher_dies(tmp_path):
+    """A launcher killed outright (no cleanup) leaves no task running."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "launcher.py"
+    script.write_text(f"""
+import os, sys, time
+import autodist
+from autodist.runtime.job import JobDir
+from autodist.runtime.launcher import LocalCluster
+spec = autodist.ResourceSpec.local(workers=1, ps=1)
+cluster = LocalCluster(JobDir({str(tmp_path / 'job')!r}), spec)
+cluster.start()
+print(" ".join(str(t.process.pid) for t in cluster.tasks), flush=True)
+time.sleep(600)
+""")
+    spec = autodist.ResourceSpec.local(workers=1, ps=1)
+    _long_job(tmp_path, spec)
+    launcher = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in launcher.stdout.readline().split()]
+        assert len(pids) == 2
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=10)
+    deadline = time.monotonic() + 30
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alive = [p for p in pids if _alive(p)]
+    assert not alive, f"tasks {alive} outlived their launcher"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by init) counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
