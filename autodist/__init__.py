@@ -27,10 +27,13 @@ _LAZY = {
     "builders": ("autodist.search.builders", None),
     "distribute": ("autodist.api", "distribute"),
     "models": ("autodist.models", None),
+    "restore_keras_weights": ("autodist.runtime.checkpoint", "restore_keras_weights"),
+    "load_checkpoint": ("autodist.runtime.checkpoint", "load"),
 }
 
 __all__ = ["AutodistError", "CaptureError", "GraphItem", "ResourceSpec", "ResourceSpecError",
-           "Strategy", "StrategyError", "builders", "capture", "distribute", "models"]
+           "Strategy", "StrategyError", "builders", "capture", "distribute", "load_checkpoint",
+           "models", "restore_keras_weights"]
 
 
 def __getattr__(name: str) -> Any:

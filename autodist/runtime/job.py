@@ -43,6 +43,8 @@ class RunConfig:
         seed: Seed of the shuffling.
         step_timeout_s: Bound on one step (collectives, PS waits, session runs).
         startup_timeout_s: Bound on waiting for the cluster to come up.
+        checkpoint_dir: Where the chief writes checkpoints (None: none).
+        checkpoint_every_steps: Steps between checkpoints (None: each epoch's end).
     """
 
     global_batch_size: int
@@ -52,6 +54,8 @@ class RunConfig:
     seed: int = 0
     step_timeout_s: float = 60.0
     startup_timeout_s: float = 120.0
+    checkpoint_dir: str | None = None
+    checkpoint_every_steps: int | None = None
 
 
 class JobDir:

@@ -17,6 +17,7 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.kernels import synchronizer
 from autodist.kernels.optimizers import check_supported as check_optimizer
+from autodist.runtime import checkpoint
 from autodist.runtime import data as batching
 from autodist.runtime.job import JobDir, RunConfig
 from autodist.runtime.launcher import LocalCluster
@@ -70,7 +71,9 @@ class DistributedRun:
 
     def fit(self, x: Any, y: Any = None, *, batch_size: int = 32, epochs: int = 1,
             steps_per_epoch: int | None = None, shuffle: bool = False, seed: int = 0,
-            verbose: int = 1, timeout_s: float = 3600.0) -> History:
+            verbose: int = 1, timeout_s: float = 3600.0, checkpoint_dir: str | None = None,
+            checkpoint_every_steps: int | None = None,
+            initial_checkpoint: str | None = None) -> History:
         """Trains on the cluster and writes the trained weights into the model.
 
         Args:
@@ -84,6 +87,13 @@ class DistributedRun:
             seed: Seed of the shuffling.
             verbose: 1 shows a progress line.
             timeout_s: Bound on the whole fit.
+            checkpoint_dir: The chief writes checkpoints here (see
+                `autodist.runtime.checkpoint`), atomically.
+            checkpoint_every_steps: Steps between checkpoints (default: at the
+                end of each epoch).
+            initial_checkpoint: Continue from this checkpoint: variables,
+                optimizer slots and update count (else the model's weights
+                and fresh optimizer state).
 
         Returns:
             A History with per-step and per-epoch losses.
@@ -101,13 +111,21 @@ class DistributedRun:
         config = RunConfig(global_batch_size=batch_size, epochs=epochs,
                            steps_per_epoch=steps_per_epoch, shuffle=shuffle, seed=seed,
                            step_timeout_s=self.step_timeout_s,
-                           startup_timeout_s=self.startup_timeout_s)
+                           startup_timeout_s=self.startup_timeout_s,
+                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
+                           checkpoint_every_steps=checkpoint_every_steps)
+        if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
+            raise AutodistError("checkpoint_every_steps must be >= 1. "
+                                f"Received: {checkpoint_every_steps}")
+        init_values = self._initial_values()
+        if initial_checkpoint:
+            init_values.update(checkpoint.load(initial_checkpoint))
         path = pathlib.Path(self.job_dir or tempfile.mkdtemp(prefix="autodist-job-"))
         path.mkdir(parents=True, exist_ok=True)
         job = JobDir(path)
         self.last_job_dir = path
         job.write(self.graph_item, self.strategy, self.resource_spec, config,
-                  self._initial_values(), inputs, targets)
+                  init_values, inputs, targets)
         steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
         progress = _Progress(job, steps * epochs, verbose)
         with LocalCluster(job, self.resource_spec) as cluster:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import pathlib
 import time
 from typing import Any
 
@@ -19,6 +21,7 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.kernels import partitioner, replicator, synchronizer
 from autodist.kernels.program import Program
+from autodist.runtime import checkpoint
 from autodist.runtime import data as batching
 from autodist.runtime.job import JobDir, RunConfig
 
@@ -94,6 +97,8 @@ class Trainer:
             config=session_config(self.strategy, task_index))
         self.run_options = tf.compat.v1.RunOptions(
             timeout_in_ms=int(self.config.step_timeout_s * 1000))
+        self.initial_step = 0
+        self._save = None
 
     # ---------------------------------------------------------- initialize
     def initialize(self) -> None:
@@ -110,6 +115,11 @@ class Trainer:
             if self.is_chief:
                 inits += [v.initializer for _, v in shared]
             assigns, feeds = self._value_assigns(values, local, shared)
+            if checkpoint.ITERATIONS in values:
+                start = tf.compat.v1.placeholder(tf.int64, [])
+                assigns.append(step.assign(start).op)
+                feeds[start] = int(values[checkpoint.ITERATIONS])
+        self.initial_step = int(values.get(checkpoint.ITERATIONS, 0))
         self.session.run(inits, options=self.run_options)
         if assigns:
             self.session.run(assigns, feed_dict=feeds, options=self.run_options)
@@ -145,10 +155,14 @@ class Trainer:
         if name.startswith("autodist/state/"):
             state = name[len("autodist/state/"):].rsplit("/replica_", 1)[0]
             return values.get(state)
-        if not name.startswith("autodist/vars/") or "/slot/" in name:
-            return None  # steps, slots, residuals start at their initializers
-        shard = shards[_strip_replica(name[len("autodist/vars/"):])]
-        full = values[shard.var_name]
+        if not name.startswith("autodist/vars/"):
+            return None  # steps, stashes and residuals start at their initializers
+        var_key, _, slot = name[len("autodist/vars/"):].partition("/slot/")
+        shard = shards[_strip_replica(var_key)]
+        key = checkpoint.slot_key(shard.var_name, slot) if slot else shard.var_name
+        if key not in values:
+            return None  # a slot not in the checkpoint starts at its initial value
+        full = values[key]
         if shard.num_shards == 1:
             return full
         index = [slice(None)] * full.ndim
@@ -207,6 +221,9 @@ class Trainer:
                 if after is not None:
                     self.session.run(after, options=self.run_options)
                 times.append(time.perf_counter() - start)
+                done = self.initial_step + epoch * steps + step + 1
+                if self._checkpoint_due(done, last_of_epoch=step == steps - 1):
+                    self.save_checkpoint(done)
                 losses.append(float(result["loss"]))
                 if progress is not None:
                     # This task's replicas' mean loss: an estimate of the global loss.
@@ -218,23 +235,67 @@ class Trainer:
         return {"losses": losses, "step_times": times, "steps_per_epoch": steps}
 
     # ------------------------------------------------------------- finish
-    def final_weights(self) -> dict[str, np.ndarray]:
-        """Trained values by variable name, shards reassembled (chief's view)."""
+    def _full_tensors(self, with_optimizer: bool) -> dict[str, tf.Tensor]:
+        """Tensors of every variable (shards concatenated) by single-device name.
+
+        The chief's view: PS shards and its own mirrored copies. With
+        `with_optimizer`, also slots and the update count (for checkpoints).
+        """
         program = self.program
         replica = program.replicas[0]
-        reads = {var.name: [replicator.get_storage(program, s, replica)
-                            for s in program.shards[var.name]]
-                 for var in self.graph_item.variables}
+        tensors = {}
         with program.graph.as_default():
-            tensors = {}
-            for name, parts in reads.items():
-                axis = program.shards[name][0].axis
-                values = [p.read_value() for p in parts]
-                tensors[name] = values[0] if len(values) == 1 else tf.concat(values, axis)
+            for var in self.graph_item.variables:
+                shards = program.shards[var.name]
+                axis = shards[0].axis
+
+                def joined(parts):
+                    values = [p.read_value() for p in parts]
+                    return values[0] if len(values) == 1 else tf.concat(values, axis)
+
+                tensors[var.name] = joined([replicator.get_storage(program, s, replica)
+                                            for s in shards])
+                if with_optimizer:
+                    for slot in var.slots:
+                        tensors[checkpoint.slot_key(var.name, slot)] = joined(
+                            [replicator.get_slots(program, s, replica)[slot] for s in shards])
             for state in self.graph_item.state_variables:
                 key = f"autodist/state/{state.name}/replica_{replica.index}"
                 tensors[state.name] = program.storage[key].read_value()
-        return self.session.run(tensors, options=self.run_options)
+            if with_optimizer:
+                tensors[checkpoint.ITERATIONS] = program.extras["step"].read_value()
+        return tensors
+
+    def final_weights(self) -> dict[str, np.ndarray]:
+        """Trained values by variable name, shards reassembled (chief's view)."""
+        return self.session.run(self._full_tensors(with_optimizer=False),
+                                options=self.run_options)
+
+    def _checkpoint_due(self, done: int, last_of_epoch: bool) -> bool:
+        if not self.is_chief or not self.config.checkpoint_dir:
+            return False
+        every = self.config.checkpoint_every_steps
+        return done % every == 0 if every else last_of_epoch
+
+    def save_checkpoint(self, step: int) -> pathlib.Path:
+        """Writes a checkpoint atomically (chief only); returns its directory."""
+        if self._save is None:
+            tensors = self._full_tensors(with_optimizer=True)
+            names = sorted(tensors)
+            with self.program.graph.as_default():
+                prefix = tf.compat.v1.placeholder(tf.string, [])
+                op = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
+                                       shape_and_slices=[""] * len(names),
+                                       tensors=[tensors[n] for n in names])
+            self._save = (prefix, op)
+        directory = pathlib.Path(self.config.checkpoint_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        final = checkpoint.step_dir(directory, step)
+        tmp = directory / f".tmp-{final.name}-{os.getpid()}"
+        prefix, op = self._save
+        self.session.run(op, {prefix: str(tmp / checkpoint.PREFIX)}, options=self.run_options)
+        checkpoint.commit(tmp, final)
+        return final
 
 
 def run_worker(job: JobDir, task_index: int, target: str) -> None:
