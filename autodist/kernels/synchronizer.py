@@ -48,24 +48,21 @@ class SyncOptions:
 def check_strategy_supported(strategy: Strategy) -> None:
     """Raises StrategyError for synchronizer options this pass does not build yet.
 
-    Asynchronous and bounded-staleness PS and worker-local PS copies are in
-    the schema but not in the runtime yet; refusing them is better than
-    training with semantics nobody tested.
+    Worker-local PS copies (`local_replication`) are in the schema but not in
+    the runtime yet; refusing them is better than training with semantics
+    nobody tested.
     """
     for config in strategy.variables:
         for i, shard in enumerate(config.shards):
             if shard.WhichOneof("kind") != "ps":
                 continue
             ps_sync = shard.ps
-            for field, value, unsupported in (("sync", ps_sync.sync, not ps_sync.sync),
-                                              ("staleness", ps_sync.staleness,
-                                               ps_sync.staleness > 0),
-                                              ("local_replication", ps_sync.local_replication,
-                                               ps_sync.local_replication)):
+            for field, value, unsupported in (("local_replication", ps_sync.local_replication,
+                                               ps_sync.local_replication),):
                 if unsupported:
                     raise StrategyError(
                         f"variable {config.var_name!r}: shards[{i}].ps.{field}={value} is not "
-                        "supported by the distributed runtime yet (synchronous PS only)",
+                        "supported by the distributed runtime yet",
                         variable=config.var_name, field=f"shards[{i}].ps.{field}",
                         received=value)
 
@@ -81,12 +78,13 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
     with program.graph.as_default():
         hyper_cache: dict[tf.DType, dict[str, tf.Tensor]] = {}
 
-        def update(var, grad, slots, grad_square=None):
+        def update(var, grad, slots, grad_square=None, step=None):
             dtype = var.dtype.base_dtype
             if dtype not in hyper_cache:
                 with tf.device(None):
                     hyper_cache[dtype] = hyperparameter_tensors(gi.optimizer, dtype)
-            return apply_update(gi.optimizer, var, grad, slots, step_value, grad_square,
+            return apply_update(gi.optimizer, var, grad, slots,
+                                step_value if step is None else step, grad_square,
                                 hyper_cache[dtype])
 
         first_device = program.replicas[0].device
@@ -132,53 +130,58 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         # steps with one id on a shared PS task abort each other ("Cleanup
         # <step_id>"). So the PS protocol then runs in a second session run
         # without collectives, on gradients stashed in worker-local variables.
-        has_sync_ps = any(s.kind == "ps" and s.synchronizer.ps.sync for s in all_shards)
-        two_phase = has_sync_ps and bool(ar_shards)
+        sync_ps = [s for s in all_shards if s.kind == "ps" and not is_async(s)]
+        async_ps = [s for s in all_shards if s.kind == "ps" and is_async(s)]
+        has_sync_ps = bool(sync_ps)
+        two_phase = bool(sync_ps or async_ps) and bool(ar_shards)
         stashes = []
         if two_phase:
             scaled, stashes = _stash_ps_gradients(program, all_shards, scaled)
         ps_sync_updates = []
-        for shard in (s for s in all_shards if s.kind == "ps"):
+        for shard in sync_ps:
             replicas_with_grad = [r for r in program.replicas if shard.name in scaled[r.index]]
             if not replicas_with_grad:
                 continue
             var = get_storage(program, shard, program.replicas[0])
             slots = Slots(get_slots(program, shard, program.replicas[0]))
             destination = shard.synchronizer.ps.reduction_destination
-            if shard.synchronizer.ps.sync:
-                acc = ps.accumulator(shard)
-                # Keras squares each occurrence of a sparse row: accumulate those too.
-                square_acc = ps.accumulator(shard, "square") \
-                    if shard.sparse and needs_square(gi.optimizer) else None
-                for r in replicas_with_grad:
-                    grad = scaled[r.index][shard.name]
-                    with tf.device(r.device):
-                        pushes.append(ps.push(acc, shard, grad, step_value))
-                        if square_acc is not None:
-                            squares = tf.IndexedSlices(tf.square(grad.values), grad.indices,
-                                                       grad.dense_shape)
-                            pushes.append(ps.push(square_acc, shard, squares, step_value))
-                if options.is_chief:
-                    # The update runs where the variable lives.
-                    with tf.device(destination), tf.control_dependencies(pushes):
-                        total = ps.take(acc, shard, len(strategy.replicas))
-                        total_square = None if square_acc is None else dense_gradient(
-                            ps.take(square_acc, shard, len(strategy.replicas)), shard.shape)
-                        ps_sync_updates.append(update(var, total, slots, total_square))
-            else:
-                for r in replicas_with_grad:
-                    with tf.device(destination):
-                        updates.append(update(var, scaled[r.index][shard.name], slots))
+            acc = ps.accumulator(shard)
+            # Keras squares each occurrence of a sparse row: accumulate those too.
+            square_acc = ps.accumulator(shard, "square") \
+                if shard.sparse and needs_square(gi.optimizer) else None
+            for r in replicas_with_grad:
+                grad = scaled[r.index][shard.name]
+                with tf.device(r.device):
+                    pushes.append(ps.push(acc, shard, grad, step_value))
+                    if square_acc is not None:
+                        squares = tf.IndexedSlices(tf.square(grad.values), grad.indices,
+                                                   grad.dense_shape)
+                        pushes.append(ps.push(square_acc, shard, squares, step_value))
+            if options.is_chief:
+                # The update runs where the variable lives.
+                with tf.device(destination), tf.control_dependencies(pushes):
+                    total = ps.take(acc, shard, len(strategy.replicas))
+                    total_square = None if square_acc is None else dense_gradient(
+                        ps.take(square_acc, shard, len(strategy.replicas)), shard.shape)
+                    ps_sync_updates.append(update(var, total, slots, total_square))
+        async_updates = _async_updates(program, strategy, async_ps, scaled, update)
         state_updates = [op for r in program.replicas for op in r.state_updates]
         release = []
-        queue_device = next((s.synchronizer.ps.reduction_destination for s in all_shards
-                             if s.kind == "ps" and s.synchronizer.ps.sync), None)
+        queue_device = sync_ps[0].synchronizer.ps.reduction_destination if sync_ps else None
         if has_sync_ps and options.is_chief:
             with tf.control_dependencies(ps_sync_updates):
                 for task in range(options.worker_tasks):
                     if task != options.task_index:
                         release.append(ps.token_queue(queue_device, task).enqueue(step_value))
-        ps_work = ps_sync_updates + pushes + release
+        staleness = max((s.synchronizer.ps.staleness for s in async_ps), default=0)
+        ps_work = ps_sync_updates + pushes + release + async_updates
+        ssp = _ssp_clocks(program, options, async_ps, staleness, after=ps_work) \
+            if async_ps else None
+        if ssp is not None:
+            ps_work = ps_work + [ssp[0]]
+            # Counted by each worker when done; the chief reads the weights after all.
+            shared_variable(program, "finished", tf.constant(0, tf.int64),
+                            async_ps[0].synchronizer.ps.reduction_destination)
         if two_phase:
             train_op = tf.group(updates + state_updates + stashes, name="autodist/train_op")
             with tf.control_dependencies(ps_work):
@@ -191,9 +194,69 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         if has_sync_ps and not options.is_chief:
             after_step = ps.token_queue(queue_device, options.task_index).dequeue()
         program.extras.update(train_op=train_op, ps_op=ps_op, scales=scales, step=step,
-                              weighted_loss=tf.add_n(weighted_losses), after_step=after_step)
+                              weighted_loss=tf.add_n(weighted_losses), after_step=after_step,
+                              ssp=ssp, asynchronous=bool(async_ps))
     program.stage = Stage.SYNCHRONIZED
     return program
+
+
+def is_async(shard) -> bool:
+    """A PS shard whose replicas apply their own updates (async, or bounded staleness)."""
+    ps_sync = shard.synchronizer.ps
+    return not ps_sync.sync or ps_sync.staleness > 0
+
+
+def shared_variable(program: Program, name: str, initial, device: str) -> tf.Variable:
+    """A variable every task shares by name; the chief initializes it."""
+    key = f"autodist/shared/{name}"
+    if key not in program.storage:
+        with tf.device(device):
+            program.storage[key] = tf.compat.v1.Variable(initial, name=key, trainable=False,
+                                                         use_resource=True)
+    return program.storage[key]
+
+
+def _async_updates(program: Program, strategy: Strategy, shards, scaled, update) -> list:
+    """Each replica applies its own gradient to the PS shards as soon as it has it.
+
+    A replica's update is a full step on its part of the batch: its gradient
+    is its mean-loss gradient (the scaled gradient times the replica count).
+    Adam's bias correction counts every update applied, from any replica, on a
+    counter shared through the first PS.
+    """
+    if not shards:
+        return []
+    counter = shared_variable(program, "async_updates", tf.constant(0, tf.int64),
+                              shards[0].synchronizer.ps.reduction_destination)
+    updates = []
+    for r in program.replicas:
+        mine = [s for s in shards if s.name in scaled[r.index]]
+        if not mine:
+            continue
+        with tf.device(shards[0].synchronizer.ps.reduction_destination):
+            taken = counter.assign_add(1, read_value=True) - 1
+        for shard in mine:
+            var = get_storage(program, shard, program.replicas[0])
+            slots = Slots(get_slots(program, shard, program.replicas[0]))
+            grad = _scale(scaled[r.index][shard.name], float(len(strategy.replicas)))
+            with tf.device(shard.synchronizer.ps.reduction_destination):
+                updates.append(update(var, grad, slots, step=taken))
+    return updates
+
+
+def _ssp_clocks(program: Program, options: SyncOptions, shards, staleness: int, after):
+    """Per-task step clocks on the first PS, for the bounded-staleness gate.
+
+    Returns:
+        (tick op of this task, run after `after`; read op of all clocks;
+        staleness bound, 0 for plain asynchronous training).
+    """
+    device = shards[0].synchronizer.ps.reduction_destination
+    clocks = [shared_variable(program, f"clock_{t}", tf.constant(0, tf.int64), device)
+              for t in range(options.worker_tasks)]
+    with tf.control_dependencies(after):
+        tick = clocks[options.task_index].assign_add(1).op
+    return tick, tf.stack([c.read_value() for c in clocks]), staleness
 
 
 def _stash_ps_gradients(program: Program, shards, scaled):

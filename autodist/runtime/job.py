@@ -45,6 +45,8 @@ class RunConfig:
         startup_timeout_s: Bound on waiting for the cluster to come up.
         checkpoint_dir: Where the chief writes checkpoints (None: none).
         checkpoint_every_steps: Steps between checkpoints (None: each epoch's end).
+        task_step_delay_s: Worker task index (as a string) -> seconds to sleep
+            before each step: an emulated slow worker, for tests and benchmarks.
     """
 
     global_batch_size: int
@@ -56,6 +58,7 @@ class RunConfig:
     startup_timeout_s: float = 120.0
     checkpoint_dir: str | None = None
     checkpoint_every_steps: int | None = None
+    task_step_delay_s: dict[str, float] | None = None
 
 
 class JobDir:

@@ -32,12 +32,15 @@ class History:
         step_losses: The global loss of every step (weighted over replicas).
         step_times: The chief's time of every step, in seconds.
         epoch: Epoch indices.
+        max_lead: Per worker task, the most steps it started ahead of the
+            slowest task (asynchronous and bounded-staleness runs; 0 otherwise).
     """
 
     history: dict[str, list[float]]
     step_losses: list[float]
     step_times: list[float]
     epoch: list[int]
+    max_lead: list[int] = dataclasses.field(default_factory=list)
 
 
 class DistributedRun:
@@ -50,11 +53,16 @@ class DistributedRun:
         graph_item: The model's capture, if already made.
         job_dir: Where job files and task logs go (default: a new temp dir,
             removed after a successful fit).
+        step_timeout_s: Bound on one step of any task (no hang).
+        startup_timeout_s: Bound on the cluster coming up.
+        task_step_delay_s: Worker task -> seconds of sleep before each step,
+            to emulate a slow worker (tests, benchmarks).
     """
 
     def __init__(self, model, strategy: Strategy, resource_spec: ResourceSpec, *,
                  graph_item: GraphItem | None = None, job_dir: str | None = None,
-                 step_timeout_s: float = 60.0, startup_timeout_s: float = 120.0) -> None:
+                 step_timeout_s: float = 60.0, startup_timeout_s: float = 120.0,
+                 task_step_delay_s: dict[int, float] | None = None) -> None:
         from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
 
         self.model = model
@@ -68,6 +76,7 @@ class DistributedRun:
         self.step_timeout_s = step_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.last_job_dir: pathlib.Path | None = None
+        self.task_step_delay_s = {str(k): float(v) for k, v in (task_step_delay_s or {}).items()}
 
     def fit(self, x: Any, y: Any = None, *, batch_size: int = 32, epochs: int = 1,
             steps_per_epoch: int | None = None, shuffle: bool = False, seed: int = 0,
@@ -113,7 +122,8 @@ class DistributedRun:
                            step_timeout_s=self.step_timeout_s,
                            startup_timeout_s=self.startup_timeout_s,
                            checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
-                           checkpoint_every_steps=checkpoint_every_steps)
+                           checkpoint_every_steps=checkpoint_every_steps,
+                           task_step_delay_s=self.task_step_delay_s or None)
         if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
             raise AutodistError("checkpoint_every_steps must be >= 1. "
                                 f"Received: {checkpoint_every_steps}")
@@ -193,7 +203,8 @@ class DistributedRun:
         epoch_losses = [float(np.average(losses[e * steps:(e + 1) * steps], weights=batch_sizes))
                         for e in range(epochs)]
         return History(history={"loss": epoch_losses}, step_losses=losses,
-                       step_times=results[0]["step_times"], epoch=list(range(epochs)))
+                       step_times=results[0]["step_times"], epoch=list(range(epochs)),
+                       max_lead=[int(r.get("max_lead", 0)) for r in results])
 
 
 class _Progress:

@@ -67,6 +67,8 @@ def _strip_replica(key: str) -> str:
 
 def is_shared(storage_key: str) -> bool:
     """True for PS storage (and its slots), which the chief initializes."""
+    if storage_key.startswith("autodist/shared/"):
+        return True
     if not storage_key.startswith("autodist/vars/"):
         return False
     var_key = storage_key.split("/slot/")[0]
@@ -196,6 +198,9 @@ class Trainer:
         fetches = {"loss": extras["weighted_loss"], "train": extras["train_op"]}
         ps_op = extras["ps_op"]
         after = extras["after_step"]
+        ssp = extras["ssp"]
+        delay = float((config.task_step_delay_s or {}).get(str(self.task_index), 0.0))
+        max_lead = 0
         x_names = [info.name for info in self.graph_item.inputs if info.role != "y"]
         y_name = next((info.name for info in self.graph_item.inputs if info.role == "y"), None)
         num_replicas = len(self.strategy.replicas)
@@ -214,6 +219,11 @@ class Trainer:
                     if y_name is not None:
                         feed[replica.inputs[y_name]] = np.asarray(targets[mine])
                     feed[extras["scales"][replica.index]] = len(mine) / len(rows)
+                done_before = epoch * steps + step
+                if ssp is not None:
+                    max_lead = max(max_lead, self._wait_for_stragglers(ssp, done_before))
+                if delay:
+                    time.sleep(delay)  # an emulated slow worker
                 start = time.perf_counter()
                 result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
                 if ps_op is not None:
@@ -232,7 +242,33 @@ class Trainer:
                         f.write(json.dumps({"epoch": epoch, "step": step,
                                             "loss": losses[-1] / max(share, 1e-12),
                                             "time": times[-1]}) + "\n")
-        return {"losses": losses, "step_times": times, "steps_per_epoch": steps}
+        return {"losses": losses, "step_times": times, "steps_per_epoch": steps,
+                "max_lead": max_lead}
+
+    def _wait_for_stragglers(self, ssp, done: int) -> int:
+        """Bounded staleness: waits until no task is more than `s` steps behind.
+
+        Args:
+            ssp: (tick, clocks read op, staleness s) from the synchronizer.
+            done: Steps this task has completed.
+
+        Returns:
+            How many steps this task was ahead of the slowest when it started.
+        """
+        _, read_clocks, staleness = ssp
+        if staleness <= 0:  # plain asynchronous training: measured, not bounded
+            return done - int(min(self.session.run(read_clocks, options=self.run_options)))
+        deadline = time.monotonic() + self.config.step_timeout_s
+        while True:
+            clocks = self.session.run(read_clocks, options=self.run_options)
+            lead = done - int(min(clocks))
+            if lead <= staleness:
+                return lead
+            if time.monotonic() > deadline:
+                raise WorkerError(f"worker {self.task_index} waited more than "
+                                  f"{self.config.step_timeout_s}s for a task {lead} steps "
+                                  f"behind (staleness bound {staleness})")
+            time.sleep(0.002)
 
     # ------------------------------------------------------------- finish
     def _full_tensors(self, with_optimizer: bool) -> dict[str, tf.Tensor]:
@@ -271,6 +307,36 @@ class Trainer:
         return self.session.run(self._full_tensors(with_optimizer=False),
                                 options=self.run_options)
 
+    def finish_barrier(self) -> None:
+        """Asynchronous jobs: the chief waits until every worker has finished."""
+        if not self.program.extras["asynchronous"]:
+            return
+        with self.program.graph.as_default():
+            counter = self._finished_counter()
+            report = counter.assign_add(1).op
+            read = counter.read_value()
+        self.session.run(report, options=self.run_options)
+        if not self.is_chief:
+            return
+        deadline = time.monotonic() + self.config.step_timeout_s
+        while self.session.run(read, options=self.run_options) < self.spec.num_worker_tasks:
+            if time.monotonic() > deadline:
+                raise WorkerError(f"workers did not finish within {self.config.step_timeout_s}s "
+                                  "of the chief")
+            time.sleep(0.01)
+
+    def _finished_counter(self) -> tf.Variable:
+        return self.program.storage["autodist/shared/finished"]
+
+    def wait_for_chief(self) -> None:
+        """Non-chief: keeps this task's server up until the chief has read the weights."""
+        deadline = time.monotonic() + self.config.step_timeout_s + self.config.startup_timeout_s
+        flag = self.job.file("chief_done")
+        while not flag.exists():
+            if time.monotonic() > deadline:
+                raise WorkerError(f"worker {self.task_index}: the chief did not finish")
+            time.sleep(0.05)
+
     def _checkpoint_due(self, done: int, last_of_epoch: bool) -> bool:
         if not self.is_chief or not self.config.checkpoint_dir:
             return False
@@ -299,14 +365,24 @@ class Trainer:
 
 
 def run_worker(job: JobDir, task_index: int, target: str) -> None:
-    """Builds, initializes and trains; writes results (and weights from the chief)."""
+    """Builds, initializes and trains; writes results (and weights from the chief).
+
+    Every worker reports "finished" on the PS before the chief reads the final
+    weights (asynchronous workers may still be updating), and non-chief
+    workers keep serving until the chief is done (they may hold PS shards).
+    """
     trainer = Trainer(job, task_index, target)
     trainer.initialize()
     result = trainer.train()
+    trainer.finish_barrier()
     if trainer.is_chief:
         weights = trainer.final_weights()
         tmp = job.file("final_weights.tmp.npz")
         np.savez(tmp, **weights)
         tmp.replace(job.file("final_weights.npz"))
     atomic_write(job.result(task_index), json.dumps(result).encode())
+    if trainer.is_chief:
+        atomic_write(job.file("chief_done"), b"done")
+    else:
+        trainer.wait_for_chief()
     trainer.session.close()

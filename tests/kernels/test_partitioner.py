@@ -101,8 +101,6 @@ def test_pass_checks_its_stage():
 
 
 @pytest.mark.parametrize("options,field", [
-    ({"sync": False}, "shards\\[0\\].ps.sync"),
-    ({"staleness": 2}, "shards\\[0\\].ps.staleness"),
     ({"local_replication": True}, "shards\\[0\\].ps.local_replication"),
 ])
 def test_runtime_refuses_untested_ps_modes(options, field):
@@ -115,4 +113,5 @@ def test_runtime_refuses_untested_ps_modes(options, field):
     with pytest.raises(StrategyError, match=f"{field}=.* is not supported by the distributed "
                                             "runtime yet"):
         check_strategy_supported(strategy)
-    check_strategy_supported(builders.PS().build(graph_item, spec))
+    for supported in (builders.PS(), builders.PS(sync=False), builders.PS(staleness=2)):
+        check_strategy_supported(supported.build(graph_item, spec))
