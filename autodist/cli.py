@@ -98,7 +98,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import time  # pylint: disable=import-outside-toplevel
 
-    import keras  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     from autodist import models  # pylint: disable=import-outside-toplevel
@@ -111,10 +110,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                             f"{sorted(models.BUILDERS)}")
     model = models.build(args.model)
     x, y = models.synthetic_data(model, args.examples, seed=0)
-    reference = keras.models.clone_model(model)
-    reference.set_weights(model.get_weights())
-    reference.compile(optimizer=model.optimizer.__class__.from_config(
-        model.optimizer.get_config()), loss=model.loss)
+    reference = models.single_device_twin(model)
     spec = _cluster(args.cluster) if args.cluster else ResourceSpec.local(args.workers, args.ps)
     graph_item = capture(model)
     strategy = builders.get(args.builder)().build(graph_item, spec)

@@ -21,7 +21,7 @@ import json
 import logging
 import math
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import tensorflow as tf

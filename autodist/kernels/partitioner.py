@@ -15,7 +15,6 @@ to their shard and re-indexed relative to it.
 """
 from __future__ import annotations
 
-import bisect
 from typing import Callable, Sequence
 
 import tensorflow as tf

@@ -145,6 +145,21 @@ BUILDERS: dict[str, Callable[..., Any]] = {
 }
 
 
+def single_device_twin(model):
+    """An independent copy of a compiled model: same weights, loss, fresh optimizer.
+
+    The reference a distributed run is checked against: train the twin with
+    Keras `fit` on one device and compare weights.
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+
+    twin = keras.models.clone_model(model)
+    twin.set_weights(model.get_weights())
+    twin.compile(optimizer=model.optimizer.__class__.from_config(model.optimizer.get_config()),
+                 loss=model.loss)
+    return twin
+
+
 def synthetic_data(model, num_examples: int, seed: int = 0):
     """Random inputs and targets shaped for `model` (for demos and benchmarks).
 

@@ -7,7 +7,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

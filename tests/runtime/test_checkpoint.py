@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
 import autodist
 from autodist import models
 from autodist.runtime import checkpoint
@@ -51,9 +50,7 @@ def test_checkpoint_names_values_and_keras_restore(tmp_path):
 
 def test_continuing_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path):
     model, x, y, spec, graph_item, strategy = _setup()
-    reference = keras.models.clone_model(model)
-    reference.set_weights(model.get_weights())
-    reference.compile(optimizer=keras.optimizers.Adam(), loss=model.loss)
+    reference = models.single_device_twin(model)
     reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
 
     ckpt_dir = tmp_path / "ckpt"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import keras
 import autodist
 from autodist import models
 from autodist.search import builders
@@ -27,10 +26,7 @@ def _data(n=96):
 def test_async_with_one_worker_equals_keras(optimizer):
     model = models.mlp(input_dim=20, hidden=(16,), optimizer=optimizer)
     x, y = _data()
-    reference = keras.models.clone_model(model)
-    reference.set_weights(model.get_weights())
-    reference.compile(optimizer=model.optimizer.__class__.from_config(
-        model.optimizer.get_config()), loss=model.loss)
+    reference = models.single_device_twin(model)
     reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
     spec = autodist.ResourceSpec.local(workers=1, ps=1)
     graph_item = autodist.capture(model)

@@ -62,10 +62,7 @@ def _data(name: str):
 
 
 def _keras_reference(model, x, y):
-    reference = keras.models.clone_model(model)
-    reference.set_weights(model.get_weights())
-    reference.compile(optimizer=model.optimizer.__class__.from_config(
-        model.optimizer.get_config()), loss=model.loss)
+    reference = models.single_device_twin(model)
     history = reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
     return reference.get_weights(), history.history["loss"]
 
