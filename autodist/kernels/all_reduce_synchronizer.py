@@ -102,6 +102,8 @@ def _hint(sync) -> str:
 
 
 def _collective_reduce(tensor, key, config: CollectiveConfig, hint: str):
+    if config.group_size == 1:
+        return tf.identity(tensor)  # one replica: nothing to reduce
     return tf.raw_ops.CollectiveReduceV2(
         input=tensor, group_size=tf.constant(config.group_size),
         group_key=tf.constant(GROUP_KEY), instance_key=key, ordering_token=[],
@@ -110,6 +112,8 @@ def _collective_reduce(tensor, key, config: CollectiveConfig, hint: str):
 
 
 def _collective_gather(tensor, key, config: CollectiveConfig, hint: str):
+    if config.group_size == 1:
+        return tf.identity(tensor)  # one replica: nothing to gather
     return tf.raw_ops.CollectiveGatherV2(
         input=tensor, group_size=tf.constant(config.group_size),
         group_key=tf.constant(GROUP_KEY), instance_key=key, ordering_token=[],

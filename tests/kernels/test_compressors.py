@@ -1,6 +1,6 @@
-"""Compressors of the all-reduce synchronizer, on a one-member collective group.
+"""Compressors of the all-reduce synchronizer, with a one-replica group.
 
-With one member the collective returns its input, so what is measured is the
+With one replica the reduction is the identity, so what is measured is the
 compression itself: fp16 error bounded by half an fp16 ulp, and the error
 feedback residual persisting across steps (sum of what was sent equals the sum
 of the gradients minus the final residual, exactly).
