@@ -34,7 +34,6 @@ from autodist.proto import graph_item_pb2
 logger = logging.getLogger(__name__)
 
 DEFAULT_ESTIMATE_BATCH_SIZE = 32
-SUPPORTED_ALGORITHMS = ("sgd", "adam", "adamw", "adagrad", "rmsprop")
 
 
 @dataclasses.dataclass

@@ -52,8 +52,7 @@ def instance_keys(shards: list[Shard]) -> dict[tuple[str, int], int]:
         keys[("group", g)] = 1 + _KEYS_PER_COLLECTIVE * g
     base = 1 + _KEYS_PER_COLLECTIVE * (max(groups, default=-1) + 1)
     for i, s in enumerate(sorted((s for s in shards if s.sparse), key=lambda s: s.name)):
-        keys[("shard", i)] = base + _KEYS_PER_COLLECTIVE * i
-        keys[("name", s.name)] = keys[("shard", i)]
+        keys[("name", s.name)] = base + _KEYS_PER_COLLECTIVE * i
     keys[("stride", 0)] = _KEYS_PER_COLLECTIVE * max(1, sum(1 for s in shards if s.sparse))
     return keys
 

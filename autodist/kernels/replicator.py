@@ -38,7 +38,6 @@ def storage_name(shard: Shard, replica_index: int | None) -> str:
 def apply(program: Program, strategy: Strategy) -> Program:
     """PARTITIONED -> REPLICATED: creates storage and imports the local replicas."""
     program.require(Stage.PARTITIONED, "replicator")
-    gi = program.graph_item
     if program.graph is None:
         program.graph = tf.Graph()
     local = program.local_replica_devices(strategy)
@@ -46,8 +45,6 @@ def apply(program: Program, strategy: Strategy) -> Program:
         for index, device in local:
             program.replicas.append(_import_replica(program, index, device))
     program.stage = Stage.REPLICATED
-    program.extras["num_replicas"] = len(strategy.replicas)
-    program.extras["optimizer"] = gi.optimizer
     return program
 
 
