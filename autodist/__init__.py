@@ -26,14 +26,16 @@ _LAZY = {
     "capture": ("autodist.ir.capture", "capture"),
     "builders": ("autodist.search.builders", None),
     "distribute": ("autodist.api", "distribute"),
+    "optimize": ("autodist.api", "optimize"),
+    "Plan": ("autodist.api", "Plan"),
     "models": ("autodist.models", None),
     "restore_keras_weights": ("autodist.runtime.checkpoint", "restore_keras_weights"),
     "load_checkpoint": ("autodist.runtime.checkpoint", "load"),
 }
 
 __all__ = ["AutodistError", "CaptureError", "GraphItem", "ResourceSpec", "ResourceSpecError",
-           "Strategy", "StrategyError", "builders", "capture", "distribute", "load_checkpoint",
-           "models", "restore_keras_weights"]
+           "Plan", "Strategy", "StrategyError", "builders", "capture", "distribute",
+           "load_checkpoint", "models", "optimize", "restore_keras_weights"]
 
 
 def __getattr__(name: str) -> Any:

@@ -27,3 +27,121 @@ def distribute(model, strategy: Strategy, resource_spec: ResourceSpec, *,
         >>> history = autodist.distribute(model, s, spec).fit(x, y, batch_size=64)
     """
     return DistributedRun(model, strategy, resource_spec, graph_item=graph_item, **options)
+
+
+class Plan:
+    """What `optimize` found: a strategy for a model on a cluster, ready to train.
+
+    Attributes:
+        model: The user's Keras model (trained weights return to it).
+        graph_item: Its capture.
+        strategy: The chosen Strategy (export it with `strategy.save(path)`).
+        resource_spec: The cluster it is for.
+        predicted_step_time: Predicted seconds per step.
+        lower_bound_step_time: The simulator's lower bound (seconds).
+        builder_step_times: Builder name → predicted seconds per step.
+        trials: Measured trials (with `measure=True`).
+        search_time: Seconds the search took.
+    """
+
+    def __init__(self, model, graph_item: GraphItem, resource_spec: ResourceSpec,
+                 result) -> None:
+        self.model = model
+        self.graph_item = graph_item
+        self.resource_spec = resource_spec
+        self.strategy: Strategy = result.strategy
+        self.predicted_step_time: float = result.predicted_step_time_s
+        self.lower_bound_step_time: float = result.lower_bound_s
+        self.builder_step_times: dict[str, float] = result.builder_step_times_s
+        self.trials = result.trials
+        self.search_time: float = result.elapsed_s
+        self.candidates_scored: int = result.candidates_scored
+        self._explanation = result.explanation
+
+    def explain(self) -> str:
+        """Per variable: the choice and why; and the predicted time of every builder."""
+        return self._explanation
+
+    def fit(self, *args, **kwargs):
+        """Trains with the plan's strategy: `distribute(...).fit(*args, **kwargs)`."""
+        run_options = {k: kwargs.pop(k) for k in ("job_dir", "step_timeout_s",
+                                                  "startup_timeout_s") if k in kwargs}
+        return distribute(self.model, self.strategy, self.resource_spec,
+                          graph_item=self.graph_item, **run_options).fit(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return (f"Plan({self.graph_item.name!r}, {self.resource_spec.num_worker_tasks} worker "
+                f"task(s), predicted {self.predicted_step_time * 1e3:.3f} ms/step)")
+
+
+def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = None,
+             measure: bool = False, cost_model=None, batch_size: int | None = None,
+             database=None, space_options=None, search_budget: int = 4000, seed: int = 0,
+             progress: bool = False, graph_item: GraphItem | None = None) -> Plan:
+    """Finds a strategy for `model` on `spec` with the search and cost model.
+
+    Args:
+        model: A compiled Keras 3 model (its loss and optimizer are used).
+        spec: The cluster (default: `ResourceSpec.local(workers=2, ps=1)`, a
+            local cluster on this machine).
+        budget: Strategies to measure on the real cluster (needs
+            `measure=True`; default 3 then).
+        measure: Measure the best candidates on the cluster (a few seconds
+            each) and pick the fastest measured one.
+        cost_model: A `CostModel`, a path to one, or None for the shipped
+            default (`autodist/search/data/cost_model.txt`) when it exists,
+            else the analytic simulator alone.
+        batch_size: Global batch size the plan is for (default: 32 per replica).
+        database: A `Database` or path where trials are recorded and resumed.
+        space_options: `SpaceOptions` bounding the search space (compressors
+            and asynchronous consistency change results and are opt-in there).
+        search_budget: Candidates scored per search round.
+        seed: Seeds the search.
+        progress: Print a line per measured trial.
+        graph_item: The model's capture, if already made.
+
+    Returns:
+        A Plan: `.strategy`, `.predicted_step_time`, `.explain()`, `.fit(...)`.
+
+    Example:
+        >>> plan = autodist.optimize(model)              # doctest: +SKIP
+        >>> print(plan.explain())                        # doctest: +SKIP
+        >>> history = plan.fit(x, y, batch_size=64)      # doctest: +SKIP
+    """
+    from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
+    from autodist.search.cost_model import CostModel  # pylint: disable=C0415
+    from autodist.search.database import Database  # pylint: disable=C0415
+    from autodist.search.tuner import Tuner  # pylint: disable=import-outside-toplevel
+
+    if budget is not None and not measure:
+        raise ValueError(f"budget counts measured trials; pass measure=True with "
+                         f"budget={budget!r}")
+    trials = (3 if budget is None else budget) if measure else 0
+    spec = spec or ResourceSpec.local(workers=2, ps=1)
+    graph_item = graph_item or capture(model)
+    if cost_model is None:
+        cost_model = default_cost_model()
+    elif not isinstance(cost_model, CostModel):
+        cost_model = CostModel.load(cost_model)
+    if database is not None and not isinstance(database, Database):
+        database = Database(database)
+    runner = None
+    if measure:
+        from autodist.runtime.trial_runner import LocalTrialRunner  # pylint: disable=C0415
+
+        runner = LocalTrialRunner(model, spec, graph_item=graph_item,
+                                  batch_size=batch_size or 32 * len(spec.replica_devices))
+    tuner = Tuner(graph_item, spec, space_options=space_options, batch_size=batch_size,
+                  cost_model=cost_model, database=database, runner=runner,
+                  search_budget=search_budget, seed=seed, progress=progress)
+    return Plan(model, graph_item, spec, tuner.tune(trials))
+
+
+def default_cost_model():
+    """The cost model shipped with the package, or None until one is trained."""
+    import pathlib  # pylint: disable=import-outside-toplevel
+
+    from autodist.search.cost_model import CostModel  # pylint: disable=C0415
+
+    path = pathlib.Path(__file__).parent / "search" / "data" / "cost_model.txt"
+    return CostModel.load(path) if path.exists() else None

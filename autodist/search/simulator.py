@@ -1,0 +1,350 @@
+"""The analytic simulator: predicted step time of candidate strategies.
+
+An α-β model of one synchronous training step on the ResourceSpec:
+
+* compute: the GraphItem's FLOPs scaled to the per-replica batch, divided by
+  a calibrated FLOP rate, plus a per-op overhead;
+* parameter servers: every replica pulls each dense shard and pushes its
+  gradient (a sparse variable moves only the touched rows and their indices);
+  traffic between a replica and a shard on its own node is free; local
+  replication replaces the replicas' pulls by one refresh per node;
+* ring all-reduce of each fused group: 2(W-1)/W of its bytes in and out of
+  every node and 2(W-1) latencies; fp16 halves the wire bytes;
+* all-gather of a sparse gradient: (W-1) times a replica's indices and values;
+* a node's link is full duplex: its time is max(bytes in, bytes out) divided
+  by its bandwidth; the step waits for the busiest node;
+* per-message latency α at the busiest node, optimizer updates at memory
+  bandwidth on the devices that apply them, the chief's token round for a
+  synchronous PS step, and one extra session run when a step mixes PS and
+  all-reduce (the runtime runs them in two phases).
+
+The predicted step time adds these parts; the lower bound is max(compute,
+bandwidth time), i.e. perfect overlap and no latency. Everything is
+vectorised over a matrix of candidates (see `SearchSpace`), so scoring
+thousands of candidates takes milliseconds.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import numpy as np
+
+from autodist.ir.graph_item import GraphItem, VariableInfo
+from autodist.ir.strategy import Strategy
+from autodist.proto import strategy_pb2
+from autodist.search.space import NUM_COMPRESSORS, SearchSpace
+
+AllReduceSynchronizer = strategy_pb2.AllReduceSynchronizer
+
+_INDEX_BYTES = 8  # int64 row ids
+_CHUNK = 256      # candidates per gather (bounds temporary memory)
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Machine constants of the simulator.
+
+    Attributes:
+        flops_per_s: Sustained compute rate of one replica.
+        op_overhead_s: Fixed cost of running one op.
+        latency_s: α, the cost of one message (gRPC round or collective hop).
+        memory_bytes_per_s: Rate of optimizer updates (read-modify-write).
+        run_overhead_s: Cost of one extra session run per step.
+    """
+
+    flops_per_s: float = 2e10
+    op_overhead_s: float = 4e-6
+    latency_s: float = 1e-4
+    memory_bytes_per_s: float = 4e9
+    run_overhead_s: float = 1e-3
+
+    @classmethod
+    def measure(cls, seconds: float = 0.2) -> Calibration:
+        """Measures the FLOP rate and memory rate of this machine with NumPy.
+
+        A short micro-benchmark (about `seconds` in all): a 256×256 float32
+        matmul loop and an array update loop. Latencies keep their defaults
+        (they need the cluster to measure).
+        """
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((256, 256), dtype=np.float32)
+        b = rng.standard_normal((256, 256), dtype=np.float32)
+        flops = 0.0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds / 2:
+            a @ b  # pylint: disable=pointless-statement
+            flops += 2 * 256 ** 3
+        flops_per_s = flops / (time.perf_counter() - start)
+        x = np.zeros(1 << 20, dtype=np.float32)
+        y = np.ones_like(x)
+        moved = 0.0
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds / 2:
+            x += 0.1 * y
+            moved += 3 * x.nbytes
+        memory = moved / (time.perf_counter() - start)
+        return cls(flops_per_s=flops_per_s, memory_bytes_per_s=memory)
+
+
+@dataclasses.dataclass
+class Prediction:
+    """Predicted step times and their parts for N candidates (arrays of shape (N,)).
+
+    Attributes:
+        step_time_s: Predicted step time.
+        lower_bound_s: Compute and bandwidth perfectly overlapped, no latency.
+        parts: Named parts of the step time and the quantities behind them
+            (bytes, messages, groups), used as features by the cost model.
+    """
+
+    step_time_s: np.ndarray
+    lower_bound_s: np.ndarray
+    parts: dict[str, np.ndarray]
+
+
+# Columns of the per-option table: bytes in/out, messages and updated bytes
+# per node, then scalar columns, then one column per fusion group.
+_SCALARS = ("ps_bytes", "ps_shards", "ar_bytes", "ag_payload", "ag_count", "ps_vars",
+            "ar_vars", "sparse_ps_bytes", "var_bytes_on_ps")
+
+
+class Simulator:
+    """Scores candidates of a SearchSpace with the α-β model.
+
+    Args:
+        space: The search space (its options are compiled into tables; call
+            again after `space.encode` added options — done automatically).
+        calibration: Machine constants (default: `Calibration()`).
+        batch_size: The global batch size (default: the GraphItem's estimate
+            batch per replica).
+    """
+
+    def __init__(self, space: SearchSpace, calibration: Calibration | None = None,
+                 batch_size: int | None = None) -> None:
+        self.space = space
+        self.calibration = calibration or Calibration()
+        spec = space.resource_spec
+        self.replica_nodes = [spec.node_of(d) for d in spec.replica_devices]
+        self.num_replicas = len(self.replica_nodes)
+        self.num_nodes = len(spec.nodes)
+        estimate = max(1, space.graph_item.proto.estimate_batch_size)
+        self.batch_size = batch_size or estimate * self.num_replicas
+        if self.batch_size < self.num_replicas:
+            raise ValueError(f"batch_size {self.batch_size} is smaller than the number of "
+                             f"replicas {self.num_replicas}")
+        self.per_replica_batch = self.batch_size / self.num_replicas
+        self.bandwidth = np.array([spec.bandwidth_gbps(n) * 1e9 / 8
+                                   for n in range(self.num_nodes)])
+        self.replicas_on = np.bincount(self.replica_nodes, minlength=self.num_nodes)
+        gi = space.graph_item
+        self.compute_s = (gi.total_flops * self.per_replica_batch / estimate
+                          / self.calibration.flops_per_s
+                          + len(gi.ops) * self.calibration.op_overhead_s)
+        self._rows = _touched_rows(gi, self.per_replica_batch)
+        self._compiled_counts: tuple[int, ...] | None = None
+
+    # ---------------------------------------------------------------- tables
+    def _compile(self) -> None:
+        counts = tuple(len(o) for o in self.space.options)
+        if counts == self._compiled_counts:
+            return
+        n = self.num_nodes
+        self._groups = NUM_COMPRESSORS * self.space.num_slots
+        self._cols = {"in": slice(0, n), "out": slice(n, 2 * n), "msgs": slice(2 * n, 3 * n),
+                      "update": slice(3 * n, 4 * n)}
+        base = 4 * n
+        for i, name in enumerate(_SCALARS):
+            self._cols[name] = base + i
+        self._cols["groups"] = slice(base + len(_SCALARS), base + len(_SCALARS) + self._groups)
+        width = base + len(_SCALARS) + self._groups
+        rows = []
+        self._offsets = np.zeros(len(counts), dtype=np.int64)
+        total = 0
+        for v, options in enumerate(self.space.options):
+            self._offsets[v] = total
+            total += len(options)
+            for config in options:
+                rows.append(self._option_row(self.space.variables[v], config, width))
+        self._table = np.array(rows, dtype=np.float64)
+        self._compiled_counts = counts
+
+    def _option_row(self, var: VariableInfo, config: strategy_pb2.VariableConfig,
+                    width: int) -> np.ndarray:
+        row = np.zeros(width)
+        c = self._cols
+        spec = self.space.resource_spec
+        sizes = _shard_sizes(var, config)
+        dim = sum(sizes)
+        row_bytes = var.byte_size / dim
+        touched = self._rows.get(var.name, 0.0)
+        for k, shard in enumerate(config.shards):
+            fraction = sizes[k] / dim
+            shard_bytes = var.byte_size * fraction
+            kind = shard.WhichOneof("kind")
+            if kind == "ps":
+                home = spec.node_of(shard.ps.reduction_destination)
+                if var.sparse_gradient:
+                    rows = touched * fraction
+                    push = rows * (row_bytes + _INDEX_BYTES)
+                    pull = rows * row_bytes
+                    request = rows * _INDEX_BYTES
+                    row[c["sparse_ps_bytes"]] += push + pull
+                else:
+                    push = pull = shard_bytes
+                    request = 0.0
+                for node in range(self.num_nodes):
+                    replicas = self.replicas_on[node]
+                    if not replicas:
+                        continue
+                    row[c["msgs"].start + home] += 2 * replicas
+                    if node == home:
+                        continue
+                    if shard.ps.local_replication:
+                        node_pull = shard_bytes          # one refresh per node
+                    else:
+                        node_pull = replicas * pull
+                    row[c["out"].start + node] += replicas * (push + request)
+                    row[c["in"].start + home] += replicas * (push + request)
+                    row[c["in"].start + node] += node_pull
+                    row[c["out"].start + home] += node_pull
+                    row[c["ps_bytes"]] += replicas * (push + request) + node_pull
+                row[c["update"].start + home] += shard_bytes
+                row[c["ps_shards"]] += 1
+                row[c["var_bytes_on_ps"]] += shard_bytes
+            else:
+                ar = shard.all_reduce
+                scale = 0.5 if ar.compressor != AllReduceSynchronizer.NONE else 1.0
+                if var.sparse_gradient or ar.spec == AllReduceSynchronizer.ALL_GATHER:
+                    rows = touched * fraction if var.sparse_gradient else sizes[k]
+                    row[c["ag_payload"]] += rows * (row_bytes * scale + _INDEX_BYTES)
+                    row[c["ag_count"]] += 1
+                else:
+                    column = ar.compressor * self.space.num_slots + ar.group
+                    row[c["groups"].start + column] += shard_bytes * scale
+                    row[c["ar_bytes"]] += shard_bytes * scale
+                for node in range(self.num_nodes):
+                    if self.replicas_on[node]:
+                        row[c["update"].start + node] += shard_bytes
+        kinds = {s.WhichOneof("kind") for s in config.shards}
+        row[c["ps_vars"]] += "ps" in kinds
+        row[c["ar_vars"]] += "all_reduce" in kinds
+        return row
+
+    # --------------------------------------------------------------- scoring
+    def predict(self, candidates: np.ndarray) -> Prediction:
+        """Predicted step times of an (N, V + 1) candidate matrix."""
+        self._compile()
+        candidates = np.atleast_2d(np.asarray(candidates, dtype=np.int64))
+        v = self.space.num_variables
+        if candidates.shape[1] != v + 1:
+            raise ValueError(f"candidates must have {v + 1} columns (variables + "
+                             f"consistency). Received shape {candidates.shape}")
+        sums = np.empty((len(candidates), self._table.shape[1]))
+        for start in range(0, len(candidates), _CHUNK):
+            block = candidates[start:start + _CHUNK, :v] + self._offsets
+            sums[start:start + _CHUNK] = self._table[block].sum(axis=1)
+        sync = np.array([c.sync for c in self.space.consistencies])[candidates[:, v]]
+        staleness = np.array([c.staleness for c in self.space.consistencies])[candidates[:, v]]
+        return self._times(sums, sync, staleness)
+
+    def predict_strategy(self, strategy: Strategy) -> Prediction:
+        """The prediction for one Strategy (its choices are added to the space)."""
+        return self.predict(self.space.encode(strategy)[None, :])
+
+    def _times(self, sums: np.ndarray, sync: np.ndarray, staleness: np.ndarray) -> Prediction:
+        cal = self.calibration
+        c = self._cols
+        w = self.num_replicas
+        has_replicas = self.replicas_on > 0
+        node_in = sums[:, c["in"]].copy()
+        node_out = sums[:, c["out"]].copy()
+        groups = sums[:, c["groups"]]
+        ar_wire = 2 * (w - 1) / w * groups.sum(axis=1) if w > 1 else np.zeros(len(sums))
+        ag_wire = (w - 1) * sums[:, c["ag_payload"]]
+        collective = (ar_wire + ag_wire)[:, None] * has_replicas[None, :]
+        node_in += collective
+        node_out += collective
+        bandwidth_s = (np.maximum(node_in, node_out) / self.bandwidth).max(axis=1)
+        non_empty_groups = (groups > 0).sum(axis=1)
+        collective_hops = 0 if w == 1 else (2 * (w - 1) * non_empty_groups
+                                            + (w - 1) * sums[:, c["ag_count"]])
+        ps_messages = sums[:, c["msgs"]].max(axis=1)
+        latency_s = cal.latency_s * (ps_messages + collective_hops)
+        # Asynchronous PS applies every replica's update, not one per step.
+        updates = np.where(sync, 1.0, float(w))[:, None]
+        update_s = (sums[:, c["update"]] * updates).max(axis=1) / cal.memory_bytes_per_s
+        has_ps = sums[:, c["ps_vars"]] > 0
+        has_ar = (sums[:, c["ar_vars"]] > 0) & (w > 1)
+        sync_s = np.where(has_ps & sync & (staleness == 0), 2 * cal.latency_s, 0.0)
+        phase_s = np.where(has_ps & has_ar, cal.run_overhead_s, 0.0)
+        compute_s = np.full(len(sums), self.compute_s)
+        step = compute_s + bandwidth_s + latency_s + update_s + sync_s + phase_s
+        lower = np.maximum(compute_s, bandwidth_s)
+        parts = {
+            "compute_s": compute_s, "bandwidth_s": bandwidth_s, "latency_s": latency_s,
+            "update_s": update_s, "sync_s": sync_s, "phase_s": phase_s,
+            "max_node_bytes": np.maximum(node_in, node_out).max(axis=1),
+            "sum_node_bytes": (node_in + node_out).sum(axis=1),
+            "ps_bytes": sums[:, c["ps_bytes"]], "ps_shards": sums[:, c["ps_shards"]],
+            "ps_messages_max": ps_messages, "messages": sums[:, c["msgs"]].sum(axis=1)
+            + collective_hops,
+            "ar_bytes": sums[:, c["ar_bytes"]], "ar_groups": non_empty_groups.astype(float),
+            "ag_payload": sums[:, c["ag_payload"]], "ag_count": sums[:, c["ag_count"]],
+            "ps_vars": sums[:, c["ps_vars"]], "ar_vars": sums[:, c["ar_vars"]],
+            "sparse_ps_bytes": sums[:, c["sparse_ps_bytes"]],
+            "var_bytes_on_ps": sums[:, c["var_bytes_on_ps"]],
+            "ps_imbalance": _imbalance(sums[:, c["update"]], self.space, self.num_nodes),
+            "sync": sync.astype(float), "staleness": staleness.astype(float),
+        }
+        return Prediction(step_time_s=step, lower_bound_s=lower, parts=parts)
+
+
+def _imbalance(update: np.ndarray, space: SearchSpace, num_nodes: int) -> np.ndarray:
+    """Max over mean of the bytes each PS node updates (1 = balanced, 0 = no PS)."""
+    spec = space.resource_spec
+    ps_nodes = sorted({spec.node_of(d) for d in space.ps_devices})
+    if not ps_nodes:
+        return np.zeros(len(update))
+    ps = update[:, ps_nodes]
+    mean = ps.mean(axis=1)
+    return np.where(mean > 0, ps.max(axis=1) / np.maximum(mean, 1e-30), 0.0)
+
+
+def _shard_sizes(var: VariableInfo, config: strategy_pb2.VariableConfig) -> list[int]:
+    """Sizes of a config's shards along its axis (a whole variable: its rows)."""
+    p = config.partitioner
+    if p.num_shards <= 1:
+        return [var.shape[0] if var.shape else 1]
+    if p.shard_sizes:
+        return list(p.shard_sizes)
+    base, extra = divmod(var.shape[p.axis], p.num_shards)
+    return [base + (1 if i < extra else 0) for i in range(p.num_shards)]
+
+
+def _touched_rows(graph_item: GraphItem, per_replica_batch: float) -> dict[str, float]:
+    """Rows of each sparse variable a replica's step touches (an upper bound).
+
+    The gradient's values tensor holds one row per lookup; its size at the
+    GraphItem's estimate batch gives lookups per example.
+    """
+    ops = {op.name: op for op in graph_item.ops}
+    estimate = max(1, graph_item.proto.estimate_batch_size)
+    rows = {}
+    for var in graph_item.variables:
+        if not var.sparse_gradient:
+            continue
+        dim = var.shape[0] if var.shape else 1
+        row_bytes = var.byte_size / max(1, dim)
+        op = ops.get(var.gradient.values.split(":")[0])
+        per_example = (op.output_bytes / row_bytes / estimate) if op and op.output_bytes else 1.0
+        rows[var.name] = min(float(dim), per_example * per_replica_batch)
+    return rows
+
+
+def builder_predictions(simulator: Simulator,
+                        strategies: Sequence[Strategy]) -> Prediction:
+    """Predictions for several strategies (each added to the space first)."""
+    encoded = np.stack([simulator.space.encode(s) for s in strategies])
+    return simulator.predict(encoded)

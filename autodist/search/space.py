@@ -1,0 +1,401 @@
+"""The search space: per-variable choices under knowledge constraints.
+
+A candidate is an integer vector: entry `v` picks one of variable `v`'s
+options (a complete `VariableConfig`: partition, per-shard placement and
+synchronizer) and the last entry picks the job's consistency model. Candidates
+are therefore cheap to sample, mutate and score in bulk (a matrix of
+candidates is what the simulator and the features work on), and `decode`
+turns one into a `Strategy` that always validates.
+
+Knowledge constraints shape the options rather than filtering samples, so a
+constraint can never be violated:
+
+* a sparse gradient (embedding) goes to parameter servers or is all-gathered,
+  never densely all-reduced, and partitions only along axis 0;
+* a dense variable partitions along its first partitionable axis;
+* shards are bounded by `max_shards` and by `min_shard_bytes`, and the shards
+  of a variable sit on distinct parameter servers;
+* fused all-reduce groups are bounded by `max_groups` per compressor;
+* local replication is offered only where it can help: on a node that runs
+  more than one replica (it saves repeated pulls by the replicas of a node).
+
+Compressors and asynchronous consistency change the numbers a run produces,
+so the defaults keep training exactly synchronous and uncompressed; pass
+`compressors=` and `consistency=` to search over them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from autodist.ir.graph_item import GraphItem, VariableInfo
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.ir.strategy import Strategy
+from autodist.proto import strategy_pb2
+
+AllReduceSynchronizer = strategy_pb2.AllReduceSynchronizer
+
+_COMPRESSORS = {"none": AllReduceSynchronizer.NONE, "fp16": AllReduceSynchronizer.FP16,
+                "fp16_error_feedback": AllReduceSynchronizer.FP16_ERROR_FEEDBACK}
+NUM_COMPRESSORS = len(_COMPRESSORS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Consistency:
+    """The job's consistency model for parameter-server variables.
+
+    Attributes:
+        sync: Aggregate every replica's gradient before one update per step.
+        staleness: With sync, how many steps a replica may run ahead (0 =
+            fully synchronous).
+    """
+
+    sync: bool = True
+    staleness: int = 0
+
+    @classmethod
+    def parse(cls, text: str | Consistency) -> Consistency:
+        """Reads "sync", "async" or "ssp:<s>" (bounded staleness s >= 1)."""
+        if isinstance(text, Consistency):
+            return text
+        if text == "sync":
+            return cls()
+        if text == "async":
+            return cls(sync=False)
+        if isinstance(text, str) and text.startswith("ssp:"):
+            try:
+                staleness = int(text[4:])
+            except ValueError:
+                staleness = -1
+            if staleness >= 1:
+                return cls(staleness=staleness)
+        raise ValueError(f"unknown consistency {text!r}; expected 'sync', 'async' or "
+                         "'ssp:<staleness >= 1>'")
+
+    def __str__(self) -> str:
+        if not self.sync:
+            return "async"
+        return f"ssp:{self.staleness}" if self.staleness else "sync"
+
+
+@dataclasses.dataclass(frozen=True)
+class SpaceOptions:
+    """Bounds and switches of the search space.
+
+    Attributes:
+        max_shards: Most shards of one variable (default: the number of
+            parameter-server devices).
+        min_shard_bytes: Smallest shard worth making.
+        max_groups: Fused all-reduce groups per compressor.
+        compressors: Compressors to consider for all-reduce.
+        consistency: Consistency models to consider for PS variables
+            ("sync", "async", "ssp:<s>").
+        allow_ps: Offer parameter-server placements (when the spec has PS).
+        allow_all_reduce: Offer all-reduce / all-gather (with >= 1 replica).
+        allow_local_replication: Offer local replication where it can help.
+    """
+
+    max_shards: int | None = None
+    min_shard_bytes: int = 64 * 1024
+    max_groups: int = 4
+    compressors: tuple[str, ...] = ("none",)
+    consistency: tuple[str, ...] = ("sync",)
+    allow_ps: bool = True
+    allow_all_reduce: bool = True
+    allow_local_replication: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_shards is not None and self.max_shards < 1:
+            raise ValueError(f"max_shards must be >= 1. Received: {self.max_shards!r}")
+        if self.min_shard_bytes < 1:
+            raise ValueError(f"min_shard_bytes must be >= 1. Received: {self.min_shard_bytes!r}")
+        if self.max_groups < 1:
+            raise ValueError(f"max_groups must be >= 1. Received: {self.max_groups!r}")
+        for name in self.compressors:
+            if name not in _COMPRESSORS:
+                raise ValueError(f"unknown compressor {name!r}; expected one of "
+                                 f"{sorted(_COMPRESSORS)}")
+        if not self.compressors:
+            raise ValueError("compressors must name at least one compressor")
+        if not self.consistency:
+            raise ValueError("consistency must name at least one model")
+        for text in self.consistency:
+            Consistency.parse(text)
+        if not (self.allow_ps or self.allow_all_reduce):
+            raise ValueError("allow_ps and allow_all_reduce cannot both be False")
+
+
+class SearchSpace:
+    """Every strategy the search may pick for one GraphItem on one ResourceSpec.
+
+    Attributes:
+        graph_item, resource_spec: The workload.
+        variables: The trainable variables, in the GraphItem's order.
+        options: options[v] lists variable v's `VariableConfig`s; an all-reduce
+            synchronizer's `group` holds a fusion slot that `decode` turns into
+            a group id.
+        consistencies: The job-level consistency choices (last candidate entry).
+
+    Example:
+        >>> space = SearchSpace(gi, spec)                    # doctest: +SKIP
+        >>> c = space.sample(1, np.random.default_rng(0))[0] # doctest: +SKIP
+        >>> space.decode(c).validate(gi, spec)               # doctest: +SKIP
+    """
+
+    def __init__(self, graph_item: GraphItem, resource_spec: ResourceSpec,
+                 options: SpaceOptions | None = None) -> None:
+        self.graph_item = graph_item
+        self.resource_spec = resource_spec
+        self.config = options or SpaceOptions()
+        self.variables: list[VariableInfo] = list(graph_item.variables)
+        if not self.variables:
+            raise ValueError(f"GraphItem {graph_item.name!r} has no trainable variables "
+                             "to distribute")
+        self.consistencies = [Consistency.parse(c) for c in self.config.consistency]
+        self.ps_devices = list(resource_spec.ps_devices) if self.config.allow_ps else []
+        self.replicas_per_node = _replicas_per_node(resource_spec)
+        self.options: list[list[strategy_pb2.VariableConfig]] = [
+            self._variable_options(v) for v in self.variables]
+        self._num_slots = self.config.max_groups
+
+    # ------------------------------------------------------------ the space
+    @property
+    def num_variables(self) -> int:
+        return len(self.variables)
+
+    @property
+    def num_slots(self) -> int:
+        """Fusion slots per compressor (seeds may add slots beyond max_groups)."""
+        return self._num_slots
+
+    @property
+    def option_counts(self) -> np.ndarray:
+        """Options per candidate entry: one per variable, then the consistency."""
+        return np.array([len(o) for o in self.options] + [len(self.consistencies)],
+                        dtype=np.int64)
+
+    @property
+    def size(self) -> int:
+        """The number of distinct candidates (an exact integer)."""
+        return math.prod(int(n) for n in self.option_counts)
+
+    def sample(self, n: int, rng: np.random.Generator,
+               prior: str = "uniform") -> np.ndarray:
+        """`n` candidates drawn independently per entry.
+
+        Args:
+            n: Number of candidates.
+            rng: The random generator (seed it for reproducible searches).
+            prior: "uniform" over each entry's options, or "knowledge": two
+                thirds of the mass on the kind (PS / all-reduce) that usually
+                wins for the variable (PS for sparse gradients, all-reduce for
+                dense ones), spread evenly within each kind.
+
+        Returns:
+            An (n, num_variables + 1) int64 matrix.
+        """
+        if prior not in ("uniform", "knowledge"):
+            raise ValueError(f"unknown prior {prior!r}; expected 'uniform' or 'knowledge'")
+        counts = self.option_counts
+        out = np.empty((n, len(counts)), dtype=np.int64)
+        for j, count in enumerate(counts):
+            if prior == "uniform" or j == self.num_variables:
+                out[:, j] = rng.integers(0, count, size=n)
+            else:
+                out[:, j] = rng.choice(count, size=n, p=self._knowledge_prior(j))
+        return out
+
+    def _knowledge_prior(self, v: int) -> np.ndarray:
+        kinds = np.array([c.shards[0].WhichOneof("kind") == "ps" for c in self.options[v]])
+        preferred = kinds if self.variables[v].sparse_gradient else ~kinds
+        weights = np.ones(len(kinds))
+        if preferred.any() and (~preferred).any():
+            weights[preferred] = 2.0 / preferred.sum()
+            weights[~preferred] = 1.0 / (~preferred).sum()
+        return weights / weights.sum()
+
+    # ------------------------------------------------------ encode / decode
+    def decode(self, candidate: Sequence[int], origin: str = "search") -> Strategy:
+        """The Strategy a candidate stands for (validated against the workload)."""
+        candidate = np.asarray(candidate)
+        if candidate.shape != (self.num_variables + 1,):
+            raise ValueError(f"a candidate has {self.num_variables + 1} entries "
+                             f"(variables + consistency). Received shape {candidate.shape}")
+        consistency = self.consistencies[int(candidate[-1])]
+        proto = strategy_pb2.Strategy(origin=origin,
+                                      graph_item_fingerprint=self.graph_item.fingerprint,
+                                      resource_spec_fingerprint=self.resource_spec.fingerprint)
+        proto.graph_config.replicas.extend(self.resource_spec.replica_devices)
+        configs = [self.options[v][int(candidate[v])] for v in range(self.num_variables)]
+        group_ids = self._group_ids(configs)
+        for v, template in enumerate(configs):
+            config = proto.variables.add()
+            config.CopyFrom(template)
+            for k, shard in enumerate(config.shards):
+                if shard.WhichOneof("kind") == "ps":
+                    shard.ps.sync = consistency.sync
+                    shard.ps.staleness = consistency.staleness
+                else:
+                    shard.all_reduce.group = group_ids[(v, k)]
+        strategy = Strategy(proto)
+        strategy.validate(self.graph_item, self.resource_spec)
+        return strategy
+
+    def _group_ids(self, configs: list[strategy_pb2.VariableConfig]) -> dict[tuple[int, int], int]:
+        """Dense fusion slots → group ids in order of first gradient; sparse → one each.
+
+        Slots are namespaced by compressor (and dtype), because a fused group
+        must agree on them.
+        """
+        dense: dict[tuple[int, int, str], list[tuple[int, int]]] = {}
+        sparse: list[tuple[int, int]] = []
+        for v, config in enumerate(configs):
+            var = self.variables[v]
+            for k, shard in enumerate(config.shards):
+                if shard.WhichOneof("kind") != "all_reduce":
+                    continue
+                if var.sparse_gradient:
+                    sparse.append((var.gradient_order, v, k))
+                else:
+                    key = (shard.all_reduce.group, shard.all_reduce.compressor, var.dtype)
+                    dense.setdefault(key, []).append((var.gradient_order, v, k))
+        ordered = sorted(dense.values(), key=lambda members: min(members))
+        ids: dict[tuple[int, int], int] = {}
+        for gid, members in enumerate(ordered):
+            for _order, v, k in members:
+                ids[(v, k)] = gid
+        for gid, (_order, v, k) in enumerate(sorted(sparse), start=len(ordered)):
+            ids[(v, k)] = gid
+        return ids
+
+    def encode(self, strategy: Strategy) -> np.ndarray:
+        """The candidate of `strategy`, adding its choices as options when missing.
+
+        Used to seed the search with builders' strategies and to score any
+        strategy with the same tables. Fused groups of the strategy become
+        slots (so adding may grow `num_slots`); its PS consistency must be
+        one of the space's consistencies, or it is added too.
+
+        Raises:
+            ValueError: The strategy names other variables than the GraphItem.
+        """
+        by_name = {c.var_name: c for c in strategy.proto.variables}
+        names = [v.name for v in self.variables]
+        if set(by_name) != set(names):
+            missing = sorted(set(names) - set(by_name))
+            extra = sorted(set(by_name) - set(names))
+            raise ValueError(f"strategy does not match the space's variables: missing "
+                             f"{missing}, unknown {extra}")
+        candidate = np.zeros(self.num_variables + 1, dtype=np.int64)
+        consistency = Consistency()
+        for v, name in enumerate(names):
+            config = strategy_pb2.VariableConfig()
+            config.CopyFrom(by_name[name])
+            for shard in config.shards:
+                if shard.WhichOneof("kind") == "ps":
+                    consistency = Consistency(shard.ps.sync, shard.ps.staleness)
+                    shard.ps.sync, shard.ps.staleness = True, 0
+                else:
+                    self._num_slots = max(self._num_slots, shard.all_reduce.group + 1)
+            try:
+                candidate[v] = next(i for i, o in enumerate(self.options[v]) if o == config)
+            except StopIteration:
+                self.options[v].append(config)
+                candidate[v] = len(self.options[v]) - 1
+        if consistency not in self.consistencies:
+            self.consistencies.append(consistency)
+        candidate[-1] = self.consistencies.index(consistency)
+        return candidate
+
+    # ---------------------------------------------------------- the options
+    def _variable_options(self, var: VariableInfo) -> list[strategy_pb2.VariableConfig]:
+        options = self._ps_options(var)
+        if self.config.allow_all_reduce:
+            options += self._all_reduce_options(var)
+        if not options:
+            raise ValueError(f"variable {var.name!r} has no option in this space: no PS "
+                             "device and all-reduce disabled")
+        return options
+
+    def _ps_options(self, var: VariableInfo) -> list[strategy_pb2.VariableConfig]:
+        devices = self.ps_devices
+        if not devices:
+            return []
+        local = [False]
+        if self.config.allow_local_replication and max(self.replicas_per_node) > 1:
+            local.append(True)
+        options = []
+        axis = _axis(var)
+        limit = min(self.config.max_shards or len(devices), len(devices))
+        max_shards = 1
+        if axis is not None:
+            max_shards = max(1, min(limit, var.shape[axis],
+                                    var.byte_size // self.config.min_shard_bytes))
+        for replicate in local:
+            for device in devices:
+                options.append(strategy_pb2.VariableConfig(
+                    var_name=var.name, shards=[_ps(device, replicate)]))
+            for n in range(2, max_shards + 1):
+                # Shards on consecutive PS devices; rotations differ only when
+                # some devices are left out.
+                for start in range(len(devices) if n < len(devices) else 1):
+                    config = strategy_pb2.VariableConfig(var_name=var.name)
+                    config.partitioner.axis = axis
+                    config.partitioner.num_shards = n
+                    for k in range(n):
+                        config.shards.append(_ps(devices[(start + k) % len(devices)], replicate))
+                    options.append(config)
+        return options
+
+    def _all_reduce_options(self, var: VariableInfo) -> list[strategy_pb2.VariableConfig]:
+        options = []
+        floating = var.dtype.startswith("float")
+        for name in self.config.compressors:
+            compressor = _COMPRESSORS[name]
+            if compressor != AllReduceSynchronizer.NONE and not floating:
+                continue
+            if var.sparse_gradient:
+                if compressor == AllReduceSynchronizer.FP16_ERROR_FEEDBACK:
+                    continue  # the residual is dense
+                options.append(strategy_pb2.VariableConfig(var_name=var.name, shards=[
+                    strategy_pb2.Synchronizer(all_reduce=AllReduceSynchronizer(
+                        spec=AllReduceSynchronizer.ALL_GATHER, compressor=compressor))]))
+                continue
+            for slot in range(self.config.max_groups):
+                options.append(strategy_pb2.VariableConfig(var_name=var.name, shards=[
+                    strategy_pb2.Synchronizer(all_reduce=AllReduceSynchronizer(
+                        spec=AllReduceSynchronizer.AUTO, compressor=compressor, group=slot))]))
+        return options
+
+    def describe(self) -> str:
+        """A one-paragraph account of the space (size, options, constraints)."""
+        counts = self.option_counts
+        return (f"search space of {self.graph_item.name!r} on {self.resource_spec.num_worker_tasks} "
+                f"worker task(s), {len(self.ps_devices)} PS device(s): {self.num_variables} "
+                f"variables, {int(counts[:-1].min())}..{int(counts[:-1].max())} options each, "
+                f"{len(self.consistencies)} consistency choice(s); "
+                f"size 10^{math.log10(self.size):.1f}")
+
+
+def _ps(device: str, local_replication: bool) -> strategy_pb2.Synchronizer:
+    # sync/staleness are filled in from the candidate's consistency by decode.
+    return strategy_pb2.Synchronizer(ps=strategy_pb2.PSSynchronizer(
+        reduction_destination=device, local_replication=local_replication, sync=True))
+
+
+def _axis(var: VariableInfo) -> int | None:
+    """Embeddings split along rows; dense variables along their first allowed axis."""
+    axes = list(var.partitionable_axes)
+    if var.sparse_gradient:
+        return 0 if 0 in axes else None
+    return axes[0] if axes else None
+
+
+def _replicas_per_node(spec: ResourceSpec) -> list[int]:
+    counts = [0] * len(spec.nodes)
+    for device in spec.replica_devices:
+        counts[spec.node_of(device)] += 1
+    return counts

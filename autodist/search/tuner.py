@@ -1,0 +1,323 @@
+"""The tuner: propose → rank → (measure the top) → record → refit.
+
+`Tuner.tune` searches the space with the current ranking (the analytic
+simulator, or a LightGBM `CostModel`), optionally measures the best
+unmeasured candidates on the real cluster through a `Runner`, records every
+trial (failed ones with their error) in a `Database`, refits the cost model
+on the records and searches again, until the trial budget is spent. The
+builders' strategies are always candidates, so the pick is never predicted
+slower than the best builder. A tuner resumes from its database: strategies
+already measured for the workload are not measured again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from autodist.ir.graph_item import GraphItem
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.ir.strategy import Strategy, describe_synchronizer
+from autodist.search import builders as builder_presets
+from autodist.search.algorithms import SearchResult, search
+from autodist.search.cost_model import CostModel
+from autodist.search.database import Database, TrialRecord, workload_key
+from autodist.search.features import FEATURE_NAMES, featurize
+from autodist.search.simulator import Calibration, Simulator
+from autodist.search.space import SearchSpace, SpaceOptions
+
+
+class Runner(Protocol):
+    """Measures a strategy on a real cluster (the runtime implements it)."""
+
+    def measure(self, strategy: Strategy) -> Sequence[float]:
+        """Step times in seconds after warm-up; raises when the trial fails."""
+
+
+@dataclasses.dataclass
+class Trial:
+    """One measured (or failed) strategy."""
+
+    strategy: Strategy
+    predicted_step_time_s: float
+    step_times_s: tuple[float, ...] = ()
+    error: str | None = None
+
+    @property
+    def median_step_time_s(self) -> float | None:
+        return float(np.median(self.step_times_s)) if self.step_times_s else None
+
+
+@dataclasses.dataclass
+class TuneResult:
+    """What the tuner found.
+
+    Attributes:
+        strategy: The pick (its `performance` holds the prediction and any
+            measurements).
+        predicted_step_time_s: Predicted step time of the pick (seconds).
+        lower_bound_s: The simulator's lower bound for the pick.
+        builder_step_times_s: Builder name → predicted step time.
+        trials: Measured trials of this run, in order.
+        candidates_scored: Candidates the search scored.
+        elapsed_s: Wall time of `tune`.
+    """
+
+    strategy: Strategy
+    predicted_step_time_s: float
+    lower_bound_s: float
+    builder_step_times_s: dict[str, float]
+    trials: list[Trial]
+    candidates_scored: int
+    elapsed_s: float
+    explanation: str = ""
+
+
+class Tuner:
+    """Finds a strategy for one GraphItem on one ResourceSpec.
+
+    Args:
+        graph_item, resource_spec: The workload.
+        space_options: Bounds of the search space.
+        calibration: Machine constants of the simulator.
+        batch_size: Global batch size the strategy is for.
+        cost_model: A trained `CostModel` (its predictions rank candidates);
+            None ranks with the simulator alone.
+        database: Where trials are recorded (and resumed from).
+        runner: Measures strategies; needed for `tune(trials > 0)`.
+        search_budget: Candidates scored per search round.
+        algorithm: "auto", "random", "greedy" or "evolutionary".
+        seed: Seeds every random choice.
+        progress: Print a line per trial to stderr.
+    """
+
+    def __init__(self, graph_item: GraphItem, resource_spec: ResourceSpec, *,
+                 space_options: SpaceOptions | None = None,
+                 calibration: Calibration | None = None, batch_size: int | None = None,
+                 cost_model: CostModel | None = None, database: Database | None = None,
+                 runner: Runner | None = None, search_budget: int = 4000,
+                 algorithm: str = "auto", seed: int = 0, progress: bool = False) -> None:
+        self.graph_item = graph_item
+        self.resource_spec = resource_spec
+        self.space = SearchSpace(graph_item, resource_spec, space_options)
+        self.simulator = Simulator(self.space, calibration, batch_size)
+        self.cost_model = cost_model
+        if cost_model is not None:
+            cost_model.check_features(FEATURE_NAMES)
+        self.database = database
+        self.runner = runner
+        self.search_budget = search_budget
+        self.algorithm = algorithm
+        self.seed = seed
+        self.progress = progress
+        self.workload = workload_key(graph_item.fingerprint, resource_spec.fingerprint)
+        self.builder_strategies = self._builder_strategies()
+        self.seeds = {name: self.space.encode(s) for name, s in self.builder_strategies.items()}
+
+    # -------------------------------------------------------------- scoring
+    def score(self, candidates: np.ndarray) -> np.ndarray:
+        """Ranking scores (lower = faster) of a candidate matrix."""
+        prediction = self.simulator.predict(candidates)
+        if self.cost_model is None:
+            return prediction.step_time_s
+        return np.asarray(self.cost_model.predict(featurize(self.simulator, candidates,
+                                                            prediction)))
+
+    def predict_seconds(self, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Predicted step times and lower bounds in seconds.
+
+        A regressor cost model predicts seconds; a ranker only orders, so the
+        simulator gives the seconds then.
+        """
+        prediction = self.simulator.predict(candidates)
+        seconds = prediction.step_time_s
+        if self.cost_model is not None and self.cost_model.kind == "regressor":
+            seconds = np.asarray(self.cost_model.predict(
+                featurize(self.simulator, candidates, prediction)))
+        return seconds, prediction.lower_bound_s
+
+    @property
+    def predictor(self) -> str:
+        if self.cost_model is None:
+            return "simulator"
+        return f"lightgbm-{self.cost_model.kind}"
+
+    # --------------------------------------------------------------- tuning
+    def tune(self, trials: int = 0, measure_per_round: int = 2) -> TuneResult:
+        """Searches, measures up to `trials` strategies, and returns the pick.
+
+        Args:
+            trials: Real measurements to make (0: rank by prediction only).
+            measure_per_round: Candidates measured between refits.
+        """
+        if trials < 0:
+            raise ValueError(f"trials must be >= 0. Received: {trials!r}")
+        if trials and self.runner is None:
+            raise ValueError("tune(trials > 0) needs a runner to measure strategies")
+        start = time.perf_counter()
+        measured = self._measured_from_database()
+        result = self._search()
+        scored = result.evaluated
+        done: list[Trial] = []
+        while len(done) < trials:
+            todo = [c for c in result.candidates if tuple(c) not in measured]
+            todo = todo[:min(measure_per_round, trials - len(done))]
+            if not todo:
+                break
+            for candidate in todo:
+                trial = self._measure(candidate)
+                done.append(trial)
+                measured[tuple(candidate)] = trial
+            if self._refit():
+                result = self._search()
+                scored += result.evaluated
+        best, predicted, lower = self._pick(result, measured)
+        builder_seconds, _ = self.predict_seconds(np.stack(list(self.seeds.values())))
+        return TuneResult(
+            strategy=best, predicted_step_time_s=predicted, lower_bound_s=lower,
+            builder_step_times_s=dict(zip(self.seeds, (float(t) for t in builder_seconds))),
+            trials=done, candidates_scored=scored, elapsed_s=time.perf_counter() - start,
+            explanation=self.explain(self.space.encode(best)))
+
+    def _search(self) -> SearchResult:
+        return search(self.space, self.score, algorithm=self.algorithm,
+                      budget=self.search_budget, seed=self.seed,
+                      seeds=list(self.seeds.values()))
+
+    def _pick(self, result: SearchResult,
+              measured: dict[tuple, Trial]) -> tuple[Strategy, float, float]:
+        ok = {k: t for k, t in measured.items() if t.error is None and t.step_times_s}
+        if ok:
+            key = min(ok, key=lambda k: ok[k].median_step_time_s)
+            candidate = np.array(key, dtype=np.int64)
+        else:
+            candidate = result.best
+        seconds, lower = self.predict_seconds(candidate[None, :])
+        strategy = self.space.decode(candidate, origin="search")
+        perf = strategy.proto.performance
+        perf.predicted_step_time_s = float(seconds[0])
+        perf.lower_bound_step_time_s = float(lower[0])
+        perf.predictor = self.predictor
+        if tuple(candidate) in ok:
+            perf.measured_step_time_s.extend(ok[tuple(candidate)].step_times_s)
+        return strategy, float(seconds[0]), float(lower[0])
+
+    def _measure(self, candidate: np.ndarray) -> Trial:
+        strategy = self.space.decode(candidate, origin="search")
+        seconds, _ = self.predict_seconds(candidate[None, :])
+        trial = Trial(strategy, float(seconds[0]))
+        try:
+            trial.step_times_s = tuple(float(t) for t in self.runner.measure(strategy))
+            if not trial.step_times_s:
+                trial.error = "the runner returned no step times"
+        except Exception as e:  # pylint: disable=broad-except
+            # A failed trial is data, never the end of the search.
+            trial.error = f"{type(e).__name__}: {e}"
+        if self.database is not None:
+            self.database.append(self.record(strategy, trial.step_times_s, trial.error,
+                                              trial.predicted_step_time_s))
+        if self.progress:
+            outcome = (f"{trial.median_step_time_s * 1e3:.2f} ms" if trial.error is None
+                       else f"failed: {trial.error.splitlines()[0][:80]}")
+            print(f"trial: predicted {trial.predicted_step_time_s * 1e3:.2f} ms, "
+                  f"measured {outcome}", file=sys.stderr, flush=True)
+        return trial
+
+    def record(self, strategy: Strategy, step_times_s: Sequence[float], error: str | None,
+               predicted_step_time_s: float | None = None, origin: str = "search",
+               extra: dict | None = None) -> TrialRecord:
+        """A database record of one trial of `strategy` on this workload."""
+        features = featurize(self.simulator, self.space.encode(strategy)[None, :])[0]
+        gi = self.graph_item
+        return TrialRecord(
+            workload=self.workload, graph_item_fingerprint=gi.fingerprint,
+            resource_spec_fingerprint=self.resource_spec.fingerprint, model_name=gi.name,
+            graph_summary={"num_variables": float(len(gi.variables)),
+                           "total_variable_bytes": float(gi.total_variable_bytes),
+                           "total_flops": float(gi.total_flops),
+                           "batch_size": float(self.simulator.batch_size)},
+            resource_spec=self.resource_spec.to_text(), strategy=strategy.serialize(),
+            features=dict(zip(FEATURE_NAMES, (float(x) for x in features))),
+            step_times_s=tuple(step_times_s), error=error, origin=origin,
+            predicted_step_time_s=predicted_step_time_s, created_at=time.time(),
+            extra=dict(extra or {}))
+
+    def _measured_from_database(self) -> dict[tuple, Trial]:
+        measured: dict[tuple, Trial] = {}
+        if self.database is None:
+            return measured
+        for record in self.database.records():
+            if record.workload != self.workload:
+                continue
+            strategy = Strategy.deserialize(record.strategy, source="trial database")
+            candidate = self.space.encode(strategy)
+            measured[tuple(candidate)] = Trial(strategy, record.predicted_step_time_s or 0.0,
+                                               tuple(record.step_times_s), record.error)
+        return measured
+
+    def _refit(self) -> bool:
+        """Refits the cost model on the database (enough measured trials needed)."""
+        if self.database is None:
+            return False
+        records = [r for r in self.database.records() if r.ok and r.features]
+        if len({r.workload for r in records}) < 1 or len(records) < 8:
+            return False
+        x = np.array([[r.features.get(name, 0.0) for name in FEATURE_NAMES] for r in records])
+        y = np.array([r.median_step_time_s for r in records])
+        kind = self.cost_model.kind if self.cost_model is not None else "regressor"
+        try:
+            self.cost_model = CostModel(kind=kind, seed=self.seed).fit(
+                x, y, [r.workload for r in records], FEATURE_NAMES)
+        except ValueError:
+            return False  # e.g. no workload with two distinct measurements yet
+        return True
+
+    # -------------------------------------------------------------- explain
+    def explain(self, candidate: np.ndarray) -> str:
+        """Per variable: the choice, the best alternative of the other kind and its cost."""
+        candidate = np.asarray(candidate, dtype=np.int64)
+        base = float(self.predict_seconds(candidate[None, :])[0][0])
+        lines = [f"predicted step time {base * 1e3:.3f} ms ({self.predictor})", "",
+                 "variable: choice — the best alternative of another kind, with the rest fixed"]
+        for v, var in enumerate(self.space.variables):
+            options = self.space.options[v]
+            trial = np.repeat(candidate[None, :], len(options), axis=0)
+            trial[:, v] = np.arange(len(options))
+            seconds = self.predict_seconds(trial)[0]
+            chosen = options[int(candidate[v])]
+            kind = chosen.shards[0].WhichOneof("kind")
+            others = [i for i, o in enumerate(options) if o.shards[0].WhichOneof("kind") != kind]
+            what = _describe(chosen)
+            kind_note = "sparse" if var.sparse_gradient else "dense"
+            why = "the only kind available"
+            if others:
+                alt = min(others, key=lambda i: seconds[i])
+                why = (f"{_describe(options[alt])} would be "
+                       f"{(seconds[alt] - base) * 1e3:+.3f} ms")
+            lines.append(f"  {var.name} ({kind_note}, {var.byte_size} B): {what} — {why}")
+        lines += ["", "builders (predicted step time):"]
+        builder_seconds = self.predict_seconds(np.stack(list(self.seeds.values())))[0]
+        for name, seconds in sorted(zip(self.seeds, builder_seconds), key=lambda p: p[1]):
+            lines.append(f"  {name:<22} {seconds * 1e3:.3f} ms  ({seconds / base:.2f}x)")
+        return "\n".join(lines)
+
+    def _builder_strategies(self) -> dict[str, Strategy]:
+        strategies = {}
+        for name, cls in builder_presets.BUILDERS.items():
+            try:
+                strategies[name] = cls().build(self.graph_item, self.resource_spec)
+            except Exception:  # pylint: disable=broad-except
+                continue  # e.g. a PS builder on a spec without PS devices
+        return strategies
+
+
+def _describe(config) -> str:
+    shards = [describe_synchronizer(s) for s in config.shards]
+    if config.partitioner.num_shards > 1:
+        head = f"{config.partitioner.num_shards} shards on axis {config.partitioner.axis}: "
+        kinds = sorted(set(shards))
+        return head + (", ".join(shards) if len(kinds) > 1 else kinds[0])
+    return shards[0]

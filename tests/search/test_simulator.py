@@ -1,0 +1,154 @@
+"""The analytic simulator on hand-computed cases."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.search.features import FEATURE_NAMES, featurize, featurize_strategy
+from autodist.search.simulator import Calibration, Simulator
+from autodist.search.space import SearchSpace, SpaceOptions
+from tests.search import workloads
+
+# Round numbers: 8 Gbit/s = 1e9 bytes/s, updates at 1e9 bytes/s.
+CAL = Calibration(flops_per_s=1e9, op_overhead_s=0.0, latency_s=1e-4,
+                  memory_bytes_per_s=1e9, run_overhead_s=1e-3)
+
+
+def _index(space, v, predicate):
+    return next(i for i, c in enumerate(space.options[v]) if predicate(c))
+
+
+def _is_ps(c):
+    return c.shards[0].WhichOneof("kind") == "ps" and c.partitioner.num_shards <= 1
+
+
+def _is_ar(compressor):
+    return lambda c: (c.shards[0].WhichOneof("kind") == "all_reduce"
+                      and c.shards[0].all_reduce.compressor == compressor)
+
+
+def _dense_1mb():
+    # 1000 x 250 float32 = 1,000,000 bytes; 1e6 FLOPs at batch 10.
+    return workloads.graph_item([("w", (1000, 250), False)], flops=1e6)
+
+
+def test_dense_variable_on_a_ps_node():
+    spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=8)
+    space = SearchSpace(_dense_1mb(), spec)
+    sim = Simulator(space, CAL, batch_size=20)
+    p = sim.predict([[_index(space, 0, _is_ps), 0]])
+    # Compute: 1e6 FLOPs at batch 10 -> 1e6 at 10 per replica -> 1 ms.
+    assert p.parts["compute_s"][0] == pytest.approx(1e-3)
+    # The PS node receives 2 gradients and sends 2 copies: 2e6 B each way -> 2 ms.
+    assert p.parts["bandwidth_s"][0] == pytest.approx(2e-3)
+    # 2 replicas x (push + pull) messages at the PS: 4 latencies.
+    assert p.parts["latency_s"][0] == pytest.approx(4e-4)
+    assert p.parts["update_s"][0] == pytest.approx(1e-3)      # one update of 1e6 B
+    assert p.parts["sync_s"][0] == pytest.approx(2e-4)        # the chief's token round
+    assert p.parts["phase_s"][0] == 0.0
+    assert p.step_time_s[0] == pytest.approx(1e-3 + 2e-3 + 4e-4 + 1e-3 + 2e-4)
+    assert p.lower_bound_s[0] == pytest.approx(2e-3)
+
+
+def test_dense_variable_all_reduced_and_compressed():
+    spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=8)
+    space = SearchSpace(_dense_1mb(), spec, SpaceOptions(compressors=("none", "fp16")))
+    sim = Simulator(space, CAL, batch_size=20)
+    p = sim.predict([[_index(space, 0, _is_ar(0)), 0], [_index(space, 0, _is_ar(1)), 0]])
+    # Ring with W=2: 2(W-1)/W x 1e6 B in and out of each worker -> 1 ms; fp16 halves it.
+    np.testing.assert_allclose(p.parts["bandwidth_s"], [1e-3, 5e-4])
+    np.testing.assert_allclose(p.parts["latency_s"], [2e-4, 2e-4])   # 2(W-1) hops
+    np.testing.assert_allclose(p.parts["update_s"], [1e-3, 1e-3])    # every replica applies
+    np.testing.assert_allclose(p.step_time_s, [1e-3 + 1e-3 + 2e-4 + 1e-3,
+                                               1e-3 + 5e-4 + 2e-4 + 1e-3])
+
+
+def test_one_replica_all_reduce_is_free_and_ps_on_own_node_too():
+    spec = ResourceSpec.local(workers=1, ps=0, bandwidth_gbps=8)
+    space = SearchSpace(_dense_1mb(), spec)
+    sim = Simulator(space, CAL, batch_size=10)
+    p = sim.predict([[_index(space, 0, _is_ar(0)), 0], [_index(space, 0, _is_ps), 0]])
+    np.testing.assert_allclose(p.parts["bandwidth_s"], [0.0, 0.0])
+    np.testing.assert_allclose(p.parts["latency_s"], [0.0, 2e-4])   # gRPC-free local, 2 msgs
+
+
+def test_sparse_variable_moves_only_touched_rows():
+    # 1000 rows of 1000 B; 1 lookup per example, 10 examples per replica.
+    gi = workloads.graph_item([("emb", (1000, 250), True)])
+    spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=8)
+    space = SearchSpace(gi, spec)
+    sim = Simulator(space, CAL, batch_size=20)
+    ag = _index(space, 0, _is_ar(0))
+    p = sim.predict([[_index(space, 0, _is_ps), 0], [ag, 0]])
+    # PS: each replica pushes 10 x (1000 + 8) B and 10 x 8 B of ids, pulls 10 x 1000 B.
+    push, pull = 2 * (10 * 1008 + 80), 2 * 10_000
+    assert p.parts["bandwidth_s"][0] == pytest.approx(max(push, pull) / 1e9)
+    # All-gather: each worker sends and receives (W-1) x 10 x (1000 + 8) B.
+    assert p.parts["bandwidth_s"][1] == pytest.approx(10 * 1008 / 1e9)
+    assert p.parts["latency_s"][1] == pytest.approx(1e-4)
+
+
+def test_partitioning_spreads_the_load_over_ps_nodes():
+    spec = ResourceSpec.local(workers=2, ps=2, bandwidth_gbps=8)
+    space = SearchSpace(_dense_1mb(), spec)
+    sim = Simulator(space, CAL, batch_size=20)
+    two = _index(space, 0, lambda c: c.partitioner.num_shards == 2)
+    p = sim.predict([[_index(space, 0, _is_ps), 0], [two, 0]])
+    # Whole: 2 ms at one PS; halves on two PS nodes: 1 ms each, and 4 messages per PS.
+    np.testing.assert_allclose(p.parts["bandwidth_s"], [2e-3, 1e-3])
+    np.testing.assert_allclose(p.parts["latency_s"], [4e-4, 4e-4])
+    np.testing.assert_allclose(p.parts["ps_imbalance"], [2.0, 1.0])
+
+
+def test_async_applies_every_replica_update_and_skips_the_token_round():
+    spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=8)
+    space = SearchSpace(_dense_1mb(), spec, SpaceOptions(consistency=("sync", "async")))
+    sim = Simulator(space, CAL, batch_size=20)
+    ps = _index(space, 0, _is_ps)
+    p = sim.predict([[ps, 0], [ps, 1]])
+    np.testing.assert_allclose(p.parts["update_s"], [1e-3, 2e-3])
+    np.testing.assert_allclose(p.parts["sync_s"], [2e-4, 0.0])
+
+
+def test_mixing_ps_and_all_reduce_costs_a_second_run():
+    gi = workloads.graph_item([("emb", (1000, 250), True), ("w", (1000, 250), False)])
+    spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=8)
+    space = SearchSpace(gi, spec)
+    sim = Simulator(space, CAL, batch_size=20)
+    p = sim.predict([[_index(space, 0, _is_ps), _index(space, 1, _is_ar(0)), 0]])
+    assert p.parts["phase_s"][0] == pytest.approx(1e-3)
+
+
+def test_slower_node_bandwidth_dominates():
+    spec = ResourceSpec.from_dict({"nodes": [
+        {"address": "a", "chief": True, "cpus": [0], "roles": ["worker"],
+         "network_bandwidth": 8},
+        {"address": "b", "cpus": [0], "roles": ["worker"], "network_bandwidth": 0.8},
+        {"address": "c", "cpus": [0], "roles": ["ps"], "network_bandwidth": 8}]})
+    space = SearchSpace(_dense_1mb(), spec)
+    sim = Simulator(space, CAL, batch_size=20)
+    p = sim.predict([[_index(space, 0, _is_ps), 0], [_index(space, 0, _is_ar(0)), 0]])
+    # Worker b moves 1e6 B each way at 1e8 B/s: 10 ms either way.
+    np.testing.assert_allclose(p.parts["bandwidth_s"], [1e-2, 1e-2])
+
+
+def test_features_have_fixed_names_and_match_parts():
+    gi = workloads.many_variables(40)
+    spec = ResourceSpec.local(workers=4, ps=2, bandwidth_gbps=1)
+    space = SearchSpace(gi, spec)
+    sim = Simulator(space, CAL)
+    candidates = space.sample(50, np.random.default_rng(0))
+    x = featurize(sim, candidates)
+    assert x.shape == (50, len(FEATURE_NAMES)) and np.isfinite(x).all()
+    p = sim.predict(candidates)
+    np.testing.assert_allclose(x[:, FEATURE_NAMES.index("sim_step_time_s")], p.step_time_s)
+    assert (x[:, FEATURE_NAMES.index("num_replicas")] == 4).all()
+    from autodist.search import builders  # pylint: disable=import-outside-toplevel
+    named = featurize_strategy(sim, builders.Parallax().build(gi, spec))
+    assert set(named) == set(FEATURE_NAMES) and named["num_ps_devices"] == 2
+
+
+def test_calibration_measures_positive_rates():
+    cal = Calibration.measure(seconds=0.05)
+    assert cal.flops_per_s > 1e7 and cal.memory_bytes_per_s > 1e7
