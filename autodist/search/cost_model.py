@@ -1,0 +1,629 @@
+"""A learned cost model of strategies: LightGBM trained on measured trials.
+
+The model is trained only from data: callers turn `Database` records into a
+feature matrix, a vector of measured step times and the workload of each row.
+Two kinds:
+
+* ``"ranker"`` (default): LightGBM ``lambdarank`` with one query per workload.
+  Within a workload, faster trials get higher relevance labels. It learns the
+  order of strategies for a workload, which is what a search needs, and copes
+  with workloads whose absolute times differ by orders of magnitude.
+* ``"regressor"``: LightGBM regression on log(step time); predicts seconds.
+
+`CostModel.predict` returns a value where LOWER means predicted FASTER for
+both kinds (the negated ranking score, or the predicted step time in seconds),
+so callers always sort ascending. A ranker's scores are comparable only
+between strategies of the same workload.
+
+Example:
+    >>> model = CostModel("ranker").fit(X, step_times, workloads, names)  # doctest: +SKIP
+    >>> order = np.argsort(model.predict(X_candidates))   # best first   # doctest: +SKIP
+    >>> model.save("cost_model.json"); CostModel.load("cost_model.json")  # doctest: +SKIP
+
+The metrics (`pairwise_accuracy`, `kendall_tau`) need numpy only.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+import numpy as np
+
+from autodist.ir.atomic import atomic_write
+from autodist.ir.errors import AutodistError
+
+# Version of the saved file; `load` refuses newer ones.
+COST_MODEL_FORMAT_VERSION = 1
+_FORMAT = "autodist.cost_model"
+# Relevance labels of the ranker are integers 0 .. _RELEVANCE_LEVELS - 1
+# (LightGBM's lambdarank accepts labels up to 30 with its default tables).
+_RELEVANCE_LEVELS = 31
+_KINDS = ("ranker", "regressor")
+# The kind decides these; a caller may not override them through `params`.
+_RESERVED_PARAMS = ("objective", "application", "app", "objective_type", "loss")
+# Rows per block when metrics compare all pairs (bounds memory to block x n).
+_PAIR_BLOCK = 512
+
+
+class CostModelError(AutodistError, ValueError):
+    """Bad input to the cost model, or a cost model file that cannot be used."""
+
+
+def _lightgbm():
+    """Imports LightGBM on first use (it takes ~0.5 s; importing autodist must stay cheap)."""
+    import lightgbm  # pylint: disable=import-outside-toplevel
+    return lightgbm
+
+
+# ------------------------------------------------------------------ metrics
+def pairwise_accuracy(pred: Sequence[float] | np.ndarray, actual: Sequence[float] | np.ndarray,
+                      workloads: Sequence[str]) -> float:
+    """Fraction of within-workload pairs that `pred` orders as `actual` does.
+
+    Only pairs of the same workload with different actual times count. A pair
+    is correct when the faster trial (lower actual) has the lower prediction;
+    a tie in the prediction counts as half correct.
+
+    Args:
+        pred: Predictions, lower = predicted faster (`CostModel.predict`).
+        actual: Measured step times.
+        workloads: The workload of each row.
+
+    Returns:
+        A value in [0, 1]; NaN when there is no pair to compare.
+    """
+    pred, actual, groups = _metric_inputs(pred, actual, workloads)
+    correct = total = 0.0
+    for idx in groups:
+        c, t = _pair_counts(pred[idx], actual[idx])
+        correct += c
+        total += t
+    return correct / total if total else float("nan")
+
+
+def kendall_tau(pred: Sequence[float] | np.ndarray, actual: Sequence[float] | np.ndarray,
+                workloads: Sequence[str]) -> float:
+    """Kendall's tau-b of `pred` against `actual` within each workload, averaged over workloads.
+
+    Each workload counts once (an unweighted mean). Workloads where tau-b is
+    undefined (fewer than two rows, or all predictions or all times equal)
+    are left out. +1 means `pred` orders every workload exactly like `actual`.
+
+    Args:
+        pred: Predictions, lower = predicted faster.
+        actual: Measured step times.
+        workloads: The workload of each row.
+
+    Returns:
+        A value in [-1, 1]; NaN when no workload has a defined tau-b.
+    """
+    pred, actual, groups = _metric_inputs(pred, actual, workloads)
+    taus = [t for t in (_tau_b(pred[idx], actual[idx]) for idx in groups) if t is not None]
+    return float(np.mean(taus)) if taus else float("nan")
+
+
+def log_rmse(pred_seconds: Sequence[float] | np.ndarray,
+             actual: Sequence[float] | np.ndarray) -> float:
+    """Root mean squared error of log(predicted seconds) against log(measured seconds)."""
+    pred_seconds = _vector(pred_seconds, "pred_seconds")
+    actual = _vector(actual, "actual")
+    _same_length(("pred_seconds", pred_seconds), ("actual", actual))
+    if (pred_seconds <= 0).any() or (actual <= 0).any():
+        raise CostModelError("log_rmse needs positive times")
+    return float(np.sqrt(np.mean((np.log(pred_seconds) - np.log(actual)) ** 2)))
+
+
+def _metric_inputs(pred: Any, actual: Any,
+                   workloads: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    pred = _vector(pred, "pred")
+    actual = _vector(actual, "actual")
+    names = _workload_list(workloads)
+    _same_length(("pred", pred), ("actual", actual), ("workloads", names))
+    return pred, actual, _group_indices(names)
+
+
+def _pair_counts(pred: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
+    """(correct, compared) over the unordered pairs with different `actual`."""
+    correct = ties = total = 0
+    for start in range(0, len(pred), _PAIR_BLOCK):
+        block = slice(start, start + _PAIR_BLOCK)
+        da = np.sign(actual[block, None] - actual[None, :])
+        dp = np.sign(pred[block, None] - pred[None, :])
+        valid = da != 0
+        total += int(valid.sum())
+        correct += int((valid & (da == dp)).sum())
+        ties += int((valid & (dp == 0)).sum())
+    # Every unordered pair was seen twice, as (i, j) and (j, i).
+    return (correct + 0.5 * ties) / 2, total / 2
+
+
+def _tau_b(x: np.ndarray, y: np.ndarray) -> float | None:
+    """Kendall's tau-b of two equal-length vectors; None when undefined."""
+    s = nx = ny = 0
+    for start in range(0, len(x), _PAIR_BLOCK):
+        block = slice(start, start + _PAIR_BLOCK)
+        dx = np.sign(x[block, None] - x[None, :])
+        dy = np.sign(y[block, None] - y[None, :])
+        s += int((dx * dy).sum())          # 2 (concordant - discordant)
+        nx += int((dx != 0).sum())         # 2 (pairs - pairs tied in x)
+        ny += int((dy != 0).sum())
+    if nx == 0 or ny == 0:
+        return None
+    return float(s / math.sqrt(nx * ny))
+
+
+# -------------------------------------------------------------- validation
+def _vector(values: Any, name: str) -> np.ndarray:
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise CostModelError(f"{name} must be numbers. Received: {e}") from e
+    if array.ndim != 1:
+        raise CostModelError(f"{name} must be 1-D. Received shape {array.shape}")
+    bad = np.flatnonzero(~np.isfinite(array))
+    if bad.size:
+        raise CostModelError(f"{name} must be finite. Received {array[bad[0]]} at row {bad[0]} "
+                             f"({bad.size} non-finite values)")
+    return array
+
+
+def _matrix(values: Any, name: str = "X") -> np.ndarray:
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise CostModelError(f"{name} must be a numeric matrix. Received: {e}") from e
+    if array.ndim != 2:
+        raise CostModelError(f"{name} must be 2-D (rows, features). Received shape {array.shape}")
+    bad = np.argwhere(~np.isfinite(array))
+    if bad.size:
+        row, col = bad[0]
+        raise CostModelError(f"{name} must be finite. Received {array[row, col]} at row {row}, "
+                             f"column {col} ({len(bad)} non-finite values)")
+    return array
+
+
+def _workload_list(workloads: Sequence[str]) -> list[str]:
+    if isinstance(workloads, (str, bytes)):
+        raise CostModelError("workloads must be a sequence with one workload per row, "
+                             f"not a single string. Received: {workloads!r}")
+    names = list(workloads)
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            raise CostModelError(f"workloads must be strings. Received {name!r} at row {i}")
+    return names
+
+
+def _same_length(*named: tuple[str, Any]) -> None:
+    lengths = {name: len(value) for name, value in named}
+    if len(set(lengths.values())) > 1:
+        raise CostModelError(f"inputs must have one entry per row. Received lengths {lengths}")
+
+
+def _group_indices(names: Sequence[str]) -> list[np.ndarray]:
+    """Row indices of each distinct name, in order of first appearance."""
+    groups: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        groups.setdefault(name, []).append(i)
+    return [np.asarray(rows, dtype=np.int64) for rows in groups.values()]
+
+
+def relevance_labels(step_times: Sequence[float] | np.ndarray,
+                     workloads: Sequence[str]) -> np.ndarray:
+    """The ranker's labels: integers 0..30, graded by rank quantile within each workload.
+
+    The fastest distinct step time of a workload gets 30, the slowest 0, and
+    the times between are spread evenly by their rank among the workload's
+    distinct times, rounded to the nearest integer, halves up (equal times get
+    equal labels). A workload with one
+    distinct time gets 0 everywhere.
+    """
+    times = _vector(step_times, "step_times")
+    names = _workload_list(workloads)
+    _same_length(("step_times", times), ("workloads", names))
+    labels = np.zeros(len(times), dtype=np.int64)
+    top = _RELEVANCE_LEVELS - 1
+    for idx in _group_indices(names):
+        distinct, rank = np.unique(times[idx], return_inverse=True)   # rank 0 = fastest
+        steps = len(distinct) - 1
+        if steps:
+            # round(top * (steps - rank) / steps), halves up, in exact integer arithmetic
+            labels[idx] = (2 * top * (steps - rank) + steps) // (2 * steps)
+    return labels
+
+
+# ---------------------------------------------------------------- the model
+class CostModel:
+    """A LightGBM model of strategy step time, trained from measured trials.
+
+    Args:
+        kind: "ranker" (lambdarank, one query per workload) or "regressor"
+            (regression on log step time).
+        params: LightGBM parameters overriding the defaults (not the
+            objective, which `kind` decides).
+        num_boost_round: Boosting rounds.
+        seed: Seed of every random choice LightGBM makes.
+
+    Training is deterministic by default (`deterministic=True`,
+    `num_threads=1`): the same data and seed give the same model.
+
+    Example:
+        >>> model = CostModel("ranker", num_boost_round=100)       # doctest: +SKIP
+        >>> model.fit(X, times, workloads, names).evaluate(X2, times2, workloads2)  # doctest: +SKIP
+        {'pairwise_accuracy': 0.91, 'kendall_tau': 0.83, ...}
+    """
+
+    def __init__(self, kind: Literal["ranker", "regressor"] = "ranker",
+                 params: Mapping[str, Any] | None = None, num_boost_round: int = 200,
+                 seed: int = 0) -> None:
+        if kind not in _KINDS:
+            raise CostModelError(f"kind must be one of {list(_KINDS)}. Received: {kind!r}")
+        if isinstance(num_boost_round, bool) or not isinstance(num_boost_round, int) \
+                or num_boost_round < 1:
+            raise CostModelError(f"num_boost_round must be a positive integer. "
+                                 f"Received: {num_boost_round!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise CostModelError(f"seed must be an integer. Received: {seed!r}")
+        params = dict(params or {})
+        reserved = sorted(set(params) & set(_RESERVED_PARAMS))
+        if reserved:
+            raise CostModelError(f"params may not set {reserved}: kind={kind!r} decides the "
+                                 "objective")
+        try:
+            json.dumps(params, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise CostModelError(f"params must be JSON-able (they are saved with the model): "
+                                 f"{e}") from e
+        self._kind = kind
+        self._params = params
+        self._num_boost_round = num_boost_round
+        self._seed = seed
+        self._booster = None
+        self._feature_names: list[str] = []
+        self._train_params: dict[str, Any] = {}
+        self._training: dict[str, Any] = {}
+
+    # ---------------------------------------------------------- accessors
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    @property
+    def feature_names(self) -> list[str]:
+        """The feature names the model was trained with ([] before `fit`)."""
+        return list(self._feature_names)
+
+    @property
+    def is_fitted(self) -> bool:
+        return self._booster is not None
+
+    @property
+    def training_stats(self) -> dict[str, Any]:
+        """Facts about the training data: rows, workloads, step-time range, train metrics."""
+        return dict(self._training)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The LightGBM parameters of the last `fit` (the defaults merged with `params`)."""
+        return dict(self._train_params) if self._train_params else self._lgb_params(1)
+
+    def _lgb_params(self, max_group_size: int) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "learning_rate": 0.1,
+            "num_leaves": 15,
+            "min_data_in_leaf": 5,
+            "min_sum_hessian_in_leaf": 1e-6,
+            "deterministic": True,
+            "force_row_wise": True,
+            "num_threads": 1,
+            "seed": self._seed,
+            "verbose": -1,
+        }
+        if self._kind == "ranker":
+            params.update({
+                "objective": "lambdarank",
+                # Linear gain: every place in a workload's order matters, not only the top.
+                "label_gain": [float(i) for i in range(_RELEVANCE_LEVELS)],
+                # Consider all pairs of a query, not only those with a top-30 item.
+                "lambdarank_truncation_level": max(max_group_size, 1),
+                "metric": "ndcg",
+            })
+        else:
+            params.update({"objective": "regression", "metric": "l2"})
+        params.update(self._params)
+        return params
+
+    # ------------------------------------------------------------ training
+    def fit(self, X: Any, step_times: Any, workloads: Sequence[str],
+            feature_names: Sequence[str]) -> CostModel:
+        """Trains on measured trials (replacing any earlier training).
+
+        Args:
+            X: Feature matrix, shape (n, f).
+            step_times: Measured step time of each row in seconds, shape (n,), positive.
+            workloads: The workload of each row (`TrialRecord.workload`).
+            feature_names: The f column names, unique.
+
+        Returns:
+            self.
+
+        Raises:
+            CostModelError: On shape mismatch, non-finite values, non-positive
+                step times, duplicate feature names, or too little data (a
+                ranker needs a workload with two trials of different times; a
+                regressor two rows).
+        """
+        X = _matrix(X)
+        times = _vector(step_times, "step_times")
+        names = _workload_list(workloads)
+        features = _feature_name_list(feature_names)
+        _same_length(("X rows", X), ("step_times", times), ("workloads", names))
+        if X.shape[1] != len(features):
+            raise CostModelError(f"X has {X.shape[1]} columns but {len(features)} feature names "
+                                 f"were given: {features}")
+        bad = np.flatnonzero(times <= 0)
+        if bad.size:
+            raise CostModelError(f"step_times must be positive seconds. Received "
+                                 f"{times[bad[0]]} at row {bad[0]}")
+        groups = _group_indices(names)
+        if self._kind == "ranker":
+            rankable = [idx for idx in groups if len(np.unique(times[idx])) > 1]
+            if not rankable:
+                raise CostModelError(
+                    "a ranker needs at least one workload with two trials of different step "
+                    f"times. Received {len(names)} rows in {len(groups)} workloads, "
+                    f"largest has {max((len(i) for i in groups), default=0)} rows")
+        elif len(times) < 2:
+            raise CostModelError(f"a regressor needs at least 2 rows. Received: {len(times)}")
+
+        lgb = _lightgbm()
+        order = np.concatenate(groups)              # rows of a workload must be contiguous
+        params = self._lgb_params(max(len(idx) for idx in groups))
+        if self._kind == "ranker":
+            label = relevance_labels(times, names)[order]
+            group = [len(idx) for idx in groups]
+        else:
+            label = np.log(times[order])
+            group = None
+        dataset = lgb.Dataset(X[order], label=label, group=group,
+                              feature_name=[f"f{i}" for i in range(len(features))],
+                              params={"feature_pre_filter": False, "verbose": -1,
+                                      "seed": self._seed, "num_threads": params["num_threads"]},
+                              free_raw_data=True)
+        try:
+            booster = lgb.train(params, dataset, num_boost_round=self._num_boost_round)
+        except lgb.basic.LightGBMError as e:
+            raise CostModelError(f"LightGBM failed to train the {self._kind}: {e}") from e
+        self._booster = booster
+        self._feature_names = features
+        self._train_params = params
+        train_pred = self.predict(X)
+        self._training = {
+            "num_rows": int(len(times)),
+            "num_workloads": len(groups),
+            "min_step_time_s": float(times.min()),
+            "max_step_time_s": float(times.max()),
+            "train_pairwise_accuracy": _json_float(pairwise_accuracy(train_pred, times, names)),
+            "train_kendall_tau": _json_float(kendall_tau(train_pred, times, names)),
+        }
+        return self
+
+    # ---------------------------------------------------------- inference
+    def predict(self, X: Any) -> np.ndarray:
+        """Predictions for the rows of X, LOWER = predicted FASTER.
+
+        Args:
+            X: Feature matrix, shape (n, f), columns in `feature_names` order.
+
+        Returns:
+            For a regressor, predicted step times in seconds; for a ranker, the
+            negated ranking score (comparable only within one workload).
+        """
+        booster = self._require_fitted()
+        X = _matrix(X)
+        if X.shape[1] != len(self._feature_names):
+            raise CostModelError(f"X has {X.shape[1]} columns; the model was trained with "
+                                 f"{len(self._feature_names)} features: {self._feature_names}")
+        if len(X) == 0:
+            return np.zeros(0, dtype=np.float64)
+        raw = np.asarray(booster.predict(X, num_threads=self._train_params["num_threads"]),
+                         dtype=np.float64)
+        return -raw if self._kind == "ranker" else np.exp(raw)
+
+    def evaluate(self, X: Any, step_times: Any, workloads: Sequence[str]) -> dict[str, float]:
+        """Ranking quality on measured trials (and log-time error for a regressor).
+
+        Returns:
+            {"pairwise_accuracy", "kendall_tau", "num_rows", "num_workloads"},
+            plus "log_rmse" for a regressor.
+        """
+        pred = self.predict(X)
+        times = _vector(step_times, "step_times")
+        names = _workload_list(workloads)
+        _same_length(("X rows", pred), ("step_times", times), ("workloads", names))
+        out = {"pairwise_accuracy": pairwise_accuracy(pred, times, names),
+               "kendall_tau": kendall_tau(pred, times, names),
+               "num_rows": float(len(times)),
+               "num_workloads": float(len(set(names)))}
+        if self._kind == "regressor":
+            out["log_rmse"] = log_rmse(pred, times)
+        return out
+
+    def feature_importance(self, importance_type: Literal["gain", "split"] = "gain"
+                           ) -> dict[str, float]:
+        """Importance of each feature by name (total gain, or number of splits)."""
+        booster = self._require_fitted()
+        if importance_type not in ("gain", "split"):
+            raise CostModelError(f"importance_type must be 'gain' or 'split'. "
+                                 f"Received: {importance_type!r}")
+        values = booster.feature_importance(importance_type=importance_type)
+        return {name: float(v) for name, v in zip(self._feature_names, values)}
+
+    def check_features(self, names: Sequence[str]) -> None:
+        """Raises `CostModelError` unless `names` are exactly the model's features, in order."""
+        self._require_fitted()
+        names = _feature_name_list(names)
+        if names == self._feature_names:
+            return
+        missing = [n for n in self._feature_names if n not in names]
+        unexpected = [n for n in names if n not in self._feature_names]
+        detail = (f"missing {missing}, unexpected {unexpected}" if missing or unexpected
+                  else "same names in a different order")
+        raise CostModelError(f"the cost model was trained with features {self._feature_names}; "
+                             f"the caller has {names} ({detail})")
+
+    # ------------------------------------------------------- persistence
+    def to_json(self) -> str:
+        """The model and its metadata as one JSON document (what `save` writes)."""
+        booster = self._require_fitted()
+        lgb = _lightgbm()
+        return json.dumps({
+            "format": _FORMAT,
+            "version": COST_MODEL_FORMAT_VERSION,
+            "kind": self._kind,
+            "feature_names": self._feature_names,
+            "params": self._params,
+            "train_params": self._train_params,
+            "num_boost_round": self._num_boost_round,
+            "seed": self._seed,
+            "training": self._training,
+            "lightgbm_version": lgb.__version__,
+            "model": booster.model_to_string(),
+        }, indent=1, sort_keys=True, allow_nan=False)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the model atomically to one file (JSON metadata + LightGBM model string)."""
+        atomic_write(path, self.to_json().encode())
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "cost model JSON",
+                  feature_names: Sequence[str] | None = None) -> CostModel:
+        """Inverse of `to_json`; checks `feature_names` when given."""
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise CostModelError(f"{source} is not a saved cost model (not JSON): {e}") from e
+        if not isinstance(data, dict) or data.get("format") != _FORMAT:
+            raise CostModelError(f"{source} is not a saved cost model (no format {_FORMAT!r})")
+        version = data.get("version")
+        if not isinstance(version, int) or version < 1:
+            raise CostModelError(f"{source} has an invalid version {version!r}")
+        if version > COST_MODEL_FORMAT_VERSION:
+            raise CostModelError(f"{source} has format version {version}, newer than "
+                                 f"{COST_MODEL_FORMAT_VERSION}, the newest this autodist reads")
+        missing = [k for k in ("kind", "feature_names", "params", "train_params",
+                               "num_boost_round", "seed", "training", "model") if k not in data]
+        if missing:
+            raise CostModelError(f"{source} misses fields {missing}")
+        model = cls(data["kind"], data["params"], data["num_boost_round"], data["seed"])
+        lgb = _lightgbm()
+        try:
+            model._booster = lgb.Booster(model_str=data["model"])
+        except lgb.basic.LightGBMError as e:
+            raise CostModelError(f"{source} holds a LightGBM model that cannot be read: "
+                                 f"{e}") from e
+        model._feature_names = _feature_name_list(data["feature_names"])
+        if model._booster.num_feature() != len(model._feature_names):
+            raise CostModelError(f"{source}: the LightGBM model has "
+                                 f"{model._booster.num_feature()} features, the metadata "
+                                 f"{len(model._feature_names)}")
+        model._train_params = dict(data["train_params"])
+        model._training = dict(data["training"])
+        if feature_names is not None:
+            model.check_features(feature_names)
+        return model
+
+    @classmethod
+    def load(cls, path: str | os.PathLike,
+             feature_names: Sequence[str] | None = None) -> CostModel:
+        """Reads a model written by `save`.
+
+        Args:
+            path: The file.
+            feature_names: If given, the features the caller will pass; a model
+                trained with other features raises `CostModelError`.
+        """
+        path = pathlib.Path(path)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CostModelError(f"cannot read cost model file {str(path)!r}: {e}") from e
+        return cls.from_json(text, source=f"cost model file {str(path)!r}",
+                             feature_names=feature_names)
+
+    def _require_fitted(self):
+        if self._booster is None:
+            raise CostModelError(f"this {self._kind} cost model is not trained; call fit first")
+        return self._booster
+
+    def __repr__(self) -> str:
+        state = (f"{len(self._feature_names)} features, {self._training.get('num_rows')} rows"
+                 if self.is_fitted else "not fitted")
+        return f"CostModel(kind={self._kind!r}, {state})"
+
+
+def _feature_name_list(names: Sequence[str]) -> list[str]:
+    if isinstance(names, (str, bytes)):
+        raise CostModelError(f"feature_names must be a sequence of names, not one string. "
+                             f"Received: {names!r}")
+    out = list(names)
+    bad = [n for n in out if not isinstance(n, str) or not n]
+    if bad:
+        raise CostModelError(f"feature names must be non-empty strings. Received: {bad}")
+    dupes = sorted({n for n in out if out.count(n) > 1})
+    if dupes:
+        raise CostModelError(f"feature names must be unique. Received duplicates: {dupes}")
+    return out
+
+
+def _json_float(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+# ---------------------------------------------------------- cross-validation
+def leave_one_group_out(X: Any, step_times: Any, workloads: Sequence[str], groups: Sequence[str],
+                        feature_names: Sequence[str], *,
+                        make_model: Callable[[], CostModel] | None = None
+                        ) -> dict[str, dict[str, float]]:
+    """Trains without each group and evaluates on it (e.g. leave-one-model-out).
+
+    Args:
+        X, step_times, workloads, feature_names: As for `CostModel.fit`.
+        groups: The group of each row (e.g. `TrialRecord.model_name`). Every
+            workload must lie in one group, so no workload is in both the
+            training and the held-out rows.
+        make_model: Returns a fresh untrained model; default `CostModel()`.
+
+    Returns:
+        group -> the held-out `evaluate` metrics plus "num_train_rows", in
+        order of first appearance.
+    """
+    X = _matrix(X)
+    times = _vector(step_times, "step_times")
+    names = _workload_list(workloads)
+    group_names = _workload_list(groups)
+    _same_length(("X rows", X), ("step_times", times), ("workloads", names),
+                 ("groups", group_names))
+    group_of: dict[str, str] = {}
+    for workload, group in zip(names, group_names):
+        if group_of.setdefault(workload, group) != group:
+            raise CostModelError(f"workload {workload!r} lies in groups {group_of[workload]!r} "
+                                 f"and {group!r}; each workload must lie in one group")
+    distinct = list(dict.fromkeys(group_names))
+    if len(distinct) < 2:
+        raise CostModelError(f"leave_one_group_out needs at least 2 groups. "
+                             f"Received: {distinct}")
+    make_model = make_model or CostModel
+    labels = np.asarray(group_names, dtype=object)
+    results: dict[str, dict[str, float]] = {}
+    for group in distinct:
+        test = labels == group
+        train = ~test
+        model = make_model()
+        model.fit(X[train], times[train], [n for n, t in zip(names, train) if t], feature_names)
+        metrics = model.evaluate(X[test], times[test], [n for n, t in zip(names, test) if t])
+        metrics["num_train_rows"] = float(train.sum())
+        results[group] = metrics
+    return results
