@@ -3,7 +3,9 @@
     autodist inspect MODEL [--save graph_item.pb] [--batch-size N]
     autodist strategy show FILE [--graph-item GI.pb --cluster cluster.yml]
     autodist strategy build BUILDER --model MODEL [--cluster cluster.yml] --out s.pb
-    autodist run --model mlp --builder AllReduce [--workers 2 --ps 1 --epochs 2]
+    autodist run --model mlp --builder AllReduce|search [--workers 2 --ps 1 --epochs 2]
+    autodist search --model MODEL [--cluster cluster.yml] [--trials N] --out s.pb
+    autodist export trials.jsonl --out s.pbtxt
 
 MODEL is an example model name (see `autodist.models.BUILDERS`), a saved
 `.keras` file, a GraphItem file (`.pb`), or `package.module:function`
@@ -26,9 +28,14 @@ from autodist.ir.strategy import Strategy
 
 def load_graph_item(model: str, batch_size: int | None = None) -> GraphItem:
     """Resolves a MODEL argument to a GraphItem (capturing it if needed)."""
+    return load_model(model, batch_size)[1]
+
+
+def load_model(model: str, batch_size: int | None = None):
+    """Resolves a MODEL argument to (Keras model or None for a GraphItem file, GraphItem)."""
     path = pathlib.Path(model)
     if path.suffix == ".pb" and path.exists():
-        return GraphItem.load(path)
+        return None, GraphItem.load(path)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from autodist import models  # pylint: disable=import-outside-toplevel
     from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
@@ -52,7 +59,7 @@ def load_graph_item(model: str, batch_size: int | None = None) -> GraphItem:
             f"unknown model {model!r}: expected an example name ({', '.join(models.BUILDERS)}), "
             "a .keras file, a GraphItem .pb file or package.module:function")
     kwargs = {"estimate_batch_size": batch_size} if batch_size else {}
-    return capture(keras_model, **kwargs)
+    return keras_model, capture(keras_model, **kwargs)
 
 
 def _cluster(path: str | None) -> ResourceSpec:
@@ -113,7 +120,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     reference = models.single_device_twin(model)
     spec = _cluster(args.cluster) if args.cluster else ResourceSpec.local(args.workers, args.ps)
     graph_item = capture(model)
-    strategy = builders.get(args.builder)().build(graph_item, spec)
+    if args.builder == "search":
+        from autodist.api import optimize  # pylint: disable=import-outside-toplevel
+
+        plan = optimize(model, spec, graph_item=graph_item, batch_size=args.batch_size)
+        strategy = plan.strategy
+        print(f"strategy found by the search in {plan.search_time:.2f}s "
+              f"({plan.candidates_scored} candidates scored)\n")
+        print(plan.explain(), "\n")
+    else:
+        strategy = builders.get(args.builder)().build(graph_item, spec)
     print(strategy.summary(), "\n")
     start = time.perf_counter()
     history = distribute(model, strategy, spec, graph_item=graph_item).fit(
@@ -126,6 +142,73 @@ def _cmd_run(args: argparse.Namespace) -> int:
           f"in {elapsed:.1f}s (including cluster start-up); epoch losses "
           f"{[round(v, 4) for v in history.history['loss']]}")
     print(f"max |weight - single-device Keras fit| = {diff:.2e}")
+    return 0
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    """Searches a strategy offline (optionally measuring trials on a local cluster)."""
+    from autodist.search.cost_model import CostModel  # pylint: disable=import-outside-toplevel
+    from autodist.search.database import Database  # pylint: disable=import-outside-toplevel
+    from autodist.search.space import SpaceOptions  # pylint: disable=import-outside-toplevel
+    from autodist.search.tuner import Tuner  # pylint: disable=import-outside-toplevel
+
+    model, graph_item = load_model(args.model)
+    spec = _cluster(args.cluster)
+    runner = None
+    if args.trials:
+        if model is None:
+            raise AutodistError("--trials needs a runnable model (an example name, .keras "
+                                "file or module:function), not a GraphItem file")
+        from autodist.runtime.trial_runner import LocalTrialRunner  # pylint: disable=C0415
+
+        runner = LocalTrialRunner(model, spec, graph_item=graph_item,
+                                  batch_size=args.batch_size or 32 * len(spec.replica_devices))
+    options = SpaceOptions(compressors=tuple(args.compressors.split(",")),
+                           consistency=tuple(args.consistency.split(",")))
+    cost_model = CostModel.load(args.cost_model) if args.cost_model else None
+    if cost_model is None and not args.no_default_cost_model:
+        from autodist.api import default_cost_model  # pylint: disable=import-outside-toplevel
+
+        cost_model = default_cost_model()
+    tuner = Tuner(graph_item, spec, space_options=options, batch_size=args.batch_size,
+                  cost_model=cost_model,
+                  database=Database(args.database) if args.database else None,
+                  runner=runner, search_budget=args.budget, seed=args.seed, progress=True)
+    print(tuner.space.describe())
+    result = tuner.tune(args.trials)
+    print(f"scored {result.candidates_scored} candidates, measured {len(result.trials)} "
+          f"in {result.elapsed_s:.2f}s\n")
+    print(result.explanation, "\n")
+    print(result.strategy.summary())
+    if args.out:
+        result.strategy.save(args.out)
+        print(f"\nstrategy written to {args.out}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    """Writes the best measured strategy of a trial database to a file."""
+    from autodist.search.database import Database  # pylint: disable=import-outside-toplevel
+
+    db = Database(args.database)
+    by_workload = db.by_workload(ok_only=True)
+    if args.workload:
+        if args.workload not in by_workload:
+            raise AutodistError(f"no measured trial of workload {args.workload!r} in "
+                                f"{args.database}; workloads: {sorted(by_workload)}")
+        workload = args.workload
+    elif len(by_workload) == 1:
+        workload = next(iter(by_workload))
+    else:
+        raise AutodistError(f"{args.database} holds {len(by_workload)} workloads with "
+                            f"measured trials; pick one with --workload: {sorted(by_workload)}")
+    best = min(by_workload[workload], key=lambda r: r.median_step_time_s)
+    strategy = best.load_strategy()
+    print(f"best of {len(by_workload[workload])} measured trials of {best.model_name!r}: "
+          f"{best.median_step_time_s * 1e3:.3f} ms/step (origin {best.origin})\n")
+    print(strategy.summary())
+    strategy.save(args.out)
+    print(f"\nstrategy written to {args.out}")
     return 0
 
 
@@ -162,7 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train an example model on a local cluster with a builder "
                                      "and compare with single-device Keras")
     run.add_argument("--model", default="mlp", help="example model name")
-    run.add_argument("--builder", default="AllReduce")
+    run.add_argument("--builder", default="AllReduce",
+                     help="a builder name, or 'search' for the strategy autodist.optimize finds")
     run.add_argument("--workers", type=int, default=2)
     run.add_argument("--ps", type=int, default=1)
     run.add_argument("--cluster", help="resource spec YAML of a local cluster instead")
@@ -170,6 +254,32 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=int, default=64)
     run.add_argument("--examples", type=int, default=512)
     run.set_defaults(func=_cmd_run)
+
+    search = sub.add_parser("search", help="search a strategy for a model on a cluster")
+    search.add_argument("--model", required=True)
+    search.add_argument("--cluster", help="resource spec YAML (default: local 2 workers + 1 PS)")
+    search.add_argument("--trials", type=int, default=0,
+                        help="strategies to measure on a local cluster (default 0: predict)")
+    search.add_argument("--budget", type=int, default=4000, help="candidates scored per round")
+    search.add_argument("--batch-size", type=int, help="global batch size")
+    search.add_argument("--database", help="trial database (JSON Lines) to record and resume")
+    search.add_argument("--cost-model", help="a trained cost model file")
+    search.add_argument("--no-default-cost-model", action="store_true",
+                        help="rank with the simulator even if a default cost model ships")
+    search.add_argument("--compressors", default="none",
+                        help="comma-separated: none, fp16, fp16_error_feedback")
+    search.add_argument("--consistency", default="sync",
+                        help="comma-separated: sync, async, ssp:<s>")
+    search.add_argument("--seed", type=int, default=0)
+    search.add_argument("--out", help="write the strategy (binary; .pbtxt: text) here")
+    search.set_defaults(func=_cmd_search)
+
+    export = sub.add_parser("export", help="write the best measured strategy of a trial "
+                                           "database to a file")
+    export.add_argument("database")
+    export.add_argument("--workload", help="workload key (needed if the database has several)")
+    export.add_argument("--out", required=True, help="strategy file (binary; .pbtxt: text)")
+    export.set_defaults(func=_cmd_export)
     return parser
 
 

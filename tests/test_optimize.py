@@ -1,0 +1,69 @@
+"""`autodist.optimize` and the `search` / `export` commands on captured example models."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import autodist
+from autodist import cli, models
+from autodist.search.database import Database
+from autodist.search.space import SpaceOptions
+
+
+@pytest.mark.parametrize("name", ["mlp", "ncf", "transformer"])
+def test_optimize_returns_a_valid_strategy_in_seconds(name):
+    model = models.build(name)
+    gi = autodist.capture(model)
+    spec = autodist.ResourceSpec.local(workers=4, ps=2, bandwidth_gbps=1)
+    start = time.perf_counter()
+    plan = autodist.optimize(model, spec, graph_item=gi)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 20, f"optimize took {elapsed:.1f}s"
+    plan.strategy.validate(gi, spec)
+    assert plan.strategy.origin == "search"
+    assert plan.predicted_step_time <= min(plan.builder_step_times.values()) + 1e-12
+    assert 0 < plan.lower_bound_step_time <= plan.predicted_step_time
+    text = plan.explain()
+    for var in gi.variable_names:
+        assert var in text
+    assert "Parallax" in text and "predicted step time" in text
+    assert "ms/step" in repr(plan)
+
+
+def test_optimize_defaults_and_errors():
+    model = models.build("mlp", hidden=(32,))
+    plan = autodist.optimize(model, space_options=SpaceOptions(compressors=("none", "fp16")))
+    assert plan.resource_spec.num_worker_tasks == 2 and len(plan.resource_spec.ps_devices) == 1
+    with pytest.raises(ValueError, match="budget counts measured trials"):
+        autodist.optimize(model, budget=3)
+
+
+def test_cli_search_writes_a_strategy_and_export_reads_the_database(tmp_path, capsys):
+    out = tmp_path / "s.pbtxt"
+    assert cli.main(["search", "--model", "ncf", "--budget", "500", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "search space of 'ncf'" in printed and "strategy written to" in printed
+    strategy = autodist.Strategy.load(out)
+    assert strategy.origin == "search"
+
+    # export picks the fastest measured record of the database's workload.
+    from autodist.search.tuner import Tuner  # pylint: disable=import-outside-toplevel
+    gi = cli.load_graph_item("ncf")
+    spec = autodist.ResourceSpec.local(workers=2, ps=1)
+    tuner = Tuner(gi, spec, search_budget=200)
+    db = Database(tmp_path / "trials.jsonl")
+    slow = autodist.builders.PS().build(gi, spec)
+    fast = autodist.builders.AllReduce().build(gi, spec)
+    db.extend([tuner.record(slow, [0.02, 0.03], None, origin="PS"),
+               tuner.record(fast, [0.01, 0.012], None, origin="AllReduce"),
+               tuner.record(fast, [], "RuntimeError: boom", origin="AllReduce")])
+    exported = tmp_path / "best.pb"
+    assert cli.main(["export", str(tmp_path / "trials.jsonl"), "--out", str(exported)]) == 0
+    assert "origin AllReduce" in capsys.readouterr().out
+    assert autodist.Strategy.load(exported) == fast
+    np.testing.assert_equal(len(db.records()), 3)
+    assert cli.main(["export", str(tmp_path / "trials.jsonl"), "--workload", "nope",
+                     "--out", str(exported)]) == 2
+    assert "no measured trial of workload 'nope'" in capsys.readouterr().err
