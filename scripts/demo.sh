@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Installs autodist, then trains an example recommendation model (two embedding
-# tables) on a local cluster of 2 worker + 1 PS processes with the Parallax
-# strategy (embedding tables on the PS, dense layers all-reduced), and checks
-# the weights against single-device Keras.
+# Installs autodist, then lets the search find a strategy for an example
+# recommendation model (two embedding tables) on a local cluster of 2 worker +
+# 1 PS processes, trains with it, and checks the weights against
+# single-device Keras.
 #
 # TensorFlow servers bind every interface, so the cluster runs in a private
 # network namespace (loopback only) when `unshare` is allowed.
@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL=2
 mkdir -p demo_out
 .venv/bin/autodist inspect ncf --save demo_out/ncf.pb
 echo
-cmd=(.venv/bin/autodist run --model ncf --builder Parallax --workers 2 --ps 1 --epochs 2)
+cmd=(.venv/bin/autodist run --model ncf --builder search --workers 2 --ps 1 --epochs 2)
 if unshare -n true 2>/dev/null; then
   unshare -n bash -c 'ip link set lo up && "$@"' bash "${cmd[@]}"
 else

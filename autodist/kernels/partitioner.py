@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from autodist.ir.errors import StrategyError
 from autodist.ir.strategy import Strategy
+from autodist.kernels.lookups import gather_where_tables_live
 from autodist.kernels.program import Program, Shard, Stage
 
 _SHARD_SUFFIX = "/autodist_shard_"
@@ -62,7 +63,7 @@ def apply(program: Program, strategy: Strategy) -> Program:
     program.require(Stage.CAPTURED, "partitioner")
     strategy.validate(program.graph_item, program.resource_spec)
     program.shards = plan_shards(program, strategy)
-    graph_def = program.graph_item.graph_def()
+    graph_def = gather_where_tables_live(program.graph_item.graph_def(), program.graph_item)
     for var in program.graph_item.variables:
         shards = program.shards[var.name]
         if len(shards) > 1 and var.handle_node:

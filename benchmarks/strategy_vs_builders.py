@@ -1,0 +1,140 @@
+"""Benchmark: measured step time of `optimize`'s pick against every builder.
+
+Run inside a private network namespace as root (it shapes `lo` with `tc`):
+
+    unshare -n bash -c 'ip link set lo up && python benchmarks/strategy_vs_builders.py'
+
+An emulated cluster (default 2 workers + 2 PS) runs as local processes with
+fixed ports; an `htb` class per task, matched by the task's port (source or
+destination), caps the traffic to and from each task's server at the given
+bandwidth. The spec tells the search the same bandwidth. For each model and
+bandwidth, side by side in one run: every builder and the search's pick
+(simulator ranking, no measured trials) are measured with the same data —
+median step time after warm-up, min and max — and the ratio of the best
+builder's time to the pick's (> 1: the pick is faster). The 2-core machine
+contends compute between the 4 task processes; the capped links make the
+communication-bound settings, where strategies differ.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+BASE_PORT = 23000
+
+MODELS = {
+    # Embedding-heavy: two large tables (sparse gradients) and a small MLP.
+    "ncf-large": dict(name="ncf", num_users=200_000, num_items=100_000, dim=32),
+    "mlp": dict(name="mlp", hidden=(512, 512)),
+}
+
+
+def shape_lo(ports: list[int], mbit: float) -> None:
+    """One htb class per task port on `lo`, capped at `mbit` Mbit/s."""
+    subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+    run = lambda *a: subprocess.run(list(a), check=True, capture_output=True)  # noqa: E731
+    run("tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "99")
+    run("tc", "class", "add", "dev", "lo", "parent", "1:", "classid", "1:99", "htb",
+        "rate", "100gbit")
+    for i, port in enumerate(ports):
+        classid = f"1:{10 + i}"
+        run("tc", "class", "add", "dev", "lo", "parent", "1:", "classid", classid, "htb",
+            "rate", f"{mbit}mbit", "ceil", f"{mbit}mbit")
+        for field in ("sport", "dport"):
+            run("tc", "filter", "add", "dev", "lo", "protocol", "ip", "parent", "1:", "prio",
+                "1", "u32", "match", "ip", field, str(port), "0xffff", "flowid", classid)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="ncf-large")
+    parser.add_argument("--mbits", default="100,1000")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--ps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--builders", default="all")
+    args = parser.parse_args()
+    if os.environ.get("AUTODIST_PRIVATE_NETNS") != "1" and not _in_private_netns():
+        print("run me inside `unshare -n` (see the docstring)", file=sys.stderr)
+        return 2
+
+    import numpy as np
+
+    import autodist
+    from autodist import models
+    from autodist.runtime.trial_runner import LocalTrialRunner
+    from autodist.search import builders
+
+    nodes = args.workers + args.ps
+    ports = [BASE_PORT + i for i in range(nodes)]
+    names = list(builders.BUILDERS) if args.builders == "all" else args.builders.split(",")
+    table = []
+    for model_key in args.models.split(","):
+        kwargs = dict(MODELS[model_key])
+        model = models.build(kwargs.pop("name"), **kwargs)
+        gi = autodist.capture(model)
+        for mbit in (float(m) for m in args.mbits.split(",")):
+            spec = autodist.ResourceSpec.from_dict({"nodes": [
+                {"address": "localhost", "port": ports[i], "chief": i == 0, "cpus": [0],
+                 "roles": ["worker"] if i < args.workers else ["ps"],
+                 "network_bandwidth": mbit / 1000} for i in range(nodes)]})
+            shape_lo(ports, mbit)
+            start = time.perf_counter()
+            plan = autodist.optimize(model, spec, graph_item=gi, batch_size=args.batch_size)
+            search_s = time.perf_counter() - start
+            runner = LocalTrialRunner(model, spec, graph_item=gi, batch_size=args.batch_size,
+                                      steps=args.steps, warmup_steps=args.warmup)
+            candidates = {n: builders.get(n)().build(gi, spec) for n in names}
+            candidates["optimize"] = plan.strategy
+            results = {}
+            for label, strategy in candidates.items():
+                try:
+                    times = np.array(runner.measure(strategy))
+                    results[label] = (float(np.median(times)), float(times.min()),
+                                      float(times.max()))
+                except Exception as e:  # pylint: disable=broad-except
+                    results[label] = (float("nan"),) * 3
+                    print(f"{label}: failed: {e}", file=sys.stderr)
+                print(f"{model_key} {mbit:g} Mbit/s {label}: "
+                      f"{results[label][0] * 1e3:.2f} ms", file=sys.stderr, flush=True)
+            best_builder = min((k for k in results if k != "optimize"),
+                               key=lambda k: results[k][0])
+            table.append((model_key, mbit, results, best_builder, plan, search_s))
+    subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+
+    print(f"# optimize's pick vs every builder (measured)\n\n{args.workers} workers + "
+          f"{args.ps} PS as local processes, per-task htb cap on lo, global batch "
+          f"{args.batch_size}, median of {args.steps} steps after {args.warmup} warm-up "
+          f"(min–max), ms/step\n")
+    for model_key, mbit, results, best_builder, plan, search_s in table:
+        print(f"## {model_key} at {mbit:g} Mbit/s (search {search_s:.2f}s, predicted "
+              f"{plan.predicted_step_time * 1e3:.2f} ms)\n")
+        print("| strategy | median | min–max | predicted |\n|---|---:|---:|---:|")
+        for label, (median, low, high) in sorted(results.items(), key=lambda kv: kv[1][0]):
+            predicted = (plan.predicted_step_time if label == "optimize"
+                         else plan.builder_step_times.get(label, float("nan")))
+            print(f"| {label} | {median * 1e3:.2f} | {low * 1e3:.2f}–{high * 1e3:.2f} | "
+                  f"{predicted * 1e3:.2f} |")
+        ratio = results[best_builder][0] / results["optimize"][0]
+        print(f"\nbest builder {best_builder}; best builder / optimize = {ratio:.2f}x\n")
+    print(f"Command: `python {' '.join(sys.argv)}` (in `unshare -n`) on {platform.node()}, "
+          f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
+    return 0
+
+
+def _in_private_netns() -> bool:
+    try:
+        return os.readlink("/proc/self/ns/net") != os.readlink("/proc/1/ns/net")
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
