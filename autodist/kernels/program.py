@@ -106,6 +106,8 @@ class Program:
         shards: Variable name -> its shards (set by the partitioner).
         graph: The tf.Graph being built (set by the replicator).
         storage: Shard name -> the variable holding it on this task's view.
+        local_copies: Shard name -> this task's local copy of a PS shard with
+            `local_replication` (what its replicas read; set by the replicator).
         replicas: Replicas on this task (set by the replicator).
         extras: Pass-specific results (train op, scale placeholder, ...).
     """
@@ -118,6 +120,7 @@ class Program:
     shards: dict[str, list[Shard]] = dataclasses.field(default_factory=dict)
     graph: Any = None
     storage: dict[str, Any] = dataclasses.field(default_factory=dict)
+    local_copies: dict[str, Any] = dataclasses.field(default_factory=dict)
     replicas: list[Replica] = dataclasses.field(default_factory=list)
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
 

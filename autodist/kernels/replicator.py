@@ -7,6 +7,11 @@ on the PS task). A shard synchronized by all-reduce is mirrored: one copy per
 replica, on the replica's device. State variables (batch-norm statistics) are
 local to each replica.
 
+A PS shard with `local_replication` also gets a local copy on this task's
+CPU (not shared with other tasks): the task's replicas read the copy, so
+repeated reads and several replicas cost no network. Updates still go to the
+PS variable; the synchronizer refreshes the copy from it after each update.
+
 Each local replica imports the (partitioned) step GraphDef on its device,
 with the variable placeholders mapped to the storage handles; its inputs
 stay placeholders to feed.
@@ -33,6 +38,16 @@ def storage_name(shard: Shard, replica_index: int | None) -> str:
     """Variable name of a shard (mirrored copies are named by replica)."""
     base = f"{SCOPE}/vars/{shard.name}"
     return base if shard.kind == "ps" else f"{base}/replica_{replica_index}"
+
+
+def has_local_copy(shard: Shard) -> bool:
+    """A PS shard whose replicas read a worker-local copy."""
+    return shard.kind == "ps" and shard.synchronizer.ps.local_replication
+
+
+def local_copy_name(shard: Shard) -> str:
+    """Variable name of a shard's local copy (on each task's own CPU)."""
+    return f"{SCOPE}/local/{shard.name}"
 
 
 def apply(program: Program, strategy: Strategy) -> Program:
@@ -65,6 +80,20 @@ def get_storage(program: Program, shard: Shard, replica: Replica) -> tf.Variable
     return program.storage[key]
 
 
+def get_read_storage(program: Program, shard: Shard, replica: Replica) -> tf.Variable:
+    """The variable `replica`'s step reads for `shard`: its local copy, or its storage."""
+    storage = get_storage(program, shard, replica)
+    if not has_local_copy(shard):
+        return storage
+    if shard.name not in program.local_copies:
+        key = local_copy_name(shard)
+        dtype = tf.as_dtype(shard.dtype)
+        with tf.device(f"{program.task_prefix}device:CPU:0"):
+            program.storage[key] = _variable(key, tf.zeros(shard.shape, dtype), dtype)
+        program.local_copies[shard.name] = program.storage[key]
+    return program.local_copies[shard.name]
+
+
 def get_slots(program: Program, shard: Shard, replica: Replica) -> dict[str, tf.Variable]:
     key = storage_name(shard, replica.index)
     info = program.graph_item.variable(shard.var_name)
@@ -85,7 +114,8 @@ def _import_replica(program: Program, index: int, device: str) -> Replica:
     for var in gi.variables:
         for shard in program.shards[var.name]:
             if shard.placeholder:
-                input_map[f"{shard.placeholder}:0"] = get_storage(program, shard, replica).handle
+                input_map[f"{shard.placeholder}:0"] = get_read_storage(program, shard,
+                                                                       replica).handle
     for state in gi.state_variables:
         key = f"{SCOPE}/state/{state.name}/replica_{index}"
         if key not in program.storage:

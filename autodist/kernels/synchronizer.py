@@ -8,8 +8,18 @@ per shard either the PS protocol (`ps_synchronizer`) or collective reduction
 
 Results land in `program.extras`: ``train_op``, ``scales`` (placeholder per
 local replica), ``weighted_loss`` (this task's part of the global loss),
-``step`` (updates applied so far) and ``after_step`` (what a non-chief task
-runs to wait for the chief).
+``step`` (updates applied so far), ``after_step`` (what a non-chief task
+runs to wait for the chief) and ``refresh`` (copies the PS values into this
+task's local copies; run once the PS is initialized).
+
+Local copies (`local_replication`) are refreshed from the PS once the step's
+update of their shard is applied: synchronous shards by the chief right
+after its update, by other tasks right after they receive their token;
+asynchronous shards (and bounded staleness) after this task's own updates.
+So the next step reads exactly what it would have read from the PS in
+synchronous training. Under bounded staleness the copy is refreshed before
+the gate, so updates landing while the task waits there reach it one step
+later.
 """
 from __future__ import annotations
 
@@ -17,7 +27,6 @@ import dataclasses
 
 import tensorflow as tf
 
-from autodist.ir.errors import StrategyError
 from autodist.ir.strategy import Strategy
 from autodist.kernels import all_reduce_synchronizer as ar
 from autodist.kernels import ps_synchronizer as ps
@@ -45,32 +54,9 @@ class SyncOptions:
     timeout_s: float = 60.0
 
 
-def check_strategy_supported(strategy: Strategy) -> None:
-    """Raises StrategyError for synchronizer options this pass does not build yet.
-
-    Worker-local PS copies (`local_replication`) are in the schema but not in
-    the runtime yet; refusing them is better than training with semantics
-    nobody tested.
-    """
-    for config in strategy.variables:
-        for i, shard in enumerate(config.shards):
-            if shard.WhichOneof("kind") != "ps":
-                continue
-            ps_sync = shard.ps
-            for field, value, unsupported in (("local_replication", ps_sync.local_replication,
-                                               ps_sync.local_replication),):
-                if unsupported:
-                    raise StrategyError(
-                        f"variable {config.var_name!r}: shards[{i}].ps.{field}={value} is not "
-                        "supported by the distributed runtime yet",
-                        variable=config.var_name, field=f"shards[{i}].ps.{field}",
-                        received=value)
-
-
 def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program:
     """REPLICATED -> SYNCHRONIZED: builds the train op of this task."""
     program.require(Stage.REPLICATED, "synchronizer")
-    check_strategy_supported(strategy)
     gi = program.graph_item
     check_supported(gi.optimizer)
     all_shards = [s for var in gi.variables for s in program.shards[var.name]]
@@ -165,6 +151,13 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                         ps.take(square_acc, shard, len(strategy.replicas)), shard.shape)
                     ps_sync_updates.append(update(var, total, slots, total_square))
         async_updates = _async_updates(program, strategy, async_ps, scaled, update)
+        # In one run with the forward pass, a refresh must also wait for its reads.
+        forward = [] if two_phase else _forward_ops(program)
+        local_sync = [s for s in sync_ps if s.name in program.local_copies]
+        refreshes = _refresh(program, [s for s in async_ps if s.name in program.local_copies],
+                             after=async_updates + forward)
+        if options.is_chief:
+            refreshes += _refresh(program, local_sync, after=ps_sync_updates + forward)
         state_updates = [op for r in program.replicas for op in r.state_updates]
         release = []
         queue_device = sync_ps[0].synchronizer.ps.reduction_destination if sync_ps else None
@@ -174,7 +167,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                     if task != options.task_index:
                         release.append(ps.token_queue(queue_device, task).enqueue(step_value))
         staleness = max((s.synchronizer.ps.staleness for s in async_ps), default=0)
-        ps_work = ps_sync_updates + pushes + release + async_updates
+        ps_work = ps_sync_updates + pushes + release + async_updates + refreshes
         ssp = _ssp_clocks(program, options, async_ps, staleness, after=ps_work) \
             if async_ps else None
         if ssp is not None:
@@ -192,10 +185,15 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             ps_op = None
         after_step = None
         if has_sync_ps and not options.is_chief:
-            after_step = ps.token_queue(queue_device, options.task_index).dequeue()
+            token = ps.token_queue(queue_device, options.task_index).dequeue()
+            after_step = tf.group([token] + _refresh(program, local_sync, after=[token]),
+                                  name="autodist/after_step")
+        all_local = [s for s in all_shards if s.name in program.local_copies]
+        refresh = tf.group(_refresh(program, all_local, after=[]), name="autodist/refresh") \
+            if all_local else None
         program.extras.update(train_op=train_op, ps_op=ps_op, scales=scales, step=step,
                               weighted_loss=tf.add_n(weighted_losses), after_step=after_step,
-                              ssp=ssp, asynchronous=bool(async_ps))
+                              ssp=ssp, asynchronous=bool(async_ps), refresh=refresh)
     program.stage = Stage.SYNCHRONIZED
     return program
 
@@ -242,6 +240,41 @@ def _async_updates(program: Program, strategy: Strategy, shards, scaled, update)
             with tf.device(shard.synchronizer.ps.reduction_destination):
                 updates.append(update(var, grad, slots, step=taken))
     return updates
+
+
+def _forward_ops(program: Program) -> list[tf.Operation]:
+    """The ops whose completion means this task's replicas have done all their reads.
+
+    Every read that runs in a step feeds a replica's loss, gradients or state
+    updates (nothing else of the imported step is fetched).
+    """
+    ops = []
+    for replica in program.replicas:
+        ops.append(replica.loss.op)
+        for grad in replica.gradients.values():
+            if isinstance(grad, tf.IndexedSlices):
+                ops += [grad.values.op, grad.indices.op]
+            else:
+                ops.append(grad.op)
+        ops += [u if isinstance(u, tf.Operation) else u.op for u in replica.state_updates]
+    return ops
+
+
+def _refresh(program: Program, shards, after) -> list[tf.Operation]:
+    """Copies each PS shard's value into this task's local copy, once `after` has run.
+
+    One read of the shard on its PS per call; the copy is written on this
+    task's CPU.
+    """
+    ops = []
+    for shard in shards:
+        local = program.local_copies[shard.name]
+        with tf.control_dependencies(after), \
+                tf.device(shard.synchronizer.ps.reduction_destination):
+            value = get_storage(program, shard, program.replicas[0]).read_value()
+        with tf.device(local.device):
+            ops.append(local.assign(value, read_value=False))
+    return ops
 
 
 def _ssp_clocks(program: Program, options: SyncOptions, shards, staleness: int, after):

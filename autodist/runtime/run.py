@@ -15,7 +15,6 @@ from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
-from autodist.kernels import synchronizer
 from autodist.kernels.optimizers import check_supported as check_optimizer
 from autodist.runtime import checkpoint
 from autodist.runtime import data as batching
@@ -70,7 +69,6 @@ class DistributedRun:
         self.strategy = strategy
         self.resource_spec = resource_spec
         strategy.validate(self.graph_item, resource_spec)
-        synchronizer.check_strategy_supported(strategy)
         check_optimizer(self.graph_item.optimizer)
         self.job_dir = job_dir
         self.step_timeout_s = step_timeout_s

@@ -104,7 +104,11 @@ class Trainer:
 
     # ---------------------------------------------------------- initialize
     def initialize(self) -> None:
-        """Chief: PS variables; everyone: its local variables; then a ready flag."""
+        """Chief: PS variables; everyone: its local variables; then a ready flag.
+
+        Local copies of PS shards (`local_replication`) are then read from the
+        initialized PS by every task.
+        """
         program = self.program
         values = self.job.init_values()
         with program.graph.as_default():
@@ -129,6 +133,8 @@ class Trainer:
             self.session.run(ready.initializer, options=self.run_options)
         else:
             self._wait_for(ready)
+        if program.extras["refresh"] is not None:  # local copies start at the PS values
+            self.session.run(program.extras["refresh"], options=self.run_options)
 
     def _ready_flag(self) -> tf.Variable:
         device = next(iter(self.spec.ps_devices), self.strategy.replicas[0])

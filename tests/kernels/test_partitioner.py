@@ -99,19 +99,3 @@ def test_pass_checks_its_stage():
                                          "PARTITIONED"):
         partitioner.apply(program, builders.PS().build(graph_item, spec))
 
-
-@pytest.mark.parametrize("options,field", [
-    ({"local_replication": True}, "shards\\[0\\].ps.local_replication"),
-])
-def test_runtime_refuses_untested_ps_modes(options, field):
-    from autodist.kernels.synchronizer import check_strategy_supported
-    from autodist.ir.errors import StrategyError
-
-    spec = autodist.ResourceSpec.local(workers=2, ps=1)
-    graph_item = capture(models.mlp(input_dim=4, hidden=(3,)))
-    strategy = builders.PS(**options).build(graph_item, spec)
-    with pytest.raises(StrategyError, match=f"{field}=.* is not supported by the distributed "
-                                            "runtime yet"):
-        check_strategy_supported(strategy)
-    for supported in (builders.PS(), builders.PS(sync=False), builders.PS(staleness=2)):
-        check_strategy_supported(supported.build(graph_item, spec))

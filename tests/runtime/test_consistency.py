@@ -1,6 +1,7 @@
 """Asynchronous and bounded-staleness PS, checked against their definitions.
 
-* With one worker, asynchronous PS is plain SGD/Adam: equal to Keras `fit`.
+* With one worker, asynchronous PS is plain SGD/Adam: equal to Keras `fit`,
+  also when the worker reads a local copy of the PS variables.
 * With a deliberately slowed worker, asynchronous training lets the fast
   worker run ahead without bound, while staleness s keeps its lead <= s.
 """
@@ -22,15 +23,19 @@ def _data(n=96):
             rng.integers(0, 10, n).astype("int32"))
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_async_with_one_worker_equals_keras(optimizer):
+@pytest.mark.parametrize("optimizer,local_replication", [
+    ("sgd", False), ("adam", False),
+    ("adam", True),  # the worker-local copy is refreshed after each own update
+])
+def test_async_with_one_worker_equals_keras(optimizer, local_replication):
     model = models.mlp(input_dim=20, hidden=(16,), optimizer=optimizer)
     x, y = _data()
     reference = models.single_device_twin(model)
     reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
     spec = autodist.ResourceSpec.local(workers=1, ps=1)
     graph_item = autodist.capture(model)
-    strategy = builders.PartitionedPS(sync=False, min_shard_bytes=64).build(graph_item, spec)
+    strategy = builders.PartitionedPS(sync=False, local_replication=local_replication,
+                                      min_shard_bytes=64).build(graph_item, spec)
     autodist.distribute(model, strategy, spec, graph_item=graph_item).fit(
         x, y, batch_size=32, epochs=2, verbose=0)
     for got, want in zip(model.get_weights(), reference.get_weights()):

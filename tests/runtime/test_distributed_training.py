@@ -67,20 +67,31 @@ def _keras_reference(model, x, y):
     return reference.get_weights(), history.history["loss"]
 
 
-@pytest.mark.parametrize("model_name", ["mlp", "ncf", "transformer"])
-@pytest.mark.parametrize("builder_name", list(BUILDERS))
-def test_distributed_equals_single_device(builder_name, model_name, tmp_path):
+def check_equals_single_device(builder, model_name: str, spec, job_dir: str):
+    """Trains `model_name` with the builder's strategy on `spec`; compares with Keras.
+
+    Returns:
+        The strategy that was trained.
+    """
     model = _model(model_name)
     x, y = _data(model_name)
     expected, keras_losses = _keras_reference(model, x, y)
-    spec = autodist.ResourceSpec.local(workers=2, ps=2 if builder_name in USES_PS else 0)
     graph_item = autodist.capture(model)
-    strategy = BUILDERS[builder_name]().build(graph_item, spec)
+    strategy = builder.build(graph_item, spec)
     run = autodist.distribute(model, strategy, spec, graph_item=graph_item,
-                              job_dir=str(tmp_path / "job"), step_timeout_s=60)
+                              job_dir=job_dir, step_timeout_s=60)
     history = run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0)
     assert len(history.step_losses) == EPOCHS * 3
     for got, want in zip(model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
     # Keras reports the running mean over each epoch's batches.
     np.testing.assert_allclose(history.history["loss"], keras_losses, rtol=1e-4)
+    return strategy
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "ncf", "transformer"])
+@pytest.mark.parametrize("builder_name", list(BUILDERS))
+def test_distributed_equals_single_device(builder_name, model_name, tmp_path):
+    spec = autodist.ResourceSpec.local(workers=2, ps=2 if builder_name in USES_PS else 0)
+    check_equals_single_device(BUILDERS[builder_name](), model_name, spec,
+                               str(tmp_path / "job"))
