@@ -18,6 +18,8 @@ import platform
 import sys
 import time
 
+# The synthetic 200-variable workload is shared with the search tests.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
