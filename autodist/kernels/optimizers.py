@@ -8,7 +8,9 @@ shard) wherever the strategy puts it. Keras 3 optimizers follow Keras'
 
 Sparse gradients (IndexedSlices) are summed into a dense gradient before the
 update, as Keras does (its update formulas densify IndexedSlices), so every
-row's slots decay each step. Keras squares a sparse gradient before
+row's slots decay each step. Plain SGD (no momentum, no weight decay) is the
+exception, in Keras and here: its update is a scatter of the touched rows
+(`ResourceScatterSub`), so a step costs the rows, not the table. Keras squares a sparse gradient before
 densifying it, so where a row occurs several times in a batch its "squared
 gradient" is the sum of the squares of its occurrences, not the square of
 their sum; `apply_update` takes that sum (`grad_square`) to match Keras
@@ -117,6 +119,12 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
         The update op.
     """
     shape = var.shape.as_list()
+    hp = hyperparameters if hyperparameters is not None else \
+        hyperparameter_tensors(info, var.dtype.base_dtype)
+    if isinstance(grad, tf.IndexedSlices) and _is_plain_sgd(info, slots, hp):
+        rows = tf.cast(grad.values, var.dtype) * hp["learning_rate"]
+        return tf.raw_ops.ResourceScatterSub(resource=var.handle, indices=grad.indices,
+                                             updates=rows)
     if grad_square is None:
         grad_square = square_gradient(grad, shape)
     grad = tf.cast(dense_gradient(grad, shape), var.dtype)
@@ -127,10 +135,18 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
     except KeyError:
         raise StrategyError(f"no update rule for {info.family} optimizer {info.class_name}",
                             field="optimizer", received=info.class_name) from None
-    hp = hyperparameters if hyperparameters is not None else \
-        hyperparameter_tensors(info, var.dtype.base_dtype)
     flags = info.hyperparameters
     return update(var, grad, grad_square, slots, step, hp, flags)
+
+
+def _is_plain_sgd(info: graph_item_pb2.OptimizerInfo, slots: Slots,
+                  hp: dict[str, tf.Tensor]) -> bool:
+    """SGD whose update touches only the gradient's rows (no momentum, no decay)."""
+    if info.algorithm != "sgd" or "weight_decay" in hp:
+        return False
+    if info.family == "keras":
+        return info.hyperparameters.get("momentum", 0.0) == 0.0
+    return "momentum" not in slots.variables
 
 
 # ---------------------------------------------------------------- Keras 3

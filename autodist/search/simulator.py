@@ -14,7 +14,8 @@ An α-β model of one synchronous training step on the ResourceSpec:
 * a node's link is full duplex: its time is max(bytes in, bytes out) divided
   by its bandwidth; the step waits for the busiest node;
 * per-message latency α at the busiest node, optimizer updates at memory
-  bandwidth on the devices that apply them, the chief's token round for a
+  bandwidth on the devices that apply them (plain SGD touches only a sparse
+  gradient's rows; other rules densify it: three passes over the table), the chief's token round for a
   synchronous PS step, and one extra session run when a step mixes PS and
   all-reduce (the runtime runs them in two phases).
 
@@ -143,6 +144,7 @@ class Simulator:
                           / self.calibration.flops_per_s
                           + len(gi.ops) * self.calibration.op_overhead_s)
         self._rows = _touched_rows(gi, self.per_replica_batch)
+        self._sparse_rows_only = _sparse_updates_touch_rows_only(gi)
         self._compiled_counts: tuple[int, ...] | None = None
 
     # ---------------------------------------------------------------- tables
@@ -210,7 +212,7 @@ class Simulator:
                     row[c["in"].start + node] += node_pull
                     row[c["out"].start + home] += node_pull
                     row[c["ps_bytes"]] += replicas * (push + request) + node_pull
-                row[c["update"].start + home] += shard_bytes
+                row[c["update"].start + home] += self._update_bytes(var, shard_bytes, fraction)
                 row[c["ps_shards"]] += 1
                 row[c["var_bytes_on_ps"]] += shard_bytes
             else:
@@ -226,11 +228,26 @@ class Simulator:
                     row[c["ar_bytes"]] += shard_bytes * scale
                 for node in range(self.num_nodes):
                     if self.replicas_on[node]:
-                        row[c["update"].start + node] += shard_bytes
+                        row[c["update"].start + node] += self._update_bytes(var, shard_bytes,
+                                                                             fraction)
         kinds = {s.WhichOneof("kind") for s in config.shards}
         row[c["ps_vars"]] += "ps" in kinds
         row[c["ar_vars"]] += "all_reduce" in kinds
         return row
+
+    def _update_bytes(self, var: VariableInfo, shard_bytes: float, fraction: float) -> float:
+        """Bytes an optimizer update of one shard moves through memory.
+
+        Plain SGD scatters a sparse gradient's rows; every other rule
+        densifies it first (zero-fill, segment sum, then the update: about
+        three passes over the shard).
+        """
+        if not var.sparse_gradient:
+            return shard_bytes
+        if self._sparse_rows_only:
+            rows = self._rows.get(var.name, 0.0) * fraction * self.num_replicas
+            return min(shard_bytes, rows * var.byte_size / max(1, var.shape[0]))
+        return 3 * shard_bytes
 
     # --------------------------------------------------------------- scoring
     def predict(self, candidates: np.ndarray) -> Prediction:
@@ -321,6 +338,16 @@ def _shard_sizes(var: VariableInfo, config: strategy_pb2.VariableConfig) -> list
         return list(p.shard_sizes)
     base, extra = divmod(var.shape[p.axis], p.num_shards)
     return [base + (1 if i < extra else 0) for i in range(p.num_shards)]
+
+
+def _sparse_updates_touch_rows_only(graph_item: GraphItem) -> bool:
+    """Whether the optimizer updates only a sparse gradient's rows (plain SGD)."""
+    opt = graph_item.optimizer
+    if opt.algorithm != "sgd" or opt.hyperparameters.get("weight_decay", 0.0):
+        return False
+    if opt.family == "keras":
+        return opt.hyperparameters.get("momentum", 0.0) == 0.0
+    return not any(v.slots for v in graph_item.variables)
 
 
 def _touched_rows(graph_item: GraphItem, per_replica_batch: float) -> dict[str, float]:

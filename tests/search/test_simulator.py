@@ -89,6 +89,20 @@ def test_sparse_variable_moves_only_touched_rows():
     assert p.parts["latency_s"][1] == pytest.approx(1e-4)
 
 
+@pytest.mark.parametrize("optimizer,momentum,update_bytes", [
+    ("sgd", 0.0, 2 * 10 * 1000),   # plain SGD scatters the touched rows of both replicas
+    ("sgd", 0.9, 3 * 1_000_000),   # momentum decays every row: densified, three passes
+    ("adam", 0.0, 3 * 1_000_000)])
+def test_sparse_update_cost_follows_the_optimizer(optimizer, momentum, update_bytes):
+    gi = workloads.graph_item([("emb", (1000, 250), True)], optimizer=optimizer,
+                              momentum=momentum)
+    spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=8)
+    space = SearchSpace(gi, spec)
+    sim = Simulator(space, CAL, batch_size=20)
+    p = sim.predict([[_index(space, 0, _is_ps), 0]])
+    assert p.parts["update_s"][0] == pytest.approx(update_bytes / 1e9)
+
+
 def test_partitioning_spreads_the_load_over_ps_nodes():
     spec = ResourceSpec.local(workers=2, ps=2, bandwidth_gbps=8)
     space = SearchSpace(_dense_1mb(), spec)

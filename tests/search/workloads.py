@@ -9,14 +9,19 @@ from autodist.proto import graph_item_pb2
 
 def graph_item(variables: Sequence[tuple[str, Sequence[int], bool]], *, name: str = "synthetic",
                flops: float = 0.0, estimate_batch_size: int = 10,
-               lookups_per_example: float = 1.0) -> GraphItem:
+               lookups_per_example: float = 1.0, optimizer: str = "",
+               momentum: float = 0.0) -> GraphItem:
     """A GraphItem with float32 variables (name, shape, sparse gradient).
 
     Each sparse variable's gradient values come from an op whose size at the
     estimate batch means `lookups_per_example` rows per example. `flops`
-    goes to one op.
+    goes to one op. `optimizer` names a Keras algorithm ("sgd", "adam", ...).
     """
     proto = graph_item_pb2.GraphItem(name=name, estimate_batch_size=estimate_batch_size)
+    if optimizer:
+        proto.optimizer.algorithm = optimizer
+        proto.optimizer.family = "keras"
+        proto.optimizer.hyperparameters["momentum"] = momentum
     if flops:
         proto.ops.add(name="matmul", type="MatMul", phase="forward", flops=flops)
     for order, (var_name, shape, sparse) in enumerate(variables):
