@@ -77,7 +77,8 @@ class Plan:
 def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = None,
              measure: bool = False, cost_model=None, batch_size: int | None = None,
              database=None, space_options=None, search_budget: int = 4000, seed: int = 0,
-             progress: bool = False, graph_item: GraphItem | None = None) -> Plan:
+             progress: bool = False, graph_item: GraphItem | None = None,
+             calibration=None) -> Plan:
     """Finds a strategy for `model` on `spec` with the search and cost model.
 
     Args:
@@ -99,6 +100,9 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         seed: Seeds the search.
         progress: Print a line per measured trial.
         graph_item: The model's capture, if already made.
+        calibration: The simulator's machine constants: a `Calibration`,
+            "measure" (TensorFlow micro-benchmarks on this machine, about a
+            second), or None for the defaults.
 
     Returns:
         A Plan: `.strategy`, `.predicted_step_time`, `.explain()`, `.fit(...)`.
@@ -131,7 +135,15 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
 
         runner = LocalTrialRunner(model, spec, graph_item=graph_item,
                                   batch_size=batch_size or 32 * len(spec.replica_devices))
+    if isinstance(calibration, str):
+        if calibration != "measure":
+            raise ValueError(f"calibration must be a Calibration, 'measure' or None. "
+                             f"Received: {calibration!r}")
+        from autodist.runtime.calibrate import measure_calibration  # pylint: disable=C0415
+
+        calibration = measure_calibration()
     tuner = Tuner(graph_item, spec, space_options=space_options, batch_size=batch_size,
+                  calibration=calibration,
                   cost_model=cost_model, database=database, runner=runner,
                   search_budget=search_budget, seed=seed, progress=progress)
     return Plan(model, graph_item, spec, tuner.tune(trials))

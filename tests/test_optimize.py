@@ -67,3 +67,14 @@ def test_cli_search_writes_a_strategy_and_export_reads_the_database(tmp_path, ca
     assert cli.main(["export", str(tmp_path / "trials.jsonl"), "--workload", "nope",
                      "--out", str(exported)]) == 2
     assert "no measured trial of workload 'nope'" in capsys.readouterr().err
+
+
+def test_optimize_with_a_measured_calibration():
+    from autodist.search.simulator import Calibration  # pylint: disable=import-outside-toplevel
+    model = models.build("ncf")
+    plan = autodist.optimize(model, calibration="measure")
+    assert plan.predicted_step_time > 0
+    slow = autodist.optimize(model, calibration=Calibration(flops_per_s=1e6))
+    assert slow.predicted_step_time > plan.predicted_step_time
+    with pytest.raises(ValueError, match="calibration must be"):
+        autodist.optimize(model, calibration="guess")
