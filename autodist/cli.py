@@ -135,8 +135,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     """Serves jobs as one task of a multi-host cluster, one task process per job.
 
     Each job runs in a fresh process (fresh TensorFlow server and state) on
-    the task's port. Stops when no job arrives within the timeout: an error
-    (exit 1) if none ever came, a normal end (exit 0) after at least one.
+    the task's port; a failed job does not stop the serving. Stops when no
+    job arrives within the timeout (exit 1 if none ever came, else 0) or after
+    --max-jobs jobs (exit 1 if the last one failed).
     """
     import subprocess  # pylint: disable=import-outside-toplevel
     import time  # pylint: disable=import-outside-toplevel
@@ -154,7 +155,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         remote.task_from_spec_file(args.cluster, args.task)
         where = ["--cluster", args.cluster, "--task", args.task]
     idle_timeout = args.idle_timeout if args.idle_timeout is not None else args.job_timeout
-    jobs, port_retries = 0, 0
+    jobs, port_retries, code = 0, 0, 0
     while not args.max_jobs or jobs < args.max_jobs:
         command = [sys.executable, "-m", "autodist.runtime.task", *where,
                    "--job-timeout", str(args.job_timeout if jobs == 0 else idle_timeout),
@@ -177,9 +178,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         port_retries = 0
         jobs += 1
         if code != 0:
-            print(f"autodist: job {jobs} failed (exit code {code}); serving the next one",
-                  file=sys.stderr, flush=True)
-    return 0
+            print(f"autodist: job {jobs} failed (exit code {code})", file=sys.stderr, flush=True)
+    return 0 if code == 0 else 1
 
 
 def build_parser() -> argparse.ArgumentParser:

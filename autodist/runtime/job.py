@@ -62,6 +62,7 @@ class RunConfig:
             decision at each epoch's end, and stops the run on request.
         job_timeout_s: Bound on the whole job (non-chief tasks waiting for
             the chief, workers waiting at an epoch's end).
+        job_id: Tags the job's messages between tasks (see `mailbox`).
     """
 
     global_batch_size: int
@@ -76,6 +77,7 @@ class RunConfig:
     task_step_delay_s: dict[str, float] | None = None
     follow_steps: bool = False
     job_timeout_s: float = 3600.0
+    job_id: str = ""
 
 
 # Files an archive may hold (anything else in one is refused).

@@ -84,12 +84,7 @@ class LocalCluster:
     def __init__(self, job: JobDir, spec: ResourceSpec, *, nodes: Sequence[int] | None = None,
                  port_retries: int = 3) -> None:
         if nodes is None:
-            for i, node in enumerate(spec.nodes):
-                if not _is_loopback(node.address):
-                    raise AutodistError(
-                        f"LocalCluster runs tasks on this machine only; node {i} has address "
-                        f"{node.address!r} (for a multi-host cluster use launch='remote' and "
-                        "`autodist serve` on the other hosts)")
+            check_local(spec)
         self.job = job
         self.spec = spec
         self.nodes = list(range(len(spec.nodes))) if nodes is None else list(nodes)
@@ -196,7 +191,18 @@ class LocalCluster:
         self.tasks = []
 
 
-def _is_loopback(address: str) -> bool:
+def check_local(spec: ResourceSpec) -> None:
+    """Raises unless every node of `spec` is on this machine."""
+    for i, node in enumerate(spec.nodes):
+        if not is_loopback(node.address):
+            raise AutodistError(
+                f"LocalCluster runs tasks on this machine only; node {i} has address "
+                f"{node.address!r} (for a multi-host cluster use launch='remote' and "
+                "`autodist serve` on the other hosts)")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a node address means this machine."""
     return address in ("localhost", "::1") or address.startswith("127.")
 
 

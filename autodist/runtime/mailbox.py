@@ -10,7 +10,9 @@ the job, step reports, the run limit, results and the end-of-job signal
 without a shared filesystem, and without a network protocol of their own.
 
 Boxes live as long as the task's server. A message is one scalar string
-tensor (TensorFlow's limit: under 2 GiB).
+tensor (TensorFlow's limit: under 2 GiB), tagged with the id of the job that
+sent it: a receiver takes only its own job's messages, so a task left over
+from a failed job cannot confuse the next one.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ STEPS = "steps"      # worker -> chief: per-step weighted losses (runs followed 
 LIMIT = "limit"      # chief -> workers: how many steps may run
 RESULTS = "results"  # worker -> chief: losses, times, or an error
 DONE = "done"        # chief -> every other task: the chief has what it needs
+ABORT = "abort"      # driver -> every other task: the job failed, stop now
 
 CONTAINER = "autodist"
 CAPACITY = 100_000
@@ -64,6 +67,8 @@ class Mailboxes:
 
     Args:
         cluster: {job: ["host:port", ...]}, as `ResourceSpec.cluster_def`.
+        job_id: Tags what this object sends; it receives only messages with
+            this tag (None: sends untagged, receives any message).
 
     Example:
         >>> mail = Mailboxes({"worker": ["localhost:2222", "localhost:2223"]})  # doctest: +SKIP
@@ -71,7 +76,9 @@ class Mailboxes:
         >>> mail.receive(("worker", 1), JOB, timeout_s=600)   # on worker 1
     """
 
-    def __init__(self, cluster: Mapping[str, Sequence[str]]) -> None:
+    def __init__(self, cluster: Mapping[str, Sequence[str]], job_id: str | None = None) -> None:
+        self.job_id = job_id
+        self._tag = (job_id or "").encode()
         self._cluster = {job: list(addresses) for job, addresses in cluster.items()}
         self._graphs: dict[Task, tf.Graph] = {}
         self._sessions: dict[Task, tf.compat.v1.Session] = {}
@@ -102,25 +109,36 @@ class Mailboxes:
         """
         ops = self._box(task, box)
         self._run(task, ops["enqueue"], timeout_s, f"send to box {box!r}",
-                  {ops["message"]: message})
+                  {ops["message"]: self._tag + b"\0" + message})
 
     def receive(self, task: Task, box: str, timeout_s: float) -> bytes:
-        """Takes the next message out of `task`'s box, waiting up to `timeout_s`.
+        """Takes the next message of this job out of `task`'s box, waiting up to `timeout_s`.
 
         Raises:
             MailboxTimeout: nothing arrived in time.
         """
-        return self._run(task, self._box(task, box)["dequeue"], timeout_s,
-                         f"receive from box {box!r}")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise MailboxTimeout(f"task {task_name(task)} at {self.address(task)}: nothing "
+                                     f"arrived in box {box!r} within {timeout_s:g}s",
+                                     task_name(task), self.address(task))
+            raw = self._run(task, self._box(task, box)["dequeue"], remaining,
+                            f"receive from box {box!r}")
+            message = self._untag(raw)
+            if message is not None:
+                return message
 
     def receive_all(self, task: Task, box: str, timeout_s: float = 10.0) -> list[bytes]:
-        """Every message now in `task`'s box (maybe none), without waiting for more."""
+        """Every message of this job now in `task`'s box (maybe none), without waiting."""
         ops = self._box(task, box)
         count = int(self._run(task, ops["size"], timeout_s, f"read box {box!r}"))
         if not count:
             return []
-        return list(self._run(task, ops["dequeue_many"], timeout_s, f"receive from box {box!r}",
-                              {ops["count"]: count}))
+        raw = self._run(task, ops["dequeue_many"], timeout_s, f"receive from box {box!r}",
+                        {ops["count"]: count})
+        return [m for m in map(self._untag, raw) if m is not None]
 
     def close_box(self, task: Task, box: str, timeout_s: float = 10.0) -> None:
         """Closes a box: later sends fail (the sender retries elsewhere or reports it)."""
@@ -141,7 +159,7 @@ class Mailboxes:
         deadline = time.monotonic() + timeout_s
         for task in tasks:
             address = self.address(task)
-            while not _accepts(address):
+            while not accepts(address):
                 if time.monotonic() > deadline:
                     raise MailboxError(
                         f"task {task_name(task)} at {address} did not answer within "
@@ -153,12 +171,23 @@ class Mailboxes:
             self._run(task, self._box(task, DONE)["size"], remaining, "answer")
 
     def close(self) -> None:
-        """Closes the client sessions (the boxes stay with their tasks)."""
+        """Closes the client sessions (the boxes stay with their tasks).
+
+        A task may be gone already (it ends once it has its last message):
+        closing its session then fails, which does not matter.
+        """
         for session in self._sessions.values():
-            session.close()
+            try:
+                session.close()
+            except tf.errors.OpError:
+                pass
         self._sessions.clear()
 
     # ------------------------------------------------------------ internals
+    def _untag(self, raw: bytes) -> bytes | None:
+        tag, _, message = bytes(raw).partition(b"\0")
+        return message if self.job_id is None or tag == self._tag else None
+
     def _box(self, task: Task, box: str) -> dict:
         key = (task, box)
         if key not in self._ops:
@@ -184,19 +213,23 @@ class Mailboxes:
             self._graphs[task] = tf.Graph()
         return self._graphs[task]
 
-    def _session(self, task: Task) -> tf.compat.v1.Session:
+    def _session(self, task: Task, timeout_s: float) -> tf.compat.v1.Session:
         if task not in self._sessions:
             job, index = task
-            config = tf.compat.v1.ConfigProto(device_filters=[f"/job:{job}/task:{index}"])
+            # The operation timeout bounds creating the session on the task's
+            # master, which RunOptions do not (from a process that runs a
+            # server of the same cluster, it would wait for a dead task forever).
+            config = tf.compat.v1.ConfigProto(device_filters=[f"/job:{job}/task:{index}"],
+                                              operation_timeout_in_ms=_ms(timeout_s))
             self._sessions[task] = tf.compat.v1.Session(f"grpc://{self.address(task)}",
                                                         graph=self._graph(task), config=config)
         return self._sessions[task]
 
     def _run(self, task: Task, fetch, timeout_s: float, what: str, feed=None):
-        options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, int(timeout_s * 1000)))
+        options = tf.compat.v1.RunOptions(timeout_in_ms=_ms(timeout_s))
         address = self.address(task)
         try:
-            return self._session(task).run(fetch, feed_dict=feed, options=options)
+            return self._session(task, timeout_s).run(fetch, feed_dict=feed, options=options)
         except tf.errors.DeadlineExceededError as e:
             raise MailboxTimeout(f"task {task_name(task)} at {address}: could not {what} "
                                  f"within {timeout_s:g}s", task_name(task), address) from e
@@ -206,7 +239,12 @@ class Mailboxes:
                                f"{e.message.strip()}", task_name(task), address) from e
 
 
-def _accepts(address: str) -> bool:
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def accepts(address: str) -> bool:
+    """Whether something accepts TCP connections at "host:port" (within a second)."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     try:

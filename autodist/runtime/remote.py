@@ -132,11 +132,18 @@ class RemoteCluster:
         self.chief = LocalCluster(job, spec, nodes=[spec.chief_index], port_retries=0)
 
     def __enter__(self) -> RemoteCluster:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            self.abort()
+            raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self.stop()
+        if exc_type is not None:
+            self.abort()
 
     def start(self) -> None:
         """Ships every other task its job, then starts the chief here."""
@@ -153,7 +160,7 @@ class RemoteCluster:
         from autodist.runtime import mailbox  # pylint: disable=import-outside-toplevel
 
         self.job.write_ports([n.port for n in self.spec.nodes])
-        mail = mailbox.Mailboxes(self.spec.cluster_def())
+        mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.config().job_id)
         try:
             chief = self.spec.task_of(self.spec.chief_index)
             for task in mail.tasks:
@@ -196,6 +203,22 @@ class RemoteCluster:
                         f"{self.startup_timeout_s:g}s: {e}. Start `autodist serve --tf-config` "
                         "there (or check its address and port).", name, address) from e
                 time.sleep(_RETRY_S)
+
+    def abort(self, timeout_s: float = 5.0) -> None:
+        """Tells every other task that this job failed (they end at once); best effort."""
+        from autodist.runtime import mailbox  # pylint: disable=import-outside-toplevel
+
+        mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.config().job_id)
+        chief = self.spec.task_of(self.spec.chief_index)
+        try:
+            for task in mail.tasks:
+                if task != chief and mailbox.accepts(mail.address(task)):
+                    try:
+                        mail.send(task, mailbox.ABORT, b"abort", timeout_s)
+                    except mailbox.MailboxError:
+                        pass  # not up, or already gone: nothing to stop there
+        finally:
+            mail.close()
 
     def wait_ready(self, timeout_s: float) -> None:
         self.chief.wait_ready(timeout_s)

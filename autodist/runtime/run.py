@@ -8,6 +8,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import uuid
 from typing import Any, Sequence
 
 import numpy as np
@@ -22,7 +23,7 @@ from autodist.runtime import checkpoint
 from autodist.runtime import data as batching
 from autodist.runtime import follow
 from autodist.runtime.job import JobDir, RunConfig
-from autodist.runtime.launcher import LocalCluster
+from autodist.runtime.launcher import LocalCluster, check_local
 from autodist.runtime.remote import RemoteCluster, check_this_is_the_chief
 
 LAUNCH_MODES = ("local", "remote")
@@ -84,6 +85,8 @@ class DistributedRun:
             raise AutodistError(f"launch must be one of {LAUNCH_MODES}. Received: {launch!r}")
         if launch == "remote":
             check_this_is_the_chief(resource_spec)
+        else:
+            check_local(resource_spec)
         self.launch = launch
 
         self.model = model
@@ -168,7 +171,8 @@ class DistributedRun:
                            checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
                            checkpoint_every_steps=checkpoint_every_steps,
                            task_step_delay_s=self.task_step_delay_s or None,
-                           follow_steps=bool(callbacks), job_timeout_s=timeout_s)
+                           follow_steps=bool(callbacks), job_timeout_s=timeout_s,
+                           job_id=uuid.uuid4().hex)
         if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
             raise AutodistError("checkpoint_every_steps must be >= 1. "
                                 f"Received: {checkpoint_every_steps}")

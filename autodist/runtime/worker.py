@@ -419,7 +419,7 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
     """
     spec = job.resource_spec()
     config = job.config()
-    mail = Mailboxes(spec.cluster_def(job.ports()))
+    mail = Mailboxes(spec.cluster_def(job.ports()), job_id=config.job_id)
     is_chief = task_index == 0
     try:
         mail.wait_until_up(mail.tasks, config.startup_timeout_s)

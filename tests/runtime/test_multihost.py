@@ -104,20 +104,34 @@ def test_task_without_a_job_times_out_clearly(tmp_path):
             in log.read_text())
 
 
-def test_chief_names_a_peer_that_is_not_up(tmp_path, monkeypatch):
-    ports = free_ports(2)
-    cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"]}
-    monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
-    spec = autodist.ResourceSpec.from_tf_config()
-    model = models.mlp(input_dim=8, hidden=(8,))
-    graph_item = autodist.capture(model)
-    strategy = builders.AllReduce().build(graph_item, spec)
-    run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
-                              startup_timeout_s=3)
-    x = np.zeros((16, 8), "float32")
-    y = np.zeros(16, "int32")
-    start = time.monotonic()
-    with pytest.raises(TaskFailedError, match=f"task worker:1 at 127.0.0.1:{ports[1]} did not "
-                                              "take its job within 3s"):
-        run.fit(x, y, batch_size=8, verbose=0)
-    assert time.monotonic() - start < 15
+def test_chief_names_a_peer_that_is_not_up_and_aborts_the_others(tmp_path, monkeypatch):
+    """worker:1 serves, ps:0 never starts: fit fails naming ps:0's address within its
+    startup bound, and tells worker:1 (which got its job) to stop at once."""
+    ports = free_ports(3)
+    cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"],
+               "ps": [f"127.0.0.1:{ports[2]}"]}
+    process, log = _serve(tmp_path, cluster, "worker", 1, job_timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while "serving at" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+        spec = autodist.ResourceSpec.from_tf_config()
+        model = models.mlp(input_dim=8, hidden=(8,))
+        graph_item = autodist.capture(model)
+        strategy = builders.PS().build(graph_item, spec)
+        run = autodist.distribute(model, strategy, spec, graph_item=graph_item,
+                                  launch="remote", startup_timeout_s=3)
+        start = time.monotonic()
+        with pytest.raises(TaskFailedError, match=f"task ps:0 at 127.0.0.1:{ports[2]} did not "
+                                                  "take its job within 3s"):
+            run.fit(np.zeros((16, 8), "float32"), np.zeros(16, "int32"), batch_size=8,
+                    verbose=0)
+        assert time.monotonic() - start < 15
+        assert process.wait(timeout=30) == 1
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+    assert "the driver aborted the job" in log.read_text()
