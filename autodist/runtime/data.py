@@ -1,8 +1,9 @@
 """Deterministic batching: which examples each replica sees at each step.
 
 Every task computes the same schedule from the RunConfig alone, so no data
-is exchanged: the global batch of a step is split into contiguous, nearly
-equal parts, one per replica in strategy order.
+is exchanged while training: the global batch of a step is split into
+contiguous, nearly equal parts, one per replica in strategy order. A task on
+another host is shipped only the rows its replicas read (`rows_read`).
 """
 from __future__ import annotations
 
