@@ -115,8 +115,16 @@ class JobDir:
     def write(self, graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
               config: RunConfig, init_values: dict[str, np.ndarray],
               inputs: list[np.ndarray], targets: np.ndarray) -> None:
+        """Writes a job; clears what an earlier job in the same directory left behind."""
         for sub in ("logs", "ready", "results", "data", "control"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
+        stale = [self.file("progress.jsonl"), self.file("final_weights.npz"),
+                 self.path / "data" / "shard.json", self.path / "data" / "rows.npy"]
+        for sub in ("results", "control"):
+            stale += (self.path / sub).iterdir()
+        stale += (self.path / "data").glob("x_*.npy")
+        for path in stale:
+            path.unlink(missing_ok=True)
         graph_item.save(self.file("graph_item.pb"))
         strategy.save(self.file("strategy.pb"))
         atomic_write(self.file("resource_spec.pb"), spec.serialize())

@@ -51,6 +51,19 @@ def test_archive_round_trip_with_a_data_shard(tmp_path, mlp_item):
     assert not list((ps.path / "data").iterdir())
 
 
+def test_a_reused_job_directory_starts_clean(tmp_path, mlp_item):
+    """Progress, decisions and results of an earlier fit must not leak into the next."""
+    spec = autodist.ResourceSpec.local(workers=2)
+    job, _, _ = _job(tmp_path, mlp_item, spec)
+    for path in (job.file("progress.jsonl"), job.stop_request(), job.epoch_decision(0),
+                 job.result(1), job.file("final_weights.npz"), job.path / "data" / "x_1.npy"):
+        path.write_text("old")
+    job, _, _ = _job(tmp_path, mlp_item, spec)
+    assert sorted(p.name for p in job.path.rglob("*") if p.is_file()) == [
+        "cluster.json", "graph_item.pb", "init.npz", "resource_spec.pb", "run.json",
+        "strategy.pb", "x_0.npy", "y.npy"]
+
+
 @pytest.mark.parametrize("name", ["../evil", "/etc/passwd", "data/../../x", "extra.txt"])
 def test_unpack_refuses_unexpected_members(tmp_path, name):
     buffer = io.BytesIO()
