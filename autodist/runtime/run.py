@@ -27,6 +27,8 @@ from autodist.runtime.launcher import LocalCluster, check_local
 from autodist.runtime.remote import RemoteCluster, check_this_is_the_chief
 
 LAUNCH_MODES = ("local", "remote")
+_HOOKS = ("set_model", "set_params", "on_train_begin", "on_epoch_begin", "on_train_batch_begin",
+          "on_train_batch_end", "on_epoch_end", "on_train_end")
 
 
 @dataclasses.dataclass
@@ -119,10 +121,11 @@ class DistributedRun:
         {"loss": epoch mean})` and `on_train_end`. Setting
         `model.stop_training = True` (e.g. `keras.callbacks.EarlyStopping(
         monitor="loss")`) stops every worker cleanly: in `on_epoch_end`, at
-        that epoch's end exactly (the workers wait for it); inside an epoch, at
-        the next step boundary the workers can all meet (one or two steps
-        later). History covers the steps that ran and the weights written back
-        are those after the last of them.
+        that epoch's end exactly (the workers wait for it); inside an epoch,
+        some steps later (the driver learns of steps after they ran, polling
+        every 0.1 s, and the workers then stop at the next step boundary
+        they can all meet). History covers the steps that ran and the
+        weights written back are those after the last of them.
 
         The model's weights are not updated during the run (they come back
         at the end), so callbacks that read them mid-run, such as
@@ -156,6 +159,10 @@ class DistributedRun:
         """
         if y is None:
             raise AutodistError("fit needs targets y (datasets are not supported yet)")
+        for callback in callbacks or []:
+            if not all(hasattr(callback, hook) for hook in _HOOKS):
+                raise AutodistError("callbacks must be keras.callbacks.Callback objects. "
+                                    f"Received: {callback!r}")
         inputs = self._inputs(x)
         targets = self._cast(np.asarray(y), self._target_info())
         n = len(targets)

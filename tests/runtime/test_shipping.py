@@ -1,5 +1,5 @@
 """Pieces of a multi-host run that need no cluster: job archives and data shards,
-TF_CONFIG task names, and the checks on who may drive a remote cluster."""
+TF_CONFIG task names, who may drive a remote cluster, and fit's argument checks."""
 from __future__ import annotations
 
 import io
@@ -124,3 +124,12 @@ def test_only_the_chief_drives_a_remote_cluster(monkeypatch, mlp_item):
         DistributedRun(None, strategy, spec, graph_item=mlp_item, launch="ssh")
     with pytest.raises(AutodistError, match="node 0 has address 'a'.*use launch='remote'"):
         DistributedRun(None, strategy, spec, graph_item=mlp_item)
+
+
+def test_callbacks_must_be_keras_callbacks(mlp_item):
+    spec = autodist.ResourceSpec.local(workers=1)
+    strategy = autodist.builders.AllReduce().build(mlp_item, spec)
+    run = DistributedRun(None, strategy, spec, graph_item=mlp_item)
+    with pytest.raises(AutodistError, match="callbacks must be keras.callbacks.Callback objects. "
+                                            "Received: 'print'"):
+        run.fit(np.zeros((4, 784), "float32"), np.zeros(4, "int32"), callbacks=["print"])
