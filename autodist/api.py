@@ -16,7 +16,10 @@ def distribute(model, strategy: Strategy, resource_spec: ResourceSpec, *,
         strategy: From a builder, a file, or the search.
         resource_spec: The cluster.
         graph_item: The model's capture, if already made.
-        **options: Passed to `DistributedRun` (job_dir, step_timeout_s, ...).
+        **options: Passed to `DistributedRun` (job_dir, step_timeout_s, launch, ...).
+            `launch="remote"` runs on a multi-host cluster whose other tasks
+            already run `autodist serve` (see the README, "Multi-host /
+            Kubernetes").
 
     Returns:
         A DistributedRun; call `.fit(x, y, batch_size=..., epochs=...)`.
@@ -25,6 +28,9 @@ def distribute(model, strategy: Strategy, resource_spec: ResourceSpec, *,
         >>> spec = autodist.ResourceSpec.local(workers=2, ps=1)     # doctest: +SKIP
         >>> s = autodist.builders.PS().build(autodist.capture(model), spec)
         >>> history = autodist.distribute(model, s, spec).fit(x, y, batch_size=64)
+        >>> # On the chief's pod of a TF operator job (other pods: `autodist serve --tf-config`):
+        >>> spec = autodist.ResourceSpec.from_tf_config()
+        >>> run = autodist.distribute(model, s, spec, launch="remote")
     """
     return DistributedRun(model, strategy, resource_spec, graph_item=graph_item, **options)
 

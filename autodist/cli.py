@@ -6,6 +6,8 @@
     autodist run --model mlp --builder AllReduce|search [--workers 2 --ps 1 --epochs 2]
     autodist search --model MODEL [--cluster cluster.yml] [--trials N] --out s.pb
     autodist export trials.jsonl --out s.pbtxt
+    autodist serve --tf-config | --cluster cluster.yml --task worker:1
+            [--job-timeout 600 --idle-timeout S --max-jobs N --work-dir DIR]
 
 MODEL is an example model name (see `autodist.models.BUILDERS`), a saved
 `.keras` file, a GraphItem file (`.pb`), or `package.module:function`
@@ -212,6 +214,57 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    """Serves jobs as one task of a multi-host cluster, one task process per job.
+
+    Each job runs in a fresh process (fresh TensorFlow server and state) on
+    the task's port; a failed job does not stop the serving. Stops when no
+    job arrives within the timeout (exit 1 if none ever came, else 0) or after
+    --max-jobs jobs (exit 1 if the last one failed).
+    """
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
+
+    from autodist.runtime import remote, task  # pylint: disable=import-outside-toplevel
+
+    if args.tf_config == bool(args.cluster):
+        raise AutodistError("serve needs exactly one of --tf-config and --cluster FILE --task "
+                            "JOB:INDEX")
+    # Check the cluster and the task here, so a mistake is reported before any process starts.
+    if args.tf_config:
+        remote.task_from_tf_config()
+        where = ["--tf-config"]
+    else:
+        remote.task_from_spec_file(args.cluster, args.task)
+        where = ["--cluster", args.cluster, "--task", args.task]
+    idle_timeout = args.idle_timeout if args.idle_timeout is not None else args.job_timeout
+    jobs, port_retries, code = 0, 0, 0
+    while not args.max_jobs or jobs < args.max_jobs:
+        command = [sys.executable, "-m", "autodist.runtime.task", *where,
+                   "--job-timeout", str(args.job_timeout if jobs == 0 else idle_timeout),
+                   "--parent-pid", str(os.getpid())]
+        if args.work_dir:
+            command += ["--work-dir", args.work_dir]
+        code = subprocess.call(command, stdin=subprocess.DEVNULL)
+        if code == task.EXIT_NO_JOB:
+            if jobs == 0:
+                return 1
+            print(f"autodist: no further job within {idle_timeout:g}s; served {jobs}", flush=True)
+            return 0
+        if code == task.EXIT_PORT_IN_USE:  # the previous job's process may still hold it
+            port_retries += 1
+            if port_retries > 5:
+                raise AutodistError("this task's port stayed taken; is another server running "
+                                    "there?")
+            time.sleep(1.0)
+            continue
+        port_retries = 0
+        jobs += 1
+        if code != 0:
+            print(f"autodist: job {jobs} failed (exit code {code})", file=sys.stderr, flush=True)
+    return 0 if code == 0 else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autodist", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -280,6 +333,21 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--workload", help="workload key (needed if the database has several)")
     export.add_argument("--out", required=True, help="strategy file (binary; .pbtxt: text)")
     export.set_defaults(func=_cmd_export)
+    serve = sub.add_parser("serve", help="serve jobs as one task of a multi-host cluster "
+                                         "(the chief's fit ships them)")
+    serve.add_argument("--tf-config", action="store_true",
+                       help="this task and the cluster from the TF_CONFIG environment variable")
+    serve.add_argument("--cluster", help="resource spec YAML of the cluster (with --task)")
+    serve.add_argument("--task", help="with --cluster: this task as JOB:INDEX, e.g. worker:1")
+    serve.add_argument("--job-timeout", type=float, default=600.0,
+                       help="seconds to wait for the first job (default 600; then exit 1)")
+    serve.add_argument("--idle-timeout", type=float,
+                       help="seconds to wait for each later job (default: --job-timeout; "
+                            "then exit 0)")
+    serve.add_argument("--max-jobs", type=int, default=0,
+                       help="exit after this many jobs (default 0: no limit)")
+    serve.add_argument("--work-dir", help="where shipped jobs are unpacked (default: temp dirs)")
+    serve.set_defaults(func=_cmd_serve)
     return parser
 
 

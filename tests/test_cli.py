@@ -46,6 +46,9 @@ def test_strategy_build_and_show(capsys, tmp_path):
     (["inspect", "missing.keras"], "does not exist"),
     (["strategy", "build", "Nope", "--model", "mlp"], "unknown builder 'Nope'"),
     (["strategy", "show", "/nonexistent/s.pb"], "cannot read strategy file"),
+    (["serve"], "serve needs exactly one of --tf-config and --cluster"),
+    (["serve", "--cluster", "/nonexistent/c.yml", "--task", "worker:1"],
+     "cannot read resource spec '/nonexistent/c.yml'"),
 ])
 def test_errors_are_reported_not_raised(capsys, argv, message):
     assert cli.main(argv) == 2
@@ -63,3 +66,14 @@ def test_import_does_no_tensorflow_work():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_serve_checks_the_task_before_starting(capsys, tmp_path, monkeypatch):
+    cluster = tmp_path / "cluster.yml"
+    cluster.write_text("nodes:\n  - address: a:2222\n    chief: true\n  - address: b:2222\n")
+    assert cli.main(["serve", "--cluster", str(cluster), "--task", "worker:7"]) == 2
+    assert "one of ['worker:0', 'worker:1']. Received: 'worker:7'" in capsys.readouterr().err
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:1"]}, '
+                                    '"task": {"type": "worker", "index": 2}}')
+    assert cli.main(["serve", "--tf-config"]) == 2
+    assert "must name this process's task in its cluster" in capsys.readouterr().err

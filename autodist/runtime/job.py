@@ -1,8 +1,12 @@
 """A job directory: everything a task process needs, as files.
 
 Workers never run the user's script: they read the GraphItem, Strategy and
-ResourceSpec protobufs, the initial values and the training data from here,
-and write their logs and results here.
+ResourceSpec protobufs, the initial values and the training data from here.
+Local clusters share the driver's job directory; a task on another host gets
+its own copy, packed into one archive (`JobDir.pack`) and shipped to it over
+TensorFlow (see `autodist.runtime.remote`), with only the rows of the data its
+replicas read. Only the chief writes outputs, into the driver's directory
+(which it shares in both cases, being started by the driver).
 
     job_dir/
       graph_item.pb  strategy.pb  resource_spec.pb
@@ -10,17 +14,23 @@ and write their logs and results here.
       cluster.json     ports of every node
       init.npz         initial values by variable name
       data/x_0.npy ... data/y.npy
+      data/shard.json, data/rows.npy   a shipped shard: the full example count,
+                                       and which examples the arrays hold
       logs/<job>_<task>.log
-      ready/<job>_<task>         written when a task's server is up
-      results/worker_<i>.json    per-step losses and times
+      ready/<job>_<task>         written when a (local) task's server is up
+      control/stop               driver -> chief: stop at the next step boundary
+      control/epoch-<e>          driver -> chief: "continue" or "stop" after epoch e
+      results/worker_<i>.json    per-step losses and times (written by the chief)
       progress.jsonl             the chief's progress, one line per step
       final_weights.npz          trained values by variable name (chief)
 """
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import pathlib
+import tarfile
 from typing import Any
 
 import numpy as np
@@ -47,6 +57,12 @@ class RunConfig:
         checkpoint_every_steps: Steps between checkpoints (None: each epoch's end).
         task_step_delay_s: Worker task index (as a string) -> seconds to sleep
             before each step: an emulated slow worker, for tests and benchmarks.
+        follow_steps: The driver follows every step (callbacks): the chief
+            reports the global loss of each step, waits for the driver's
+            decision at each epoch's end, and stops the run on request.
+        job_timeout_s: Bound on the whole job (non-chief tasks waiting for
+            the chief, workers waiting at an epoch's end).
+        job_id: Tags the job's messages between tasks (see `mailbox`).
     """
 
     global_batch_size: int
@@ -59,6 +75,15 @@ class RunConfig:
     checkpoint_dir: str | None = None
     checkpoint_every_steps: int | None = None
     task_step_delay_s: dict[str, float] | None = None
+    follow_steps: bool = False
+    job_timeout_s: float = 3600.0
+    job_id: str = ""
+
+
+# Files an archive may hold (anything else in one is refused).
+_ARCHIVE_FILES = ("graph_item.pb", "strategy.pb", "resource_spec.pb", "run.json",
+                  "cluster.json", "init.npz")
+_MAX_ARCHIVE_MEMBERS = 10_000
 
 
 class JobDir:
@@ -80,12 +105,26 @@ class JobDir:
     def result(self, task: int) -> pathlib.Path:
         return self.path / "results" / f"worker_{task}.json"
 
+    def stop_request(self) -> pathlib.Path:
+        return self.path / "control" / "stop"
+
+    def epoch_decision(self, epoch: int) -> pathlib.Path:
+        return self.path / "control" / f"epoch-{epoch}"
+
     # writing (driver side)
     def write(self, graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
               config: RunConfig, init_values: dict[str, np.ndarray],
               inputs: list[np.ndarray], targets: np.ndarray) -> None:
-        for sub in ("logs", "ready", "results", "data"):
+        """Writes a job; clears what an earlier job in the same directory left behind."""
+        for sub in ("logs", "ready", "results", "data", "control"):
             (self.path / sub).mkdir(parents=True, exist_ok=True)
+        stale = [self.file("progress.jsonl"), self.file("final_weights.npz"),
+                 self.path / "data" / "shard.json", self.path / "data" / "rows.npy"]
+        for sub in ("results", "control"):
+            stale += (self.path / sub).iterdir()
+        stale += (self.path / "data").glob("x_*.npy")
+        for path in stale:
+            path.unlink(missing_ok=True)
         graph_item.save(self.file("graph_item.pb"))
         strategy.save(self.file("strategy.pb"))
         atomic_write(self.file("resource_spec.pb"), spec.serialize())
@@ -119,9 +158,85 @@ class JobDir:
             return {k: data[k] for k in data.files}
 
     def data(self) -> tuple[list[np.ndarray], np.ndarray]:
+        """The input arrays and the targets (of the shard, if this is one)."""
         xs = sorted((self.path / "data").glob("x_*.npy"), key=lambda p: int(p.stem[2:]))
         return ([np.load(p, mmap_mode="r") for p in xs],
                 np.load(self.path / "data" / "y.npy", mmap_mode="r"))
 
+    def shard(self) -> tuple[int, np.ndarray | None]:
+        """(examples in the full data set, sorted example indices the arrays hold).
+
+        The indices are None when the arrays hold every example.
+        """
+        meta = self.path / "data" / "shard.json"
+        if not meta.exists():
+            return len(np.load(self.path / "data" / "y.npy", mmap_mode="r")), None
+        return (int(json.loads(meta.read_text())["num_examples"]),
+                np.load(self.path / "data" / "rows.npy"))
+
+    # shipping (to a task on another host)
+    def pack(self, rows: np.ndarray | None = None, *, with_data: bool = True) -> bytes:
+        """This job as one uncompressed tar archive.
+
+        Args:
+            rows: Sorted example indices to ship (None: every example).
+            with_data: False leaves out the data and initial values (for a
+                parameter-server task, which needs neither).
+        """
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            names = _ARCHIVE_FILES if with_data else _ARCHIVE_FILES[:-1]
+            for name in names:
+                tar.add(self.file(name), arcname=name)
+            if with_data:
+                inputs, targets = self.data()
+                num_examples, held = self.shard()
+                if held is not None:
+                    raise ValueError("a shipped shard cannot be shipped again")
+                arrays = {f"x_{i}": x for i, x in enumerate(inputs)} | {"y": targets}
+                if rows is not None:
+                    rows = np.asarray(rows, dtype=np.int64)
+                    arrays = {k: np.asarray(v[rows]) for k, v in arrays.items()}
+                    arrays["rows"] = rows
+                    _add_bytes(tar, "data/shard.json",
+                               json.dumps({"num_examples": num_examples}).encode())
+                for key, array in arrays.items():
+                    out = io.BytesIO()
+                    np.save(out, np.asarray(array))
+                    _add_bytes(tar, f"data/{key}.npy", out.getvalue())
+        return buffer.getvalue()
+
+    @classmethod
+    def unpack(cls, archive: bytes, path: str | pathlib.Path) -> JobDir:
+        """Writes an archive made by `pack` into `path` (a new or empty directory).
+
+        Raises:
+            ValueError: the archive holds something `pack` never writes.
+        """
+        job = cls(path)
+        for sub in ("logs", "ready", "results", "data", "control"):
+            (job.path / sub).mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+            members = tar.getmembers()
+            if len(members) > _MAX_ARCHIVE_MEMBERS:
+                raise ValueError(f"job archive has {len(members)} members")
+            for member in members:
+                name = member.name
+                allowed = name in _ARCHIVE_FILES or (
+                    name.startswith("data/") and "/" not in name[5:] and ".." not in name
+                    and name[5:] not in ("", "."))
+                if not member.isfile() or not allowed:
+                    raise ValueError(f"job archive holds an unexpected member {name!r}")
+                source = tar.extractfile(member)
+                assert source is not None
+                atomic_write(job.path / name, source.read())
+        return job
+
     def read_json(self, path: pathlib.Path) -> Any:
         return json.loads(path.read_text())
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))

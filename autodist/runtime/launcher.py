@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
@@ -71,15 +71,23 @@ class LocalCluster:
         with LocalCluster(job, spec) as cluster:
             cluster.wait_ready(timeout_s=60)
             cluster.wait_workers(timeout_s=600)
+
+    Args:
+        job: The job directory the tasks read.
+        spec: The cluster.
+        nodes: Indices of the nodes to start here (default: every node, which
+            must then all be local). A multi-host run starts only its chief.
+        port_retries: Restarts on new ports when a task finds its port taken
+            (only ports the spec leaves open are chosen anew).
     """
 
-    def __init__(self, job: JobDir, spec: ResourceSpec, *, port_retries: int = 3) -> None:
-        for i, node in enumerate(spec.nodes):
-            if node.address not in ("localhost", "127.0.0.1") and not node.address.startswith("127."):
-                raise AutodistError(f"LocalCluster runs tasks on this machine only; node {i} has "
-                                    f"address {node.address!r}")
+    def __init__(self, job: JobDir, spec: ResourceSpec, *, nodes: Sequence[int] | None = None,
+                 port_retries: int = 3) -> None:
+        if nodes is None:
+            check_local(spec)
         self.job = job
         self.spec = spec
+        self.nodes = list(range(len(spec.nodes))) if nodes is None else list(nodes)
         self.port_retries = port_retries
         self.tasks: list[_Task] = []
 
@@ -97,7 +105,7 @@ class LocalCluster:
             flag.unlink()
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
                    PYTHONUNBUFFERED="1")
-        for i in range(len(self.spec.nodes)):
+        for i in self.nodes:
             job, index = self.spec.task_of(i)
             log_path = self.job.log(job, index)
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,6 +189,21 @@ class LocalCluster:
                 t.process.kill()
                 t.process.wait(timeout=grace_s)
         self.tasks = []
+
+
+def check_local(spec: ResourceSpec) -> None:
+    """Raises unless every node of `spec` is on this machine."""
+    for i, node in enumerate(spec.nodes):
+        if not is_loopback(node.address):
+            raise AutodistError(
+                f"LocalCluster runs tasks on this machine only; node {i} has address "
+                f"{node.address!r} (for a multi-host cluster use launch='remote' and "
+                "`autodist serve` on the other hosts)")
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a node address means this machine."""
+    return address in ("localhost", "::1") or address.startswith("127.")
 
 
 def _tail(path: str, lines: int = _LOG_TAIL_LINES) -> str:

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import pathlib
 import shutil
 import sys
 import tempfile
-from typing import Any
+import uuid
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -18,8 +20,14 @@ from autodist.ir.strategy import Strategy
 from autodist.kernels.optimizers import check_supported as check_optimizer
 from autodist.runtime import checkpoint
 from autodist.runtime import data as batching
+from autodist.runtime import follow
 from autodist.runtime.job import JobDir, RunConfig
-from autodist.runtime.launcher import LocalCluster
+from autodist.runtime.launcher import LocalCluster, check_local
+from autodist.runtime.remote import RemoteCluster, check_this_is_the_chief
+
+LAUNCH_MODES = ("local", "remote")
+_HOOKS = ("set_model", "set_params", "on_train_begin", "on_epoch_begin", "on_train_batch_begin",
+          "on_train_batch_end", "on_epoch_end", "on_train_end")
 
 
 @dataclasses.dataclass
@@ -27,7 +35,8 @@ class History:
     """What `fit` returns.
 
     Attributes:
-        history: {"loss": [mean loss of each epoch, over examples]}, as Keras' History.
+        history: {"loss": [mean loss of each epoch, over examples]}, as Keras' History
+            (an epoch cut short by a stop request counts with the steps it ran).
         step_losses: The global loss of every step (weighted over replicas).
         step_times: The chief's time of every step, in seconds.
         epoch: Epoch indices.
@@ -56,13 +65,30 @@ class DistributedRun:
         startup_timeout_s: Bound on the cluster coming up.
         task_step_delay_s: Worker task -> seconds of sleep before each step,
             to emulate a slow worker (tests, benchmarks).
+        launch: How the cluster's tasks start. "local": every task is a
+            process started here (the spec's addresses must be local).
+            "remote": a multi-host run; the other tasks already run
+            `autodist serve --tf-config` (or `--cluster FILE --task J:I`) on
+            their hosts, this process is the chief's host (TF_CONFIG task
+            chief:0, or worker:0 without a chief job): `fit` ships each
+            other task its job over TensorFlow and starts worker task 0
+            here. Every node of the spec needs its port.
     """
 
     def __init__(self, model, strategy: Strategy, resource_spec: ResourceSpec, *,
                  graph_item: GraphItem | None = None, job_dir: str | None = None,
                  step_timeout_s: float = 60.0, startup_timeout_s: float = 120.0,
-                 task_step_delay_s: dict[int, float] | None = None) -> None:
+                 task_step_delay_s: dict[int, float] | None = None,
+                 launch: str = "local") -> None:
         from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
+
+        if launch not in LAUNCH_MODES:
+            raise AutodistError(f"launch must be one of {LAUNCH_MODES}. Received: {launch!r}")
+        if launch == "remote":
+            check_this_is_the_chief(resource_spec)
+        else:
+            check_local(resource_spec)
+        self.launch = launch
 
         self.model = model
         self.graph_item = graph_item or capture(model)
@@ -80,8 +106,29 @@ class DistributedRun:
             steps_per_epoch: int | None = None, shuffle: bool = False, seed: int = 0,
             verbose: int = 1, timeout_s: float = 3600.0, checkpoint_dir: str | None = None,
             checkpoint_every_steps: int | None = None,
-            initial_checkpoint: str | None = None) -> History:
+            initial_checkpoint: str | None = None,
+            callbacks: Sequence[Any] | None = None) -> History:
         """Trains on the cluster and writes the trained weights into the model.
+
+        Callbacks (`keras.callbacks.Callback`) run here, in the driver, with
+        Keras' hooks and logs: `set_model(model)`, `set_params({"epochs",
+        "steps", "verbose"})`, `on_train_begin`, `on_epoch_begin(epoch)`,
+        `on_train_batch_begin(batch)` and `on_train_batch_end(batch, {"loss":
+        running mean of the epoch})` (both once the step has run on the
+        workers: the driver learns of a step after it ran), `on_epoch_end(epoch,
+        {"loss": epoch mean})` and `on_train_end`. Setting
+        `model.stop_training = True` (e.g. `keras.callbacks.EarlyStopping(
+        monitor="loss")`) stops every worker cleanly: in `on_epoch_end`, at
+        that epoch's end exactly (the workers wait for it); inside an epoch,
+        some steps later (the driver learns of steps after they ran, polling
+        every 0.1 s, and the workers then stop at the next step boundary
+        they can all meet). History covers the steps that ran and the
+        weights written back are those after the last of them.
+
+        The model's weights are not updated during the run (they come back
+        at the end), so callbacks that read them mid-run, such as
+        `ModelCheckpoint` or `EarlyStopping(restore_best_weights=True)`, see
+        the initial weights: use `checkpoint_dir=` for checkpoints instead.
 
         Args:
             x: Input array, or a list of arrays for a multi-input model.
@@ -101,12 +148,19 @@ class DistributedRun:
             initial_checkpoint: Continue from this checkpoint: variables,
                 optimizer slots and update count (else the model's weights
                 and fresh optimizer state).
+            callbacks: Keras callbacks run by the driver (see above). With
+                callbacks the workers report every step and wait for the
+                driver at each epoch's end (up to `step_timeout_s`).
 
         Returns:
             A History with per-step and per-epoch losses.
         """
         if y is None:
             raise AutodistError("fit needs targets y (datasets are not supported yet)")
+        for callback in callbacks or []:
+            if not all(hasattr(callback, hook) for hook in _HOOKS):
+                raise AutodistError("callbacks must be keras.callbacks.Callback objects. "
+                                    f"Received: {callback!r}")
         inputs = self._inputs(x)
         targets = self._cast(np.asarray(y), self._target_info())
         n = len(targets)
@@ -121,7 +175,9 @@ class DistributedRun:
                            startup_timeout_s=self.startup_timeout_s,
                            checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
                            checkpoint_every_steps=checkpoint_every_steps,
-                           task_step_delay_s=self.task_step_delay_s or None)
+                           task_step_delay_s=self.task_step_delay_s or None,
+                           follow_steps=bool(callbacks), job_timeout_s=timeout_s,
+                           job_id=uuid.uuid4().hex)
         if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
             raise AutodistError("checkpoint_every_steps must be >= 1. "
                                 f"Received: {checkpoint_every_steps}")
@@ -135,12 +191,16 @@ class DistributedRun:
         job.write(self.graph_item, self.strategy, self.resource_spec, config,
                   init_values, inputs, targets)
         steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
-        progress = _Progress(job, steps * epochs, verbose)
-        with LocalCluster(job, self.resource_spec) as cluster:
+        sizes = [len(batching.batch_rows(np.arange(n), s, batch_size)) for s in range(steps)]
+        progress = _Progress(job, sizes, epochs, verbose, self.model, list(callbacks or []))
+        progress.begin()
+        cluster = (LocalCluster(job, self.resource_spec) if self.launch == "local" else
+                   RemoteCluster(job, self.resource_spec,
+                                 startup_timeout_s=self.startup_timeout_s))
+        with cluster:
             cluster.wait_ready(self.startup_timeout_s)
             cluster.wait_workers(timeout_s, on_poll=progress.update)
         progress.finish()
-        sizes = [len(batching.batch_rows(np.arange(n), s, batch_size)) for s in range(steps)]
         history = self._history(job, sizes, epochs)
         self._write_back(job)
         if self.job_dir is None:
@@ -195,44 +255,121 @@ class DistributedRun:
         results = [json.loads(job.result(i).read_text())
                    for i in range(self.resource_spec.num_worker_tasks)
                    if job.result(i).exists()]
-        losses = np.sum([r["losses"] for r in results], axis=0).tolist()
+        # Every worker ran the same steps, except asynchronous ones stopped early.
+        done = min(len(r["losses"]) for r in results)
+        losses = np.sum([r["losses"][:done] for r in results], axis=0).tolist()
         steps = len(batch_sizes)
         # As Keras: the epoch loss is the mean over examples (batches weighted by size).
-        epoch_losses = [float(np.average(losses[e * steps:(e + 1) * steps], weights=batch_sizes))
-                        for e in range(epochs)]
+        ran = min(epochs, math.ceil(done / steps))
+        epoch_losses = []
+        for e in range(ran):
+            chunk = losses[e * steps:(e + 1) * steps]
+            epoch_losses.append(float(np.average(chunk, weights=batch_sizes[:len(chunk)])))
         return History(history={"loss": epoch_losses}, step_losses=losses,
-                       step_times=results[0]["step_times"], epoch=list(range(epochs)),
+                       step_times=results[0]["step_times"][:done], epoch=list(range(ran)),
                        max_lead=[int(r.get("max_lead", 0)) for r in results])
 
 
 class _Progress:
-    """A one-line progress display fed by the chief's progress file."""
+    """Follows the chief's progress file: the progress line and the callbacks.
 
-    def __init__(self, job: JobDir, total: int, verbose: int) -> None:
+    The chief appends one JSON line per step. Without callbacks its loss is
+    the chief's own estimate; with callbacks (a followed run) it is the
+    global loss, and this object also writes the driver's decisions back
+    (`autodist.runtime.follow`).
+    """
+
+    def __init__(self, job: JobDir, batch_sizes: list[int], epochs: int, verbose: int,
+                 model, callbacks: list[Any]) -> None:
+        self.job = job
         self.path = job.file("progress.jsonl")
-        self.total = total
+        self.sizes = batch_sizes
+        self.epochs = epochs
+        self.total = len(batch_sizes) * epochs
         self.verbose = verbose
+        self.model = model
+        self.callbacks = callbacks
         self.seen = 0
+        self._offset = 0
+        self._last: dict[str, Any] | None = None
+        self._epoch_open: int | None = None
+        self._sum = 0.0
+        self._count = 0
+        self._logs: dict[str, float] = {}
+        self._stop_sent = False
+
+    def begin(self) -> None:
+        if not self.callbacks:
+            return
+        self.model.stop_training = False
+        params = {"epochs": self.epochs, "steps": len(self.sizes), "verbose": self.verbose}
+        for callback in self.callbacks:
+            callback.set_model(self.model)
+            callback.set_params(params)
+        self._call("on_train_begin", {})
 
     def update(self) -> None:
-        if not self.verbose or not self.path.exists():
+        """Reads the records written since the last call; shows and dispatches them."""
+        records = self._read_new()
+        if not records:
             return
-        lines = self.path.read_text().splitlines()
-        if len(lines) == self.seen or not lines:
-            return
-        self.seen = len(lines)
-        try:
-            last = json.loads(lines[-1])
-        except json.JSONDecodeError:
-            return
-        width = 30
-        done = int(width * self.seen / max(self.total, 1))
-        sys.stdout.write(f"\r{self.seen}/{self.total} [{'=' * done}{'.' * (width - done)}] "
-                         f"- loss: {last['loss']:.4f} - {last['time'] * 1e3:.1f} ms/step")
-        sys.stdout.flush()
+        self._last = records[-1]
+        if self.callbacks:
+            for record in records:
+                self._step(record)
+        if self.verbose:
+            width = 30
+            done = int(width * self.seen / max(self.total, 1))
+            sys.stdout.write(f"\r{self.seen}/{self.total} [{'=' * done}{'.' * (width - done)}] "
+                             f"- loss: {self._last['loss']:.4f} - "
+                             f"{self._last['time'] * 1e3:.1f} ms/step")
+            sys.stdout.flush()
 
     def finish(self) -> None:
         self.update()
+        if self.callbacks:
+            if self._epoch_open is not None:  # stopped inside an epoch: Keras still ends it
+                self._end_epoch(self._epoch_open)
+            self._call("on_train_end", dict(self._logs))
         if self.verbose:
             sys.stdout.write("\n")
+
+    def _read_new(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1  # only whole lines: the chief may be mid-write
+        self._offset += end
+        records = [json.loads(line) for line in chunk[:end].splitlines() if line.strip()]
+        self.seen += len(records)
+        return records
+
+    def _step(self, record: dict[str, Any]) -> None:
+        epoch, step = int(record["epoch"]), int(record["step"])
+        if self._epoch_open != epoch:
+            self._epoch_open, self._sum, self._count = epoch, 0.0, 0
+            self._call("on_epoch_begin", epoch, {})
+        # Keras' batch logs hold the running mean of the epoch, batches weighted by size.
+        self._sum += float(record["loss"]) * self.sizes[step]
+        self._count += self.sizes[step]
+        self._call("on_train_batch_begin", step, {})
+        self._call("on_train_batch_end", step, {"loss": self._sum / self._count})
+        if step == len(self.sizes) - 1:
+            self._end_epoch(epoch)
+
+    def _end_epoch(self, epoch: int) -> None:
+        self._logs = {"loss": self._sum / max(self._count, 1)}
+        self._epoch_open = None
+        self._call("on_epoch_end", epoch, dict(self._logs))
+        if epoch < self.epochs - 1:
+            follow.write_decision(self.job, epoch, stop=bool(self.model.stop_training))
+
+    def _call(self, hook: str, *args) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(*args)
+        if self.model.stop_training and not self._stop_sent:
+            follow.request_stop(self.job)
+            self._stop_sent = True
 

@@ -1,74 +1,193 @@
 """Entry point of one task process: ``python -m autodist.runtime.task``.
 
+Two ways to start a task:
+
+    # A task of a local cluster, or the chief of a multi-host run: the driver
+    # starts it on its own host with the job directory it wrote.
     python -m autodist.runtime.task --job-dir DIR --job worker --task 0
 
-Starts this task's TensorFlow server, marks it ready, and (for a worker)
-trains from the job directory. A parameter-server task serves until it is
-stopped. Exit codes: 0 done, 1 failed (traceback in the log), 3 the port was
-taken (the launcher retries with other ports).
+    # A task on another host (what `autodist serve` runs, once per job): reads
+    # the cluster and its own task from TF_CONFIG (or a resource-spec file),
+    # starts its server, and waits for the chief to ship it the job over
+    # TensorFlow. It needs neither the user's script nor a shared filesystem.
+    python -m autodist.runtime.task --tf-config [--job-timeout 600] [--work-dir DIR]
+    python -m autodist.runtime.task --cluster cluster.yml --task worker:1
+
+A worker trains; a parameter-server task serves until the launcher stops it
+(local cluster) or the chief says the job is done (shipped job). Exit codes:
+0 done, 1 failed (traceback on stderr, i.e. in the log), 3 the port was taken
+(a local launcher retries with other ports), 4 no job arrived in time.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import pathlib
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import traceback
 
 EXIT_FAILED = 1
 EXIT_PORT_IN_USE = 3
+EXIT_NO_JOB = 4
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job-dir", help="the job directory (a task the driver starts)")
+    parser.add_argument("--job", choices=("worker", "ps"), help="with --job-dir")
+    parser.add_argument("--task", help="with --job-dir: the task index; with --cluster: "
+                                       "JOB:INDEX, e.g. worker:1")
+    parser.add_argument("--tf-config", action="store_true",
+                        help="serve a shipped job as the task that the TF_CONFIG environment "
+                             "variable names")
+    parser.add_argument("--cluster", help="serve a shipped job as --task of this resource-spec "
+                                          "YAML file")
+    parser.add_argument("--job-timeout", type=float, default=600.0,
+                        help="seconds to wait for the job to arrive (default 600)")
+    parser.add_argument("--work-dir", help="where to unpack the shipped job (default: a new "
+                                           "temporary directory, removed after success)")
+    parser.add_argument("--parent-pid", type=int, default=0,
+                        help="exit when this process (the launcher) is gone")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--job-dir", required=True)
-    parser.add_argument("--job", choices=("worker", "ps"), required=True)
-    parser.add_argument("--task", type=int, required=True)
-    parser.add_argument("--parent-pid", type=int, default=0,
-                        help="exit when this process (the launcher) is gone")
+    parser = build_parser()
     args = parser.parse_args(argv)
+    serving = args.tf_config or args.cluster
+    if serving and args.job_dir:
+        parser.error("--job-dir is for tasks the driver starts; --tf-config / --cluster serve "
+                     "a shipped job: give one or the other")
+    if not serving and (args.job_dir is None or args.job is None or args.task is None):
+        parser.error("give --job-dir, --job and --task, or --tf-config, or --cluster and --task")
     if args.parent_pid:
         _exit_with_parent(args.parent_pid)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    from autodist.runtime.job import JobDir  # pylint: disable=import-outside-toplevel
-    from autodist.runtime.worker import run_worker, session_config  # pylint: disable=C0415
-
-    job = JobDir(args.job_dir)
     try:
-        spec = job.resource_spec()
-        strategy = job.strategy()
-        config = job.config()
-        cluster = tf.train.ClusterSpec(spec.cluster_def(job.ports()))
-        server_config = session_config(strategy, args.task if args.job == "worker" else 0)
-        del server_config.device_filters[:]
-        try:
-            server = tf.distribute.Server(cluster, job_name=args.job, task_index=args.task,
-                                          config=server_config, start=True)
-        except (tf.errors.UnknownError, tf.errors.InternalError) as e:
-            # gRPC reports a taken port as "Could not start gRPC server".
-            message = str(e).lower()
-            if any(m in message for m in ("address already in use", "failed to bind",
-                                          "could not start grpc server")):
-                print(f"port taken: {e}", file=sys.stderr)
-                return EXIT_PORT_IN_USE
-            raise
-        flag = job.ready_flag(args.job, args.task)
-        flag.write_text(str(os.getpid()))
-        if args.job == "ps":
-            while True:  # served until the launcher stops this process
-                time.sleep(3600)
-        _wait_for_cluster(job, spec, config.startup_timeout_s)
-        run_worker(job, args.task, server.target)
-        return 0
+        return _serve(args) if serving else _run_local(args)
     except Exception:  # pylint: disable=broad-except
         traceback.print_exc()
-        return EXIT_FAILED
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Not a normal exit: closing a session whose peer stopped answering
+        # (the likely cause of the failure) would wait for it forever.
+        os._exit(EXIT_FAILED)  # pylint: disable=protected-access
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    """A task whose job directory the driver wrote on this host."""
+    from autodist.runtime.job import JobDir  # pylint: disable=import-outside-toplevel
+    from autodist.runtime.worker import run_worker  # pylint: disable=import-outside-toplevel
+
+    job = JobDir(args.job_dir)
+    task = int(args.task)
+    spec = job.resource_spec()
+    server = _start_server(spec.cluster_def(job.ports()), args.job, task)
+    if server is None:
+        return EXIT_PORT_IN_USE
+    job.ready_flag(args.job, task).write_text(str(os.getpid()))
+    if args.job == "ps":
+        while True:  # served until the launcher stops this process
+            time.sleep(3600)
+    run_worker(job, task, server.target)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """A task on its own host: waits for the chief to ship the job, then runs it."""
+    # pylint: disable=import-outside-toplevel
+    from autodist.runtime import mailbox, remote
+    from autodist.runtime.job import JobDir
+    from autodist.runtime.worker import run_worker
+
+    spec, (job_name, task) = (remote.task_from_tf_config() if args.tf_config else
+                              remote.task_from_spec_file(args.cluster, args.task))
+    cluster = spec.cluster_def()
+    server = _start_server(cluster, job_name, task)
+    if server is None:
+        return EXIT_PORT_IN_USE
+    mail = mailbox.Mailboxes(cluster)
+    own = (job_name, task)
+    address = mail.address(own)
+    print(f"autodist: task {job_name}:{task} serving at {address}; waiting up to "
+          f"{args.job_timeout:g}s for a job", flush=True)
+    try:
+        archive = mail.receive(own, mailbox.JOB, args.job_timeout)
+    except mailbox.MailboxTimeout:
+        print(f"autodist: error: no job arrived for task {job_name}:{task} at {address} within "
+              f"{args.job_timeout:g}s. The chief ships it when `fit` starts in the user's script "
+              f"on worker 0 (launch='remote', the same cluster).", file=sys.stderr, flush=True)
+        return EXIT_NO_JOB
+    mail.close_box(own, mailbox.JOB)  # one job per process: a later sender retries
+    parent = pathlib.Path(args.work_dir) if args.work_dir else None
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="autodist-job-", dir=parent))
+    job = JobDir.unpack(archive, work)
+    shipped = job.resource_spec().cluster_def(job.ports())
+    if shipped != cluster:
+        raise RuntimeError(f"the chief's cluster {shipped} is not this task's cluster {cluster}; "
+                           "give every task the same TF_CONFIG cluster (or spec file)")
+    print(f"autodist: task {job_name}:{task} received a job ({len(archive)} bytes) into {work}",
+          flush=True)
+    config = job.config()
+    _exit_on_abort(cluster, own, config.job_id, config.job_timeout_s)
+    if job_name == "worker":
+        run_worker(job, task, server.target)
+    else:
+        job_mail = mailbox.Mailboxes(cluster, job_id=config.job_id)
+        job_mail.receive(own, mailbox.DONE, config.job_timeout_s)
+    print(f"autodist: task {job_name}:{task} done", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _exit_on_abort(cluster: dict[str, list[str]], own: tuple[str, int], job_id: str,
+                   timeout_s: float) -> None:
+    """Ends this process as soon as the driver says its job failed.
+
+    So a failed job frees the task (and its port) for the next one at once,
+    instead of when its own timeouts expire.
+    """
+    from autodist.runtime import mailbox  # pylint: disable=import-outside-toplevel
+
+    def watch() -> None:
+        mail = mailbox.Mailboxes(cluster, job_id=job_id)  # its own sessions: not thread-shared
+        try:
+            mail.receive(own, mailbox.ABORT, timeout_s)
+        except mailbox.MailboxError:
+            return
+        print(f"autodist: task {own[0]}:{own[1]}: the driver aborted the job", file=sys.stderr,
+              flush=True)
+        os._exit(EXIT_FAILED)  # pylint: disable=protected-access
+
+    threading.Thread(target=watch, name="abort-watch", daemon=True).start()
+
+
+def _start_server(cluster: dict[str, list[str]], job: str, task: int):
+    """This task's TensorFlow server, or None when its port is taken."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from autodist.runtime.worker import server_config  # pylint: disable=C0415
+
+    try:
+        return tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=task,
+                                    config=server_config(), start=True)
+    except (tf.errors.UnknownError, tf.errors.InternalError) as e:
+        # gRPC reports a taken port as "Could not start gRPC server".
+        message = str(e).lower()
+        if any(m in message for m in ("address already in use", "failed to bind",
+                                      "could not start grpc server")):
+            print(f"port taken: {cluster[job][task]}: {e}", file=sys.stderr)
+            return None
+        raise
 
 
 def _exit_with_parent(parent_pid: int, period_s: float = 1.0) -> None:
@@ -81,16 +200,6 @@ def _exit_with_parent(parent_pid: int, period_s: float = 1.0) -> None:
             time.sleep(period_s)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
-
-
-def _wait_for_cluster(job, spec, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    flags = [job.ready_flag(*spec.task_of(i)) for i in range(len(spec.nodes))]
-    while not all(f.exists() for f in flags):
-        if time.monotonic() > deadline:
-            missing = [f.name for f in flags if not f.exists()]
-            raise TimeoutError(f"tasks {missing} did not start within {timeout_s}s")
-        time.sleep(0.05)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
 """What a worker task does: build its program, initialize, train, report.
 
-Runs inside a task process (see `task.py`) or, for tests, in a thread next
-to in-process servers. All waits are bounded by the RunConfig's timeouts.
+Runs inside a task process (see `task.py`). Workers read their job from a
+job directory (shared with the driver on a local cluster, a shipped copy on
+another host); everything else between tasks goes over TensorFlow: the chief
+gathers the other workers' results through mailboxes, writes them with the
+trained weights into its job directory, then tells every other task it is
+done. All waits are bounded by the RunConfig's timeouts.
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import logging
 import os
 import pathlib
 import time
+import traceback
 from typing import Any
 
 import numpy as np
@@ -23,21 +28,31 @@ from autodist.kernels import partitioner, replicator, synchronizer
 from autodist.kernels.program import Program
 from autodist.runtime import checkpoint
 from autodist.runtime import data as batching
+from autodist.runtime import mailbox
+from autodist.runtime.follow import ChiefFollower, WorkerFollower
 from autodist.runtime.job import JobDir, RunConfig
+from autodist.runtime.mailbox import Mailboxes
 
 logger = logging.getLogger(__name__)
 
 COLLECTIVE_LEADER = "/job:worker/replica:0/task:0"
+CHIEF = ("worker", 0)
 
 
 class WorkerError(RuntimeError):
     """A worker could not start or finish its part of the job."""
 
 
-def session_config(strategy: Strategy, task_index: int) -> tf.compat.v1.ConfigProto:
-    """Session/server config: collective leader; device filters for pure-PS jobs."""
+def server_config() -> tf.compat.v1.ConfigProto:
+    """Config of every task's server (the same for any strategy: set before the job is known)."""
     config = tf.compat.v1.ConfigProto(allow_soft_placement=False)
     config.experimental.collective_group_leader = COLLECTIVE_LEADER
+    return config
+
+
+def session_config(strategy: Strategy, task_index: int) -> tf.compat.v1.ConfigProto:
+    """Session config: the server's, plus device filters for pure-PS jobs."""
+    config = server_config()
     uses_collectives = any(s.WhichOneof("kind") == "all_reduce"
                            for v in strategy.variables for s in v.shards)
     if not uses_collectives:
@@ -82,10 +97,13 @@ class Trainer:
         job: The job directory.
         task_index: This worker's task index.
         target: The session target (this task's server).
+        mail: The cluster's mailboxes (step reports and run limits of a
+            followed run).
     """
 
-    def __init__(self, job: JobDir, task_index: int, target: str) -> None:
+    def __init__(self, job: JobDir, task_index: int, target: str, mail: Mailboxes) -> None:
         self.job = job
+        self.mail = mail
         self.task_index = task_index
         self.graph_item = job.graph_item()
         self.strategy = job.strategy()
@@ -101,6 +119,7 @@ class Trainer:
             timeout_in_ms=int(self.config.step_timeout_s * 1000))
         self.initial_step = 0
         self._save = None
+        self.follower: ChiefFollower | WorkerFollower | None = None
 
     # ---------------------------------------------------------- initialize
     def initialize(self) -> None:
@@ -194,12 +213,21 @@ class Trainer:
 
     # --------------------------------------------------------------- train
     def train(self) -> dict[str, Any]:
-        """Runs every step; returns this task's per-step weighted losses and times."""
+        """Runs every step; returns this task's per-step weighted losses and times.
+
+        In a followed run (`RunConfig.follow_steps`) the run limit may end it
+        early, at the same step on every synchronous worker.
+        """
         inputs, targets = self.job.data()
-        num_examples = len(targets)
+        num_examples, held_rows = self.job.shard()
         config = self.config
         steps = batching.steps_per_epoch(num_examples, config.global_batch_size,
                                          config.steps_per_epoch)
+        if config.follow_steps:
+            self.follower = (ChiefFollower(self.job, self.mail, self.spec.num_worker_tasks,
+                                           steps, config) if self.is_chief else
+                             WorkerFollower(self.mail, self.task_index, steps, config))
+        follower = self.follower
         extras = self.program.extras
         fetches = {"loss": extras["weighted_loss"], "train": extras["train_op"]}
         ps_op = extras["ps_op"]
@@ -211,43 +239,52 @@ class Trainer:
         y_name = next((info.name for info in self.graph_item.inputs if info.role == "y"), None)
         num_replicas = len(self.strategy.replicas)
         losses, times = [], []
-        progress = self.job.file("progress.jsonl") if self.is_chief else None
-        for epoch in range(config.epochs):
-            order = batching.epoch_order(num_examples, epoch, config.shuffle, config.seed)
-            for step in range(steps):
-                rows = batching.batch_rows(order, step, config.global_batch_size)
-                parts = batching.replica_rows(rows, num_replicas)
-                feed = {}
-                for replica in self.program.replicas:
-                    mine = parts[replica.index]
-                    for name, array in zip(x_names, inputs):
-                        feed[replica.inputs[name]] = np.asarray(array[mine])
-                    if y_name is not None:
-                        feed[replica.inputs[y_name]] = np.asarray(targets[mine])
-                    feed[extras["scales"][replica.index]] = len(mine) / len(rows)
-                done_before = epoch * steps + step
-                if ssp is not None:
-                    max_lead = max(max_lead, self._wait_for_stragglers(ssp, done_before))
-                if delay:
-                    time.sleep(delay)  # an emulated slow worker
-                start = time.perf_counter()
-                result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
-                if ps_op is not None:
-                    self.session.run(ps_op, options=self.run_options)
-                if after is not None:
-                    self.session.run(after, options=self.run_options)
-                times.append(time.perf_counter() - start)
-                done = self.initial_step + epoch * steps + step + 1
-                if self._checkpoint_due(done, last_of_epoch=step == steps - 1):
-                    self.save_checkpoint(done)
-                losses.append(float(result["loss"]))
-                if progress is not None:
-                    # This task's replicas' mean loss: an estimate of the global loss.
-                    share = sum(len(parts[r.index]) for r in self.program.replicas) / len(rows)
-                    with open(progress, "a") as f:
-                        f.write(json.dumps({"epoch": epoch, "step": step,
-                                            "loss": losses[-1] / max(share, 1e-12),
-                                            "time": times[-1]}) + "\n")
+        progress = self.job.file("progress.jsonl") if self.is_chief and follower is None else None
+        order = None
+        for index in range(steps * config.epochs):
+            epoch, step = divmod(index, steps)
+            if follower is not None and not follower.may_start(index):
+                break
+            if step == 0 or order is None:
+                order = batching.epoch_order(num_examples, epoch, config.shuffle, config.seed)
+            rows = batching.batch_rows(order, step, config.global_batch_size)
+            parts = batching.replica_rows(rows, num_replicas)
+            feed = {}
+            for replica in self.program.replicas:
+                mine = parts[replica.index]
+                if held_rows is not None:  # a shipped shard holds only these examples
+                    mine = np.searchsorted(held_rows, mine)
+                for name, array in zip(x_names, inputs):
+                    feed[replica.inputs[name]] = np.asarray(array[mine])
+                if y_name is not None:
+                    feed[replica.inputs[y_name]] = np.asarray(targets[mine])
+                feed[extras["scales"][replica.index]] = len(parts[replica.index]) / len(rows)
+            if ssp is not None:
+                max_lead = max(max_lead, self._wait_for_stragglers(ssp, index))
+            if delay:
+                time.sleep(delay)  # an emulated slow worker
+            start = time.perf_counter()
+            result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
+            if ps_op is not None:
+                self.session.run(ps_op, options=self.run_options)
+            if after is not None:
+                self.session.run(after, options=self.run_options)
+            times.append(time.perf_counter() - start)
+            done = self.initial_step + index + 1
+            if self._checkpoint_due(done, last_of_epoch=step == steps - 1):
+                self.save_checkpoint(done)
+            losses.append(float(result["loss"]))
+            if isinstance(follower, ChiefFollower):
+                follower.record(index, losses[-1], times[-1])
+            elif isinstance(follower, WorkerFollower):
+                follower.record(index, losses[-1])
+            elif progress is not None:
+                # This task's replicas' mean loss: an estimate of the global loss.
+                share = sum(len(parts[r.index]) for r in self.program.replicas) / len(rows)
+                with open(progress, "a") as f:
+                    f.write(json.dumps({"epoch": epoch, "step": step,
+                                        "loss": losses[-1] / max(share, 1e-12),
+                                        "time": times[-1]}) + "\n")
         return {"losses": losses, "step_times": times, "steps_per_epoch": steps,
                 "max_lead": max_lead}
 
@@ -334,14 +371,20 @@ class Trainer:
     def _finished_counter(self) -> tf.Variable:
         return self.program.storage["autodist/shared/finished"]
 
-    def wait_for_chief(self) -> None:
-        """Non-chief: keeps this task's server up until the chief has read the weights."""
-        deadline = time.monotonic() + self.config.step_timeout_s + self.config.startup_timeout_s
-        flag = self.job.file("chief_done")
-        while not flag.exists():
-            if time.monotonic() > deadline:
-                raise WorkerError(f"worker {self.task_index}: the chief did not finish")
-            time.sleep(0.05)
+    def collect_results(self, own: dict[str, Any]) -> list[dict[str, Any]]:
+        """Chief: every worker's result, by task index (the others' from the mailbox)."""
+        results: dict[int, dict[str, Any]] = {0: own}
+        timeout_s = self.config.step_timeout_s + self.config.startup_timeout_s
+        while len(results) < self.spec.num_worker_tasks:
+            try:
+                message = json.loads(self.mail.receive(CHIEF, mailbox.RESULTS, timeout_s))
+            except mailbox.MailboxTimeout as e:
+                missing = [t for t in range(self.spec.num_worker_tasks) if t not in results]
+                raise WorkerError(f"workers {missing} sent no result within {timeout_s:g}s "
+                                  "of the chief's end") from e
+            _raise_if_error(message)
+            results[int(message["task"])] = message["result"]
+        return [results[t] for t in range(self.spec.num_worker_tasks)]
 
     def _checkpoint_due(self, done: int, last_of_epoch: bool) -> bool:
         if not self.is_chief or not self.config.checkpoint_dir:
@@ -371,24 +414,81 @@ class Trainer:
 
 
 def run_worker(job: JobDir, task_index: int, target: str) -> None:
-    """Builds, initializes and trains; writes results (and weights from the chief).
+    """Builds, initializes and trains; the chief writes results and weights.
 
-    Every worker reports "finished" on the PS before the chief reads the final
-    weights (asynchronous workers may still be updating), and non-chief
-    workers keep serving until the chief is done (they may hold PS shards).
+    Waits until every task of the cluster answers. Every worker reports
+    "finished" on the PS before the chief reads the final weights
+    (asynchronous workers may still be updating); the others send their
+    results to the chief and keep serving until it says it is done (they may
+    hold PS shards). A worker that fails tells the chief why, so the chief's
+    error names it even when the worker runs on another host.
     """
-    trainer = Trainer(job, task_index, target)
-    trainer.initialize()
-    result = trainer.train()
-    trainer.finish_barrier()
-    if trainer.is_chief:
-        weights = trainer.final_weights()
-        tmp = job.file("final_weights.tmp.npz")
-        np.savez(tmp, **weights)
-        tmp.replace(job.file("final_weights.npz"))
-    atomic_write(job.result(task_index), json.dumps(result).encode())
-    if trainer.is_chief:
-        atomic_write(job.file("chief_done"), b"done")
-    else:
-        trainer.wait_for_chief()
+    spec = job.resource_spec()
+    config = job.config()
+    mail = Mailboxes(spec.cluster_def(job.ports()), job_id=config.job_id)
+    is_chief = task_index == 0
+    try:
+        mail.wait_until_up(mail.tasks, config.startup_timeout_s)
+        trainer = Trainer(job, task_index, target, mail)
+        trainer.initialize()
+        result = trainer.train()
+        trainer.finish_barrier()
+    except Exception as e:
+        if not is_chief:
+            _report_failure(mail, task_index)
+            raise
+        failure = _safe_peer_failure(mail)
+        if failure is not None:
+            raise WorkerError(f"the chief stopped because {failure}") from e
+        raise
+    if not is_chief:
+        message = {"task": task_index, "result": result}
+        mail.send(CHIEF, mailbox.RESULTS, json.dumps(message).encode(),
+                  config.step_timeout_s + config.startup_timeout_s)
+        mail.receive(("worker", task_index), mailbox.DONE,
+                     config.step_timeout_s + config.startup_timeout_s)
+        trainer.session.close()
+        mail.close()
+        return
+    weights = trainer.final_weights()
+    results = trainer.collect_results(result)
+    if isinstance(trainer.follower, ChiefFollower):
+        trainer.follower.finish([r["losses"] for r in results], result["step_times"])
+    tmp = job.file("final_weights.tmp.npz")
+    np.savez(tmp, **weights)
+    tmp.replace(job.file("final_weights.npz"))
+    for index, worker_result in enumerate(results):
+        atomic_write(job.result(index), json.dumps(worker_result).encode())
+    for task in mail.tasks:
+        if task != CHIEF:
+            try:
+                mail.send(task, mailbox.DONE, b"done", timeout_s=10.0)
+            except mailbox.MailboxError as e:  # it may be gone already; it times out alone
+                logger.warning("could not tell %s:%d the job is done: %s", *task, e)
     trainer.session.close()
+    mail.close()
+
+
+def _report_failure(mail: Mailboxes, task_index: int) -> None:
+    message = {"task": task_index, "error": traceback.format_exc(limit=8)}
+    try:
+        mail.send(CHIEF, mailbox.RESULTS, json.dumps(message).encode(), timeout_s=5.0)
+    except Exception:  # pylint: disable=broad-except
+        logger.warning("could not tell the chief that this worker failed")
+
+
+def _safe_peer_failure(mail: Mailboxes) -> str | None:
+    try:
+        messages = mail.receive_all(CHIEF, mailbox.RESULTS, timeout_s=5.0)
+    except Exception:  # pylint: disable=broad-except
+        return None
+    for raw in messages:
+        message = json.loads(raw)
+        if "error" in message:
+            return f"worker {message['task']} failed:\n{message['error']}"
+    return None
+
+
+def _raise_if_error(message: dict[str, Any]) -> None:
+    if "error" in message:
+        raise WorkerError(f"worker {message['task']} failed:\n{message['error']}")

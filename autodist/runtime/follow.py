@@ -1,0 +1,221 @@
+"""A run the driver follows step by step (`fit(callbacks=...)`).
+
+The driver runs the callbacks; the steps run in the worker tasks. The
+driver and the chief share the job directory (the driver starts the chief on
+its own host, locally or in a multi-host run); the chief and the other
+workers talk through mailboxes (`autodist.runtime.mailbox`), so no other
+task needs the directory.
+
+* Step reports. Every worker sends the chief its weighted loss of each step;
+  the chief sums them into the global loss (the sum `History.step_losses`
+  holds) and appends one record per step, in order, to ``progress.jsonl``,
+  which the driver tails.
+* The run limit. A worker may start step i (counted from 0 over the whole
+  run) only while i < limit. The chief owns the limit and sends each change
+  to the other workers. It starts at the end of the first epoch; at the end
+  of each epoch the chief waits for the driver's decision (written after
+  ``on_epoch_end``) and either extends the limit by an epoch or makes it
+  final there, so a stop at an epoch's end is exact.
+* A stop request inside an epoch (``control/stop``, from a callback setting
+  ``model.stop_training``) makes the limit final one step ahead of the chief:
+  another worker may already have started the chief's next step, which in
+  synchronous training needs the chief. With one worker it stops at once.
+
+Why every worker stops at the same step in synchronous training: a worker
+finishes step i only after the chief has started step i, and the chief sends
+a new limit before it starts its next step; a worker reads its limit box
+before each step, so after step i it sees every limit set before step i.
+Asynchronous workers are not in step: one ahead of a final limit stops at its
+next step, one behind runs up to it, and `History` covers the steps every
+worker completed.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Sequence
+
+from autodist.ir.atomic import atomic_write
+from autodist.runtime import mailbox
+from autodist.runtime.job import JobDir, RunConfig
+from autodist.runtime.mailbox import Mailboxes, Task
+
+CONTINUE = "continue"
+STOP = "stop"
+CHIEF: Task = ("worker", 0)
+_POLL_S = 0.005
+
+
+class FollowError(RuntimeError):
+    """A report, decision or limit did not arrive within its bound."""
+
+
+def write_decision(job: JobDir, epoch: int, stop: bool) -> None:
+    """Driver: what the run does after `epoch` (called after on_epoch_end)."""
+    job.epoch_decision(epoch).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(job.epoch_decision(epoch), (STOP if stop else CONTINUE).encode())
+
+
+def request_stop(job: JobDir) -> None:
+    """Driver: stop the run at the next step boundary the workers can all meet."""
+    job.stop_request().parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(job.stop_request(), STOP.encode())
+
+
+def first_limit(steps_per_epoch: int, epochs: int) -> int:
+    return steps_per_epoch if epochs > 1 else steps_per_epoch * epochs
+
+
+class ChiefFollower:
+    """The chief's side: decisions, the run limit, and the global step losses.
+
+    Args:
+        job: The driver's job directory.
+        mail: The cluster's mailboxes.
+        num_workers: Worker tasks (the chief is worker 0).
+        steps_per_epoch: Steps of one epoch.
+        config: The run's config (epochs and timeouts).
+    """
+
+    def __init__(self, job: JobDir, mail: Mailboxes, num_workers: int, steps_per_epoch: int,
+                 config: RunConfig) -> None:
+        self.job = job
+        self.mail = mail
+        self.peers: list[Task] = [("worker", t) for t in range(1, num_workers)]
+        self.steps = steps_per_epoch
+        self.total = steps_per_epoch * config.epochs
+        self.config = config
+        self.limit = first_limit(steps_per_epoch, config.epochs)
+        self.final = False
+        self._losses: dict[int, dict[int, float]] = {}
+        self._times: dict[int, float] = {}
+        self._written = 0  # steps whose record is in progress.jsonl
+        self._progress = job.file("progress.jsonl")
+
+    def may_start(self, step: int) -> bool:
+        """Whether step `step` runs; at an epoch's end, waits for the driver."""
+        if not self.final:
+            if step == self.limit:  # a non-final limit is always an epoch's end
+                self.flush(step)
+                decision = self._decision(step // self.steps - 1)
+                stop = decision == STOP or self.job.stop_request().exists()
+                self._set(step if stop else min(step + self.steps, self.total), stop)
+            elif self.job.stop_request().exists():
+                self._set(step + 1 if self.peers else step, True)
+        return step < self.limit
+
+    def record(self, step: int, loss: float, seconds: float) -> None:
+        """The chief's own loss of `step`; writes every record now complete."""
+        self._losses.setdefault(step, {})[0] = loss
+        self._times[step] = seconds
+        if self.peers:
+            self._absorb(self.mail.receive_all(CHIEF, mailbox.STEPS,
+                                               self.config.step_timeout_s))
+        self._write_complete()
+
+    def flush(self, through: int) -> None:
+        """Waits until every worker reported every step before `through`."""
+        while self._written < through:
+            try:
+                message = self.mail.receive(CHIEF, mailbox.STEPS, self.config.step_timeout_s)
+            except mailbox.MailboxTimeout as e:
+                have = self._losses.get(self._written, {})
+                missing = [t for t, _ in self.peers if t not in have]
+                raise FollowError(f"workers {missing} did not report step {self._written} "
+                                  f"within {self.config.step_timeout_s:g}s") from e
+            self._absorb([message])
+            self._write_complete()
+
+    def finish(self, losses_by_task: Sequence[Sequence[float]], times: Sequence[float]) -> None:
+        """After the run: records for the steps not yet written, from the results."""
+        done = min(len(losses) for losses in losses_by_task)
+        with open(self._progress, "a") as f:
+            for step in range(self._written, done):
+                f.write(self._line(step, sum(losses[step] for losses in losses_by_task),
+                                   times[step]))
+        self._written = max(self._written, done)
+
+    # ------------------------------------------------------------ internals
+    def _set(self, limit: int, final: bool) -> None:
+        self.limit, self.final = limit, final
+        message = json.dumps({"limit": limit, "final": final}).encode()
+        for peer in self.peers:
+            self.mail.send(peer, mailbox.LIMIT, message, self.config.step_timeout_s)
+
+    def _decision(self, epoch: int) -> str:
+        path = self.job.epoch_decision(epoch)
+        deadline = time.monotonic() + self.config.step_timeout_s
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise FollowError(f"the driver did not decide how to go on after epoch {epoch} "
+                                  f"within {self.config.step_timeout_s:g}s (its callbacks' "
+                                  "on_epoch_end may be too slow for step_timeout_s)")
+            time.sleep(_POLL_S)
+        return path.read_text().strip()
+
+    def _absorb(self, messages: list[bytes]) -> None:
+        for raw in messages:
+            report = json.loads(raw)
+            self._losses.setdefault(int(report["step"]), {})[int(report["task"])] = \
+                float(report["loss"])
+
+    def _write_complete(self) -> None:
+        lines = []
+        while len(self._losses.get(self._written, {})) == len(self.peers) + 1 and \
+                self._written in self._times:
+            step = self._written
+            lines.append(self._line(step, sum(self._losses.pop(step).values()),
+                                    self._times.pop(step)))
+            self._written += 1
+        if lines:
+            with open(self._progress, "a") as f:
+                f.write("".join(lines))
+
+    def _line(self, step: int, loss: float, seconds: float) -> str:
+        epoch, in_epoch = divmod(step, self.steps)
+        return json.dumps({"epoch": epoch, "step": in_epoch, "loss": loss,
+                           "time": seconds}) + "\n"
+
+
+class WorkerFollower:
+    """A non-chief worker's side: reports its losses, obeys the run limit.
+
+    Args:
+        mail: The cluster's mailboxes.
+        task_index: This worker's task index.
+        steps_per_epoch: Steps of one epoch.
+        config: The run's config.
+    """
+
+    def __init__(self, mail: Mailboxes, task_index: int, steps_per_epoch: int,
+                 config: RunConfig) -> None:
+        self.mail = mail
+        self.task: Task = ("worker", task_index)
+        self.config = config
+        self.limit = first_limit(steps_per_epoch, config.epochs)
+        self.final = False
+
+    def may_start(self, step: int) -> bool:
+        """Whether step `step` runs; at an epoch's end, waits for the chief's limit."""
+        self._absorb(self.mail.receive_all(self.task, mailbox.LIMIT, self.config.step_timeout_s))
+        deadline = time.monotonic() + self.config.job_timeout_s
+        while step >= self.limit and not self.final:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise FollowError(f"worker {self.task[1]}: the chief did not let step {step} "
+                                  f"start or end the run within {self.config.job_timeout_s:g}s")
+            try:
+                self._absorb([self.mail.receive(self.task, mailbox.LIMIT, remaining)])
+            except mailbox.MailboxTimeout:
+                continue
+        return step < self.limit
+
+    def record(self, step: int, loss: float) -> None:
+        report = {"task": self.task[1], "step": step, "loss": loss}
+        self.mail.send(CHIEF, mailbox.STEPS, json.dumps(report).encode(),
+                       self.config.step_timeout_s)
+
+    def _absorb(self, messages: list[bytes]) -> None:
+        for raw in messages:
+            message: dict[str, Any] = json.loads(raw)
+            self.limit, self.final = int(message["limit"]), bool(message["final"])

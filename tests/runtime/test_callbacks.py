@@ -1,0 +1,146 @@
+"""fit(callbacks=...): Keras' hooks and logs in the driver; stop_training stops every worker.
+
+Each run is compared with single-device Keras: the same callbacks on Keras
+`fit` must see the same hooks, and the trained weights must agree to 2e-5
+(float32 sums in a different order) after the same number of steps.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import keras
+import autodist
+from autodist import models
+from autodist.search import builders
+
+pytestmark = pytest.mark.cluster
+
+TOLERANCE = 2e-5
+EXAMPLES = 90
+BATCH = 32  # 3 steps per epoch, the last one short (26 examples)
+
+
+class Recorder(keras.callbacks.Callback):
+    """Records every hook with its arguments and logs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple] = []
+
+    def on_train_begin(self, logs=None):
+        self.events.append(("train_begin", None, logs))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.events.append(("epoch_begin", epoch, logs))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.events.append(("batch_begin", batch, logs))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.events.append(("batch_end", batch, dict(logs)))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.events.append(("epoch_end", epoch, dict(logs)))
+
+    def on_train_end(self, logs=None):
+        self.events.append(("train_end", None, dict(logs or {})))
+
+
+class StopAfterBatches(keras.callbacks.Callback):
+    """Sets stop_training once `count` batches have ended (over the whole run)."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
+        self.seen = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen >= self.count:
+            self.model.stop_training = True
+
+
+def _setup():
+    model = models.mlp(input_dim=20, hidden=(16,),
+                       optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(EXAMPLES, 20)).astype("float32")
+    y = rng.integers(0, 10, EXAMPLES).astype("int32")
+    return model, x, y
+
+
+def _names(events):
+    return [(hook, index) for hook, index, _ in events]
+
+
+def test_hooks_logs_and_early_stopping_match_keras(tmp_path):
+    """EarlyStopping in on_epoch_end stops exactly at that epoch's end, as in Keras."""
+    model, x, y = _setup()
+    reference = models.single_device_twin(model)
+    keras_recorder = Recorder()
+    # min_delta so large that epoch 1 is no improvement: stop after 2 of 6 epochs.
+    keras_history = reference.fit(
+        x, y, batch_size=BATCH, epochs=6, shuffle=False, verbose=0,
+        callbacks=[keras_recorder, keras.callbacks.EarlyStopping(monitor="loss", min_delta=100,
+                                                                 patience=1)])
+    assert len(keras_history.history["loss"]) == 2
+
+    spec = autodist.ResourceSpec.local(workers=2, ps=1)
+    graph_item = autodist.capture(model)
+    strategy = builders.PS().build(graph_item, spec)
+    recorder = Recorder()
+    history = autodist.distribute(model, strategy, spec, graph_item=graph_item).fit(
+        x, y, batch_size=BATCH, epochs=6, verbose=0,
+        callbacks=[recorder, keras.callbacks.EarlyStopping(monitor="loss", min_delta=100,
+                                                           patience=1)])
+
+    assert recorder.model is model
+    assert recorder.params == {"epochs": 6, "steps": 3, "verbose": 0}
+    assert _names(recorder.events) == _names(keras_recorder.events)
+    assert len(history.step_losses) == 6 and len(history.history["loss"]) == 2
+    # Logs: batch ends hold the running mean of the epoch, weighted by batch size.
+    sizes = [32, 32, 26]
+    batch_logs = [logs["loss"] for hook, _, logs in recorder.events if hook == "batch_end"]
+    for epoch in range(2):
+        losses = history.step_losses[epoch * 3:(epoch + 1) * 3]
+        running = np.cumsum(np.multiply(losses, sizes)) / np.cumsum(sizes)
+        np.testing.assert_allclose(batch_logs[epoch * 3:(epoch + 1) * 3], running, rtol=1e-6)
+    epoch_logs = [logs["loss"] for hook, _, logs in recorder.events if hook == "epoch_end"]
+    np.testing.assert_allclose(epoch_logs, history.history["loss"], rtol=1e-6)
+    np.testing.assert_allclose(history.history["loss"], keras_history.history["loss"], rtol=1e-4)
+    keras_batch_logs = [logs["loss"] for hook, _, logs in keras_recorder.events
+                        if hook == "batch_end"]
+    np.testing.assert_allclose(batch_logs, keras_batch_logs, rtol=1e-4)
+    assert recorder.events[-1][2] == {"loss": history.history["loss"][-1]}
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+
+
+def test_stop_training_inside_an_epoch_stops_every_worker(tmp_path):
+    """A stop request mid-epoch ends the run at a step boundary on all workers; the
+    weights equal Keras after the same number of steps."""
+    model, x, y = _setup()
+    reference = models.single_device_twin(model)
+    spec = autodist.ResourceSpec.local(workers=2)
+    graph_item = autodist.capture(model)
+    strategy = builders.AllReduce().build(graph_item, spec)
+    recorder = Recorder()
+    batch, steps, epochs = 8, 12, 10  # 12 steps per epoch, the last one of 2 examples
+    history = autodist.distribute(model, strategy, spec, graph_item=graph_item,
+                                  job_dir=str(tmp_path / "job")).fit(
+        x, y, batch_size=batch, epochs=epochs, verbose=0,
+        callbacks=[StopAfterBatches(3), recorder])
+
+    done = len(history.step_losses)
+    assert 3 <= done < epochs * steps, done
+    ends = [index for hook, index, _ in recorder.events if hook == "batch_end"]
+    assert ends == [step % steps for step in range(done)]
+    assert _names(recorder.events)[-2:] == [("epoch_end", (done - 1) // steps),
+                                            ("train_end", None)]
+    assert len(history.history["loss"]) == -(-done // steps)
+    for step in range(done):  # Keras, one batch at a time over the same batches
+        rows = slice((step % steps) * batch, (step % steps + 1) * batch)
+        reference.train_on_batch(x[rows], y[rows])
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)

@@ -1,0 +1,137 @@
+"""Multi-host launch, on loopback: the TF operator convention.
+
+Every task but the chief is an `autodist serve --tf-config` process with its
+own TF_CONFIG, started in its own empty directory and never told where the
+chief's job directory is: its job arrives over TensorFlow. The chief's side
+runs in the test process (`launch="remote"`, TF_CONFIG task worker:0).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import keras
+import autodist
+from autodist import models
+from autodist.runtime.launcher import TaskFailedError, free_ports
+from autodist.search import builders
+
+pytestmark = pytest.mark.cluster
+
+TOLERANCE = 2e-5
+
+
+def _tf_config(cluster: dict, kind: str, index: int) -> str:
+    return json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
+
+
+def _serve(tmp_path, cluster: dict, kind: str, index: int, job_timeout: float):
+    home = tmp_path / f"{kind}{index}"
+    home.mkdir()
+    env = dict(os.environ, TF_CONFIG=_tf_config(cluster, kind, index))
+    log = open(home / "serve.log", "wb")  # pylint: disable=consider-using-with
+    process = subprocess.Popen(
+        [sys.executable, "-m", "autodist.cli", "serve", "--tf-config", "--max-jobs", "1",
+         "--job-timeout", str(job_timeout), "--work-dir", str(home / "jobs")],
+        cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    log.close()
+    return process, home / "serve.log"
+
+
+class _CountBatches(keras.callbacks.Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+
+
+def test_tf_config_cluster_trains_like_keras(tmp_path, monkeypatch):
+    """2 workers + 1 PS from TF_CONFIG, Parallax (PS and all-reduce), with a callback."""
+    ports = free_ports(3)
+    cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"],
+               "ps": [f"127.0.0.1:{ports[2]}"]}
+    servers = [_serve(tmp_path, cluster, "worker", 1, 120), _serve(tmp_path, cluster, "ps", 0, 120)]
+    try:
+        model = models.embedding_model(num_users=50, num_items=71, dim=8, optimizer="adam")
+        rng = np.random.default_rng(0)
+        x = [rng.integers(0, 50, (90, 1)).astype("int32"),
+             rng.integers(0, 71, (90, 1)).astype("int32")]
+        y = rng.integers(0, 2, (90, 1)).astype("float32")
+        reference = models.single_device_twin(model)
+        reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+
+        monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+        spec = autodist.ResourceSpec.from_tf_config()
+        graph_item = autodist.capture(model)
+        strategy = builders.Parallax(min_shard_bytes=64).build(graph_item, spec)
+        counter = _CountBatches()
+        run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
+                                  job_dir=str(tmp_path / "chief"))
+        history = run.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[counter])
+
+        assert len(history.step_losses) == 6 and counter.batches == 6
+        for got, want in zip(model.get_weights(), reference.get_weights()):
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+        for process, log in servers:  # each served its one job and ended cleanly
+            assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+        worker_log = servers[0][1].read_text()
+        assert "task worker:1 received a job" in worker_log and "task worker:1 done" in worker_log
+    finally:
+        for process, _ in servers:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def test_task_without_a_job_times_out_clearly(tmp_path):
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"]}
+    process, log = _serve(tmp_path, cluster, "worker", 1, job_timeout=3)
+    try:
+        assert process.wait(timeout=60) == 1
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert (f"no job arrived for task worker:1 at 127.0.0.1:{ports[1]} within 3s"
+            in log.read_text())
+
+
+def test_chief_names_a_peer_that_is_not_up_and_aborts_the_others(tmp_path, monkeypatch):
+    """worker:1 serves, ps:0 never starts: fit fails naming ps:0's address within its
+    startup bound, and tells worker:1 (which got its job) to stop at once."""
+    ports = free_ports(3)
+    cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"],
+               "ps": [f"127.0.0.1:{ports[2]}"]}
+    process, log = _serve(tmp_path, cluster, "worker", 1, job_timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while "serving at" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+        spec = autodist.ResourceSpec.from_tf_config()
+        model = models.mlp(input_dim=8, hidden=(8,))
+        graph_item = autodist.capture(model)
+        strategy = builders.PS().build(graph_item, spec)
+        run = autodist.distribute(model, strategy, spec, graph_item=graph_item,
+                                  launch="remote", startup_timeout_s=3)
+        start = time.monotonic()
+        with pytest.raises(TaskFailedError, match=f"task ps:0 at 127.0.0.1:{ports[2]} did not "
+                                                  "take its job within 3s"):
+            run.fit(np.zeros((16, 8), "float32"), np.zeros(16, "int32"), batch_size=8,
+                    verbose=0)
+        assert time.monotonic() - start < 15
+        assert process.wait(timeout=30) == 1
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+    assert "the driver aborted the job" in log.read_text()

@@ -1,0 +1,135 @@
+"""Pieces of a multi-host run that need no cluster: job archives and data shards,
+TF_CONFIG task names, who may drive a remote cluster, and fit's argument checks."""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import numpy as np
+import pytest
+
+import autodist
+from autodist.ir.errors import AutodistError, ResourceSpecError
+from autodist.runtime import data as batching
+from autodist.runtime import remote
+from autodist.runtime.job import JobDir, RunConfig
+from autodist.runtime.run import DistributedRun
+
+
+def _job(tmp_path, mlp_item, spec) -> tuple[JobDir, np.ndarray, np.ndarray]:
+    strategy = autodist.builders.AllReduce().build(mlp_item, spec)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 784)).astype("float32")
+    y = rng.integers(0, 10, 40).astype("int32")
+    job = JobDir(tmp_path / "chief")
+    job.write(mlp_item, strategy, spec, RunConfig(global_batch_size=8, job_id="j1"),
+              {"dense_0/kernel": np.ones((784, 256), "float32")}, [x], y)
+    job.write_ports([2222, 2223])
+    return job, x, y
+
+
+def test_archive_round_trip_with_a_data_shard(tmp_path, mlp_item):
+    spec = autodist.ResourceSpec.local(workers=2)
+    job, x, y = _job(tmp_path, mlp_item, spec)
+    rows = np.array([1, 5, 6, 39])
+    shipped = JobDir.unpack(job.pack(rows), tmp_path / "worker1")
+    assert shipped.resource_spec() == spec and shipped.config() == job.config()
+    assert shipped.ports() == [2222, 2223]
+    assert shipped.graph_item().fingerprint == mlp_item.fingerprint
+    np.testing.assert_array_equal(shipped.init_values()["dense_0/kernel"], 1.0)
+    (xs,), ys = shipped.data()
+    np.testing.assert_array_equal(xs, x[rows])
+    np.testing.assert_array_equal(ys, y[rows])
+    num_examples, held = shipped.shard()
+    assert num_examples == 40
+    np.testing.assert_array_equal(held, rows)
+    assert job.shard() == (40, None)
+
+    ps = JobDir.unpack(job.pack(with_data=False), tmp_path / "ps0")
+    assert ps.config() == job.config() and not (ps.path / "init.npz").exists()
+    assert not list((ps.path / "data").iterdir())
+
+
+def test_a_reused_job_directory_starts_clean(tmp_path, mlp_item):
+    """Progress, decisions and results of an earlier fit must not leak into the next."""
+    spec = autodist.ResourceSpec.local(workers=2)
+    job, _, _ = _job(tmp_path, mlp_item, spec)
+    for path in (job.file("progress.jsonl"), job.stop_request(), job.epoch_decision(0),
+                 job.result(1), job.file("final_weights.npz"), job.path / "data" / "x_1.npy"):
+        path.write_text("old")
+    job, _, _ = _job(tmp_path, mlp_item, spec)
+    assert sorted(p.name for p in job.path.rglob("*") if p.is_file()) == [
+        "cluster.json", "graph_item.pb", "init.npz", "resource_spec.pb", "run.json",
+        "strategy.pb", "x_0.npy", "y.npy"]
+
+
+@pytest.mark.parametrize("name", ["../evil", "/etc/passwd", "data/../../x", "extra.txt"])
+def test_unpack_refuses_unexpected_members(tmp_path, name):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(ValueError, match="unexpected member"):
+        JobDir.unpack(buffer.getvalue(), tmp_path / "job")
+
+
+def test_rows_read_are_what_the_replicas_feed():
+    # 10 examples, batch 4 (4, 4, 2), 2 replicas: replica 1 reads rows 2-3, 6-7, 9.
+    rows = batching.rows_read(10, 4, steps=3, epochs=2, shuffle=False, seed=0, num_replicas=2,
+                              replicas=[1])
+    np.testing.assert_array_equal(rows, [2, 3, 6, 7, 9])
+    both = batching.rows_read(10, 4, 3, 1, False, 0, 2, [0, 1])
+    np.testing.assert_array_equal(both, np.arange(10))
+    shuffled = batching.rows_read(10, 4, 3, 3, True, 7, 2, [0])
+    expected = set()
+    for epoch in range(3):
+        order = batching.epoch_order(10, epoch, True, 7)
+        for step in range(3):
+            expected |= set(batching.replica_rows(batching.batch_rows(order, step, 4), 2)[0])
+    assert list(shuffled) == sorted(expected)
+
+
+def test_tf_config_task_names_map_to_spec_tasks():
+    cluster = {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p:1"]}
+
+    def task(kind, index):
+        return remote.task_from_tf_config({"cluster": cluster,
+                                           "task": {"type": kind, "index": index}})[1]
+
+    assert task("chief", 0) == ("worker", 0)
+    assert task("worker", 0) == ("worker", 1)  # the chief is worker task 0 in the spec
+    assert task("worker", 1) == ("worker", 2)
+    assert task("ps", 0) == ("ps", 0)
+    spec, own = remote.task_from_tf_config(json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+                                                       "task": {"type": "worker", "index": 1}}))
+    assert own == ("worker", 1) and spec.cluster_def() == {"worker": ["a:1", "b:1"]}
+    with pytest.raises(ResourceSpecError, match="must name this process's task"):
+        remote.task_from_tf_config({"cluster": cluster, "task": {"type": "ps", "index": 1}})
+    with pytest.raises(ResourceSpecError, match="must name this process's task"):
+        remote.task_from_tf_config({"cluster": cluster})
+
+
+def test_only_the_chief_drives_a_remote_cluster(monkeypatch, mlp_item):
+    cluster = {"worker": ["a:1", "b:1"]}
+    spec = remote.task_from_tf_config({"cluster": cluster, "task": {"type": "worker",
+                                                                    "index": 0}})[0]
+    strategy = autodist.builders.AllReduce().build(mlp_item, spec)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
+                                                "task": {"type": "worker", "index": 1}}))
+    with pytest.raises(AutodistError, match="task worker:1 of its TF_CONFIG, not the chief"):
+        DistributedRun(None, strategy, spec, graph_item=mlp_item, launch="remote")
+    with pytest.raises(AutodistError, match="launch must be one of"):
+        DistributedRun(None, strategy, spec, graph_item=mlp_item, launch="ssh")
+    with pytest.raises(AutodistError, match="node 0 has address 'a'.*use launch='remote'"):
+        DistributedRun(None, strategy, spec, graph_item=mlp_item)
+
+
+def test_callbacks_must_be_keras_callbacks(mlp_item):
+    spec = autodist.ResourceSpec.local(workers=1)
+    strategy = autodist.builders.AllReduce().build(mlp_item, spec)
+    run = DistributedRun(None, strategy, spec, graph_item=mlp_item)
+    with pytest.raises(AutodistError, match="callbacks must be keras.callbacks.Callback objects. "
+                                            "Received: 'print'"):
+        run.fit(np.zeros((4, 784), "float32"), np.zeros(4, "int32"), callbacks=["print"])
