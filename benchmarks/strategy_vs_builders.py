@@ -8,8 +8,10 @@ An emulated cluster (default 2 workers + 2 PS) runs as local processes with
 fixed ports; an `htb` class per task, matched by the task's port (source or
 destination), caps the traffic to and from each task's server at the given
 bandwidth. The spec tells the search the same bandwidth. For each model and
-bandwidth, side by side in one run: every builder and the search's pick
-(simulator ranking, no measured trials) are measured with the same data —
+bandwidth, side by side in one run: every builder, the search's pick
+(simulator ranking, no measured trials) and the pick of `optimize(measure=
+True, budget=4)` (half the trials on the builders predicted fastest, half on
+the search's best) are measured with the same data —
 median step time after warm-up, min and max — and the ratio of the best
 builder's time to the pick's (> 1: the pick is faster). The 2-core machine
 contends compute between the 4 task processes; the capped links make the
@@ -60,6 +62,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--builders", default="all")
+    parser.add_argument("--measure-budget", type=int, default=4,
+                        help="trials of optimize(measure=True) (0: skip that row)")
     args = parser.parse_args()
     if os.environ.get("AUTODIST_PRIVATE_NETNS") != "1" and not _in_private_netns():
         print("run me inside `unshare -n` (see the docstring)", file=sys.stderr)
@@ -93,6 +97,15 @@ def main() -> int:
                                       steps=args.steps, warmup_steps=args.warmup)
             candidates = {n: builders.get(n)().build(gi, spec) for n in names}
             candidates["optimize"] = plan.strategy
+            if args.measure_budget:
+                start = time.perf_counter()
+                measured_plan = autodist.optimize(model, spec, graph_item=gi,
+                                                  batch_size=args.batch_size, measure=True,
+                                                  budget=args.measure_budget)
+                search_s = (search_s, time.perf_counter() - start)
+                candidates["optimize (measured)"] = measured_plan.strategy
+                print(f"optimize (measured) picked {measured_plan.strategy.origin}",
+                      file=sys.stderr)
             results = {}
             for label, strategy in candidates.items():
                 try:
@@ -104,7 +117,7 @@ def main() -> int:
                     print(f"{label}: failed: {e}", file=sys.stderr)
                 print(f"{model_key} {mbit:g} Mbit/s {label}: "
                       f"{results[label][0] * 1e3:.2f} ms", file=sys.stderr, flush=True)
-            best_builder = min((k for k in results if k != "optimize"),
+            best_builder = min((k for k in results if not k.startswith("optimize")),
                                key=lambda k: results[k][0])
             table.append((model_key, mbit, results, best_builder, plan, search_s))
     subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
@@ -114,16 +127,19 @@ def main() -> int:
           f"{args.batch_size}, median of {args.steps} steps after {args.warmup} warm-up "
           f"(min–max), ms/step\n")
     for model_key, mbit, results, best_builder, plan, search_s in table:
-        print(f"## {model_key} at {mbit:g} Mbit/s (search {search_s:.2f}s, predicted "
-              f"{plan.predicted_step_time * 1e3:.2f} ms)\n")
+        seconds = search_s if isinstance(search_s, tuple) else (search_s,)
+        print(f"## {model_key} at {mbit:g} Mbit/s (search {seconds[0]:.2f}s"
+              + (f", measured search {seconds[1]:.0f}s" if len(seconds) > 1 else "")
+              + f"; predicted {plan.predicted_step_time * 1e3:.2f} ms)\n")
         print("| strategy | median | min–max | predicted |\n|---|---:|---:|---:|")
         for label, (median, low, high) in sorted(results.items(), key=lambda kv: kv[1][0]):
-            predicted = (plan.predicted_step_time if label == "optimize"
+            predicted = (plan.predicted_step_time if label.startswith("optimize")
                          else plan.builder_step_times.get(label, float("nan")))
             print(f"| {label} | {median * 1e3:.2f} | {low * 1e3:.2f}–{high * 1e3:.2f} | "
                   f"{predicted * 1e3:.2f} |")
-        ratio = results[best_builder][0] / results["optimize"][0]
-        print(f"\nbest builder {best_builder}; best builder / optimize = {ratio:.2f}x\n")
+        ratios = "; ".join(f"best builder / {k} = {results[best_builder][0] / v[0]:.2f}x"
+                           for k, v in results.items() if k.startswith("optimize"))
+        print(f"\nbest builder {best_builder}; {ratios}\n")
     print(f"Command: `python {' '.join(sys.argv)}` (in `unshare -n`) on {platform.node()}, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
     return 0

@@ -6,7 +6,9 @@ unmeasured candidates on the real cluster through a `Runner`, records every
 trial (failed ones with their error) in a `Database`, refits the cost model
 on the records and searches again, until the trial budget is spent. The
 builders' strategies are always candidates, so the pick is never predicted
-slower than the best builder. A tuner resumes from its database: strategies
+slower than the best builder; when measuring, the builders predicted fastest
+are measured too, so the pick is never measured slower than them (its
+`origin` then names the builder it is). A tuner resumes from its database: strategies
 already measured for the workload are not measured again.
 """
 from __future__ import annotations
@@ -146,12 +148,16 @@ class Tuner:
         return f"lightgbm-{self.cost_model.kind}"
 
     # --------------------------------------------------------------- tuning
-    def tune(self, trials: int = 0, measure_per_round: int = 2) -> TuneResult:
+    def tune(self, trials: int = 0, measure_per_round: int = 2,
+             builder_trials: int | None = None) -> TuneResult:
         """Searches, measures up to `trials` strategies, and returns the pick.
 
         Args:
             trials: Real measurements to make (0: rank by prediction only).
             measure_per_round: Candidates measured between refits.
+            builder_trials: How many of the trials go to the builders predicted
+                fastest (default: half of them), so that the pick is measured
+                against what a user would have picked by hand.
         """
         if trials < 0:
             raise ValueError(f"trials must be >= 0. Received: {trials!r}")
@@ -162,6 +168,13 @@ class Tuner:
         result = self._search()
         scored = result.evaluated
         done: list[Trial] = []
+        builder_trials = trials // 2 if builder_trials is None else min(builder_trials, trials)
+        for name in self._builders_by_prediction()[:builder_trials]:
+            candidate = self.seeds[name]
+            if tuple(candidate) not in measured:
+                trial = self._measure(candidate, origin=name)
+                done.append(trial)
+                measured[tuple(candidate)] = trial
         while len(done) < trials:
             todo = [c for c in result.candidates if tuple(c) not in measured]
             todo = todo[:min(measure_per_round, trials - len(done))]
@@ -182,6 +195,10 @@ class Tuner:
             trials=done, candidates_scored=scored, elapsed_s=time.perf_counter() - start,
             explanation=self.explain(self.space.encode(best)))
 
+    def _builders_by_prediction(self) -> list[str]:
+        seconds, _ = self.predict_seconds(np.stack(list(self.seeds.values())))
+        return [name for _, name in sorted(zip(seconds, self.seeds))]
+
     def _search(self) -> SearchResult:
         return search(self.space, self.score, algorithm=self.algorithm,
                       budget=self.search_budget, seed=self.seed,
@@ -196,7 +213,8 @@ class Tuner:
         else:
             candidate = result.best
         seconds, lower = self.predict_seconds(candidate[None, :])
-        strategy = self.space.decode(candidate, origin="search")
+        origin = ok[tuple(candidate)].strategy.origin if tuple(candidate) in ok else "search"
+        strategy = self.space.decode(candidate, origin=origin)
         perf = strategy.proto.performance
         perf.predicted_step_time_s = float(seconds[0])
         perf.lower_bound_step_time_s = float(lower[0])
@@ -205,8 +223,8 @@ class Tuner:
             perf.measured_step_time_s.extend(ok[tuple(candidate)].step_times_s)
         return strategy, float(seconds[0]), float(lower[0])
 
-    def _measure(self, candidate: np.ndarray) -> Trial:
-        strategy = self.space.decode(candidate, origin="search")
+    def _measure(self, candidate: np.ndarray, origin: str = "search") -> Trial:
+        strategy = self.space.decode(candidate, origin=origin)
         seconds, _ = self.predict_seconds(candidate[None, :])
         trial = Trial(strategy, float(seconds[0]))
         try:
@@ -218,11 +236,11 @@ class Tuner:
             trial.error = f"{type(e).__name__}: {e}"
         if self.database is not None:
             self.database.append(self.record(strategy, trial.step_times_s, trial.error,
-                                              trial.predicted_step_time_s))
+                                              trial.predicted_step_time_s, origin=origin))
         if self.progress:
             outcome = (f"{trial.median_step_time_s * 1e3:.2f} ms" if trial.error is None
                        else f"failed: {trial.error.splitlines()[0][:80]}")
-            print(f"trial: predicted {trial.predicted_step_time_s * 1e3:.2f} ms, "
+            print(f"trial ({origin}): predicted {trial.predicted_step_time_s * 1e3:.2f} ms, "
                   f"measured {outcome}", file=sys.stderr, flush=True)
         return trial
 

@@ -115,3 +115,16 @@ def test_records_round_trip_through_the_database(workload, tmp_path):
     (loaded,) = db.records()
     assert dataclasses.asdict(loaded)["strategy"] == strategy.serialize()
     assert loaded.median_step_time_s == pytest.approx(0.015)
+
+
+def test_measuring_includes_the_builders_predicted_fastest(workload, tmp_path):
+    gi, spec = workload
+    db = Database(tmp_path / "trials.jsonl")
+    tuner = Tuner(gi, spec, database=db, runner=FakeRunner(gi, spec), search_budget=400)
+    result = tuner.tune(trials=4)
+    origins = [r.origin for r in db.records()]
+    fastest = sorted(result.builder_step_times_s, key=result.builder_step_times_s.get)[:2]
+    assert origins[:2] == fastest and origins[2:] == ["search", "search"]
+    best_builder = min(r.median_step_time_s for r in db.records()[:2])
+    assert np.median(result.strategy.proto.performance.measured_step_time_s) <= best_builder
+    assert result.strategy.origin in fastest + ["search"]
