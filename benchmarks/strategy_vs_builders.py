@@ -30,8 +30,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 BASE_PORT = 23000
 
 MODELS = {
-    # Embedding-heavy: two large tables (sparse gradients) and a small MLP.
-    "ncf-large": dict(name="ncf", num_users=200_000, num_items=100_000, dim=32),
+    # Embedding-heavy: two large tables (sparse gradients) and a small MLP. With
+    # SGD a step touches only the looked-up rows; with Adam (Keras semantics)
+    # every row's moments decay each step, so dense updates of the tables dominate.
+    "ncf-large": dict(name="ncf", num_users=200_000, num_items=100_000, dim=32,
+                      optimizer="sgd"),
+    "ncf-large-adam": dict(name="ncf", num_users=200_000, num_items=100_000, dim=32,
+                           optimizer="adam"),
     "mlp": dict(name="mlp", hidden=(512, 512)),
 }
 

@@ -18,7 +18,7 @@ from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.kernels.optimizers import check_supported as check_optimizer
-from autodist.runtime import checkpoint
+from autodist.runtime import checkpoint, datasets
 from autodist.runtime import data as batching
 from autodist.runtime import follow
 from autodist.runtime.job import JobDir, RunConfig
@@ -102,7 +102,7 @@ class DistributedRun:
         self.last_job_dir: pathlib.Path | None = None
         self.task_step_delay_s = {str(k): float(v) for k, v in (task_step_delay_s or {}).items()}
 
-    def fit(self, x: Any, y: Any = None, *, batch_size: int = 32, epochs: int = 1,
+    def fit(self, x: Any, y: Any = None, *, batch_size: int | None = None, epochs: int = 1,
             steps_per_epoch: int | None = None, shuffle: bool = False, seed: int = 0,
             verbose: int = 1, timeout_s: float = 3600.0, checkpoint_dir: str | None = None,
             checkpoint_every_steps: int | None = None,
@@ -131,9 +131,12 @@ class DistributedRun:
         the initial weights: use `checkpoint_dir=` for checkpoints instead.
 
         Args:
-            x: Input array, or a list of arrays for a multi-input model.
-            y: Target array.
-            batch_size: The global batch (split over all replicas).
+            x: Input array, a list of arrays for a multi-input model, or a
+                finite `tf.data.Dataset` of `(x, y)` batches (each one global
+                batch, as in Keras; see `autodist.runtime.datasets`).
+            y: Target array (None with a dataset).
+            batch_size: The global batch (split over all replicas); default
+                32; not given with a dataset (its batches are the batches).
             epochs: Passes over the data.
             steps_per_epoch: Steps per epoch (default: all batches).
             shuffle: Shuffle each epoch with a seeded permutation (the order
@@ -155,8 +158,16 @@ class DistributedRun:
         Returns:
             A History with per-step and per-epoch losses.
         """
+        if datasets.is_dataset(x):
+            if y is not None or batch_size is not None:
+                raise AutodistError("with a dataset, pass neither y nor batch_size: the "
+                                    "dataset yields (x, y) batches. Received "
+                                    f"y={'an array' if y is not None else None}, "
+                                    f"batch_size={batch_size!r}")
+            x, y, batch_size = datasets.dataset_arrays(x, [i.name for i in self._x_infos()])
         if y is None:
-            raise AutodistError("fit needs targets y (datasets are not supported yet)")
+            raise AutodistError("fit needs targets y (or a dataset of (x, y) batches)")
+        batch_size = 32 if batch_size is None else batch_size
         for callback in callbacks or []:
             if not all(hasattr(callback, hook) for hook in _HOOKS):
                 raise AutodistError("callbacks must be keras.callbacks.Callback objects. "

@@ -1,0 +1,85 @@
+"""`fit` on a `tf.data.Dataset`: its batches become arrays batched the same way.
+
+As in Keras, each element of the dataset is one (global) batch `(x, y)`. A
+finite dataset whose batches all have one size, except possibly a smaller
+last one, is read once in the driver and concatenated; batching the arrays
+with that size gives back exactly the dataset's batches, so the run trains
+on the same batches in the same order as Keras `fit(dataset)` (with
+`shuffle` off: a dataset shuffles itself, once here).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from autodist.ir.errors import AutodistError
+
+
+def is_dataset(x: Any) -> bool:
+    """Whether `x` is a tf.data.Dataset (without importing TensorFlow for arrays)."""
+    return type(x).__module__.startswith("tensorflow") and hasattr(x, "element_spec")
+
+
+def dataset_arrays(dataset, input_names: Sequence[str],
+                   max_batches: int = 1_000_000) -> tuple[list[np.ndarray], np.ndarray, int]:
+    """Reads a finite dataset of (x, y) batches into (x arrays, y array, batch size).
+
+    Args:
+        dataset: Yields `(x, y)`: x a tensor, a tuple/list of tensors (one per
+            model input) or a dict keyed by the model's input names.
+        input_names: The model's input names, in order.
+        max_batches: Bound on the batches read.
+
+    Raises:
+        AutodistError: An infinite dataset, sample weights, batches of
+            uneven size, or x that does not match the model's inputs.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+        raise AutodistError("fit reads a dataset once in the driver, so it must be finite; "
+                            "received an infinite (repeated) dataset: drop .repeat()")
+    xs: list[list[np.ndarray]] = []
+    ys: list[np.ndarray] = []
+    sizes: list[int] = []
+    for i, element in enumerate(dataset):
+        if i >= max_batches:
+            raise AutodistError(f"the dataset has more than {max_batches} batches")
+        if not isinstance(element, tuple) or len(element) != 2:
+            raise AutodistError("each dataset element must be an (x, y) batch; received "
+                                f"{_describe(element)} (sample weights are not supported)")
+        x, y = element
+        arrays = _x_arrays(x, input_names)
+        xs.append(arrays)
+        ys.append(np.asarray(y))
+        sizes.append(len(ys[-1]))
+    if not sizes:
+        raise AutodistError("the dataset is empty")
+    batch = sizes[0]
+    if any(s != batch for s in sizes[:-1]) or sizes[-1] > batch:
+        raise AutodistError(f"dataset batches must all have one size except a smaller last "
+                            f"one (as `.batch(n)` makes); received sizes {sizes[:10]}"
+                            f"{' ...' if len(sizes) > 10 else ''}")
+    inputs = [np.concatenate([b[j] for b in xs]) for j in range(len(input_names))]
+    return inputs, np.concatenate(ys), batch
+
+
+def _x_arrays(x, input_names: Sequence[str]) -> list[np.ndarray]:
+    if isinstance(x, dict):
+        missing = [n for n in input_names if n not in x]
+        if missing:
+            raise AutodistError(f"dataset x is a dict without the model's inputs {missing}; "
+                                f"its keys: {sorted(x)}")
+        return [np.asarray(x[n]) for n in input_names]
+    arrays = [np.asarray(a) for a in x] if isinstance(x, (tuple, list)) else [np.asarray(x)]
+    if len(arrays) != len(input_names):
+        raise AutodistError(f"the model takes {len(input_names)} inputs ({list(input_names)}); "
+                            f"the dataset's x has {len(arrays)}")
+    return arrays
+
+
+def _describe(element: Any) -> str:
+    if isinstance(element, tuple):
+        return f"a tuple of {len(element)}"
+    return type(element).__name__
