@@ -46,6 +46,25 @@ class Device:
     index: int
 
 
+
+def read_tf_config(tf_config: str | Mapping[str, Any] | None = None) -> Any:
+    """TF_CONFIG parsed: from a JSON string, a dict (returned as is) or the environment.
+
+    Raises:
+        ResourceSpecError: TF_CONFIG is unset or not valid JSON.
+    """
+    if tf_config is None:
+        tf_config = os.environ.get("TF_CONFIG")
+        if not tf_config:
+            raise ResourceSpecError("TF_CONFIG is not set in the environment")
+    if isinstance(tf_config, str):
+        try:
+            return json.loads(tf_config)
+        except json.JSONDecodeError as e:
+            raise ResourceSpecError(f"TF_CONFIG is not valid JSON: {e}. "
+                                    f"Received: {tf_config!r}") from e
+    return tf_config
+
 class ResourceSpec:
     """The nodes, devices, roles and bandwidths of a cluster.
 
@@ -156,16 +175,7 @@ class ResourceSpec:
         Returns:
             The validated spec.
         """
-        if tf_config is None:
-            tf_config = os.environ.get("TF_CONFIG")
-            if not tf_config:
-                raise ResourceSpecError("TF_CONFIG is not set in the environment")
-        if isinstance(tf_config, str):
-            try:
-                tf_config = json.loads(tf_config)
-            except json.JSONDecodeError as e:
-                raise ResourceSpecError(f"TF_CONFIG is not valid JSON: {e}. "
-                                        f"Received: {tf_config!r}") from e
+        tf_config = read_tf_config(tf_config)
         cluster = tf_config.get("cluster") if isinstance(tf_config, Mapping) else None
         if not isinstance(cluster, Mapping) or not cluster:
             raise ResourceSpecError(

@@ -16,13 +16,12 @@ would. Everything after that between tasks also goes through TensorFlow.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, Mapping
 
 from autodist.ir.errors import AutodistError, ResourceSpecError
-from autodist.ir.resource_spec import ResourceSpec
+from autodist.ir.resource_spec import ResourceSpec, read_tf_config
 from autodist.runtime import data as batching
 from autodist.runtime.job import JobDir
 from autodist.runtime.launcher import LocalCluster, TaskFailedError
@@ -47,16 +46,7 @@ def task_from_tf_config(
         ResourceSpecError: TF_CONFIG is missing, malformed, or its task is not
             in its cluster.
     """
-    if tf_config is None:
-        tf_config = os.environ.get("TF_CONFIG")
-        if not tf_config:
-            raise ResourceSpecError("TF_CONFIG is not set in the environment")
-    if isinstance(tf_config, str):
-        try:
-            tf_config = json.loads(tf_config)
-        except json.JSONDecodeError as e:
-            raise ResourceSpecError(f"TF_CONFIG is not valid JSON: {e}. "
-                                    f"Received: {tf_config!r}") from e
+    tf_config = read_tf_config(tf_config)
     spec = ResourceSpec.from_tf_config(tf_config)
     task = tf_config.get("task") if isinstance(tf_config, Mapping) else None
     cluster = tf_config["cluster"]
