@@ -21,6 +21,8 @@ from autodist.runtime.job import JobDir
 from autodist.runtime.task import EXIT_PORT_IN_USE
 
 _LOG_TAIL_LINES = 30
+# How long a peer error waits for the task that caused it (see _raise_if_failed).
+_ROOT_CAUSE_GRACE_S = 0.5
 
 
 class TaskFailedError(AutodistError, RuntimeError):
@@ -166,14 +168,31 @@ class LocalCluster:
             time.sleep(0.1)
 
     def _raise_if_failed(self) -> None:
+        """Raises naming the failed task, preferring the root cause.
+
+        A task killed by a signal makes its peers fail moments later with
+        connection errors; when only such errors are seen, a short grace lets
+        a killed task show up, and a killed task is named before the others.
+        """
+        failed = self._failed_tasks()
+        if not failed:
+            return
+        if not any(code < 0 for _, code in failed):
+            time.sleep(_ROOT_CAUSE_GRACE_S)
+            failed = self._failed_tasks()
+        t, code = min(failed, key=lambda item: item[1] >= 0)  # stable: task order
+        raise TaskFailedError(f"task {t.name} exited with code {code}; log {t.log_path}:\n"
+                              f"{_tail(t.log_path)}", t.name, t.log_path)
+
+    def _failed_tasks(self) -> list[tuple[_Task, int]]:
+        failed = []
         for t in self.tasks:
             code = t.process.poll()
-            failed = (code is not None and code not in (0, EXIT_PORT_IN_USE)) or \
-                (t.job == "ps" and code is not None and code != EXIT_PORT_IN_USE)
-            if failed:
-                raise TaskFailedError(
-                    f"task {t.name} exited with code {code}; log {t.log_path}:\n"
-                    f"{_tail(t.log_path)}", t.name, t.log_path)
+            if code is None or code == EXIT_PORT_IN_USE:
+                continue
+            if code != 0 or t.job == "ps":
+                failed.append((t, code))
+        return failed
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Terminates every task (then kills what is left after `grace_s`)."""
