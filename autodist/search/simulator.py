@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Sequence
 
 import numpy as np
 
@@ -369,9 +368,3 @@ def _touched_rows(graph_item: GraphItem, per_replica_batch: float) -> dict[str, 
         rows[var.name] = min(float(dim), per_example * per_replica_batch)
     return rows
 
-
-def builder_predictions(simulator: Simulator,
-                        strategies: Sequence[Strategy]) -> Prediction:
-    """Predictions for several strategies (each added to the space first)."""
-    encoded = np.stack([simulator.space.encode(s) for s in strategies])
-    return simulator.predict(encoded)
