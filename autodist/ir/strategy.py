@@ -70,6 +70,82 @@ class Strategy:
         return list(self._proto.graph_config.replicas)
 
     @property
+    def num_virtual_nodes(self) -> int:
+        """Virtual nodes of a step; without virtual nodes, one per replica."""
+        vn = self._proto.graph_config.virtual_nodes
+        return vn.num_virtual_nodes or len(self._proto.graph_config.replicas)
+
+    @property
+    def virtual_node_devices(self) -> list[str]:
+        """The replica device of each virtual node, in virtual-node order.
+
+        Without virtual nodes, each replica is one virtual node.
+        """
+        vn = self._proto.graph_config.virtual_nodes
+        return list(vn.device) if vn.num_virtual_nodes else self.replicas
+
+    @property
+    def global_batch_size(self) -> int | None:
+        """The fixed global batch of a virtual-node strategy, else None."""
+        vn = self._proto.graph_config.virtual_nodes
+        return int(vn.global_batch_size) if vn.num_virtual_nodes else None
+
+    def with_virtual_nodes(self, global_batch_size: int, num_virtual_nodes: int,
+                           devices: list[str] | None = None) -> Strategy:
+        """A copy whose step runs `num_virtual_nodes` virtual nodes of a fixed batch.
+
+        Each virtual node computes the gradient of `global_batch_size /
+        num_virtual_nodes` examples; the virtual nodes of one replica run one
+        after the other and their gradients are summed before the step's one
+        synchronization. The step's result depends on the global batch and the
+        number of virtual nodes only, not on how they are mapped to replicas.
+
+        Args:
+            global_batch_size: B, the examples of one step.
+            num_virtual_nodes: V, dividing B.
+            devices: The replica of each virtual node (length V). Default:
+                contiguous, as even as possible (virtual node i on replica
+                ``i * R // V`` for R replicas).
+
+        Returns:
+            A new Strategy (same id) with `graph_config.virtual_nodes` set. Call
+            `validate` to check it.
+
+        Raises:
+            StrategyError: V < 1, V < R with the default mapping, or B not a
+                positive multiple of V.
+        """
+        replicas = self.replicas
+        if not isinstance(num_virtual_nodes, int) or num_virtual_nodes < 1:
+            raise StrategyError(f"num_virtual_nodes must be an integer >= 1. "
+                                f"Received: {num_virtual_nodes!r}",
+                                field="graph_config.virtual_nodes.num_virtual_nodes",
+                                received=num_virtual_nodes)
+        if (not isinstance(global_batch_size, int) or global_batch_size < 1
+                or global_batch_size % num_virtual_nodes):
+            raise StrategyError(
+                f"global_batch_size must be a positive multiple of num_virtual_nodes "
+                f"({num_virtual_nodes}). Received: {global_batch_size!r}",
+                field="graph_config.virtual_nodes.global_batch_size",
+                received=global_batch_size)
+        if devices is None:
+            if num_virtual_nodes < len(replicas):
+                raise StrategyError(
+                    f"{num_virtual_nodes} virtual nodes cannot cover the {len(replicas)} "
+                    "replicas; use at least one virtual node per replica",
+                    field="graph_config.virtual_nodes.num_virtual_nodes",
+                    received=num_virtual_nodes)
+            devices = [replicas[i * len(replicas) // num_virtual_nodes]
+                       for i in range(num_virtual_nodes)]
+        out = Strategy(self._proto)
+        vn = out._proto.graph_config.virtual_nodes
+        vn.global_batch_size = global_batch_size
+        vn.num_virtual_nodes = num_virtual_nodes
+        del vn.device[:]
+        vn.device.extend(devices)
+        return out
+
+    @property
     def variables(self) -> list[VariableConfig]:
         return list(self._proto.variables)
 

@@ -73,21 +73,43 @@ class Shard:
 
 
 @dataclasses.dataclass
+class VirtualNode:
+    """One virtual node: a copy of the step on its part of the global batch.
+
+    Attributes:
+        index: Index of the virtual node among all of the strategy's.
+        inputs: Input name -> placeholder tensor (feed its examples).
+        weight: Scalar placeholder: its share of its replica's examples.
+        loss: Its mean loss.
+        gradients: Variable name -> gradient of its mean loss.
+    """
+
+    index: int
+    inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    weight: Any = None
+    loss: Any = None
+    gradients: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
 class Replica:
     """One compute replica built into the program.
 
     Attributes:
         index: Index of the replica among all replicas of the strategy.
         device: Its device.
-        inputs: Input name -> placeholder tensor (feed these).
-        loss: The replica's loss tensor.
-        gradients: Variable name -> dense tensor or tf.IndexedSlices.
+        virtual_nodes: The virtual nodes it runs, one after the other (one
+            when the strategy has no virtual nodes).
+        loss: The replica's mean loss (its virtual nodes' losses weighted by
+            examples).
+        gradients: Variable name -> dense tensor or tf.IndexedSlices: the
+            gradient of `loss`.
         state_updates: Ops updating state variables (batch-norm statistics).
     """
 
     index: int
     device: str
-    inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    virtual_nodes: list[VirtualNode] = dataclasses.field(default_factory=list)
     loss: Any = None
     gradients: dict[str, Any] = dataclasses.field(default_factory=dict)
     state_updates: list[Any] = dataclasses.field(default_factory=list)

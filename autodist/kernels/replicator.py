@@ -13,8 +13,11 @@ repeated reads and several replicas cost no network. Updates still go to the
 PS variable; the synchronizer refreshes the copy from it after each update.
 
 Each local replica imports the (partitioned) step GraphDef on its device,
-with the variable placeholders mapped to the storage handles; its inputs
-stay placeholders to feed.
+once per virtual node it runs (once without virtual nodes), with the
+variable placeholders mapped to the storage handles; each virtual node's
+inputs are placeholders to feed. A replica's virtual nodes run one after the
+other and its gradient is theirs weighted by examples (`_accumulate`), so the
+synchronizer sees one gradient per replica whatever the mapping.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import tensorflow as tf
 
 from autodist.ir.strategy import Strategy
 from autodist.kernels.optimizers import slot_initial_value
-from autodist.kernels.program import Program, Replica, Shard, Stage
+from autodist.kernels.program import Program, Replica, Shard, Stage, VirtualNode
 
 SCOPE = "autodist"
 
@@ -58,7 +61,7 @@ def apply(program: Program, strategy: Strategy) -> Program:
     local = program.local_replica_devices(strategy)
     with program.graph.as_default():
         for index, device in local:
-            program.replicas.append(_import_replica(program, index, device))
+            program.replicas.append(_import_replica(program, strategy, index, device))
     program.stage = Stage.REPLICATED
     return program
 
@@ -107,15 +110,24 @@ def _variable(name: str, initial_value, dtype) -> tf.Variable:
                                  use_resource=True)
 
 
-def _import_replica(program: Program, index: int, device: str) -> Replica:
+def _import_replica(program: Program, strategy: Strategy, index: int,
+                    device: str) -> Replica:
+    """Imports one copy of the step per virtual node of the replica on `device`.
+
+    The copies run one after the other: a copy's inputs and state-variable
+    handles wait for the previous copy's loss, gradients and state updates,
+    so at most one copy's activations are alive and batch-norm statistics
+    are updated in virtual-node order.
+    """
     gi = program.graph_item
     replica = Replica(index=index, device=device)
-    input_map = {}
+    variable_map = {}
     for var in gi.variables:
         for shard in program.shards[var.name]:
             if shard.placeholder:
-                input_map[f"{shard.placeholder}:0"] = get_read_storage(program, shard,
-                                                                       replica).handle
+                variable_map[f"{shard.placeholder}:0"] = get_read_storage(program, shard,
+                                                                          replica).handle
+    state_handles = {}
     for state in gi.state_variables:
         key = f"{SCOPE}/state/{state.name}/replica_{index}"
         if key not in program.storage:
@@ -123,34 +135,119 @@ def _import_replica(program: Program, index: int, device: str) -> Replica:
                 program.storage[key] = _variable(key, tf.zeros(list(state.shape),
                                                                tf.as_dtype(state.dtype)),
                                                  tf.as_dtype(state.dtype))
-        input_map[f"{state.handle_node}:0"] = program.storage[key].handle
+        state_handles[f"{state.handle_node}:0"] = program.storage[key].handle
     fetches = [gi.loss_tensor]
     for var in gi.variables:
         g = var.gradient
         fetches += [g.dense] if g.dense else [g.values, g.indices] if g.values else []
     update_ops = [op for state in gi.state_variables for op in state.update_ops]
     graph_def = _strip_devices(program.graph_def)
-    with tf.device(device):
-        outputs = tf.graph_util.import_graph_def(
-            graph_def, input_map=input_map, return_elements=fetches + update_ops,
-            name=f"{SCOPE}/replica_{index}")
-    replica.loss = outputs[0]
-    i = 1
-    for var in gi.variables:
-        g = var.gradient
-        if g.dense:
-            replica.gradients[var.name] = outputs[i]
-            i += 1
-        elif g.values:
-            replica.gradients[var.name] = tf.IndexedSlices(
-                outputs[i], outputs[i + 1], tf.constant(list(var.shape), outputs[i + 1].dtype))
-            i += 2
-    replica.state_updates = list(outputs[i:])
-    graph = program.graph
-    for info in gi.inputs:
-        replica.inputs[info.name] = graph.get_tensor_by_name(
-            f"{SCOPE}/replica_{index}/{info.tensor}")
+    input_nodes = {node.name: node for node in graph_def.node}
+    vn_indices = [v for v, d in enumerate(strategy.virtual_node_devices) if d == device]
+    single = len(vn_indices) == 1
+    gate: list[tf.Operation] = []
+    for vn_index in vn_indices:
+        scope = f"{SCOPE}/replica_{index}" if single else f"{SCOPE}/replica_{index}/vn_{vn_index}"
+        vn = VirtualNode(index=vn_index)
+        input_map = dict(variable_map)
+        with tf.device(device):
+            for info in gi.inputs:
+                node = input_nodes[info.tensor.split(":")[0]]
+                placeholder = tf.compat.v1.placeholder(
+                    tf.as_dtype(node.attr["dtype"].type),
+                    tf.TensorShape(node.attr["shape"].shape), name=f"{scope}/input/{info.name}")
+                vn.inputs[info.name] = placeholder
+                input_map[info.tensor] = _after(placeholder, gate)
+            for name, handle in state_handles.items():
+                input_map[name] = _after(handle, gate)
+            outputs = tf.graph_util.import_graph_def(
+                _seeded(graph_def, vn_index), input_map=input_map,
+                return_elements=fetches + update_ops, name=scope)
+        vn.loss = outputs[0]
+        i = 1
+        for var in gi.variables:
+            g = var.gradient
+            if g.dense:
+                vn.gradients[var.name] = outputs[i]
+                i += 1
+            elif g.values:
+                vn.gradients[var.name] = tf.IndexedSlices(
+                    outputs[i], outputs[i + 1],
+                    tf.constant(list(var.shape), outputs[i + 1].dtype))
+                i += 2
+        replica.state_updates += list(outputs[i:])
+        gate = _produced(vn) + [u if isinstance(u, tf.Operation) else u.op
+                                for u in outputs[i:]]
+        replica.virtual_nodes.append(vn)
+    _accumulate(replica, single)
     return replica
+
+
+def _after(tensor, gate: list[tf.Operation]):
+    """`tensor`, or an identity of it that waits for `gate`."""
+    if not gate:
+        return tensor
+    with tf.control_dependencies(gate):
+        return tf.identity(tensor)
+
+
+def _produced(vn: VirtualNode) -> list[tf.Operation]:
+    ops = [vn.loss.op]
+    for grad in vn.gradients.values():
+        if isinstance(grad, tf.IndexedSlices):
+            ops += [grad.values.op, grad.indices.op]
+        else:
+            ops.append(grad.op)
+    return ops
+
+
+def _accumulate(replica: Replica, single: bool) -> None:
+    """The replica's loss and gradients: its virtual nodes', weighted by examples.
+
+    Each virtual node's weight (fed) is its share of the replica's examples,
+    so the result is the gradient of the replica's mean loss, as if it had
+    run all its examples in one batch. Sparse gradients are concatenated.
+    """
+    if single:
+        vn = replica.virtual_nodes[0]
+        replica.loss, replica.gradients = vn.loss, dict(vn.gradients)
+        return
+    with tf.device(replica.device):
+        for vn in replica.virtual_nodes:
+            vn.weight = tf.compat.v1.placeholder(
+                tf.float32, [], name=f"{SCOPE}/replica_{replica.index}/vn_{vn.index}/weight")
+        replica.loss = tf.add_n([tf.cast(vn.loss, tf.float32) * vn.weight
+                                 for vn in replica.virtual_nodes])
+        for name, first in replica.virtual_nodes[0].gradients.items():
+            grads = [(vn.gradients[name], vn.weight) for vn in replica.virtual_nodes]
+            if isinstance(first, tf.IndexedSlices):
+                replica.gradients[name] = tf.IndexedSlices(
+                    tf.concat([g.values * tf.cast(w, g.values.dtype) for g, w in grads], 0),
+                    tf.concat([g.indices for g, _ in grads], 0), first.dense_shape)
+            else:
+                replica.gradients[name] = tf.add_n([g * tf.cast(w, g.dtype) for g, w in grads])
+
+
+# Keeps the seeds of different virtual nodes apart (a prime below 2**31).
+_SEED_STRIDE = 1_000_003
+
+
+def _seeded(graph_def, vn_index: int):
+    """The step with its random ops seeded by virtual node.
+
+    Ops with a fixed seed get ``seed2`` offset by the virtual-node index, so
+    each virtual node draws its own numbers and which device runs it does
+    not matter. Virtual node 0 keeps the captured seeds.
+    """
+    if vn_index == 0 or not any(node.attr["seed2"].i or node.attr["seed"].i
+                                for node in graph_def.node if "seed2" in node.attr):
+        return graph_def
+    out = tf.compat.v1.GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        if "seed2" in node.attr and (node.attr["seed"].i or node.attr["seed2"].i):
+            node.attr["seed2"].i = (node.attr["seed2"].i + vn_index * _SEED_STRIDE) % 2 ** 31
+    return out
 
 
 def _strip_devices(graph_def):

@@ -2,8 +2,10 @@
 
 Every task computes the same schedule from the RunConfig alone, so no data
 is exchanged while training: the global batch of a step is split into
-contiguous, nearly equal parts, one per replica in strategy order. A task on
-another host is shipped only the rows its replicas read (`rows_read`).
+contiguous, nearly equal parts, one per virtual node in virtual-node order
+(without virtual nodes, one per replica in strategy order). Which examples a
+virtual node reads never depends on the replica that runs it. A task on
+another host is shipped only the rows its virtual nodes read (`rows_read`).
 """
 from __future__ import annotations
 
@@ -36,24 +38,25 @@ def batch_rows(order: np.ndarray, step: int, global_batch_size: int) -> np.ndarr
     return order[step * global_batch_size:(step + 1) * global_batch_size]
 
 
-def replica_rows(rows: np.ndarray, num_replicas: int) -> list[np.ndarray]:
+def virtual_node_rows(rows: np.ndarray, num_virtual_nodes: int) -> list[np.ndarray]:
     """Splits a global batch into contiguous parts, sizes differing by at most one."""
-    return np.array_split(rows, num_replicas)
+    return np.array_split(rows, num_virtual_nodes)
 
 
 def rows_read(num_examples: int, global_batch_size: int, steps: int, epochs: int,
-              shuffle: bool, seed: int, num_replicas: int,
-              replicas: Sequence[int]) -> np.ndarray:
-    """Sorted indices of every example that `replicas` read over a whole run.
+              shuffle: bool, seed: int, num_virtual_nodes: int,
+              virtual_nodes: Sequence[int]) -> np.ndarray:
+    """Sorted indices of every example that `virtual_nodes` read over a whole run.
 
     A task on another host is shipped only these rows of the data.
     """
-    wanted = set(replicas)
+    wanted = set(virtual_nodes)
     parts = []
     for epoch in range(epochs if shuffle else min(epochs, 1)):
         order = epoch_order(num_examples, epoch, shuffle, seed)
         for step in range(steps):
-            split = replica_rows(batch_rows(order, step, global_batch_size), num_replicas)
+            split = virtual_node_rows(batch_rows(order, step, global_batch_size),
+                                      num_virtual_nodes)
             parts += [split[r] for r in wanted]
     if not parts:
         return np.zeros([0], np.int64)

@@ -63,6 +63,10 @@ class RunConfig:
         job_timeout_s: Bound on the whole job (non-chief tasks waiting for
             the chief, workers waiting at an epoch's end).
         job_id: Tags the job's messages between tasks (see `mailbox`).
+        probe_steps: Measure instead of training: each worker times its
+            replicas' forward and backward passes on this many batches
+            (after one warm-up) and applies no update (see
+            `Run.measure_throughput`). 0: train.
     """
 
     global_batch_size: int
@@ -78,6 +82,7 @@ class RunConfig:
     follow_steps: bool = False
     job_timeout_s: float = 3600.0
     job_id: str = ""
+    probe_steps: int = 0
 
 
 # Files an archive may hold (anything else in one is refused).

@@ -166,11 +166,12 @@ class RemoteCluster:
         strategy = self.job.strategy()
         num_examples, _ = self.job.shard()
         prefix = f"/job:worker/task:{task[1]}/"
-        replicas = [i for i, d in enumerate(strategy.replicas) if d.startswith(prefix)]
+        devices = strategy.virtual_node_devices
+        mine = [i for i, d in enumerate(devices) if d.startswith(prefix)]
         steps = batching.steps_per_epoch(num_examples, config.global_batch_size,
                                          config.steps_per_epoch)
         rows = batching.rows_read(num_examples, config.global_batch_size, steps, config.epochs,
-                                  config.shuffle, config.seed, len(strategy.replicas), replicas)
+                                  config.shuffle, config.seed, len(devices), mine)
         return self.job.pack(rows)
 
     def _ship_one(self, mail, task: tuple[str, int], archive: bytes) -> None:

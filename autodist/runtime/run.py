@@ -136,7 +136,9 @@ class DistributedRun:
                 batch, as in Keras; see `autodist.runtime.datasets`).
             y: Target array (None with a dataset).
             batch_size: The global batch (split over all replicas); default
-                32; not given with a dataset (its batches are the batches).
+                the strategy's fixed global batch when it has virtual nodes
+                (any other value is an error), else 32; not given with a
+                dataset (its batches are the batches).
             epochs: Passes over the data.
             steps_per_epoch: Steps per epoch (default: all batches).
             shuffle: Shuffle each epoch with a seeded permutation (the order
@@ -158,28 +160,18 @@ class DistributedRun:
         Returns:
             A History with per-step and per-epoch losses.
         """
-        if datasets.is_dataset(x):
-            if y is not None or batch_size is not None:
-                raise AutodistError("with a dataset, pass neither y nor batch_size: the "
-                                    "dataset yields (x, y) batches. Received "
-                                    f"y={'an array' if y is not None else None}, "
-                                    f"batch_size={batch_size!r}")
-            x, y, batch_size = datasets.dataset_arrays(x, [i.name for i in self._x_infos()])
-        if y is None:
-            raise AutodistError("fit needs targets y (or a dataset of (x, y) batches)")
-        batch_size = 32 if batch_size is None else batch_size
         for callback in callbacks or []:
             if not all(hasattr(callback, hook) for hook in _HOOKS):
                 raise AutodistError("callbacks must be keras.callbacks.Callback objects. "
                                     f"Received: {callback!r}")
-        inputs = self._inputs(x)
-        targets = self._cast(np.asarray(y), self._target_info())
+        inputs, targets, batch_size = self._arrays(x, y, batch_size)
         n = len(targets)
-        if any(len(a) != n for a in inputs):
-            raise AutodistError(f"x and y have different numbers of examples: "
-                                f"{[len(a) for a in inputs]} vs {n}")
-        if batch_size < 1:
-            raise AutodistError(f"batch_size must be >= 1. Received: {batch_size}")
+        if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
+            raise AutodistError("checkpoint_every_steps must be >= 1. "
+                                f"Received: {checkpoint_every_steps}")
+        steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
+        sizes = [len(batching.batch_rows(np.arange(n), s, batch_size)) for s in range(steps)]
+        self._check_batches(sizes, n, batch_size)
         config = RunConfig(global_batch_size=batch_size, epochs=epochs,
                            steps_per_epoch=steps_per_epoch, shuffle=shuffle, seed=seed,
                            step_timeout_s=self.step_timeout_s,
@@ -189,28 +181,13 @@ class DistributedRun:
                            task_step_delay_s=self.task_step_delay_s or None,
                            follow_steps=bool(callbacks), job_timeout_s=timeout_s,
                            job_id=uuid.uuid4().hex)
-        if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
-            raise AutodistError("checkpoint_every_steps must be >= 1. "
-                                f"Received: {checkpoint_every_steps}")
         init_values = self._initial_values()
         if initial_checkpoint:
             init_values.update(checkpoint.load(initial_checkpoint))
-        path = pathlib.Path(self.job_dir or tempfile.mkdtemp(prefix="autodist-job-"))
-        path.mkdir(parents=True, exist_ok=True)
-        job = JobDir(path)
-        self.last_job_dir = path
-        job.write(self.graph_item, self.strategy, self.resource_spec, config,
-                  init_values, inputs, targets)
-        steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
-        sizes = [len(batching.batch_rows(np.arange(n), s, batch_size)) for s in range(steps)]
+        path, job = self._new_job(config, init_values, inputs, targets)
         progress = _Progress(job, sizes, epochs, verbose, self.model, list(callbacks or []))
         progress.begin()
-        cluster = (LocalCluster(job, self.resource_spec) if self.launch == "local" else
-                   RemoteCluster(job, self.resource_spec,
-                                 startup_timeout_s=self.startup_timeout_s))
-        with cluster:
-            cluster.wait_ready(self.startup_timeout_s)
-            cluster.wait_workers(timeout_s, on_poll=progress.update)
+        self._run_cluster(job, timeout_s, progress.update)
         progress.finish()
         history = self._history(job, sizes, epochs)
         self._write_back(job)
@@ -218,7 +195,97 @@ class DistributedRun:
             shutil.rmtree(path, ignore_errors=True)
         return history
 
+    def measure_throughput(self, x: Any, y: Any = None, *, batch_size: int | None = None,
+                           steps: int = 3, timeout_s: float = 600.0) -> dict[str, float]:
+        """Measures each replica's speed on the cluster, without training.
+
+        Every worker runs its replicas' forward and backward passes (all
+        their virtual nodes, reading the variables where the strategy puts
+        them) on the first `steps` global batches after one warm-up batch;
+        no update is applied and the model is unchanged.
+
+        Args:
+            x, y, batch_size: As in `fit`.
+            steps: Timed batches (median taken), >= 1.
+            timeout_s: Bound on the whole measurement.
+
+        Returns:
+            Replica device -> examples per second of its forward and backward
+            passes (the input of `autodist.search.virtual_nodes.balance`).
+        """
+        if not isinstance(steps, int) or steps < 1:
+            raise AutodistError(f"steps must be an integer >= 1. Received: {steps!r}")
+        inputs, targets, batch_size = self._arrays(x, y, batch_size)
+        n = len(targets)
+        self._check_batches([len(batching.batch_rows(np.arange(n), 0, batch_size))], n,
+                            batch_size)
+        config = RunConfig(global_batch_size=batch_size, step_timeout_s=self.step_timeout_s,
+                           startup_timeout_s=self.startup_timeout_s, job_timeout_s=timeout_s,
+                           job_id=uuid.uuid4().hex, probe_steps=steps)
+        path, job = self._new_job(config, self._initial_values(), inputs, targets)
+        self._run_cluster(job, timeout_s, lambda: None)
+        throughputs = {}
+        for i in range(self.resource_spec.num_worker_tasks):
+            for device, probe in json.loads(job.result(i).read_text())["probe"].items():
+                throughputs[device] = probe["examples"] / float(np.median(probe["seconds"]))
+        if self.job_dir is None:
+            shutil.rmtree(path, ignore_errors=True)
+        return throughputs
+
     # ------------------------------------------------------------ helpers
+    def _arrays(self, x, y, batch_size: int | None):
+        """(inputs, targets, global batch) from fit's arguments, checked."""
+        if datasets.is_dataset(x):
+            if y is not None or batch_size is not None:
+                raise AutodistError("with a dataset, pass neither y nor batch_size: the "
+                                    "dataset yields (x, y) batches. Received "
+                                    f"y={'an array' if y is not None else None}, "
+                                    f"batch_size={batch_size!r}")
+            x, y, batch_size = datasets.dataset_arrays(x, [i.name for i in self._x_infos()])
+        if y is None:
+            raise AutodistError("fit needs targets y (or a dataset of (x, y) batches)")
+        fixed = self.strategy.global_batch_size
+        if fixed is not None and batch_size not in (None, fixed):
+            raise AutodistError(
+                f"the strategy fixes the global batch at {fixed} examples "
+                f"({self.strategy.num_virtual_nodes} virtual nodes); fit received batch_size "
+                f"{batch_size}. Leave batch_size out or change the strategy's virtual nodes")
+        batch_size = (fixed or 32) if batch_size is None else batch_size
+        inputs = self._inputs(x)
+        targets = self._cast(np.asarray(y), self._target_info())
+        n = len(targets)
+        if any(len(a) != n for a in inputs):
+            raise AutodistError(f"x and y have different numbers of examples: "
+                                f"{[len(a) for a in inputs]} vs {n}")
+        if batch_size < 1:
+            raise AutodistError(f"batch_size must be >= 1. Received: {batch_size}")
+        return inputs, targets, batch_size
+
+    def _check_batches(self, sizes: list[int], n: int, batch_size: int) -> None:
+        if min(sizes) < self.strategy.num_virtual_nodes:
+            raise AutodistError(
+                f"the last batch of an epoch has {min(sizes)} examples ({n} examples, batch "
+                f"{batch_size}), fewer than the {self.strategy.num_virtual_nodes} "
+                "virtual nodes or replicas that split it; drop the remainder "
+                "(steps_per_epoch) or change the number of examples")
+
+    def _new_job(self, config: RunConfig, init_values, inputs, targets):
+        path = pathlib.Path(self.job_dir or tempfile.mkdtemp(prefix="autodist-job-"))
+        path.mkdir(parents=True, exist_ok=True)
+        job = JobDir(path)
+        self.last_job_dir = path
+        job.write(self.graph_item, self.strategy, self.resource_spec, config,
+                  init_values, inputs, targets)
+        return path, job
+
+    def _run_cluster(self, job: JobDir, timeout_s: float, on_poll) -> None:
+        cluster = (LocalCluster(job, self.resource_spec) if self.launch == "local" else
+                   RemoteCluster(job, self.resource_spec,
+                                 startup_timeout_s=self.startup_timeout_s))
+        with cluster:
+            cluster.wait_ready(self.startup_timeout_s)
+            cluster.wait_workers(timeout_s, on_poll=on_poll)
+
     def _x_infos(self):
         return [i for i in self.graph_item.inputs if i.role != "y"]
 

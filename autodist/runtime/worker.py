@@ -56,7 +56,15 @@ def session_config(strategy: Strategy, task_index: int) -> tf.compat.v1.ConfigPr
     uses_collectives = any(s.WhichOneof("kind") == "all_reduce"
                            for v in strategy.variables for s in v.shards)
     if not uses_collectives:
-        config.device_filters.extend(["/job:ps", f"/job:worker/task:{task_index}"])
+        # This task, the PS tasks, and the worker tasks holding PS variables
+        # (a cluster without PS-only tasks).
+        filters = {"/job:ps", f"/job:worker/task:{task_index}"}
+        for config_ in strategy.variables:
+            for sync in config_.shards:
+                destination = sync.ps.reduction_destination
+                if destination.startswith("/job:worker/"):
+                    filters.add("/".join(destination.split("/")[:3]))
+        config.device_filters.extend(sorted(filters))
     return config
 
 
@@ -221,6 +229,8 @@ class Trainer:
         inputs, targets = self.job.data()
         num_examples, held_rows = self.job.shard()
         config = self.config
+        if config.probe_steps:
+            return self._probe(inputs, targets, num_examples, held_rows)
         steps = batching.steps_per_epoch(num_examples, config.global_batch_size,
                                          config.steps_per_epoch)
         if config.follow_steps:
@@ -235,9 +245,7 @@ class Trainer:
         ssp = extras["ssp"]
         delay = float((config.task_step_delay_s or {}).get(str(self.task_index), 0.0))
         max_lead = 0
-        x_names = [info.name for info in self.graph_item.inputs if info.role != "y"]
-        y_name = next((info.name for info in self.graph_item.inputs if info.role == "y"), None)
-        num_replicas = len(self.strategy.replicas)
+        num_virtual_nodes = self.strategy.num_virtual_nodes
         losses, times = [], []
         progress = self.job.file("progress.jsonl") if self.is_chief and follower is None else None
         order = None
@@ -248,17 +256,10 @@ class Trainer:
             if step == 0 or order is None:
                 order = batching.epoch_order(num_examples, epoch, config.shuffle, config.seed)
             rows = batching.batch_rows(order, step, config.global_batch_size)
-            parts = batching.replica_rows(rows, num_replicas)
+            parts = batching.virtual_node_rows(rows, num_virtual_nodes)
             feed = {}
             for replica in self.program.replicas:
-                mine = parts[replica.index]
-                if held_rows is not None:  # a shipped shard holds only these examples
-                    mine = np.searchsorted(held_rows, mine)
-                for name, array in zip(x_names, inputs):
-                    feed[replica.inputs[name]] = np.asarray(array[mine])
-                if y_name is not None:
-                    feed[replica.inputs[y_name]] = np.asarray(targets[mine])
-                feed[extras["scales"][replica.index]] = len(parts[replica.index]) / len(rows)
+                feed.update(self._replica_feed(replica, parts, inputs, targets, held_rows))
             if ssp is not None:
                 max_lead = max(max_lead, self._wait_for_stragglers(ssp, index))
             if delay:
@@ -280,13 +281,76 @@ class Trainer:
                 follower.record(index, losses[-1])
             elif progress is not None:
                 # This task's replicas' mean loss: an estimate of the global loss.
-                share = sum(len(parts[r.index]) for r in self.program.replicas) / len(rows)
+                share = sum(len(parts[vn.index]) for r in self.program.replicas
+                            for vn in r.virtual_nodes) / len(rows)
                 with open(progress, "a") as f:
                     f.write(json.dumps({"epoch": epoch, "step": step,
                                         "loss": losses[-1] / max(share, 1e-12),
                                         "time": times[-1]}) + "\n")
         return {"losses": losses, "step_times": times, "steps_per_epoch": steps,
                 "max_lead": max_lead}
+
+    def _replica_feed(self, replica, parts: list[np.ndarray], inputs, targets,
+                      held_rows: np.ndarray | None) -> dict:
+        """The feed of one replica: its virtual nodes' examples, weights and scale.
+
+        Args:
+            replica: The replica.
+            parts: The rows of each virtual node in this step's global batch.
+            inputs: The model inputs (arrays of this task's examples).
+            targets: The targets.
+            held_rows: The rows this task holds (a shipped shard), or None.
+        """
+        x_names = [info.name for info in self.graph_item.inputs if info.role != "y"]
+        y_name = next((info.name for info in self.graph_item.inputs if info.role == "y"), None)
+        feed = {}
+        examples = sum(len(parts[vn.index]) for vn in replica.virtual_nodes)
+        for vn in replica.virtual_nodes:
+            mine = parts[vn.index]
+            if vn.weight is not None:
+                feed[vn.weight] = len(mine) / max(examples, 1)
+            if held_rows is not None:  # a shipped shard holds only these examples
+                mine = np.searchsorted(held_rows, mine)
+            for name, array in zip(x_names, inputs):
+                feed[vn.inputs[name]] = np.asarray(array[mine])
+            if y_name is not None:
+                feed[vn.inputs[y_name]] = np.asarray(targets[mine])
+        feed[self.program.extras["scales"][replica.index]] = examples / sum(map(len, parts))
+        return feed
+
+    def _probe(self, inputs, targets, num_examples: int,
+               held_rows: np.ndarray | None) -> dict[str, Any]:
+        """Times each local replica's forward and backward passes; no update.
+
+        Runs the first `probe_steps + 1` global batches of the schedule; the
+        first is a warm-up. A replica's time covers all its virtual nodes
+        (one after the other) and its reads of the variables.
+
+        Returns:
+            A result with no losses and ``probe``: replica device ->
+            {"examples": examples per step, "seconds": [time per step]}.
+        """
+        config = self.config
+        order = batching.epoch_order(num_examples, 0, config.shuffle, config.seed)
+        steps = batching.steps_per_epoch(num_examples, config.global_batch_size)
+        probe = {}
+        for replica in self.program.replicas:
+            fetches = [replica.loss] + [
+                g.values if isinstance(g, tf.IndexedSlices) else g
+                for g in replica.gradients.values()]
+            seconds, examples = [], 0
+            for index in range(config.probe_steps + 1):
+                rows = batching.batch_rows(order, index % steps, config.global_batch_size)
+                parts = batching.virtual_node_rows(rows, self.strategy.num_virtual_nodes)
+                feed = self._replica_feed(replica, parts, inputs, targets, held_rows)
+                start = time.perf_counter()
+                self.session.run(fetches, feed_dict=feed, options=self.run_options)
+                if index:
+                    seconds.append(time.perf_counter() - start)
+                examples = sum(len(parts[vn.index]) for vn in replica.virtual_nodes)
+            probe[replica.device] = {"examples": examples, "seconds": seconds}
+        return {"losses": [], "step_times": [], "steps_per_epoch": steps, "max_lead": 0,
+                "probe": probe}
 
     def _wait_for_stragglers(self, ssp, done: int) -> int:
         """Bounded staleness: waits until no task is more than `s` steps behind.

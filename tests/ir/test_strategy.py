@@ -552,6 +552,29 @@ def test_negative_num_virtual_nodes(ps_ncf, ncf_item, local_spec):
                    field=f"{VN}.num_virtual_nodes", received=-2)
 
 
+def test_with_virtual_nodes_maps_contiguously(ps_ncf, ncf_item, local_spec):
+    assert ps_ncf.num_virtual_nodes == 2 and ps_ncf.virtual_node_devices == [W0, W1]
+    assert ps_ncf.global_batch_size is None
+    five = ps_ncf.with_virtual_nodes(40, 5)
+    five.validate(ncf_item, local_spec)
+    assert five.num_virtual_nodes == 5 and five.global_batch_size == 40
+    assert five.virtual_node_devices == [W0, W0, W0, W1, W1]
+    assert five.id == ps_ncf.id and not ps_ncf.proto.graph_config.HasField("virtual_nodes")
+    uneven = ps_ncf.with_virtual_nodes(64, 4, [W0, W1, W1, W1])
+    uneven.validate(ncf_item, local_spec)
+    assert Strategy.deserialize(uneven.serialize()).virtual_node_devices == [W0, W1, W1, W1]
+
+
+@pytest.mark.parametrize("batch,num,match", [
+    (64, 0, "num_virtual_nodes must be an integer >= 1. Received: 0"),
+    (30, 4, re.escape("positive multiple of num_virtual_nodes (4). Received: 30")),
+    (64, 1, "1 virtual nodes cannot cover the 2 replicas"),
+])
+def test_with_virtual_nodes_rejects(ps_ncf, batch, num, match):
+    with pytest.raises(StrategyError, match=match):
+        ps_ncf.with_virtual_nodes(batch, num)
+
+
 # ------------------------------------------- validation: version, fingerprints
 def test_schema_version_newer_than_supported(ps_ncf, ncf_item, local_spec):
     newer = STRATEGY_SCHEMA_VERSION + 1

@@ -75,10 +75,10 @@ def test_unpack_refuses_unexpected_members(tmp_path, name):
         JobDir.unpack(buffer.getvalue(), tmp_path / "job")
 
 
-def test_rows_read_are_what_the_replicas_feed():
-    # 10 examples, batch 4 (4, 4, 2), 2 replicas: replica 1 reads rows 2-3, 6-7, 9.
-    rows = batching.rows_read(10, 4, steps=3, epochs=2, shuffle=False, seed=0, num_replicas=2,
-                              replicas=[1])
+def test_rows_read_are_what_the_virtual_nodes_feed():
+    # 10 examples, batch 4 (4, 4, 2), 2 virtual nodes: node 1 reads rows 2-3, 6-7, 9.
+    rows = batching.rows_read(10, 4, steps=3, epochs=2, shuffle=False, seed=0,
+                              num_virtual_nodes=2, virtual_nodes=[1])
     np.testing.assert_array_equal(rows, [2, 3, 6, 7, 9])
     both = batching.rows_read(10, 4, 3, 1, False, 0, 2, [0, 1])
     np.testing.assert_array_equal(both, np.arange(10))
@@ -87,7 +87,7 @@ def test_rows_read_are_what_the_replicas_feed():
     for epoch in range(3):
         order = batching.epoch_order(10, epoch, True, 7)
         for step in range(3):
-            expected |= set(batching.replica_rows(batching.batch_rows(order, step, 4), 2)[0])
+            expected |= set(batching.virtual_node_rows(batching.batch_rows(order, step, 4), 2)[0])
     assert list(shuffled) == sorted(expected)
 
 

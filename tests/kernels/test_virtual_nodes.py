@@ -1,0 +1,151 @@
+"""Virtual nodes in the replicator, on the built graph (no cluster).
+
+A replica running k virtual nodes imports the step k times, runs them one
+after the other, and its gradient is theirs weighted by examples: the same
+gradient as one replica running all its examples in one batch. Training
+results on real clusters are in tests/runtime/test_virtual_nodes.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import autodist
+from autodist.kernels import partitioner, replicator
+from autodist.kernels.program import Program
+from autodist.runtime import data as batching
+from autodist.search import builders
+
+W0 = "/job:worker/task:0/device:CPU:0"
+W1 = "/job:worker/task:1/device:CPU:0"
+
+
+def _replicated(graph_item, strategy, spec, task_index: int = 0) -> Program:
+    program = Program(graph_item, spec, ("worker", task_index))
+    partitioner.apply(program, strategy)
+    return replicator.apply(program, strategy)
+
+
+def _ancestors(op: tf.Operation) -> set[tf.Operation]:
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo += [t.op for t in current.inputs] + list(current.control_inputs)
+    return seen
+
+
+def test_replica_runs_its_virtual_nodes_in_order(mlp_item, local_spec):
+    strategy = builders.AllReduce().build(mlp_item, local_spec).with_virtual_nodes(
+        36, 6, [W0, W1, W0, W1, W1, W1])
+    program = _replicated(mlp_item, strategy, local_spec, task_index=1)
+    (replica,) = program.replicas
+    assert [vn.index for vn in replica.virtual_nodes] == [1, 3, 4, 5]
+    assert all(vn.weight is not None for vn in replica.virtual_nodes)
+    names = {vn.inputs["y"].name for vn in replica.virtual_nodes}
+    assert len(names) == 4  # one set of inputs per virtual node
+    # Virtual node i+1 starts only after virtual node i's gradients.
+    for previous, vn in zip(replica.virtual_nodes, replica.virtual_nodes[1:]):
+        first_grad = next(iter(previous.gradients.values()))
+        before = _ancestors(next(iter(vn.gradients.values())).op)
+        assert first_grad.op in before and previous.loss.op in before
+        assert next(iter(vn.gradients.values())).op not in _ancestors(first_grad.op)
+    # The replica's gradient depends on every virtual node's.
+    for name, grad in replica.gradients.items():
+        for vn in replica.virtual_nodes:
+            assert vn.gradients[name].op in _ancestors(grad.op)
+
+
+def test_without_virtual_nodes_the_replica_is_its_one_node(mlp_item, local_spec):
+    strategy = builders.AllReduce().build(mlp_item, local_spec)
+    program = _replicated(mlp_item, strategy, local_spec)
+    (replica,) = program.replicas
+    (vn,) = replica.virtual_nodes
+    assert vn.index == 0 and vn.weight is None
+    assert replica.gradients == vn.gradients and replica.loss is vn.loss
+    assert vn.inputs["y"].name.startswith(f"{replicator.SCOPE}/replica_0/")
+
+
+def _gradients(graph_item, strategy, spec, inputs, targets, values):
+    """Task 0's replica gradients (dense) for one global batch, in a local session."""
+    program = _replicated(graph_item, strategy, spec)
+    (replica,) = program.replicas
+    with program.graph.as_default():
+        assigns = [var.assign(values[name.removesuffix("/replica_0")])
+                   for name, var in program.storage.items()
+                   if name.startswith(f"{replicator.SCOPE}/vars/") and "/slot/" not in name]
+        init = tf.compat.v1.global_variables_initializer()
+        fetches = {name: tf.convert_to_tensor(g) for name, g in replica.gradients.items()}
+        fetches["loss"] = replica.loss
+    # Run in this process: the same graph without the cluster's devices.
+    graph_def = program.graph.as_graph_def()
+    for node in graph_def.node:
+        node.device = ""
+    local = tf.Graph()
+    with local.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    fetches = {k: v.name for k, v in fetches.items()}
+    with tf.compat.v1.Session(graph=local) as session:
+        session.run([init.name, *(a.name for a in assigns)])
+        rows = np.arange(len(targets))
+        parts = batching.virtual_node_rows(rows, strategy.num_virtual_nodes)
+        feed = {}
+        for vn in replica.virtual_nodes:
+            mine = parts[vn.index]
+            if vn.weight is not None:
+                feed[vn.weight.name] = len(mine) / len(rows)
+            x_names = [i.name for i in graph_item.inputs if i.role != "y"]
+            for name, array in zip(x_names, inputs):
+                feed[vn.inputs[name].name] = array[mine]
+            feed[vn.inputs["y"].name] = targets[mine]
+        return session.run(fetches, feed)
+
+
+@pytest.mark.parametrize("model", ["mlp", "ncf"])
+def test_accumulated_gradient_equals_one_batch(model, mlp_item, ncf_item):
+    graph_item = mlp_item if model == "mlp" else ncf_item
+    spec = autodist.ResourceSpec.local(workers=1)
+    rng = np.random.default_rng(0)
+    n = 24
+    if model == "mlp":
+        dim = graph_item.inputs[0].shape[1]
+        inputs = [rng.normal(size=(n, dim)).astype(np.float32)]
+        targets = rng.integers(0, 10, n).astype(np.int32)
+    else:
+        inputs = [rng.integers(0, 1000, (n, 1)).astype(np.int32),
+                  rng.integers(0, 20011, (n, 1)).astype(np.int32)]
+        targets = rng.integers(0, 2, (n, 1)).astype(np.float32)
+    values = {f"{replicator.SCOPE}/vars/{v.name}":
+              rng.normal(scale=0.1, size=list(v.shape)).astype(np.float32)
+              for v in graph_item.variables}
+    strategy = builders.AllReduce().build(graph_item, spec)
+    one = _gradients(graph_item, strategy, spec, inputs, targets, values)
+    four = _gradients(graph_item, strategy.with_virtual_nodes(n, 4), spec, inputs, targets,
+                      values)
+    assert set(one) == set(four)
+    for name in one:
+        np.testing.assert_allclose(four[name], one[name], rtol=0, atol=2e-6, err_msg=name)
+    assert any(np.any(g != 0) for name, g in one.items() if name != "loss")
+
+
+def test_random_ops_are_seeded_by_virtual_node():
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.raw_ops.RandomUniform(shape=[3], dtype=tf.float32, seed=7, seed2=3, name="noise")
+        tf.raw_ops.RandomUniform(shape=[3], dtype=tf.float32, name="unseeded")
+    graph_def = graph.as_graph_def()
+    assert replicator._seeded(graph_def, 0) is graph_def
+    seeds = []
+    for vn in range(3):
+        nodes = {n.name: n for n in replicator._seeded(graph_def, vn).node}
+        seeds.append(nodes["noise"].attr["seed2"].i)
+        assert nodes["unseeded"].attr["seed2"].i == 0 and nodes["noise"].attr["seed"].i == 7
+    assert len(set(seeds)) == 3
+
+
+def test_virtual_node_rows_do_not_depend_on_the_mapping():
+    rows = np.arange(100, 132)
+    parts = batching.virtual_node_rows(rows, 4)
+    assert [list(p) for p in parts] == [list(range(100 + 8 * i, 108 + 8 * i)) for i in range(4)]

@@ -1,0 +1,93 @@
+"""Virtual nodes on real clusters: results depend on B and V, not on the hardware.
+
+The same strategy with global batch B = 32 split into V = 4 virtual nodes
+runs on 1 worker (1 x 4), 2 workers (2 x 2) and 4 workers (4 x 1): after 6
+steps the weights equal each other and single-device Keras `fit` with batch
+32, within 2e-5 (float32 sums in another order; observed <= 1.2e-7). An
+uneven mapping (1 + 3) with Adam on sparse embedding gradients, parameter
+servers on the workers' CPUs, gives the same numbers.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import keras
+import autodist
+from autodist import models
+from autodist.runtime.run import AutodistError
+from autodist.search import builders
+
+TOLERANCE = 2e-5
+EXAMPLES, BATCH, EPOCHS, NODES = 96, 32, 2, 4
+
+
+def _mlp():
+    return models.mlp(input_dim=20, hidden=(16,), optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
+
+
+def _mlp_data():
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(EXAMPLES, 20)).astype("float32"),
+            rng.integers(0, 10, EXAMPLES).astype("int32"))
+
+
+def _keras(model, x, y):
+    reference = models.single_device_twin(model)
+    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    return reference.get_weights()
+
+
+def _train(model, strategy, spec, x, y, job_dir):
+    run = autodist.distribute(model, strategy, spec, job_dir=job_dir, step_timeout_s=60)
+    history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0)
+    assert len(history.step_losses) == EPOCHS * EXAMPLES // BATCH
+    return model.get_weights()
+
+
+@pytest.mark.cluster
+def test_mapping_does_not_change_the_result(tmp_path):
+    x, y = _mlp_data()
+    expected = _keras(_mlp(), x, y)
+    results = {}
+    for workers in (1, 2, 4):
+        model = _mlp()
+        spec = autodist.ResourceSpec.local(workers=workers)
+        strategy = builders.AllReduce().build(autodist.capture(model), spec)
+        strategy = strategy.with_virtual_nodes(BATCH, NODES)
+        results[workers] = _train(model, strategy, spec, x, y, str(tmp_path / f"w{workers}"))
+    for workers, weights in results.items():
+        for got, want in zip(weights, expected):
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE,
+                                       err_msg=f"{workers} x {NODES // workers}")
+
+
+@pytest.mark.cluster
+def test_uneven_mapping_with_sparse_adam_on_worker_ps(tmp_path):
+    model = models.embedding_model(num_users=50, num_items=71, dim=8, optimizer="adam")
+    rng = np.random.default_rng(1)
+    x = [rng.integers(0, 50, (EXAMPLES, 1)).astype("int32"),
+         rng.integers(0, 71, (EXAMPLES, 1)).astype("int32")]
+    y = rng.integers(0, 2, (EXAMPLES, 1)).astype("float32")
+    expected = _keras(model, x, y)
+    spec = autodist.ResourceSpec.local(workers=2)  # PS variables on the workers' CPUs
+    strategy = builders.PS().build(autodist.capture(model), spec)
+    w0, w1 = strategy.replicas
+    strategy = strategy.with_virtual_nodes(BATCH, NODES, [w0, w1, w1, w1])
+    weights = _train(model, strategy, spec, x, y, str(tmp_path / "job"))
+    for got, want in zip(weights, expected):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+
+
+def test_fit_rejects_another_batch_size():
+    model = _mlp()
+    spec = autodist.ResourceSpec.local(workers=2)
+    strategy = builders.AllReduce().build(autodist.capture(model), spec).with_virtual_nodes(32, 4)
+    run = autodist.distribute(model, strategy, spec)
+    x, y = _mlp_data()
+    with pytest.raises(AutodistError, match="fixes the global batch at 32 examples .4 virtual "
+                                            "nodes.; fit received batch_size 64"):
+        run.fit(x, y, batch_size=64)
+    with pytest.raises(AutodistError, match="the last batch of an epoch has 2 examples .66 "
+                                            "examples, batch 32., fewer than the 4 virtual"):
+        run.fit(x[:66], y[:66])
