@@ -5,7 +5,7 @@ one variable on its `reduction_destination`; every task's program creates it
 under the same name, so TensorFlow's runtime shares it (the resource lives
 on the PS task). A shard synchronized by all-reduce is mirrored: one copy per
 replica, on the replica's device. State variables (batch-norm statistics) are
-local to each replica.
+local to each virtual node (each replica without virtual nodes).
 
 A PS shard with `local_replication` also gets a local copy on this task's
 CPU (not shared with other tasks): the task's replicas read the copy, so
@@ -83,6 +83,11 @@ def get_storage(program: Program, shard: Shard, replica: Replica) -> tf.Variable
     return program.storage[key]
 
 
+def state_storage_name(state_name: str, vn_index: int) -> str:
+    """Variable name of a state variable's copy for virtual node `vn_index`."""
+    return f"{SCOPE}/state/{state_name}/vn_{vn_index}"
+
+
 def get_read_storage(program: Program, shard: Shard, replica: Replica) -> tf.Variable:
     """The variable `replica`'s step reads for `shard`: its local copy, or its storage."""
     storage = get_storage(program, shard, replica)
@@ -114,10 +119,10 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
                     device: str) -> Replica:
     """Imports one copy of the step per virtual node of the replica on `device`.
 
-    The copies run one after the other: a copy's inputs and state-variable
-    handles wait for the previous copy's loss, gradients and state updates,
-    so at most one copy's activations are alive and batch-norm statistics
-    are updated in virtual-node order.
+    The copies run one after the other (a copy's inputs wait for the
+    previous copy's loss and gradients), so at most one copy's activations
+    are alive. Each virtual node has its own state variables (batch-norm
+    moving statistics), so they too do not depend on the mapping.
     """
     gi = program.graph_item
     replica = Replica(index=index, device=device)
@@ -127,15 +132,6 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
             if shard.placeholder:
                 variable_map[f"{shard.placeholder}:0"] = get_read_storage(program, shard,
                                                                           replica).handle
-    state_handles = {}
-    for state in gi.state_variables:
-        key = f"{SCOPE}/state/{state.name}/replica_{index}"
-        if key not in program.storage:
-            with tf.device(device):
-                program.storage[key] = _variable(key, tf.zeros(list(state.shape),
-                                                               tf.as_dtype(state.dtype)),
-                                                 tf.as_dtype(state.dtype))
-        state_handles[f"{state.handle_node}:0"] = program.storage[key].handle
     fetches = [gi.loss_tensor]
     for var in gi.variables:
         g = var.gradient
@@ -158,8 +154,11 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
                     tf.TensorShape(node.attr["shape"].shape), name=f"{scope}/input/{info.name}")
                 vn.inputs[info.name] = placeholder
                 input_map[info.tensor] = _after(placeholder, gate)
-            for name, handle in state_handles.items():
-                input_map[name] = _after(handle, gate)
+            for state in gi.state_variables:
+                key = state_storage_name(state.name, vn_index)
+                dtype = tf.as_dtype(state.dtype)
+                program.storage[key] = _variable(key, tf.zeros(list(state.shape), dtype), dtype)
+                input_map[f"{state.handle_node}:0"] = program.storage[key].handle
             outputs = tf.graph_util.import_graph_def(
                 _seeded(graph_def, vn_index), input_map=input_map,
                 return_elements=fetches + update_ops, name=scope)
@@ -176,8 +175,7 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
                     tf.constant(list(var.shape), outputs[i + 1].dtype))
                 i += 2
         replica.state_updates += list(outputs[i:])
-        gate = _produced(vn) + [u if isinstance(u, tf.Operation) else u.op
-                                for u in outputs[i:]]
+        gate = _produced(vn)
         replica.virtual_nodes.append(vn)
     _accumulate(replica, single)
     return replica

@@ -188,7 +188,7 @@ class Trainer:
 
     def _initial_value(self, name: str, values: dict[str, np.ndarray], shards) -> Any:
         if name.startswith("autodist/state/"):
-            state = name[len("autodist/state/"):].rsplit("/replica_", 1)[0]
+            state = name[len("autodist/state/"):].rsplit("/vn_", 1)[0]
             return values.get(state)
         if not name.startswith("autodist/vars/"):
             return None  # steps, stashes and residuals start at their initializers
@@ -403,7 +403,10 @@ class Trainer:
                         tensors[checkpoint.slot_key(var.name, slot)] = joined(
                             [replicator.get_slots(program, s, replica)[slot] for s in shards])
             for state in self.graph_item.state_variables:
-                key = f"autodist/state/{state.name}/replica_{replica.index}"
+                # The chief's first virtual node (virtual node 0 under a
+                # contiguous mapping).
+                key = replicator.state_storage_name(state.name,
+                                                    replica.virtual_nodes[0].index)
                 tensors[state.name] = program.storage[key].read_value()
             if with_optimizer:
                 tensors[checkpoint.ITERATIONS] = program.extras["step"].read_value()

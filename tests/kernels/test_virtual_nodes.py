@@ -88,7 +88,8 @@ def _gradients(graph_item, strategy, spec, inputs, targets, values):
         tf.graph_util.import_graph_def(graph_def, name="")
     fetches = {k: v.name for k, v in fetches.items()}
     with tf.compat.v1.Session(graph=local) as session:
-        session.run([init.name, *(a.name for a in assigns)])
+        session.run(init.name)
+        session.run([a.name for a in assigns])
         rows = np.arange(len(targets))
         parts = batching.virtual_node_rows(rows, strategy.num_virtual_nodes)
         feed = {}

@@ -79,6 +79,27 @@ def test_uneven_mapping_with_sparse_adam_on_worker_ps(tmp_path):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
 
 
+@pytest.mark.cluster
+def test_batch_norm_statistics_do_not_depend_on_the_mapping(tmp_path):
+    # Each virtual node normalizes with its own examples and keeps its own
+    # moving statistics; virtual node 0's are written back.
+    x, y = models.synthetic_data(models.cnn(image_size=8), 64, seed=2)
+    results = []
+    for workers in (1, 2):
+        model = models.cnn(image_size=8, optimizer="sgd")
+        spec = autodist.ResourceSpec.local(workers=workers)
+        strategy = builders.AllReduce().build(autodist.capture(model), spec)
+        run = autodist.distribute(model, strategy.with_virtual_nodes(32, 2), spec,
+                                  job_dir=str(tmp_path / f"w{workers}"), step_timeout_s=60)
+        run.fit(x, y, epochs=1, shuffle=False, verbose=0)
+        results.append(model.get_weights())
+    names = [w.path for w in model.weights]
+    assert any("moving_mean" in n for n in names)
+    for name, one, two in zip(names, *results):
+        np.testing.assert_allclose(two, one, rtol=0, atol=TOLERANCE, err_msg=name)
+    assert any(np.any(w != 0) for n, w in zip(names, results[0]) if "moving_mean" in n)
+
+
 def test_fit_rejects_another_batch_size():
     model = _mlp()
     spec = autodist.ResourceSpec.local(workers=2)
