@@ -106,7 +106,7 @@ class StorageVariable:
         return self._handle.graph
 
     def read_value(self) -> tf.Tensor:
-        """A new read of the variable (placed by the caller's device scope, as ``tf.Variable``'s)."""
+        """A new read (placed by the caller's device scope, as ``tf.Variable``'s)."""
         return tf.raw_ops.ReadVariableOp(resource=self._handle, dtype=self._dtype)
 
     def assign(self, value: Any, read_value: bool = True) -> tf.Tensor | tf.Operation:
