@@ -172,10 +172,13 @@ def create_variable(graph: tf.Graph, spec: VariableSpec) -> StorageVariable:
 
 
 def _graph_def(specs: Sequence[VariableSpec]) -> tf.compat.v1.GraphDef:
-    """Handle, fill and assign nodes per variable; constants shared within the GraphDef."""
+    """Handle and assign nodes per variable; initial values shared within the GraphDef.
+
+    Variables of one shape, dtype and initial value are assigned from one
+    ``Fill`` (its nodes sit under the first variable that needs them).
+    """
     graph_def = tf.compat.v1.GraphDef()
     constants: dict[tuple, str] = {}
-    # Constants sit under the first variable that needs them (names stay unique).
 
     def constant(key: tuple, owner: str, value, dtype: tf.DType) -> str:
         if key not in constants:
@@ -195,13 +198,16 @@ def _graph_def(specs: Sequence[VariableSpec]) -> tf.compat.v1.GraphDef:
         handle.attr["shared_name"].s = spec.name.encode()
         handle.attr["container"].s = b""
         value_shape = list(spec.shape) if spec.shape is not None else list(spec.initial_shape)
-        dims = constant(("dims", tuple(value_shape)), spec.name, value_shape, tf.int64)
-        value = constant(("value", dtype, spec.initial), spec.name, spec.initial, dtype)
-        fill = graph_def.node.add(name=f"{spec.name}/Initializer/fill", op="Fill",
-                                  input=[dims, value])
-        fill.attr["T"].type = dtype.as_datatype_enum
-        fill.attr["index_type"].type = tf.int64.as_datatype_enum
+        fill_key = ("fill", tuple(value_shape), dtype, spec.initial)
+        if fill_key not in constants:
+            dims = constant(("dims", tuple(value_shape)), spec.name, value_shape, tf.int64)
+            value = constant(("value", dtype, spec.initial), spec.name, spec.initial, dtype)
+            fill = graph_def.node.add(name=f"{spec.name}/Initializer/fill", op="Fill",
+                                      input=[dims, value])
+            fill.attr["T"].type = dtype.as_datatype_enum
+            fill.attr["index_type"].type = tf.int64.as_datatype_enum
+            constants[fill_key] = fill.name
         assign = graph_def.node.add(name=f"{spec.name}/Assign", op="AssignVariableOp",
-                                    input=[spec.name, fill.name])
+                                    input=[spec.name, constants[fill_key]])
         assign.attr["dtype"].type = dtype.as_datatype_enum
     return graph_def
