@@ -1,4 +1,4 @@
-"""Storage variables built from NodeDefs behave as tf.compat.v1.Variable where the passes rely on it.
+"""Storage variables behave as tf.compat.v1.Variable where the passes rely on it.
 
 In-process graph sessions with two logical CPU devices; sharing across task
 processes is exercised by the cluster tests (tests/runtime).
