@@ -104,7 +104,8 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
 
     Args:
         info: The captured optimizer.
-        var: The variable (or shard) to update; the update runs on its device.
+        var: The variable (or shard) to update, a tf.Variable or a `StorageVariable`
+            (it needs `handle`, `read_value` and `assign*`); the update runs on its device.
         grad: Its gradient, dense or IndexedSlices (already aggregated).
         slots: Its slot variables, named as in `VariableInfo.slots`.
         step: The number of updates applied before this one (int64 scalar);
