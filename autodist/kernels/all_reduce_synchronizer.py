@@ -85,14 +85,24 @@ def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
                                       s.synchronizer.all_reduce)
         else:
             groups.setdefault(s.synchronizer.all_reduce.group, []).append(s)
+    shapes: dict[tuple[int, ...], tf.Tensor] = {}
+
+    def shape_constant(shape) -> tf.Tensor:
+        # One constant per shape (a ResNet has hundreds of shards, few shapes).
+        key = tuple(shape)
+        if key not in shapes:
+            shapes[key] = tf.constant(list(key), tf.int32)
+        return shapes[key]
+
     for group, members in sorted(groups.items()):
         sync = members[0].synchronizer.all_reduce
-        flat = tf.concat([tf.reshape(gradients[s.name], [-1]) for s in members], axis=0)
+        flat = tf.concat([tf.reshape(gradients[s.name], shape_constant([-1])) for s in members],
+                         axis=0)
         reduced = _reduce(program, replica, flat, group, tf.constant(keys[("group", group)]),
                           config, sync)
         sizes = [tf.TensorShape(s.shape).num_elements() for s in members]
         for s, part in zip(members, tf.split(reduced, sizes)):
-            out[s.name] = tf.reshape(part, s.shape)
+            out[s.name] = tf.reshape(part, shape_constant(s.shape))
     return out
 
 

@@ -104,7 +104,8 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
 
     Args:
         info: The captured optimizer.
-        var: The variable (or shard) to update; the update runs on its device.
+        var: The variable (or shard) to update, a tf.Variable or a `StorageVariable`
+            (it needs `handle`, `read_value` and `assign*`); the update runs on its device.
         grad: Its gradient, dense or IndexedSlices (already aggregated).
         slots: Its slot variables, named as in `VariableInfo.slots`.
         step: The number of updates applied before this one (int64 scalar);
@@ -125,10 +126,13 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
         rows = tf.cast(grad.values, var.dtype) * hp["learning_rate"]
         return tf.raw_ops.ResourceScatterSub(resource=var.handle, indices=grad.indices,
                                              updates=rows)
-    if grad_square is None:
-        grad_square = square_gradient(grad, shape)
+    if needs_square(info):
+        if grad_square is None:
+            grad_square = square_gradient(grad, shape)
+        grad_square = tf.cast(grad_square, var.dtype)
+    else:
+        grad_square = None  # not part of the update
     grad = tf.cast(dense_gradient(grad, shape), var.dtype)
-    grad_square = tf.cast(grad_square, var.dtype)
     builder = _KERAS if info.family == "keras" else _V1
     try:
         update = builder[info.algorithm]
@@ -152,7 +156,8 @@ def _is_plain_sgd(info: graph_item_pb2.OptimizerInfo, slots: Slots,
 # ---------------------------------------------------------------- Keras 3
 def _keras_weight_decay(var, hp):
     if "weight_decay" in hp:
-        return [var.assign_sub(var * hp["weight_decay"] * hp["learning_rate"])]
+        return [var.assign_sub(var.read_value() * hp["weight_decay"] * hp["learning_rate"],
+                               read_value=False)]
     return []
 
 
@@ -161,14 +166,14 @@ def _keras_sgd(var, grad, grad_square, slots, step, hp, flags):
     deps = _keras_weight_decay(var, hp)
     with tf.control_dependencies(deps):
         if flags.get("momentum", 0.0) == 0.0:
-            return var.assign_sub(grad * lr).op
+            return var.assign_sub(grad * lr, read_value=False)
         m = slots["momentum"]
         momentum = hp["momentum"]
-        new_m = m.assign(m * momentum - grad * lr)
+        new_m = m.assign(m.read_value() * momentum - grad * lr)
         with tf.control_dependencies([new_m]):
             if flags.get("nesterov"):
-                return var.assign_add(new_m * momentum - grad * lr).op
-            return var.assign_add(new_m).op
+                return var.assign_add(new_m * momentum - grad * lr, read_value=False)
+            return var.assign_add(new_m, read_value=False)
 
 
 def _keras_adam(var, grad, grad_square, slots, step, hp, flags):
@@ -181,11 +186,12 @@ def _keras_adam(var, grad, grad_square, slots, step, hp, flags):
     with tf.control_dependencies(deps):
         m = slots["momentum"]
         v = slots["velocity"]
-        new_m = m.assign_add((grad - m) * (1 - beta_1))
-        new_v = v.assign_add((grad_square - v) * (1 - beta_2))
+        new_m = m.assign_add((grad - m.read_value()) * (1 - beta_1))
+        new_v = v.assign_add((grad_square - v.read_value()) * (1 - beta_2))
         if flags.get("amsgrad"):
-            new_v = slots["velocity_hat"].assign(tf.maximum(slots["velocity_hat"], new_v))
-        return var.assign_sub(new_m * alpha / (tf.sqrt(new_v) + epsilon)).op
+            v_hat = slots["velocity_hat"]
+            new_v = v_hat.assign(tf.maximum(v_hat.read_value(), new_v))
+        return var.assign_sub(new_m * alpha / (tf.sqrt(new_v) + epsilon), read_value=False)
 
 
 def _keras_adagrad(var, grad, grad_square, slots, step, hp, flags):
@@ -193,25 +199,27 @@ def _keras_adagrad(var, grad, grad_square, slots, step, hp, flags):
     deps = _keras_weight_decay(var, hp)
     with tf.control_dependencies(deps):
         acc = slots["accumulator"].assign_add(grad_square)
-        return var.assign_sub(lr * grad / tf.sqrt(acc + epsilon)).op
+        return var.assign_sub(lr * grad / tf.sqrt(acc + epsilon), read_value=False)
 
 
 def _keras_rmsprop(var, grad, grad_square, slots, step, hp, flags):
     lr, rho, epsilon = hp["learning_rate"], hp["rho"], hp["epsilon"]
     deps = _keras_weight_decay(var, hp)
     with tf.control_dependencies(deps):
-        velocity = slots["velocity"].assign(rho * slots["velocity"] + (1 - rho) * grad_square)
+        velocity = slots["velocity"].assign(rho * slots["velocity"].read_value() +
+                                            (1 - rho) * grad_square)
         if flags.get("centered"):
             average = slots["average_gradient"].assign(
-                rho * slots["average_gradient"] + (1 - rho) * grad)
+                rho * slots["average_gradient"].read_value() + (1 - rho) * grad)
             denominator = velocity - tf.square(average) + epsilon
         else:
             denominator = velocity + epsilon
         increment = lr * grad / tf.sqrt(denominator)
         if flags.get("momentum", 0.0) > 0:
-            m = slots["momentum"].assign(hp["momentum"] * slots["momentum"] + increment)
-            return var.assign_sub(m).op
-        return var.assign_sub(increment).op
+            m = slots["momentum"].assign(hp["momentum"] * slots["momentum"].read_value() +
+                                         increment)
+            return var.assign_sub(m, read_value=False)
+        return var.assign_sub(increment, read_value=False)
 
 
 _KERAS: dict[str, Callable] = {"sgd": _keras_sgd, "adam": _keras_adam,

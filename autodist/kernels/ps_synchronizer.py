@@ -44,7 +44,7 @@ def push(acc, shard: Shard, grad, step) -> tf.Operation:
     return acc.apply_grad(grad, local_step=step)
 
 
-def take(acc, shard: Shard, num_replicas: int):
+def take(acc, shard: Shard, num_replicas: int | tf.Tensor):
     """The sum of `num_replicas` gradients (blocks until they are all in)."""
     if shard.sparse:
         return acc.take_indexed_slices_grad(num_replicas)

@@ -26,6 +26,7 @@ import tensorflow as tf
 from autodist.ir.strategy import Strategy
 from autodist.kernels.optimizers import slot_initial_value
 from autodist.kernels.program import Program, Replica, Shard, Stage, VirtualNode
+from autodist.kernels.variables import StorageVariable, VariableSpec, create_variables
 
 SCOPE = "autodist"
 
@@ -59,6 +60,7 @@ def apply(program: Program, strategy: Strategy) -> Program:
     if program.graph is None:
         program.graph = tf.Graph()
     local = program.local_replica_devices(strategy)
+    _create_storage(program, strategy, [Replica(index=i, device=d) for i, d in local])
     with program.graph.as_default():
         for index, device in local:
             program.replicas.append(_import_replica(program, strategy, index, device))
@@ -66,20 +68,11 @@ def apply(program: Program, strategy: Strategy) -> Program:
     return program
 
 
-def get_storage(program: Program, shard: Shard, replica: Replica) -> tf.Variable:
+def get_storage(program: Program, shard: Shard, replica: Replica) -> StorageVariable:
     """The variable holding `shard` as `replica` sees it (created on first use)."""
     key = storage_name(shard, replica.index)
     if key not in program.storage:
-        device = storage_device(shard, replica.device)
-        dtype = tf.as_dtype(shard.dtype)
-        with tf.device(device):
-            program.storage[key] = _variable(key, tf.zeros(shard.shape, dtype), dtype)
-            info = program.graph_item.variable(shard.var_name)
-            optimizer = program.graph_item.optimizer
-            for slot in info.slots:
-                init = slot_initial_value(optimizer, slot)
-                program.storage[f"{key}/slot/{slot}"] = _variable(
-                    f"{key}/slot/{slot}", tf.fill(shard.shape, tf.constant(init, dtype)), dtype)
+        _create(program, _storage_specs(program, shard, replica))
     return program.storage[key]
 
 
@@ -88,17 +81,14 @@ def state_storage_name(state_name: str, vn_index: int) -> str:
     return f"{SCOPE}/state/{state_name}/vn_{vn_index}"
 
 
-def get_read_storage(program: Program, shard: Shard, replica: Replica) -> tf.Variable:
+def get_read_storage(program: Program, shard: Shard, replica: Replica) -> StorageVariable:
     """The variable `replica`'s step reads for `shard`: its local copy, or its storage."""
     storage = get_storage(program, shard, replica)
     if not has_local_copy(shard):
         return storage
     if shard.name not in program.local_copies:
-        key = local_copy_name(shard)
-        dtype = tf.as_dtype(shard.dtype)
-        with tf.device(f"{program.task_prefix}device:CPU:0"):
-            program.storage[key] = _variable(key, tf.zeros(shard.shape, dtype), dtype)
-        program.local_copies[shard.name] = program.storage[key]
+        _create(program, [_local_copy_spec(program, shard)])
+        program.local_copies[shard.name] = program.storage[local_copy_name(shard)]
     return program.local_copies[shard.name]
 
 
@@ -108,11 +98,64 @@ def get_slots(program: Program, shard: Shard, replica: Replica) -> dict[str, tf.
     return {slot: program.storage[f"{key}/slot/{slot}"] for slot in info.slots}
 
 
-def _variable(name: str, initial_value, dtype) -> tf.Variable:
-    # Not a Keras variable: plain resource variables whose names (and so
-    # shared names) are the same in every task's program.
-    return tf.compat.v1.Variable(initial_value, dtype=dtype, name=name, trainable=False,
-                                 use_resource=True)
+def _storage_specs(program: Program, shard: Shard, replica: Replica) -> list[VariableSpec]:
+    """The shard's variable as `replica` sees it, and its optimizer slots."""
+    key = storage_name(shard, replica.index)
+    device = storage_device(shard, replica.device)
+    dtype = tf.as_dtype(shard.dtype)
+    shape = tuple(shard.shape)
+    specs = [VariableSpec(key, shape, dtype, device)]
+    optimizer = program.graph_item.optimizer
+    for slot in program.graph_item.variable(shard.var_name).slots:
+        specs.append(VariableSpec(f"{key}/slot/{slot}", shape, dtype, device,
+                                  slot_initial_value(optimizer, slot)))
+    return specs
+
+
+def _local_copy_spec(program: Program, shard: Shard) -> VariableSpec:
+    return VariableSpec(local_copy_name(shard), tuple(shard.shape), tf.as_dtype(shard.dtype),
+                        f"{program.task_prefix}device:CPU:0")
+
+
+def _state_spec(state, vn_index: int, device: str) -> VariableSpec:
+    return VariableSpec(state_storage_name(state.name, vn_index), tuple(state.shape),
+                        tf.as_dtype(state.dtype), device)
+
+
+def _create_storage(program: Program, strategy: Strategy, replicas: list[Replica]) -> None:
+    """Creates every variable the replicas' steps read, in one import per device.
+
+    Not a Keras variable: plain resource variables whose names (and so
+    shared names) are the same in every task's program.
+    """
+    specs: dict[str, VariableSpec] = {}
+    copied = []
+    for replica in replicas:
+        for var in program.graph_item.variables:
+            for shard in program.shards[var.name]:
+                if not shard.placeholder:
+                    continue
+                found = _storage_specs(program, shard, replica)
+                if has_local_copy(shard):
+                    found.append(_local_copy_spec(program, shard))
+                    copied.append(shard)
+                for spec in found:
+                    specs.setdefault(spec.name, spec)
+        for vn_index, device in enumerate(strategy.virtual_node_devices):
+            if device != replica.device:
+                continue
+            for state in program.graph_item.state_variables:
+                spec = _state_spec(state, vn_index, device)
+                specs.setdefault(spec.name, spec)
+    _create(program, [s for s in specs.values() if s.name not in program.storage])
+    for shard in copied:
+        program.local_copies.setdefault(shard.name, program.storage[local_copy_name(shard)])
+
+
+def _create(program: Program, specs: list[VariableSpec]) -> None:
+    """Creates variables into `program.storage`, by name."""
+    for spec, var in zip(specs, create_variables(program.graph, specs)):
+        program.storage[spec.name] = var
 
 
 def _import_replica(program: Program, strategy: Strategy, index: int,
@@ -156,8 +199,6 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
                 input_map[info.tensor] = _after(placeholder, gate)
             for state in gi.state_variables:
                 key = state_storage_name(state.name, vn_index)
-                dtype = tf.as_dtype(state.dtype)
-                program.storage[key] = _variable(key, tf.zeros(list(state.shape), dtype), dtype)
                 input_map[f"{state.handle_node}:0"] = program.storage[key].handle
             outputs = tf.graph_util.import_graph_def(
                 _seeded(graph_def, vn_index), input_map=input_map,

@@ -35,6 +35,7 @@ from autodist.kernels.optimizers import (Slots, apply_update, check_supported, d
 from autodist.kernels.partitioner import split_gradient
 from autodist.kernels.program import Program, Stage
 from autodist.kernels.replicator import get_slots, get_storage
+from autodist.kernels.variables import StorageVariable, VariableSpec, create_variable
 
 
 @dataclasses.dataclass
@@ -63,20 +64,27 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
     ar_shards = [s for s in all_shards if s.kind == "all_reduce"]
     with program.graph.as_default():
         hyper_cache: dict[tf.DType, dict[str, tf.Tensor]] = {}
+        counts: dict[str, tf.Tensor] = {}
+
+        def replica_count(device):
+            # The number of gradients a take waits for, one constant per device.
+            if device not in counts:
+                with tf.device(device), tf.control_dependencies(None):
+                    counts[device] = tf.constant(len(strategy.replicas), tf.int32)
+            return counts[device]
 
         def update(var, grad, slots, grad_square=None, step=None):
             dtype = var.dtype.base_dtype
             if dtype not in hyper_cache:
-                with tf.device(None):
+                with tf.device(None), tf.control_dependencies(None):
                     hyper_cache[dtype] = hyperparameter_tensors(gi.optimizer, dtype)
             return apply_update(gi.optimizer, var, grad, slots,
                                 step_value if step is None else step, grad_square,
                                 hyper_cache[dtype])
 
         first_device = program.replicas[0].device
-        with tf.device(first_device):
-            step = tf.compat.v1.Variable(tf.constant(0, tf.int64), name="autodist/step",
-                                         trainable=False, use_resource=True)
+        step = create_variable(program.graph, VariableSpec("autodist/step", (), tf.int64,
+                                                           first_device))
         step_value = step.read_value()
         scales = {}
         scaled: dict[int, dict[str, object]] = {}
@@ -135,20 +143,23 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             # Keras squares each occurrence of a sparse row: accumulate those too.
             square_acc = ps.accumulator(shard, "square") \
                 if shard.sparse and needs_square(gi.optimizer) else None
+            shard_pushes = []
             for r in replicas_with_grad:
                 grad = scaled[r.index][shard.name]
                 with tf.device(r.device):
-                    pushes.append(ps.push(acc, shard, grad, step_value))
+                    shard_pushes.append(ps.push(acc, shard, grad, step_value))
                     if square_acc is not None:
                         squares = tf.IndexedSlices(tf.square(grad.values), grad.indices,
                                                    grad.dense_shape)
-                        pushes.append(ps.push(square_acc, shard, squares, step_value))
+                        shard_pushes.append(ps.push(square_acc, shard, squares, step_value))
+            pushes += shard_pushes
             if options.is_chief:
-                # The update runs where the variable lives.
-                with tf.device(destination), tf.control_dependencies(pushes):
-                    total = ps.take(acc, shard, len(strategy.replicas))
+                # The update runs where the variable lives, once this task's pushes are in.
+                num_required = replica_count(destination)
+                with tf.device(destination), tf.control_dependencies(shard_pushes):
+                    total = ps.take(acc, shard, num_required)
                     total_square = None if square_acc is None else dense_gradient(
-                        ps.take(square_acc, shard, len(strategy.replicas)), shard.shape)
+                        ps.take(square_acc, shard, num_required), shard.shape)
                     ps_sync_updates.append(update(var, total, slots, total_square))
         async_updates = _async_updates(program, strategy, async_ps, scaled, update)
         # In one run with the forward pass, a refresh must also wait for its reads.
@@ -173,15 +184,16 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         if ssp is not None:
             ps_work = ps_work + [ssp[0]]
             # Counted by each worker when done; the chief reads the weights after all.
-            shared_variable(program, "finished", tf.constant(0, tf.int64),
+            shared_variable(program, "finished", 0, tf.int64,
                             async_ps[0].synchronizer.ps.reduction_destination)
         if two_phase:
             train_op = tf.group(updates + state_updates + stashes, name="autodist/train_op")
             with tf.control_dependencies(ps_work):
-                ps_op = tf.group(step.assign_add(1), name="autodist/ps_op")
+                ps_op = tf.group(step.assign_add(1, read_value=False), name="autodist/ps_op")
         else:
             with tf.control_dependencies(updates + state_updates + ps_work):
-                train_op = tf.group(step.assign_add(1), name="autodist/train_op")
+                train_op = tf.group(step.assign_add(1, read_value=False),
+                                    name="autodist/train_op")
             ps_op = None
         after_step = None
         if has_sync_ps and not options.is_chief:
@@ -204,13 +216,13 @@ def is_async(shard) -> bool:
     return not ps_sync.sync or ps_sync.staleness > 0
 
 
-def shared_variable(program: Program, name: str, initial, device: str) -> tf.Variable:
-    """A variable every task shares by name; the chief initializes it."""
+def shared_variable(program: Program, name: str, initial: int | float, dtype: tf.DType,
+                    device: str) -> StorageVariable:
+    """A scalar variable every task shares by name; the chief initializes it."""
     key = f"autodist/shared/{name}"
     if key not in program.storage:
-        with tf.device(device):
-            program.storage[key] = tf.compat.v1.Variable(initial, name=key, trainable=False,
-                                                         use_resource=True)
+        program.storage[key] = create_variable(program.graph,
+                                               VariableSpec(key, (), dtype, device, initial))
     return program.storage[key]
 
 
@@ -224,7 +236,7 @@ def _async_updates(program: Program, strategy: Strategy, shards, scaled, update)
     """
     if not shards:
         return []
-    counter = shared_variable(program, "async_updates", tf.constant(0, tf.int64),
+    counter = shared_variable(program, "async_updates", 0, tf.int64,
                               shards[0].synchronizer.ps.reduction_destination)
     updates = []
     for r in program.replicas:
@@ -285,10 +297,10 @@ def _ssp_clocks(program: Program, options: SyncOptions, shards, staleness: int, 
         staleness bound, 0 for plain asynchronous training).
     """
     device = shards[0].synchronizer.ps.reduction_destination
-    clocks = [shared_variable(program, f"clock_{t}", tf.constant(0, tf.int64), device)
+    clocks = [shared_variable(program, f"clock_{t}", 0, tf.int64, device)
               for t in range(options.worker_tasks)]
     with tf.control_dependencies(after):
-        tick = clocks[options.task_index].assign_add(1).op
+        tick = clocks[options.task_index].assign_add(1, read_value=False)
     return tick, tf.stack([c.read_value() for c in clocks]), staleness
 
 
@@ -312,22 +324,23 @@ def _stash_ps_gradients(program: Program, shards, scaled):
                 if isinstance(grad, tf.IndexedSlices):
                     values = _stash_variable(program, f"{base}/values", grad.values.dtype)
                     indices = _stash_variable(program, f"{base}/indices", grad.indices.dtype)
-                    writes += [values.assign(grad.values).op, indices.assign(grad.indices).op]
+                    writes += [values.assign(grad.values, read_value=False),
+                               indices.assign(grad.indices, read_value=False)]
                     reads[replica.index][shard.name] = tf.IndexedSlices(
                         values.read_value(), indices.read_value(), grad.dense_shape)
                 else:
                     dense = _stash_variable(program, base, grad.dtype)
-                    writes.append(dense.assign(grad).op)
+                    writes.append(dense.assign(grad, read_value=False))
                     reads[replica.index][shard.name] = tf.reshape(dense.read_value(),
                                                                   shard.shape)
     return reads, writes
 
 
-def _stash_variable(program: Program, name: str, dtype) -> tf.Variable:
-    # Any shape: sparse gradients change their row count every step.
-    var = tf.compat.v1.Variable(tf.zeros([0], dtype), name=name, trainable=False,
-                                use_resource=True, shape=tf.TensorShape(None),
-                                validate_shape=False)
+def _stash_variable(program: Program, name: str, dtype: tf.DType) -> StorageVariable:
+    # Any shape: sparse gradients change their row count every step. Placed by
+    # the caller's device scope (its replica's device).
+    var = create_variable(program.graph, VariableSpec(name, None, dtype, "", 0,
+                                                      initial_shape=(0,)))
     program.storage[name] = var
     return var
 

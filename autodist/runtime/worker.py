@@ -26,6 +26,7 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.kernels import partitioner, replicator, synchronizer
 from autodist.kernels.program import Program
+from autodist.kernels.variables import StorageVariable
 from autodist.runtime import checkpoint
 from autodist.runtime import data as batching
 from autodist.runtime import mailbox
@@ -150,7 +151,7 @@ class Trainer:
             assigns, feeds = self._value_assigns(values, local, shared)
             if checkpoint.ITERATIONS in values:
                 start = tf.compat.v1.placeholder(tf.int64, [])
-                assigns.append(step.assign(start).op)
+                assigns.append(step.assign(start, read_value=False))
                 feeds[start] = int(values[checkpoint.ITERATIONS])
         self.initial_step = int(values.get(checkpoint.ITERATIONS, 0))
         self.session.run(inits, options=self.run_options)
@@ -182,7 +183,7 @@ class Trainer:
             if value is None:
                 continue
             placeholder = tf.compat.v1.placeholder(var.dtype.base_dtype, var.shape)
-            assigns.append(var.assign(placeholder).op)
+            assigns.append(var.assign(placeholder, read_value=False))
             feeds[placeholder] = value
         return assigns, feeds
 
@@ -423,7 +424,7 @@ class Trainer:
             return
         with self.program.graph.as_default():
             counter = self._finished_counter()
-            report = counter.assign_add(1).op
+            report = counter.assign_add(1, read_value=False)
             read = counter.read_value()
         self.session.run(report, options=self.run_options)
         if not self.is_chief:
@@ -435,7 +436,7 @@ class Trainer:
                                   "of the chief")
             time.sleep(0.01)
 
-    def _finished_counter(self) -> tf.Variable:
+    def _finished_counter(self) -> StorageVariable:
         return self.program.storage["autodist/shared/finished"]
 
     def collect_results(self, own: dict[str, Any]) -> list[dict[str, Any]]:
