@@ -31,10 +31,18 @@ class CollectiveConfig:
     Attributes:
         group_size: Number of replicas in the whole job.
         timeout_s: A collective waiting longer than this fails (no hang).
+        version: Membership version of an elastic job: the group key is
+            `GROUP_KEY + version`, as TensorFlow aborts every collective of a
+            process that joins a known group key with another size.
     """
 
     group_size: int
     timeout_s: float
+    version: int = 0
+
+    @property
+    def group_key(self) -> int:
+        return GROUP_KEY + self.version
 
 
 def instance_keys(shards: list[Shard]) -> dict[tuple[str, int], int]:
@@ -115,7 +123,7 @@ def _collective_reduce(tensor, key, config: CollectiveConfig, hint: str):
         return tf.identity(tensor)  # one replica: nothing to reduce
     return tf.raw_ops.CollectiveReduceV2(
         input=tensor, group_size=tf.constant(config.group_size),
-        group_key=tf.constant(GROUP_KEY), instance_key=key, ordering_token=[],
+        group_key=tf.constant(config.group_key), instance_key=key, ordering_token=[],
         merge_op="Add", final_op="Id", communication_hint=hint,
         timeout_seconds=config.timeout_s)
 
@@ -125,7 +133,7 @@ def _collective_gather(tensor, key, config: CollectiveConfig, hint: str):
         return tf.identity(tensor)  # one replica: nothing to gather
     return tf.raw_ops.CollectiveGatherV2(
         input=tensor, group_size=tf.constant(config.group_size),
-        group_key=tf.constant(GROUP_KEY), instance_key=key, ordering_token=[],
+        group_key=tf.constant(config.group_key), instance_key=key, ordering_token=[],
         communication_hint=hint, timeout_seconds=config.timeout_s)
 
 
@@ -175,3 +183,27 @@ def _all_gather(grad, shard: Shard, key, config: CollectiveConfig, sync):
     if sync.compressor != ARSync.NONE:
         all_values = tf.cast(all_values, grad.values.dtype)
     return tf.IndexedSlices(all_values, all_indices, grad.dense_shape)
+
+
+# Group keys of the version tags: one single-member group per task, far from
+# the job's group keys.
+_TAG_GROUP_KEY = 1_000_000
+
+
+def version_tag(task_index: int, version: int, device: str) -> tf.Operation:
+    """An op that starts a fresh collective step sequence for `version`.
+
+    TensorFlow numbers the steps of a graph's collectives from a sequence per
+    graph key, and a graph with only V2 collectives always gets the same key:
+    after a resize, a task that ran fewer collective steps than its peers
+    would be out of step with them (their collectives time out). A V1
+    collective's static instance key enters the graph key, so one trivial
+    V1 collective (a group of one, per task) with the version as instance
+    key gives each membership version its own sequence. Run it in every
+    step of a program with collectives.
+    """
+    with tf.device(device):
+        return tf.raw_ops.CollectiveReduce(
+            input=tf.zeros([], tf.float32), group_size=1,
+            group_key=_TAG_GROUP_KEY + task_index, instance_key=version + 1,
+            merge_op="Add", final_op="Id", subdiv_offsets=[], timeout_seconds=60.0).op

@@ -18,16 +18,19 @@ from autodist.kernels.program import Shard
 SCOPE = "autodist/ps"
 
 
-def accumulator(shard: Shard, purpose: str = "gradient"):
+def accumulator(shard: Shard, purpose: str = "gradient", version: int = 0):
     """The shard's accumulator on its PS, shared by name across tasks.
 
     Args:
         shard: The shard.
         purpose: "gradient", or "square" for the sum of squared sparse rows.
+        version: Membership version of an elastic job: each version has its
+            own accumulators, so a partial sum left by a lost worker is
+            never taken.
     """
     dtype = tf.as_dtype(shard.dtype)
     with tf.device(shard.synchronizer.ps.reduction_destination):
-        name = f"{SCOPE}/accumulator/{purpose}/{shard.name}"
+        name = f"{SCOPE}/accumulator/{purpose}/{shard.name}" + (f"/v{version}" if version else "")
         if shard.sparse:
             return tf.compat.v1.SparseConditionalAccumulator(
                 dtype, shape=shard.shape, shared_name=name, name=name.replace("/", "_"),
@@ -51,9 +54,10 @@ def take(acc, shard: Shard, num_replicas: int | tf.Tensor):
     return acc.take_grad(num_replicas)
 
 
-def token_queue(device: str, task_index: int, capacity: int = 4) -> tf.queue.FIFOQueue:
+def token_queue(device: str, task_index: int, capacity: int = 4,
+                version: int = 0) -> tf.queue.FIFOQueue:
     """The queue through which the chief releases worker task `task_index`."""
     with tf.device(device):
-        name = f"{SCOPE}/token_queue/task_{task_index}"
+        name = f"{SCOPE}/token_queue/task_{task_index}" + (f"/v{version}" if version else "")
         return tf.queue.FIFOQueue(capacity, [tf.int64], shapes=[[]], shared_name=name,
                                   name=name.replace("/", "_"))

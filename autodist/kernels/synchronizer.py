@@ -47,12 +47,19 @@ class SyncOptions:
         worker_tasks: Number of worker tasks in the job.
         task_index: This worker task's index.
         timeout_s: Bound on every collective.
+        version: Membership version of an elastic job (0 otherwise): new
+            collective group keys and PS accumulators / token queues per
+            version.
+        elastic: The job may resize: every step with collectives also runs
+            the version tag (`all_reduce_synchronizer.version_tag`).
     """
 
     is_chief: bool
     worker_tasks: int
     task_index: int
     timeout_s: float = 60.0
+    version: int = 0
+    elastic: bool = False
 
 
 def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program:
@@ -112,7 +119,8 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                     program, replica, ar_shards,
                     {s.name: scaled[replica.index][s.name] for s in ar_shards
                      if s.name in scaled[replica.index]},
-                    ar.CollectiveConfig(len(strategy.replicas), options.timeout_s), step_value)
+                    ar.CollectiveConfig(len(strategy.replicas), options.timeout_s,
+                                        options.version), step_value)
                 for shard in ar_shards:
                     if shard.name not in reduced:
                         continue
@@ -139,9 +147,9 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             var = get_storage(program, shard, program.replicas[0])
             slots = Slots(get_slots(program, shard, program.replicas[0]))
             destination = shard.synchronizer.ps.reduction_destination
-            acc = ps.accumulator(shard)
+            acc = ps.accumulator(shard, version=options.version)
             # Keras squares each occurrence of a sparse row: accumulate those too.
-            square_acc = ps.accumulator(shard, "square") \
+            square_acc = ps.accumulator(shard, "square", options.version) \
                 if shard.sparse and needs_square(gi.optimizer) else None
             shard_pushes = []
             for r in replicas_with_grad:
@@ -176,7 +184,8 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             with tf.control_dependencies(ps_sync_updates):
                 for task in range(options.worker_tasks):
                     if task != options.task_index:
-                        release.append(ps.token_queue(queue_device, task).enqueue(step_value))
+                        release.append(ps.token_queue(queue_device, task, version=options.version)
+                                       .enqueue(step_value))
         staleness = max((s.synchronizer.ps.staleness for s in async_ps), default=0)
         ps_work = ps_sync_updates + pushes + release + async_updates + refreshes
         ssp = _ssp_clocks(program, options, async_ps, staleness, after=ps_work) \
@@ -186,6 +195,9 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             # Counted by each worker when done; the chief reads the weights after all.
             shared_variable(program, "finished", 0, tf.int64,
                             async_ps[0].synchronizer.ps.reduction_destination)
+        if ar_shards and options.elastic:
+            updates = updates + [ar.version_tag(options.task_index, options.version,
+                                                program.replicas[0].device)]
         if two_phase:
             train_op = tf.group(updates + state_updates + stashes, name="autodist/train_op")
             with tf.control_dependencies(ps_work):
@@ -197,7 +209,8 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             ps_op = None
         after_step = None
         if has_sync_ps and not options.is_chief:
-            token = ps.token_queue(queue_device, options.task_index).dequeue()
+            token = ps.token_queue(queue_device, options.task_index,
+                                   version=options.version).dequeue()
             after_step = tf.group([token] + _refresh(program, local_sync, after=[token]),
                                   name="autodist/after_step")
         all_local = [s for s in all_shards if s.name in program.local_copies]

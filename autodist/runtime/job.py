@@ -67,6 +67,8 @@ class RunConfig:
             replicas' forward and backward passes on this many batches
             (after one warm-up) and applies no update (see
             `Run.measure_throughput`). 0: train.
+        resize_at: Elastic runs: global step (as a string) -> number of
+            worker tasks from that step on (see `elastic.segments`).
     """
 
     global_batch_size: int
@@ -83,6 +85,7 @@ class RunConfig:
     job_timeout_s: float = 3600.0
     job_id: str = ""
     probe_steps: int = 0
+    resize_at: dict[str, int] | None = None
 
 
 # Files an archive may hold (anything else in one is refused).

@@ -31,6 +31,8 @@ LIMIT = "limit"      # chief -> workers: how many steps may run
 RESULTS = "results"  # worker -> chief: losses, times, or an error
 DONE = "done"        # chief -> every other task: the chief has what it needs
 ABORT = "abort"      # driver -> every other task: the job failed, stop now
+STATE_UP = "state_up"  # worker -> chief: its virtual nodes' state at a resize
+STATE = "state"      # chief -> next members: every variable's value at a resize
 
 CONTAINER = "autodist"
 CAPACITY = 100_000

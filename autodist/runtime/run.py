@@ -9,7 +9,7 @@ import shutil
 import sys
 import tempfile
 import uuid
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from autodist.ir.strategy import Strategy
 from autodist.kernels.optimizers import check_supported as check_optimizer
 from autodist.runtime import checkpoint, datasets
 from autodist.runtime import data as batching
-from autodist.runtime import follow
+from autodist.runtime import elastic, follow
 from autodist.runtime.job import JobDir, RunConfig
 from autodist.runtime.launcher import LocalCluster, check_local
 from autodist.runtime.remote import RemoteCluster, check_this_is_the_chief
@@ -42,6 +42,10 @@ class History:
         epoch: Epoch indices.
         max_lead: Per worker task, the most steps it started ahead of the
             slowest task (asynchronous and bounded-staleness runs; 0 otherwise).
+        resizes: Elastic runs: per membership change, {"step": first step
+            of the new membership, "workers": its size, "seconds": the
+            chief's time from the end of the previous step to the start of
+            that step (state hand-over, new program and session)}.
     """
 
     history: dict[str, list[float]]
@@ -49,6 +53,7 @@ class History:
     step_times: list[float]
     epoch: list[int]
     max_lead: list[int] = dataclasses.field(default_factory=list)
+    resizes: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
 
 class DistributedRun:
@@ -107,7 +112,8 @@ class DistributedRun:
             verbose: int = 1, timeout_s: float = 3600.0, checkpoint_dir: str | None = None,
             checkpoint_every_steps: int | None = None,
             initial_checkpoint: str | None = None,
-            callbacks: Sequence[Any] | None = None) -> History:
+            callbacks: Sequence[Any] | None = None,
+            resize_at: Mapping[int, int] | None = None) -> History:
         """Trains on the cluster and writes the trained weights into the model.
 
         Callbacks (`keras.callbacks.Callback`) run here, in the driver, with
@@ -156,6 +162,15 @@ class DistributedRun:
             callbacks: Keras callbacks run by the driver (see above). With
                 callbacks the workers report every step and wait for the
                 driver at each epoch's end (up to `step_timeout_s`).
+            resize_at: Elastic training: global step -> number of workers
+                from that step on (workers 0..n-1 of the spec; step 0 sets
+                the starting size, default all). At each change the members
+                rebuild their programs in place (no process restarts, no
+                disk) and continue from the chief's state; the strategy
+                needs virtual nodes (B and V stay fixed, so the run follows
+                the fixed-size trajectory) and synchronous updates. Every
+                worker's process starts at launch and idles while it is not
+                a member. See `autodist.runtime.elastic`.
 
         Returns:
             A History with per-step and per-epoch losses.
@@ -172,6 +187,11 @@ class DistributedRun:
         steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
         sizes = [len(batching.batch_rows(np.arange(n), s, batch_size)) for s in range(steps)]
         self._check_batches(sizes, n, batch_size)
+        if resize_at:
+            if callbacks:
+                raise AutodistError("resize_at cannot be combined with callbacks yet")
+            elastic.check_elastic(self.strategy, self.resource_spec)
+            elastic.segments(steps * epochs, self.resource_spec.num_worker_tasks, resize_at)
         config = RunConfig(global_batch_size=batch_size, epochs=epochs,
                            steps_per_epoch=steps_per_epoch, shuffle=shuffle, seed=seed,
                            step_timeout_s=self.step_timeout_s,
@@ -180,7 +200,9 @@ class DistributedRun:
                            checkpoint_every_steps=checkpoint_every_steps,
                            task_step_delay_s=self.task_step_delay_s or None,
                            follow_steps=bool(callbacks), job_timeout_s=timeout_s,
-                           job_id=uuid.uuid4().hex)
+                           job_id=uuid.uuid4().hex,
+                           resize_at={str(k): v for k, v in resize_at.items()}
+                           if resize_at else None)
         init_values = self._initial_values()
         if initial_checkpoint:
             init_values.update(checkpoint.load(initial_checkpoint))
@@ -345,7 +367,8 @@ class DistributedRun:
             epoch_losses.append(float(np.average(chunk, weights=batch_sizes[:len(chunk)])))
         return History(history={"loss": epoch_losses}, step_losses=losses,
                        step_times=results[0]["step_times"][:done], epoch=list(range(ran)),
-                       max_lead=[int(r.get("max_lead", 0)) for r in results])
+                       max_lead=[int(r.get("max_lead", 0)) for r in results],
+                       resizes=results[0].get("resizes", []))
 
 
 class _Progress:

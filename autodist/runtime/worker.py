@@ -9,6 +9,7 @@ done. All waits are bounded by the RunConfig's timeouts.
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ from autodist.kernels.program import Program
 from autodist.kernels.variables import StorageVariable
 from autodist.runtime import checkpoint
 from autodist.runtime import data as batching
+from autodist.runtime import elastic as elastic_
 from autodist.runtime import mailbox
 from autodist.runtime.follow import ChiefFollower, WorkerFollower
 from autodist.runtime.job import JobDir, RunConfig
@@ -51,12 +53,25 @@ def server_config() -> tf.compat.v1.ConfigProto:
     return config
 
 
-def session_config(strategy: Strategy, task_index: int) -> tf.compat.v1.ConfigProto:
-    """Session config: the server's, plus device filters for pure-PS jobs."""
+def session_config(strategy: Strategy, task_index: int,
+                   members: int | None = None) -> tf.compat.v1.ConfigProto:
+    """Session config: the server's, plus device filters.
+
+    Args:
+        strategy: The strategy the session runs.
+        task_index: This worker task.
+        members: In an elastic job, the number of worker tasks of the current
+            membership (tasks 0..members-1). A session must name exactly the
+            live tasks it uses: one that can see an idle or absent task
+            waits for it without a timeout.
+    """
     config = server_config()
     uses_collectives = any(s.WhichOneof("kind") == "all_reduce"
                            for v in strategy.variables for s in v.shards)
-    if not uses_collectives:
+    if uses_collectives and members is not None:
+        config.device_filters.extend(["/job:ps"] + [f"/job:worker/task:{t}"
+                                                    for t in range(members)])
+    elif not uses_collectives:
         # This task, the PS tasks, and the worker tasks holding PS variables
         # (a cluster without PS-only tasks).
         filters = {"/job:ps", f"/job:worker/task:{task_index}"}
@@ -70,8 +85,9 @@ def session_config(strategy: Strategy, task_index: int) -> tf.compat.v1.ConfigPr
 
 
 def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
-                  task_index: int, timeout_s: float) -> Program:
-    """Runs the three passes for worker task `task_index`."""
+                  task_index: int, timeout_s: float, version: int = 0,
+                  elastic: bool = False) -> Program:
+    """Runs the three passes for worker task `task_index` (see `SyncOptions`)."""
     program = Program(graph_item, spec, ("worker", task_index))
     partitioner.apply(program, strategy)
     replicator.apply(program, strategy)
@@ -79,8 +95,10 @@ def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
         raise WorkerError(f"worker task {task_index} has no replica in the strategy "
                           f"(replicas: {strategy.replicas})")
     synchronizer.apply(program, strategy, synchronizer.SyncOptions(
-        is_chief=task_index == 0, worker_tasks=spec.num_worker_tasks, task_index=task_index,
-        timeout_s=timeout_s))
+        is_chief=task_index == 0, worker_tasks=len({elastic_.replica_task(d)
+                                                    for d in strategy.replicas})
+        if elastic else spec.num_worker_tasks, task_index=task_index,
+        timeout_s=timeout_s, version=version, elastic=elastic))
     return program
 
 
@@ -119,26 +137,65 @@ class Trainer:
         self.spec = job.resource_spec()
         self.config: RunConfig = job.config()
         self.is_chief = task_index == 0
-        self.program = build_program(self.graph_item, self.strategy, self.spec, task_index,
-                                     self.config.step_timeout_s)
-        self.session = tf.compat.v1.Session(
-            target, graph=self.program.graph,
-            config=session_config(self.strategy, task_index))
+        self.target = target
         self.run_options = tf.compat.v1.RunOptions(
             timeout_in_ms=int(self.config.step_timeout_s * 1000))
         self.initial_step = 0
         self._save = None
         self.follower: ChiefFollower | WorkerFollower | None = None
+        self.elastic = bool(self.config.resize_at)
+        self.full_strategy = self.strategy
+        num_examples, _ = job.shard()
+        self.steps_per_epoch = batching.steps_per_epoch(
+            num_examples, self.config.global_batch_size, self.config.steps_per_epoch)
+        self.segments = elastic_.segments(self.steps_per_epoch * self.config.epochs,
+                                          self.spec.num_worker_tasks, self.config.resize_at)
+        first = next((seg for seg in self.segments if seg.has(task_index)), None)
+        if first is None:
+            raise WorkerError(f"worker task {task_index} is in no segment of the resize "
+                              f"schedule {self.config.resize_at}")
+        self.program: Program | None = None
+        self.session: tf.compat.v1.Session | None = None
+        self.version = -1
+        self._snapshot: dict[str, np.ndarray] | None = None
+        self._handover_start = 0.0
+        self._build(first)
+
+    def _build(self, segment: elastic_.Segment) -> None:
+        """A new program and session for the membership of `segment`."""
+        if self.session is not None:
+            self.session.close()
+        if self.elastic:
+            self.strategy = elastic_.strategy_for(self.full_strategy, segment.workers)
+        self.program = build_program(self.graph_item, self.strategy, self.spec, self.task_index,
+                                     self.config.step_timeout_s, version=segment.version,
+                                     elastic=self.elastic)
+        self.session = tf.compat.v1.Session(
+            self.target, graph=self.program.graph,
+            config=session_config(self.strategy, self.task_index,
+                                  segment.workers if self.elastic else None))
+        self.version = segment.version
+        self._save = None
 
     # ---------------------------------------------------------- initialize
-    def initialize(self) -> None:
+    def initialize(self, values: dict[str, np.ndarray] | None = None) -> None:
         """Chief: PS variables; everyone: its local variables; then a ready flag.
 
         Local copies of PS shards (`local_replication`) are then read from the
         initialized PS by every task.
+
+        Args:
+            values: Values by single-device name (and checkpoint slot keys);
+                default the job's initial values. A task joining an elastic
+                job in a later membership version waits for the chief's.
         """
+        if values is None and self.version > 0:
+            values = self._receive_snapshot()
+        self._initialize(values if values is not None else self.job.init_values(),
+                         init_shared=self.version == 0)
+
+    def _initialize(self, values: dict[str, np.ndarray], init_shared: bool) -> None:
         program = self.program
-        values = self.job.init_values()
         with program.graph.as_default():
             ready = self._ready_flag()
             local, shared = [], []
@@ -146,9 +203,10 @@ class Trainer:
                 (shared if is_shared(name) else local).append((name, var))
             step = program.extras["step"]
             inits = [step.initializer] + [v.initializer for _, v in local]
-            if self.is_chief:
+            if self.is_chief and init_shared:
                 inits += [v.initializer for _, v in shared]
-            assigns, feeds = self._value_assigns(values, local, shared)
+            assigns, feeds = self._value_assigns(values, local,
+                                                 shared if init_shared else [])
             if checkpoint.ITERATIONS in values:
                 start = tf.compat.v1.placeholder(tf.int64, [])
                 assigns.append(step.assign(start, read_value=False))
@@ -157,7 +215,7 @@ class Trainer:
         self.session.run(inits, options=self.run_options)
         if assigns:
             self.session.run(assigns, feed_dict=feeds, options=self.run_options)
-        if self.is_chief:
+        if self.is_chief and init_shared:
             self.session.run(ready.initializer, options=self.run_options)
         else:
             self._wait_for(ready)
@@ -188,6 +246,8 @@ class Trainer:
         return assigns, feeds
 
     def _initial_value(self, name: str, values: dict[str, np.ndarray], shards) -> Any:
+        if name in values:  # a storage variable's own value (elastic state transfer)
+            return values[name]
         if name.startswith("autodist/state/"):
             state = name[len("autodist/state/"):].rsplit("/vn_", 1)[0]
             return values.get(state)
@@ -232,64 +292,126 @@ class Trainer:
         config = self.config
         if config.probe_steps:
             return self._probe(inputs, targets, num_examples, held_rows)
-        steps = batching.steps_per_epoch(num_examples, config.global_batch_size,
-                                         config.steps_per_epoch)
+        steps = self.steps_per_epoch
         if config.follow_steps:
             self.follower = (ChiefFollower(self.job, self.mail, self.spec.num_worker_tasks,
                                            steps, config) if self.is_chief else
                              WorkerFollower(self.mail, self.task_index, steps, config))
         follower = self.follower
-        extras = self.program.extras
-        fetches = {"loss": extras["weighted_loss"], "train": extras["train_op"]}
-        ps_op = extras["ps_op"]
-        after = extras["after_step"]
-        ssp = extras["ssp"]
         delay = float((config.task_step_delay_s or {}).get(str(self.task_index), 0.0))
         max_lead = 0
         num_virtual_nodes = self.strategy.num_virtual_nodes
         losses, times = [], []
         progress = self.job.file("progress.jsonl") if self.is_chief and follower is None else None
         order = None
-        for index in range(steps * config.epochs):
-            epoch, step = divmod(index, steps)
-            if follower is not None and not follower.may_start(index):
+        stopped = False
+        resizes = []
+        for position, segment in enumerate(self.segments):
+            if stopped:
                 break
-            if step == 0 or order is None:
-                order = batching.epoch_order(num_examples, epoch, config.shuffle, config.seed)
-            rows = batching.batch_rows(order, step, config.global_batch_size)
-            parts = batching.virtual_node_rows(rows, num_virtual_nodes)
-            feed = {}
-            for replica in self.program.replicas:
-                feed.update(self._replica_feed(replica, parts, inputs, targets, held_rows))
-            if ssp is not None:
-                max_lead = max(max_lead, self._wait_for_stragglers(ssp, index))
-            if delay:
-                time.sleep(delay)  # an emulated slow worker
-            start = time.perf_counter()
-            result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
-            if ps_op is not None:
-                self.session.run(ps_op, options=self.run_options)
-            if after is not None:
-                self.session.run(after, options=self.run_options)
-            times.append(time.perf_counter() - start)
-            done = self.initial_step + index + 1
-            if self._checkpoint_due(done, last_of_epoch=step == steps - 1):
-                self.save_checkpoint(done)
-            losses.append(float(result["loss"]))
-            if isinstance(follower, ChiefFollower):
-                follower.record(index, losses[-1], times[-1])
-            elif isinstance(follower, WorkerFollower):
-                follower.record(index, losses[-1])
-            elif progress is not None:
-                # This task's replicas' mean loss: an estimate of the global loss.
-                share = sum(len(parts[vn.index]) for r in self.program.replicas
-                            for vn in r.virtual_nodes) / len(rows)
-                with open(progress, "a") as f:
-                    f.write(json.dumps({"epoch": epoch, "step": step,
-                                        "loss": losses[-1] / max(share, 1e-12),
-                                        "time": times[-1]}) + "\n")
+            if not segment.has(self.task_index):
+                # Not a member: no loss, no time for these steps.
+                losses += [0.0] * (segment.end - segment.start)
+                times += [0.0] * (segment.end - segment.start)
+                continue
+            if segment.version != self.version:
+                self._build(segment)
+                self.initialize(self._snapshot if self.is_chief else None)
+                if self.is_chief:
+                    resizes.append({"step": segment.start, "workers": segment.workers,
+                                    "seconds": time.perf_counter() - self._handover_start})
+            extras = self.program.extras
+            fetches = {"loss": extras["weighted_loss"], "train": extras["train_op"]}
+            ps_op = extras["ps_op"]
+            after = extras["after_step"]
+            ssp = extras["ssp"]
+            for index in range(segment.start, segment.end):
+                epoch, step = divmod(index, steps)
+                if follower is not None and not follower.may_start(index):
+                    stopped = True
+                    break
+                if step == 0 or order is None:
+                    order = batching.epoch_order(num_examples, epoch, config.shuffle,
+                                                 config.seed)
+                rows = batching.batch_rows(order, step, config.global_batch_size)
+                parts = batching.virtual_node_rows(rows, num_virtual_nodes)
+                feed = {}
+                for replica in self.program.replicas:
+                    feed.update(self._replica_feed(replica, parts, inputs, targets, held_rows))
+                if ssp is not None:
+                    max_lead = max(max_lead, self._wait_for_stragglers(ssp, index))
+                if delay:
+                    time.sleep(delay)  # an emulated slow worker
+                start = time.perf_counter()
+                result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
+                if ps_op is not None:
+                    self.session.run(ps_op, options=self.run_options)
+                if after is not None:
+                    self.session.run(after, options=self.run_options)
+                times.append(time.perf_counter() - start)
+                done = self.initial_step + index + 1
+                if self._checkpoint_due(done, last_of_epoch=step == steps - 1):
+                    self.save_checkpoint(done)
+                losses.append(float(result["loss"]))
+                if isinstance(follower, ChiefFollower):
+                    follower.record(index, losses[-1], times[-1])
+                elif isinstance(follower, WorkerFollower):
+                    follower.record(index, losses[-1])
+                elif progress is not None:
+                    # This task's replicas' mean loss: an estimate of the global loss.
+                    share = sum(len(parts[vn.index]) for r in self.program.replicas
+                                for vn in r.virtual_nodes) / len(rows)
+                    with open(progress, "a") as f:
+                        f.write(json.dumps({"epoch": epoch, "step": step,
+                                            "loss": losses[-1] / max(share, 1e-12),
+                                            "time": times[-1]}) + "\n")
+            if not stopped and position + 1 < len(self.segments):
+                self._hand_over(segment, self.segments[position + 1])
         return {"losses": losses, "step_times": times, "steps_per_epoch": steps,
-                "max_lead": max_lead}
+                "max_lead": max_lead, "resizes": resizes}
+
+    def close(self) -> None:
+        """Closes the current session (none after leaving an elastic job)."""
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+    # ------------------------------------------------------------- elastic
+    def _hand_over(self, segment: elastic_.Segment, following: elastic_.Segment) -> None:
+        """End of a membership version: the chief gathers the state, sends it on.
+
+        Every member sends the chief its virtual nodes' state variables; the
+        chief adds every variable, slot and the step count (its own view,
+        equal to everyone's in synchronous training) and sends the whole to
+        each member of the next version, which starts from it.
+        """
+        self._handover_start = time.perf_counter()
+        timeout_s = self.config.step_timeout_s + self.config.startup_timeout_s
+        own_state = {}
+        if self.graph_item.state_variables:
+            with self.program.graph.as_default():
+                reads = {name: var.read_value() for name, var in self.program.storage.items()
+                         if name.startswith("autodist/state/")}
+            own_state = self.session.run(reads, options=self.run_options)
+        if not self.is_chief:
+            self.mail.send(CHIEF, mailbox.STATE_UP, _pack(own_state), timeout_s)
+            self.session.close()
+            self.session = None
+            return
+        snapshot = dict(own_state)
+        for _ in range(1, segment.workers):
+            snapshot.update(_unpack(self.mail.receive(CHIEF, mailbox.STATE_UP, timeout_s)))
+        snapshot.update(self.session.run(self._full_tensors(with_optimizer=True),
+                                         options=self.run_options))
+        message = _pack(snapshot)
+        for task in range(1, following.workers):
+            self.mail.send(("worker", task), mailbox.STATE, message, timeout_s)
+        self._snapshot = snapshot
+
+    def _receive_snapshot(self) -> dict[str, np.ndarray]:
+        # A joiner may wait for a whole segment of the others' training.
+        return _unpack(self.mail.receive(("worker", self.task_index), mailbox.STATE,
+                                         self.config.job_timeout_s))
 
     def _replica_feed(self, replica, parts: list[np.ndarray], inputs, targets,
                       held_rows: np.ndarray | None) -> dict:
@@ -515,7 +637,7 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
                   config.step_timeout_s + config.startup_timeout_s)
         mail.receive(("worker", task_index), mailbox.DONE,
                      config.step_timeout_s + config.startup_timeout_s)
-        trainer.session.close()
+        trainer.close()
         mail.close()
         return
     weights = trainer.final_weights()
@@ -533,8 +655,19 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
                 mail.send(task, mailbox.DONE, b"done", timeout_s=10.0)
             except mailbox.MailboxError as e:  # it may be gone already; it times out alone
                 logger.warning("could not tell %s:%d the job is done: %s", *task, e)
-    trainer.session.close()
+    trainer.close()
     mail.close()
+
+
+def _pack(values: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **values)
+    return buffer.getvalue()
+
+
+def _unpack(data: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(data)) as arrays:
+        return {name: arrays[name] for name in arrays.files}
 
 
 def _report_failure(mail: Mailboxes, task_index: int) -> None:
