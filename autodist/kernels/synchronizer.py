@@ -52,6 +52,10 @@ class SyncOptions:
             version.
         elastic: The job may resize: every step with collectives also runs
             the version tag (`all_reduce_synchronizer.version_tag`).
+        atomic: No update starts before every gradient of the step is
+            aggregated (all collectives done, all PS takes done), so a step
+            that fails because a worker died applies no update at all and
+            the job can go on from the last completed step.
     """
 
     is_chief: bool
@@ -60,6 +64,7 @@ class SyncOptions:
     timeout_s: float = 60.0
     version: int = 0
     elastic: bool = False
+    atomic: bool = False
 
 
 def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program:
@@ -113,6 +118,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         updates = []
         pushes = []
         # All-reduce shards: reduce, then each replica updates its own copy.
+        ar_results = []
         for replica in program.replicas:
             with tf.device(replica.device):
                 reduced = ar.reduce_gradients(
@@ -121,12 +127,14 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                      if s.name in scaled[replica.index]},
                     ar.CollectiveConfig(len(strategy.replicas), options.timeout_s,
                                         options.version), step_value)
-                for shard in ar_shards:
-                    if shard.name not in reduced:
-                        continue
+                ar_results += [(replica, s, reduced[s.name]) for s in ar_shards
+                               if s.name in reduced]
+        with tf.control_dependencies(_ops_of([g for _, _, g in ar_results])
+                                     if options.atomic else None):
+            for replica, shard, grad in ar_results:
+                with tf.device(replica.device):
                     var = get_storage(program, shard, replica)
-                    updates.append(update(var, reduced[shard.name],
-                                          Slots(get_slots(program, shard, replica))))
+                    updates.append(update(var, grad, Slots(get_slots(program, shard, replica))))
         # PS shards. With collectives in the step, TensorFlow gives every worker's
         # step the same step id (collective graphs are coordinated); two workers'
         # steps with one id on a shared PS task abort each other ("Cleanup
@@ -140,6 +148,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         if two_phase:
             scaled, stashes = _stash_ps_gradients(program, all_shards, scaled)
         ps_sync_updates = []
+        ps_takes = []
         for shard in sync_ps:
             replicas_with_grad = [r for r in program.replicas if shard.name in scaled[r.index]]
             if not replicas_with_grad:
@@ -168,6 +177,12 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                     total = ps.take(acc, shard, num_required)
                     total_square = None if square_acc is None else dense_gradient(
                         ps.take(square_acc, shard, num_required), shard.shape)
+                ps_takes.append((destination, var, total, slots, total_square))
+        takes_done = _ops_of([t for _, _, total, _, square in ps_takes
+                              for t in (total, square) if t is not None])
+        with tf.control_dependencies(takes_done if options.atomic else None):
+            for destination, var, total, slots, total_square in ps_takes:
+                with tf.device(destination):
                     ps_sync_updates.append(update(var, total, slots, total_square))
         async_updates = _async_updates(program, strategy, async_ps, scaled, update)
         # In one run with the forward pass, a refresh must also wait for its reads.
@@ -356,6 +371,17 @@ def _stash_variable(program: Program, name: str, dtype: tf.DType) -> StorageVari
                                                       initial_shape=(0,)))
     program.storage[name] = var
     return var
+
+
+def _ops_of(tensors) -> list[tf.Operation]:
+    """The ops producing `tensors` (dense or IndexedSlices)."""
+    ops = []
+    for t in tensors:
+        if isinstance(t, tf.IndexedSlices):
+            ops += [t.values.op, t.indices.op]
+        else:
+            ops.append(t.op)
+    return ops
 
 
 def _scale(grad, scale):

@@ -69,6 +69,13 @@ class RunConfig:
             `Run.measure_throughput`). 0: train.
         resize_at: Elastic runs: global step (as a string) -> number of
             worker tasks from that step on (see `elastic.segments`).
+        on_failure: "stop" (a dead worker fails the job) or "continue": the
+            steps are atomic (no update before every gradient is in) and
+            the chief, when a step fails, saves the state after the last
+            completed step (`JobDir.recovery`) so the driver can go on
+            without the dead worker (see `runtime/recovery.py`).
+        start_step: The first step of the run to execute (a run resumed
+            after a failure); the data schedule is that of the whole run.
     """
 
     global_batch_size: int
@@ -86,6 +93,8 @@ class RunConfig:
     job_id: str = ""
     probe_steps: int = 0
     resize_at: dict[str, int] | None = None
+    on_failure: str = "stop"
+    start_step: int = 0
 
 
 # Files an archive may hold (anything else in one is refused).
@@ -109,6 +118,10 @@ class JobDir:
 
     def ready_flag(self, job: str, task: int) -> pathlib.Path:
         return self.path / "ready" / f"{job}_{task}"
+
+    def recovery(self) -> pathlib.Path:
+        """The chief's state after the last completed step of a failed run (npz)."""
+        return self.path / "recovery.npz"
 
     def result(self, task: int) -> pathlib.Path:
         return self.path / "results" / f"worker_{task}.json"

@@ -167,6 +167,16 @@ class LocalCluster:
                                       running[0], self.job.log("worker", 0).as_posix())
             time.sleep(0.1)
 
+    def wait_exit(self, job: str, index: int, timeout_s: float) -> int | None:
+        """Waits until task job:index exits (up to `timeout_s`); its exit code, or None."""
+        for t in self.tasks:
+            if (t.job, t.index) == (job, index):
+                try:
+                    return t.process.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    return None
+        return None
+
     def _raise_if_failed(self) -> None:
         """Raises naming the failed task, preferring the root cause.
 

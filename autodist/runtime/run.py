@@ -20,9 +20,9 @@ from autodist.ir.strategy import Strategy
 from autodist.kernels.optimizers import check_supported as check_optimizer
 from autodist.runtime import checkpoint, datasets
 from autodist.runtime import data as batching
-from autodist.runtime import elastic, follow
+from autodist.runtime import elastic, follow, recovery
 from autodist.runtime.job import JobDir, RunConfig
-from autodist.runtime.launcher import LocalCluster, check_local
+from autodist.runtime.launcher import LocalCluster, TaskFailedError, check_local
 from autodist.runtime.remote import RemoteCluster, check_this_is_the_chief
 
 LAUNCH_MODES = ("local", "remote")
@@ -46,6 +46,9 @@ class History:
             of the new membership, "workers": its size, "seconds": the
             chief's time from the end of the previous step to the start of
             that step (state hand-over, new program and session)}.
+        recoveries: Runs with `on_failure="continue"`: per failure, {"step":
+            the step the job resumed at, "failed_task": the dead worker's
+            task index at that time, "workers": workers after it}.
     """
 
     history: dict[str, list[float]]
@@ -54,6 +57,7 @@ class History:
     epoch: list[int]
     max_lead: list[int] = dataclasses.field(default_factory=list)
     resizes: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    recoveries: list[dict[str, int]] = dataclasses.field(default_factory=list)
 
 
 class DistributedRun:
@@ -113,7 +117,8 @@ class DistributedRun:
             checkpoint_every_steps: int | None = None,
             initial_checkpoint: str | None = None,
             callbacks: Sequence[Any] | None = None,
-            resize_at: Mapping[int, int] | None = None) -> History:
+            resize_at: Mapping[int, int] | None = None,
+            on_failure: str = "stop") -> History:
         """Trains on the cluster and writes the trained weights into the model.
 
         Callbacks (`keras.callbacks.Callback`) run here, in the driver, with
@@ -171,6 +176,13 @@ class DistributedRun:
                 the fixed-size trajectory) and synchronous updates. Every
                 worker's process starts at launch and idles while it is not
                 a member. See `autodist.runtime.elastic`.
+            on_failure: "stop": a worker that dies fails `fit` with an error
+                naming it and its log. "continue": steps are atomic, and when
+                a non-chief worker dies the job goes on without it from the
+                last completed step (no applied update lost; the global
+                batch stays the same): the chief saves the state, the
+                survivors restart from it (`autodist.runtime.recovery`).
+                Synchronous strategies, local launch, no callbacks.
 
         Returns:
             A History with per-step and per-epoch losses.
@@ -187,6 +199,11 @@ class DistributedRun:
         steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
         sizes = [len(batching.batch_rows(np.arange(n), s, batch_size)) for s in range(steps)]
         self._check_batches(sizes, n, batch_size)
+        if on_failure not in ("stop", "continue"):
+            raise AutodistError(f"on_failure must be 'stop' or 'continue'. Received: "
+                                f"{on_failure!r}")
+        if on_failure == "continue":
+            self._check_recoverable(callbacks, resize_at)
         if resize_at:
             if callbacks:
                 raise AutodistError("resize_at cannot be combined with callbacks yet")
@@ -202,20 +219,71 @@ class DistributedRun:
                            follow_steps=bool(callbacks), job_timeout_s=timeout_s,
                            job_id=uuid.uuid4().hex,
                            resize_at={str(k): v for k, v in resize_at.items()}
-                           if resize_at else None)
+                           if resize_at else None, on_failure=on_failure)
         init_values = self._initial_values()
         if initial_checkpoint:
             init_values.update(checkpoint.load(initial_checkpoint))
         path, job = self._new_job(config, init_values, inputs, targets)
         progress = _Progress(job, sizes, epochs, verbose, self.model, list(callbacks or []))
         progress.begin()
-        self._run_cluster(job, timeout_s, progress.update)
+        spec, strategy = self.resource_spec, self.strategy
+        earlier_losses: list[float] = []
+        earlier_times: list[float] = []
+        recoveries: list[dict[str, int]] = []
+        while True:
+            try:
+                self._run_cluster(job, timeout_s, progress.update, spec,
+                                  wait_for_chief=on_failure == "continue")
+                break
+            except TaskFailedError as error:
+                dead = recovery.dead_worker(error.task) if on_failure == "continue" else None
+                resumed = recovery.resume_point(job) if dead is not None else None
+                if resumed is None:
+                    raise
+                values, next_step = resumed
+                try:
+                    strategy = recovery.strategy_without(strategy, dead)
+                except AutodistError as e:
+                    raise error from e
+                done = next_step - config.start_step
+                losses, times = recovery.completed_losses(job, spec.num_worker_tasks,
+                                                          config.start_step, done)
+                spec = recovery.without_worker(spec, dead)
+                earlier_losses += losses
+                earlier_times += times
+                recoveries.append({"step": next_step, "failed_task": dead,
+                                   "workers": spec.num_worker_tasks})
+                config = dataclasses.replace(config, start_step=next_step,
+                                             job_id=uuid.uuid4().hex)
+                path_k = path / f"recovery-{len(recoveries)}"
+                path_k.mkdir(parents=True, exist_ok=True)
+                job = JobDir(path_k)
+                job.write(self.graph_item, strategy, spec, config, values, inputs, targets)
+                progress.follow(job)
         progress.finish()
-        history = self._history(job, sizes, epochs)
+        history = self._history(job, sizes, epochs, spec, earlier_losses, earlier_times)
+        history.recoveries = recoveries
         self._write_back(job)
         if self.job_dir is None:
             shutil.rmtree(path, ignore_errors=True)
         return history
+
+    def _check_recoverable(self, callbacks, resize_at) -> None:
+        if callbacks or resize_at or self.launch != "local":
+            raise AutodistError("on_failure='continue' needs a local launch without "
+                                "callbacks or resize_at")
+        kinds = set()
+        for config in self.strategy.variables:
+            for i, sync in enumerate(config.shards):
+                kinds.add(sync.WhichOneof("kind"))
+                if sync.WhichOneof("kind") == "ps" and (not sync.ps.sync or sync.ps.staleness):
+                    raise AutodistError(
+                        f"on_failure='continue' needs synchronous training; variable "
+                        f"{config.var_name!r} shard {i} is updated asynchronously")
+        if kinds == {"ps", "all_reduce"}:
+            raise AutodistError("on_failure='continue' needs a strategy that is all "
+                                "parameter-server or all all-reduce (a mixed step runs in "
+                                "two parts, which a failure could split)")
 
     def measure_throughput(self, x: Any, y: Any = None, *, batch_size: int | None = None,
                            steps: int = 3, timeout_s: float = 600.0) -> dict[str, float]:
@@ -300,13 +368,22 @@ class DistributedRun:
                   init_values, inputs, targets)
         return path, job
 
-    def _run_cluster(self, job: JobDir, timeout_s: float, on_poll) -> None:
-        cluster = (LocalCluster(job, self.resource_spec) if self.launch == "local" else
-                   RemoteCluster(job, self.resource_spec,
-                                 startup_timeout_s=self.startup_timeout_s))
+    def _run_cluster(self, job: JobDir, timeout_s: float, on_poll,
+                     spec: ResourceSpec | None = None, wait_for_chief: bool = False) -> None:
+        """Runs the job to its end. With `wait_for_chief`, a failed worker leaves the
+        chief time to save its state (it learns of the failure within a step's
+        timeout) before the cluster is torn down."""
+        spec = spec or self.resource_spec
+        cluster = (LocalCluster(job, spec) if self.launch == "local" else
+                   RemoteCluster(job, spec, startup_timeout_s=self.startup_timeout_s))
         with cluster:
             cluster.wait_ready(self.startup_timeout_s)
-            cluster.wait_workers(timeout_s, on_poll=on_poll)
+            try:
+                cluster.wait_workers(timeout_s, on_poll=on_poll)
+            except TaskFailedError as error:
+                if wait_for_chief and recovery.dead_worker(error.task) is not None:
+                    cluster.wait_exit("worker", 0, self.step_timeout_s + 30.0)
+                raise
 
     def _x_infos(self):
         return [i for i in self.graph_item.inputs if i.role != "y"]
@@ -351,13 +428,18 @@ class DistributedRun:
                 if name in weights.files:
                     var.assign(weights[name])
 
-    def _history(self, job: JobDir, batch_sizes: list[int], epochs: int) -> History:
+    def _history(self, job: JobDir, batch_sizes: list[int], epochs: int,
+                 spec: ResourceSpec | None = None, earlier_losses: Sequence[float] = (),
+                 earlier_times: Sequence[float] = ()) -> History:
+        spec = spec or self.resource_spec
         results = [json.loads(job.result(i).read_text())
-                   for i in range(self.resource_spec.num_worker_tasks)
+                   for i in range(spec.num_worker_tasks)
                    if job.result(i).exists()]
         # Every worker ran the same steps, except asynchronous ones stopped early.
         done = min(len(r["losses"]) for r in results)
-        losses = np.sum([r["losses"][:done] for r in results], axis=0).tolist()
+        losses = list(earlier_losses) + np.sum([r["losses"][:done] for r in results],
+                                               axis=0).tolist()
+        done += len(earlier_losses)
         steps = len(batch_sizes)
         # As Keras: the epoch loss is the mean over examples (batches weighted by size).
         ran = min(epochs, math.ceil(done / steps))
@@ -366,7 +448,8 @@ class DistributedRun:
             chunk = losses[e * steps:(e + 1) * steps]
             epoch_losses.append(float(np.average(chunk, weights=batch_sizes[:len(chunk)])))
         return History(history={"loss": epoch_losses}, step_losses=losses,
-                       step_times=results[0]["step_times"][:done], epoch=list(range(ran)),
+                       step_times=list(earlier_times) + results[0]["step_times"][:done],
+                       epoch=list(range(ran)),
                        max_lead=[int(r.get("max_lead", 0)) for r in results],
                        resizes=results[0].get("resizes", []))
 
@@ -434,6 +517,13 @@ class _Progress:
             self._call("on_train_end", dict(self._logs))
         if self.verbose:
             sys.stdout.write("\n")
+
+    def follow(self, job: JobDir) -> None:
+        """Reads the progress of `job` from now on (a job resumed after a failure)."""
+        self.update()
+        self.job = job
+        self.path = job.file("progress.jsonl")
+        self._offset = 0
 
     def _read_new(self) -> list[dict[str, Any]]:
         if not self.path.exists():

@@ -31,6 +31,7 @@ from autodist.kernels.variables import StorageVariable
 from autodist.runtime import checkpoint
 from autodist.runtime import data as batching
 from autodist.runtime import elastic as elastic_
+from autodist.runtime import recovery
 from autodist.runtime import mailbox
 from autodist.runtime.follow import ChiefFollower, WorkerFollower
 from autodist.runtime.job import JobDir, RunConfig
@@ -86,7 +87,7 @@ def session_config(strategy: Strategy, task_index: int,
 
 def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
                   task_index: int, timeout_s: float, version: int = 0,
-                  elastic: bool = False) -> Program:
+                  elastic: bool = False, atomic: bool = False) -> Program:
     """Runs the three passes for worker task `task_index` (see `SyncOptions`)."""
     program = Program(graph_item, spec, ("worker", task_index))
     partitioner.apply(program, strategy)
@@ -98,7 +99,7 @@ def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
         is_chief=task_index == 0, worker_tasks=len({elastic_.replica_task(d)
                                                     for d in strategy.replicas})
         if elastic else spec.num_worker_tasks, task_index=task_index,
-        timeout_s=timeout_s, version=version, elastic=elastic))
+        timeout_s=timeout_s, version=version, elastic=elastic, atomic=atomic))
     return program
 
 
@@ -159,6 +160,7 @@ class Trainer:
         self.version = -1
         self._snapshot: dict[str, np.ndarray] | None = None
         self._handover_start = 0.0
+        self.next_index = self.config.start_step  # the first step not yet completed
         self._build(first)
 
     def _build(self, segment: elastic_.Segment) -> None:
@@ -169,7 +171,8 @@ class Trainer:
             self.strategy = elastic_.strategy_for(self.full_strategy, segment.workers)
         self.program = build_program(self.graph_item, self.strategy, self.spec, self.task_index,
                                      self.config.step_timeout_s, version=segment.version,
-                                     elastic=self.elastic)
+                                     elastic=self.elastic,
+                                     atomic=self.config.on_failure == "continue")
         self.session = tf.compat.v1.Session(
             self.target, graph=self.program.graph,
             config=session_config(self.strategy, self.task_index,
@@ -309,6 +312,8 @@ class Trainer:
         for position, segment in enumerate(self.segments):
             if stopped:
                 break
+            if segment.end <= config.start_step:
+                continue  # ran before a failure; this run resumes later
             if not segment.has(self.task_index):
                 # Not a member: no loss, no time for these steps.
                 losses += [0.0] * (segment.end - segment.start)
@@ -325,7 +330,7 @@ class Trainer:
             ps_op = extras["ps_op"]
             after = extras["after_step"]
             ssp = extras["ssp"]
-            for index in range(segment.start, segment.end):
+            for index in range(max(segment.start, config.start_step), segment.end):
                 epoch, step = divmod(index, steps)
                 if follower is not None and not follower.may_start(index):
                     stopped = True
@@ -349,10 +354,15 @@ class Trainer:
                 if after is not None:
                     self.session.run(after, options=self.run_options)
                 times.append(time.perf_counter() - start)
-                done = self.initial_step + index + 1
+                done = self.initial_step + index - config.start_step + 1
+                self.next_index = index + 1
                 if self._checkpoint_due(done, last_of_epoch=step == steps - 1):
                     self.save_checkpoint(done)
                 losses.append(float(result["loss"]))
+                if config.on_failure == "continue":
+                    # Kept beside the job: the driver sums them if the run fails.
+                    with open(self.job.file(f"losses_{self.task_index}.jsonl"), "a") as f:
+                        f.write(json.dumps({"index": index, "loss": losses[-1]}) + "\n")
                 if isinstance(follower, ChiefFollower):
                     follower.record(index, losses[-1], times[-1])
                 elif isinstance(follower, WorkerFollower):
@@ -369,6 +379,23 @@ class Trainer:
                 self._hand_over(segment, self.segments[position + 1])
         return {"losses": losses, "step_times": times, "steps_per_epoch": steps,
                 "max_lead": max_lead, "resizes": resizes}
+
+    def save_recovery(self) -> None:
+        """Chief, after a failed step: the state after the last completed step.
+
+        With atomic steps (`on_failure="continue"`) a failed step applied no
+        update, so every variable, slot and the update count are those after
+        step `next_index - 1`. Reading them runs no collective (a process
+        whose collectives were aborted can still do this). Written
+        atomically, with the index of the step to resume at.
+        """
+        values = self.session.run(self._full_tensors(with_optimizer=True),
+                                  options=self.run_options)
+        values[recovery.NEXT_STEP] = np.asarray(self.next_index, np.int64)
+        tmp = self.job.file("recovery.tmp.npz")
+        with open(tmp, "wb") as f:
+            np.savez(f, **values)
+        tmp.replace(self.job.recovery())
 
     def close(self) -> None:
         """Closes the current session (none after leaving an elastic job)."""
@@ -617,6 +644,7 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
     config = job.config()
     mail = Mailboxes(spec.cluster_def(job.ports()), job_id=config.job_id)
     is_chief = task_index == 0
+    trainer = None
     try:
         mail.wait_until_up(mail.tasks, config.startup_timeout_s)
         trainer = Trainer(job, task_index, target, mail)
@@ -627,6 +655,12 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
         if not is_chief:
             _report_failure(mail, task_index)
             raise
+        if config.on_failure == "continue" and trainer is not None and \
+                trainer.session is not None:
+            try:
+                trainer.save_recovery()
+            except Exception:  # pylint: disable=broad-except
+                logger.exception("could not save the state for recovery")
         failure = _safe_peer_failure(mail)
         if failure is not None:
             raise WorkerError(f"the chief stopped because {failure}") from e
