@@ -31,6 +31,29 @@ def find_task_pid(job_dir: str, job: str, task: int) -> int | None:
     return None
 
 
+def pin_workers(job_dir: str, cores: dict[int, set[int]], timeout_s: float = 120.0) -> None:
+    """Pins worker task processes to CPU cores, e.g. {0: {0}, 1: {1}}: one device each.
+
+    Waits (up to `timeout_s`) for each process to appear. Without pinning,
+    the workers of a local cluster share every core, and slowing one frees
+    CPU for the others.
+    """
+    deadline = time.monotonic() + timeout_s
+    for task, allowed in cores.items():
+        pid = None
+        while pid is None and time.monotonic() < deadline:
+            pid = find_task_pid(job_dir, "worker", task)
+            if pid is None:
+                time.sleep(0.05)
+        if pid is None:
+            raise TimeoutError(f"worker {task} of {job_dir} did not start in {timeout_s}s")
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(thread), allowed)
+            except OSError:
+                pass  # a thread that just ended
+
+
 class Slowdown:
     """Runs worker `task` of the job in `job_dir` at `fraction` of its speed.
 
@@ -40,12 +63,14 @@ class Slowdown:
         fraction: Share of each period the process may run, in (0, 1].
         period_s: Length of one stop/continue cycle.
         find_timeout_s: How long to wait for the process to appear.
+        pin: Worker task -> CPU cores to pin it to first (`pin_workers`).
     """
 
-    def __init__(self, job_dir: str, task: int, fraction: float, period_s: float = 0.02,
-                 find_timeout_s: float = 120.0) -> None:
+    def __init__(self, job_dir: str, task: int, fraction: float, period_s: float = 0.004,
+                 find_timeout_s: float = 120.0, pin: dict[int, set[int]] | None = None) -> None:
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1]. Received: {fraction}")
+        self.pin = pin
         self.job_dir, self.task, self.fraction = job_dir, task, fraction
         self.period_s, self.find_timeout_s = period_s, find_timeout_s
         self._stop = threading.Event()
@@ -60,6 +85,8 @@ class Slowdown:
         self._thread.join(timeout=5.0)
 
     def _loop(self) -> None:
+        if self.pin:
+            pin_workers(self.job_dir, self.pin, self.find_timeout_s)
         deadline = time.monotonic() + self.find_timeout_s
         pid = None
         while pid is None and not self._stop.is_set() and time.monotonic() < deadline:

@@ -29,6 +29,8 @@ import tempfile
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Unequal devices: one core per worker, so slowing one does not speed up the other.
+PIN = {0: {0}, 1: {1}}
 sys.path.insert(0, HERE)
 
 
@@ -49,7 +51,7 @@ def _step_time(model, strategy, spec, graph_item, x, y, job_dir: str, batch: int
     from slowdown import Slowdown
 
     run = autodist.distribute(model, strategy, spec, graph_item=graph_item, job_dir=job_dir)
-    with Slowdown(job_dir, 1, slow_fraction) if slow_fraction < 1 else _Nothing():
+    with Slowdown(job_dir, 1, slow_fraction, pin=PIN) if slow_fraction < 1 else _Nothing():
         history = run.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
     times = history.step_times
     return float(np.median(times[len(times) // 4:]))
@@ -92,7 +94,7 @@ def unequal(batch: int, nodes: int, fraction: float, steps: int, work: str) -> d
     even = autodist.builders.AllReduce().build(graph_item, spec).with_virtual_nodes(batch, nodes)
     probe_dir = f"{work}/probe"
     run = autodist.distribute(model, even, spec, graph_item=graph_item, job_dir=probe_dir)
-    with Slowdown(probe_dir, 1, fraction):
+    with Slowdown(probe_dir, 1, fraction, pin=PIN):
         speeds = run.measure_throughput(x, y, steps=5)
     balanced = balance(even, speeds)
     t_even = _step_time(model, even, spec, graph_item, x, y, f"{work}/even", batch, fraction)
