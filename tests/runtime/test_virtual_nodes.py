@@ -23,6 +23,7 @@ from autodist.search import builders
 from autodist.search.virtual_nodes import balance
 
 TOLERANCE = 2e-5
+PIN = {0: {0}, 1: {1}}  # one core per worker
 EXAMPLES, BATCH, EPOCHS, NODES = 96, 32, 2, 4
 
 
@@ -108,9 +109,10 @@ def test_batch_norm_statistics_do_not_depend_on_the_mapping(tmp_path):
 def test_balancing_beats_the_even_mapping_on_a_slowed_worker(tmp_path):
     """Worker 1 runs 40% of the time (SIGSTOP/SIGCONT, benchmarks/slowdown.py).
 
-    The probe sees it slower, `balance` gives it fewer virtual nodes, and the
-    balanced run's median step is faster than the even one's (observed
-    1.6x on 2 cores; asserted >= 1.15x) with equal results.
+    Each worker is pinned to its own core (a device each). The probe sees
+    worker 1 slower, `balance` gives it fewer virtual nodes, and the balanced
+    run's median step is faster than the even one's (observed 1.2-1.3x;
+    asserted >= 1.08x) with equal results.
     """
     sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks"))
     from slowdown import Slowdown  # pylint: disable=import-outside-toplevel
@@ -125,7 +127,7 @@ def test_balancing_beats_the_even_mapping_on_a_slowed_worker(tmp_path):
     before = model.get_weights()
     probe_dir = str(tmp_path / "probe")
     run = autodist.distribute(model, even, spec, graph_item=graph_item, job_dir=probe_dir)
-    with Slowdown(probe_dir, 1, 0.4):
+    with Slowdown(probe_dir, 1, 0.4, pin=PIN):
         speeds = run.measure_throughput(x, y, steps=5)
     w0, w1 = even.replicas
     assert set(speeds) == {w0, w1} and speeds[w1] < speeds[w0]
@@ -138,11 +140,11 @@ def test_balancing_beats_the_even_mapping_on_a_slowed_worker(tmp_path):
         model.set_weights(before)
         job_dir = str(tmp_path / name)
         run = autodist.distribute(model, strategy, spec, graph_item=graph_item, job_dir=job_dir)
-        with Slowdown(job_dir, 1, 0.4):
+        with Slowdown(job_dir, 1, 0.4, pin=PIN):
             history = run.fit(x, y, epochs=1, verbose=0)
         times[name] = float(np.median(history.step_times[1:]))
         weights[name] = model.get_weights()
-    assert times["even"] / times["balanced"] >= 1.15, times
+    assert times["even"] / times["balanced"] >= 1.08, times
     for got, want in zip(weights["balanced"], weights["even"]):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
 
