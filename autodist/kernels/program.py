@@ -78,8 +78,9 @@ class VirtualNode:
 
     Attributes:
         index: Index of the virtual node among all of the strategy's.
-        inputs: Input name -> placeholder tensor (feed its examples).
-        weight: Scalar placeholder: its share of its replica's examples.
+        inputs: Input name -> its part of the replica's inputs.
+        weight: Its share of its replica's examples (a scalar tensor; None
+            for a replica's only virtual node).
         loss: Its mean loss.
         gradients: Variable name -> gradient of its mean loss.
     """
@@ -100,6 +101,10 @@ class Replica:
         device: Its device.
         virtual_nodes: The virtual nodes it runs, one after the other (one
             when the strategy has no virtual nodes).
+        inputs: Input name -> placeholder: feed the examples of its virtual
+            nodes, in their order, one after the other.
+        sizes: With several virtual nodes, an int32 placeholder: feed how
+            many examples of `inputs` each one reads. None with one.
         loss: The replica's mean loss (its virtual nodes' losses weighted by
             examples).
         gradients: Variable name -> dense tensor or tf.IndexedSlices: the
@@ -110,6 +115,8 @@ class Replica:
     index: int
     device: str
     virtual_nodes: list[VirtualNode] = dataclasses.field(default_factory=list)
+    inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    sizes: Any = None
     loss: Any = None
     gradients: dict[str, Any] = dataclasses.field(default_factory=dict)
     state_updates: list[Any] = dataclasses.field(default_factory=list)

@@ -184,19 +184,35 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
     input_nodes = {node.name: node for node in graph_def.node}
     vn_indices = [v for v, d in enumerate(strategy.virtual_node_devices) if d == device]
     single = len(vn_indices) == 1
+    # One feed per input for the whole replica (its virtual nodes' examples
+    # one after the other), split in the graph: each fed tensor costs a
+    # session run over gRPC about as much as a small op.
+    with tf.device(device):
+        for info in gi.inputs:
+            node = input_nodes[info.tensor.split(":")[0]]
+            replica.inputs[info.name] = tf.compat.v1.placeholder(
+                tf.as_dtype(node.attr["dtype"].type), tf.TensorShape(node.attr["shape"].shape),
+                name=f"{SCOPE}/replica_{index}/input/{info.name}")
+        if not single:
+            replica.sizes = tf.compat.v1.placeholder(
+                tf.int32, [len(vn_indices)], name=f"{SCOPE}/replica_{index}/vn_sizes")
+            parts = {name: tf.split(placeholder, replica.sizes, num=len(vn_indices))
+                     for name, placeholder in replica.inputs.items()}
+            sizes = tf.cast(replica.sizes, tf.float32)
+            weights = tf.unstack(sizes / tf.maximum(tf.reduce_sum(sizes), 1.0),
+                                 num=len(vn_indices))
     gate: list[tf.Operation] = []
-    for vn_index in vn_indices:
+    for position, vn_index in enumerate(vn_indices):
         scope = f"{SCOPE}/replica_{index}" if single else f"{SCOPE}/replica_{index}/vn_{vn_index}"
         vn = VirtualNode(index=vn_index)
         input_map = dict(variable_map)
         with tf.device(device):
             for info in gi.inputs:
-                node = input_nodes[info.tensor.split(":")[0]]
-                placeholder = tf.compat.v1.placeholder(
-                    tf.as_dtype(node.attr["dtype"].type),
-                    tf.TensorShape(node.attr["shape"].shape), name=f"{scope}/input/{info.name}")
-                vn.inputs[info.name] = placeholder
-                input_map[info.tensor] = _after(placeholder, gate)
+                tensor = replica.inputs[info.name] if single else parts[info.name][position]
+                vn.inputs[info.name] = tensor
+                input_map[info.tensor] = _after(tensor, gate)
+            if not single:
+                vn.weight = weights[position]
             for state in gi.state_variables:
                 key = state_storage_name(state.name, vn_index)
                 input_map[f"{state.handle_node}:0"] = program.storage[key].handle
@@ -243,18 +259,16 @@ def _produced(vn: VirtualNode) -> list[tf.Operation]:
 def _accumulate(replica: Replica, single: bool) -> None:
     """The replica's loss and gradients: its virtual nodes', weighted by examples.
 
-    Each virtual node's weight (fed) is its share of the replica's examples,
-    so the result is the gradient of the replica's mean loss, as if it had
-    run all its examples in one batch. Sparse gradients are concatenated.
+    Each virtual node's weight is its share of the replica's examples (from
+    the fed sizes), so the result is the gradient of the replica's mean
+    loss, as if it had run all its examples in one batch. Sparse gradients
+    are concatenated.
     """
     if single:
         vn = replica.virtual_nodes[0]
         replica.loss, replica.gradients = vn.loss, dict(vn.gradients)
         return
     with tf.device(replica.device):
-        for vn in replica.virtual_nodes:
-            vn.weight = tf.compat.v1.placeholder(
-                tf.float32, [], name=f"{SCOPE}/replica_{replica.index}/vn_{vn.index}/weight")
         replica.loss = tf.add_n([tf.cast(vn.loss, tf.float32) * vn.weight
                                  for vn in replica.virtual_nodes])
         for name, first in replica.virtual_nodes[0].gradients.items():

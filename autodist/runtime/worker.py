@@ -454,18 +454,17 @@ class Trainer:
         x_names = [info.name for info in self.graph_item.inputs if info.role != "y"]
         y_name = next((info.name for info in self.graph_item.inputs if info.role == "y"), None)
         feed = {}
-        examples = sum(len(parts[vn.index]) for vn in replica.virtual_nodes)
-        for vn in replica.virtual_nodes:
-            mine = parts[vn.index]
-            if vn.weight is not None:
-                feed[vn.weight] = len(mine) / max(examples, 1)
-            if held_rows is not None:  # a shipped shard holds only these examples
-                mine = np.searchsorted(held_rows, mine)
-            for name, array in zip(x_names, inputs):
-                feed[vn.inputs[name]] = np.asarray(array[mine])
-            if y_name is not None:
-                feed[vn.inputs[y_name]] = np.asarray(targets[mine])
-        feed[self.program.extras["scales"][replica.index]] = examples / sum(map(len, parts))
+        mine = [parts[vn.index] for vn in replica.virtual_nodes]
+        rows = np.concatenate(mine) if len(mine) > 1 else mine[0]
+        if replica.sizes is not None:
+            feed[replica.sizes] = np.asarray([len(m) for m in mine], np.int32)
+        if held_rows is not None:  # a shipped shard holds only these examples
+            rows = np.searchsorted(held_rows, rows)
+        for name, array in zip(x_names, inputs):
+            feed[replica.inputs[name]] = np.asarray(array[rows])
+        if y_name is not None:
+            feed[replica.inputs[y_name]] = np.asarray(targets[rows])
+        feed[self.program.extras["scales"][replica.index]] = len(rows) / sum(map(len, parts))
         return feed
 
     def _probe(self, inputs, targets, num_examples: int,

@@ -45,7 +45,8 @@ def test_replica_runs_its_virtual_nodes_in_order(mlp_item, local_spec):
     assert [vn.index for vn in replica.virtual_nodes] == [1, 3, 4, 5]
     assert all(vn.weight is not None for vn in replica.virtual_nodes)
     names = {vn.inputs["y"].name for vn in replica.virtual_nodes}
-    assert len(names) == 4  # one set of inputs per virtual node
+    assert len(names) == 4  # each virtual node its part of the replica's inputs
+    assert replica.sizes is not None and replica.sizes.shape.as_list() == [4]
     # Virtual node i+1 starts only after virtual node i's gradients.
     for previous, vn in zip(replica.virtual_nodes, replica.virtual_nodes[1:]):
         first_grad = next(iter(previous.gradients.values()))
@@ -63,8 +64,9 @@ def test_without_virtual_nodes_the_replica_is_its_one_node(mlp_item, local_spec)
     program = _replicated(mlp_item, strategy, local_spec)
     (replica,) = program.replicas
     (vn,) = replica.virtual_nodes
-    assert vn.index == 0 and vn.weight is None
+    assert vn.index == 0 and vn.weight is None and replica.sizes is None
     assert replica.gradients == vn.gradients and replica.loss is vn.loss
+    assert vn.inputs["y"] is replica.inputs["y"]
     assert vn.inputs["y"].name.startswith(f"{replicator.SCOPE}/replica_0/")
 
 
@@ -92,15 +94,14 @@ def _gradients(graph_item, strategy, spec, inputs, targets, values):
         session.run([a.name for a in assigns])
         rows = np.arange(len(targets))
         parts = batching.virtual_node_rows(rows, strategy.num_virtual_nodes)
+        mine = np.concatenate([parts[vn.index] for vn in replica.virtual_nodes])
         feed = {}
-        for vn in replica.virtual_nodes:
-            mine = parts[vn.index]
-            if vn.weight is not None:
-                feed[vn.weight.name] = len(mine) / len(rows)
-            x_names = [i.name for i in graph_item.inputs if i.role != "y"]
-            for name, array in zip(x_names, inputs):
-                feed[vn.inputs[name].name] = array[mine]
-            feed[vn.inputs["y"].name] = targets[mine]
+        if replica.sizes is not None:
+            feed[replica.sizes.name] = [len(parts[vn.index]) for vn in replica.virtual_nodes]
+        x_names = [i.name for i in graph_item.inputs if i.role != "y"]
+        for name, array in zip(x_names, inputs):
+            feed[replica.inputs[name].name] = array[mine]
+        feed[replica.inputs["y"].name] = targets[mine]
         return session.run(fetches, feed)
 
 

@@ -106,13 +106,13 @@ def test_batch_norm_statistics_do_not_depend_on_the_mapping(tmp_path):
 
 
 @pytest.mark.cluster
-def test_balancing_beats_the_even_mapping_on_a_slowed_worker(tmp_path):
+def test_balancing_gives_a_slowed_worker_fewer_virtual_nodes(tmp_path):
     """Worker 1 runs 40% of the time (SIGSTOP/SIGCONT, benchmarks/slowdown.py).
 
     Each worker is pinned to its own core (a device each). The probe sees
-    worker 1 slower, `balance` gives it fewer virtual nodes, and the balanced
-    run's median step is faster than the even one's (observed 1.2-1.3x;
-    asserted >= 1.08x) with equal results.
+    worker 1 slower, `balance` gives it fewer virtual nodes, and the
+    balanced run gives the even run's numbers. How much faster it is lives in
+    benchmarks/virtual_nodes.py (a timing is no test).
     """
     sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks"))
     from slowdown import Slowdown  # pylint: disable=import-outside-toplevel
@@ -135,16 +135,14 @@ def test_balancing_beats_the_even_mapping_on_a_slowed_worker(tmp_path):
         np.testing.assert_array_equal(got, want)  # measuring does not train
     balanced = balance(even, speeds)
     assert balanced.virtual_node_devices.count(w0) > 4
-    times, weights = {}, {}
+    weights = {}
     for name, strategy in (("even", even), ("balanced", balanced)):
         model.set_weights(before)
         job_dir = str(tmp_path / name)
         run = autodist.distribute(model, strategy, spec, graph_item=graph_item, job_dir=job_dir)
         with Slowdown(job_dir, 1, 0.4, pin=PIN):
-            history = run.fit(x, y, epochs=1, verbose=0)
-        times[name] = float(np.median(history.step_times[1:]))
+            run.fit(x, y, epochs=1, verbose=0)
         weights[name] = model.get_weights()
-    assert times["even"] / times["balanced"] >= 1.08, times
     for got, want in zip(weights["balanced"], weights["even"]):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
 
