@@ -4,6 +4,9 @@ A resize schedule (`fit(..., resize_at={step: workers})`) splits the run into
 segments; segment v (the membership version) runs steps [start, end) on
 worker tasks 0..workers-1. Every task derives the same segments from the
 RunConfig, so the membership of each step is agreed before the run starts.
+In a followed run (`fit(..., elastic=True, callbacks=...)`), the chief also
+appends segments on `DistributedRun.resize` requests and sends the list with
+every run limit (`autodist.runtime.follow`), so all tasks still agree.
 
 Between segments no process restarts and nothing is written to disk: each
 member of the next segment builds a new program for the new membership (new

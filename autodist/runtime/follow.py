@@ -20,6 +20,13 @@ task needs the directory.
   ``model.stop_training``) makes the limit final one step ahead of the chief:
   another worker may already have started the chief's next step, which in
   synchronous training needs the chief. With one worker it stops at once.
+* A resize request (``control/resize``, from `DistributedRun.resize`) starts
+  a new membership one step ahead of the chief, for the same reason: the
+  chief ends the current segment there and appends one on the requested
+  number of workers (`elastic.Segment`). Every limit message carries the
+  whole segment list, so every worker, idle ones included, agrees on who
+  runs each step. Only members report step losses; an idle worker waits for
+  a segment that includes it, or for the chief's final limit at the end.
 
 Why every worker stops at the same step in synchronous training: a worker
 finishes step i only after the chief has started step i, and the chief sends
@@ -37,6 +44,7 @@ from typing import Any, Sequence
 
 from autodist.ir.atomic import atomic_write
 from autodist.runtime import mailbox
+from autodist.runtime.elastic import Segment
 from autodist.runtime.job import JobDir, RunConfig
 from autodist.runtime.mailbox import Mailboxes, Task
 
@@ -62,6 +70,13 @@ def request_stop(job: JobDir) -> None:
     atomic_write(job.stop_request(), STOP.encode())
 
 
+def request_resize(job: JobDir, workers: int, sequence: int) -> None:
+    """Driver: run on `workers` workers from a step boundary the workers can all meet."""
+    job.resize_request().parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(job.resize_request(),
+                 json.dumps({"workers": workers, "sequence": sequence}).encode())
+
+
 def first_limit(steps_per_epoch: int, epochs: int) -> int:
     return steps_per_epoch if epochs > 1 else steps_per_epoch * epochs
 
@@ -75,12 +90,18 @@ class ChiefFollower:
         num_workers: Worker tasks (the chief is worker 0).
         steps_per_epoch: Steps of one epoch.
         config: The run's config (epochs and timeouts).
+        segments: Who runs which steps (shared with the trainer, and
+            extended here by resize requests); default every worker.
     """
 
     def __init__(self, job: JobDir, mail: Mailboxes, num_workers: int, steps_per_epoch: int,
-                 config: RunConfig) -> None:
+                 config: RunConfig, segments: list[Segment] | None = None) -> None:
         self.job = job
         self.mail = mail
+        self.num_workers = num_workers
+        self.segments = segments if segments is not None else [
+            Segment(0, 0, steps_per_epoch * config.epochs, num_workers)]
+        self._resize_sequence = 0
         self.peers: list[Task] = [("worker", t) for t in range(1, num_workers)]
         self.steps = steps_per_epoch
         self.total = steps_per_epoch * config.epochs
@@ -94,15 +115,29 @@ class ChiefFollower:
 
     def may_start(self, step: int) -> bool:
         """Whether step `step` runs; at an epoch's end, waits for the driver."""
-        if not self.final:
-            if step == self.limit:  # a non-final limit is always an epoch's end
-                self.flush(step)
-                decision = self._decision(step // self.steps - 1)
-                stop = decision == STOP or self.job.stop_request().exists()
-                self._set(step if stop else min(step + self.steps, self.total), stop)
-            elif self.job.stop_request().exists():
-                self._set(step + 1 if self.peers else step, True)
+        if not self.final and step == self.limit:  # a non-final limit is an epoch's end
+            self.flush(step)
+            decision = self._decision(step // self.steps - 1)
+            stop = decision == STOP or self.job.stop_request().exists()
+            # Nobody has started `step`: a resize asked for at the epoch's end
+            # (on_epoch_end runs before the decision) starts right here.
+            self._take_resize_request(step, at_limit=True, announce=False)
+            self._set(step if stop else min(step + self.steps, self.total), stop)
+            return step < self.limit
+        self._take_resize_request(step)
+        if not self.final and self.job.stop_request().exists():
+            self._set(step + 1 if self.peers else step, True)
         return step < self.limit
+
+    def members_at(self, step: int) -> int:
+        """How many workers run `step` (tasks 0..n-1)."""
+        return next((s.workers for s in self.segments if s.start <= step < s.end),
+                    self.segments[-1].workers)
+
+    def end(self, done: int) -> None:
+        """After the chief's last step: the final limit, which releases idle workers."""
+        if not (self.final and self.limit == done):
+            self._set(done, True)
 
     def record(self, step: int, loss: float, seconds: float) -> None:
         """The chief's own loss of `step`; writes every record now complete."""
@@ -120,7 +155,8 @@ class ChiefFollower:
                 message = self.mail.receive(CHIEF, mailbox.STEPS, self.config.step_timeout_s)
             except mailbox.MailboxTimeout as e:
                 have = self._losses.get(self._written, {})
-                missing = [t for t, _ in self.peers if t not in have]
+                missing = [t for t in range(1, self.members_at(self._written))
+                           if t not in have]
                 raise FollowError(f"workers {missing} did not report step {self._written} "
                                   f"within {self.config.step_timeout_s:g}s") from e
             self._absorb([message])
@@ -138,9 +174,41 @@ class ChiefFollower:
     # ------------------------------------------------------------ internals
     def _set(self, limit: int, final: bool) -> None:
         self.limit, self.final = limit, final
-        message = json.dumps({"limit": limit, "final": final}).encode()
+        message = json.dumps({"limit": limit, "final": final,
+                              "segments": [[s.start, s.end, s.workers]
+                                           for s in self.segments]}).encode()
         for peer in self.peers:
             self.mail.send(peer, mailbox.LIMIT, message, self.config.step_timeout_s)
+
+    def _take_resize_request(self, step: int, at_limit: bool = False,
+                             announce: bool = True) -> None:
+        """A new resize request starts a segment one step ahead of the chief.
+
+        At once when no other worker can have started `step`: with one
+        worker, or at the run limit (`at_limit`).
+        """
+        path = self.job.resize_request()
+        if self.final or not path.exists():
+            return
+        request = json.loads(path.read_text())
+        if int(request["sequence"]) <= self._resize_sequence:
+            return
+        self._resize_sequence = int(request["sequence"])
+        workers = int(request["workers"])
+        members = self.members_at(step)
+        boundary = step + 1 if members > 1 and not at_limit else step
+        # An announced segment is never changed: idle workers may be joining it.
+        boundary = max(boundary, self.segments[-1].start + 1)
+        total = self.segments[-1].end
+        if boundary >= total or workers == self.members_at(boundary):
+            return
+        kept = [s for s in self.segments if s.start < boundary]
+        last = kept.pop()
+        kept.append(Segment(last.version, last.start, boundary, last.workers))
+        kept.append(Segment(last.version + 1, boundary, total, workers))
+        self.segments[:] = kept
+        if announce:
+            self._set(self.limit, self.final)
 
     def _decision(self, epoch: int) -> str:
         path = self.job.epoch_decision(epoch)
@@ -161,7 +229,7 @@ class ChiefFollower:
 
     def _write_complete(self) -> None:
         lines = []
-        while len(self._losses.get(self._written, {})) == len(self.peers) + 1 and \
+        while len(self._losses.get(self._written, {})) == self.members_at(self._written) and \
                 self._written in self._times:
             step = self._written
             lines.append(self._line(step, sum(self._losses.pop(step).values()),
@@ -188,12 +256,38 @@ class WorkerFollower:
     """
 
     def __init__(self, mail: Mailboxes, task_index: int, steps_per_epoch: int,
-                 config: RunConfig) -> None:
+                 config: RunConfig, segments: list[Segment] | None = None) -> None:
         self.mail = mail
         self.task: Task = ("worker", task_index)
         self.config = config
         self.limit = first_limit(steps_per_epoch, config.epochs)
         self.final = False
+        self.segments = segments if segments is not None else []
+
+    def wait_to_join(self, step: int) -> int | None:
+        """An idle worker: the first step from `step` on that it runs, or None at the end.
+
+        Waits (up to the job's timeout) until the chief's segments include this
+        worker from some step on, or its limit is final.
+        """
+        deadline = time.monotonic() + self.config.job_timeout_s
+        while True:
+            self._absorb(self.mail.receive_all(self.task, mailbox.LIMIT,
+                                               self.config.step_timeout_s))
+            join = next((max(s.start, step) for s in self.segments
+                         if s.has(self.task[1]) and s.end > step), None)
+            if join is not None and (not self.final or join < self.limit):
+                return join
+            if self.final:
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise FollowError(f"worker {self.task[1]}: no segment included it and the run "
+                                  f"did not end within {self.config.job_timeout_s:g}s")
+            try:
+                self._absorb([self.mail.receive(self.task, mailbox.LIMIT, remaining)])
+            except mailbox.MailboxTimeout:
+                continue
 
     def may_start(self, step: int) -> bool:
         """Whether step `step` runs; at an epoch's end, waits for the chief's limit."""
@@ -219,3 +313,6 @@ class WorkerFollower:
         for raw in messages:
             message: dict[str, Any] = json.loads(raw)
             self.limit, self.final = int(message["limit"]), bool(message["final"])
+            if "segments" in message:
+                self.segments[:] = [Segment(v, start, end, workers) for v, (start, end, workers)
+                                    in enumerate(message["segments"])]

@@ -76,6 +76,9 @@ class RunConfig:
             without the dead worker (see `runtime/recovery.py`).
         start_step: The first step of the run to execute (a run resumed
             after a failure); the data schedule is that of the whole run.
+        elastic: Programs are built for resizing (collective version tags,
+            device filters naming the members): `resize_at`, or resizes
+            requested while a followed run goes (`DistributedRun.resize`).
     """
 
     global_batch_size: int
@@ -95,6 +98,7 @@ class RunConfig:
     resize_at: dict[str, int] | None = None
     on_failure: str = "stop"
     start_step: int = 0
+    elastic: bool = False
 
 
 # Files an archive may hold (anything else in one is refused).
@@ -128,6 +132,9 @@ class JobDir:
 
     def stop_request(self) -> pathlib.Path:
         return self.path / "control" / "stop"
+
+    def resize_request(self) -> pathlib.Path:
+        return self.path / "control" / "resize"
 
     def epoch_decision(self, epoch: int) -> pathlib.Path:
         return self.path / "control" / f"epoch-{epoch}"

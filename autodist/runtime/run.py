@@ -20,7 +20,8 @@ from autodist.ir.strategy import Strategy
 from autodist.kernels.optimizers import check_supported as check_optimizer
 from autodist.runtime import checkpoint, datasets
 from autodist.runtime import data as batching
-from autodist.runtime import elastic, follow, recovery
+from autodist.runtime import follow, recovery
+from autodist.runtime.elastic import check_elastic, segments
 from autodist.runtime.job import JobDir, RunConfig
 from autodist.runtime.launcher import LocalCluster, TaskFailedError, check_local
 from autodist.runtime.remote import RemoteCluster, check_this_is_the_chief
@@ -110,6 +111,9 @@ class DistributedRun:
         self.startup_timeout_s = startup_timeout_s
         self.last_job_dir: pathlib.Path | None = None
         self.task_step_delay_s = {str(k): float(v) for k, v in (task_step_delay_s or {}).items()}
+        # The job and config of a followed fit while it runs (for `resize`).
+        self._following: tuple[JobDir, RunConfig] | None = None
+        self._resize_sequence = 0
 
     def fit(self, x: Any, y: Any = None, *, batch_size: int | None = None, epochs: int = 1,
             steps_per_epoch: int | None = None, shuffle: bool = False, seed: int = 0,
@@ -118,6 +122,7 @@ class DistributedRun:
             initial_checkpoint: str | None = None,
             callbacks: Sequence[Any] | None = None,
             resize_at: Mapping[int, int] | None = None,
+            elastic: bool = False,
             on_failure: str = "stop") -> History:
         """Trains on the cluster and writes the trained weights into the model.
 
@@ -175,7 +180,12 @@ class DistributedRun:
                 needs virtual nodes (B and V stay fixed, so the run follows
                 the fixed-size trajectory) and synchronous updates. Every
                 worker's process starts at launch and idles while it is not
-                a member. See `autodist.runtime.elastic`.
+                a member. See `autodist.runtime.elastic`. With callbacks,
+                only step 0 (the starting size) may be given.
+            elastic: Allow `resize(n)` while this fit runs, from a callback
+                (a policy): the workers meet the new membership one step
+                ahead of the chief. Needs callbacks and an elastic strategy
+                (as `resize_at`).
             on_failure: "stop": a worker that dies fails `fit` with an error
                 naming it and its log. "continue": steps are atomic, and when
                 a non-chief worker dies the job goes on without it from the
@@ -204,11 +214,15 @@ class DistributedRun:
                                 f"{on_failure!r}")
         if on_failure == "continue":
             self._check_recoverable(callbacks, resize_at)
-        if resize_at:
-            if callbacks:
-                raise AutodistError("resize_at cannot be combined with callbacks yet")
-            elastic.check_elastic(self.strategy, self.resource_spec)
-            elastic.segments(steps * epochs, self.resource_spec.num_worker_tasks, resize_at)
+        if resize_at or elastic:
+            if callbacks and resize_at and set(map(int, resize_at)) != {0}:
+                raise AutodistError("with callbacks, resize_at may only give the starting size "
+                                    "(step 0); resize later with run.resize(n) from a callback")
+            if elastic and not callbacks:
+                raise AutodistError("elastic=True resizes on request from a callback "
+                                    "(run.resize(n)); without callbacks use resize_at")
+            check_elastic(self.strategy, self.resource_spec)
+            segments(steps * epochs, self.resource_spec.num_worker_tasks, resize_at)
         config = RunConfig(global_batch_size=batch_size, epochs=epochs,
                            steps_per_epoch=steps_per_epoch, shuffle=shuffle, seed=seed,
                            step_timeout_s=self.step_timeout_s,
@@ -219,54 +233,84 @@ class DistributedRun:
                            follow_steps=bool(callbacks), job_timeout_s=timeout_s,
                            job_id=uuid.uuid4().hex,
                            resize_at={str(k): v for k, v in resize_at.items()}
-                           if resize_at else None, on_failure=on_failure)
+                           if resize_at else None, on_failure=on_failure,
+                           elastic=bool(elastic or resize_at))
         init_values = self._initial_values()
         if initial_checkpoint:
             init_values.update(checkpoint.load(initial_checkpoint))
         path, job = self._new_job(config, init_values, inputs, targets)
         progress = _Progress(job, sizes, epochs, verbose, self.model, list(callbacks or []))
-        progress.begin()
-        spec, strategy = self.resource_spec, self.strategy
-        earlier_losses: list[float] = []
-        earlier_times: list[float] = []
-        recoveries: list[dict[str, int]] = []
-        while True:
-            try:
-                self._run_cluster(job, timeout_s, progress.update, spec,
-                                  wait_for_chief=on_failure == "continue")
-                break
-            except TaskFailedError as error:
-                dead = recovery.dead_worker(error.task) if on_failure == "continue" else None
-                resumed = recovery.resume_point(job) if dead is not None else None
-                if resumed is None:
-                    raise
-                values, next_step = resumed
+        self._following = (job, config) if callbacks else None
+        try:
+            progress.begin()
+            spec, strategy = self.resource_spec, self.strategy
+            earlier_losses: list[float] = []
+            earlier_times: list[float] = []
+            recoveries: list[dict[str, int]] = []
+            while True:
                 try:
-                    strategy = recovery.strategy_without(strategy, dead)
-                except AutodistError as e:
-                    raise error from e
-                done = next_step - config.start_step
-                losses, times = recovery.completed_losses(job, spec.num_worker_tasks,
-                                                          config.start_step, done)
-                spec = recovery.without_worker(spec, dead)
-                earlier_losses += losses
-                earlier_times += times
-                recoveries.append({"step": next_step, "failed_task": dead,
-                                   "workers": spec.num_worker_tasks})
-                config = dataclasses.replace(config, start_step=next_step,
-                                             job_id=uuid.uuid4().hex)
-                path_k = path / f"recovery-{len(recoveries)}"
-                path_k.mkdir(parents=True, exist_ok=True)
-                job = JobDir(path_k)
-                job.write(self.graph_item, strategy, spec, config, values, inputs, targets)
-                progress.follow(job)
-        progress.finish()
+                    self._run_cluster(job, timeout_s, progress.update, spec,
+                                      wait_for_chief=on_failure == "continue")
+                    break
+                except TaskFailedError as error:
+                    dead = recovery.dead_worker(error.task) if on_failure == "continue" else None
+                    resumed = recovery.resume_point(job) if dead is not None else None
+                    if resumed is None:
+                        raise
+                    values, next_step = resumed
+                    try:
+                        strategy = recovery.strategy_without(strategy, dead)
+                    except AutodistError as e:
+                        raise error from e
+                    done = next_step - config.start_step
+                    losses, times = recovery.completed_losses(job, spec.num_worker_tasks,
+                                                              config.start_step, done)
+                    spec = recovery.without_worker(spec, dead)
+                    earlier_losses += losses
+                    earlier_times += times
+                    recoveries.append({"step": next_step, "failed_task": dead,
+                                       "workers": spec.num_worker_tasks})
+                    config = dataclasses.replace(config, start_step=next_step,
+                                                 job_id=uuid.uuid4().hex)
+                    path_k = path / f"recovery-{len(recoveries)}"
+                    path_k.mkdir(parents=True, exist_ok=True)
+                    job = JobDir(path_k)
+                    job.write(self.graph_item, strategy, spec, config, values, inputs, targets)
+                    progress.follow(job)
+            progress.finish()
+        finally:
+            self._following = None
         history = self._history(job, sizes, epochs, spec, earlier_losses, earlier_times)
         history.recoveries = recoveries
         self._write_back(job)
         if self.job_dir is None:
             shutil.rmtree(path, ignore_errors=True)
         return history
+
+    def resize(self, workers: int) -> None:
+        """Asks the running `fit(..., elastic=True)` to go on with `workers` workers.
+
+        Call it from a callback (a policy) while `fit` runs. The new
+        membership (worker tasks 0..workers-1) starts one step ahead of the
+        chief, at a step boundary all workers meet; the global batch and the
+        virtual nodes stay fixed, so the numbers do not change. History's
+        `resizes` lists when it happened.
+
+        Raises:
+            AutodistError: no elastic fit with callbacks is running, or
+                `workers` is not in 1..(workers of the spec).
+        """
+        following = self._following
+        if following is None or not following[1].elastic:
+            raise AutodistError("resize(n) works while fit(..., elastic=True, callbacks=[...]) "
+                                "runs (call it from a callback)")
+        job, _ = following
+        limit = self.resource_spec.num_worker_tasks
+        if not isinstance(workers, int) or not 1 <= workers <= limit:
+            raise AutodistError(f"resize needs a number of workers in 1..{limit} (the spec's "
+                                f"worker tasks). Received: {workers!r}")
+        self._resize_sequence += 1
+        follow.request_resize(job, workers, self._resize_sequence)
 
     def _check_recoverable(self, callbacks, resize_at) -> None:
         if callbacks or resize_at or self.launch != "local":

@@ -144,24 +144,27 @@ class Trainer:
         self.initial_step = 0
         self._save = None
         self.follower: ChiefFollower | WorkerFollower | None = None
-        self.elastic = bool(self.config.resize_at)
+        self.elastic = self.config.elastic or bool(self.config.resize_at)
         self.full_strategy = self.strategy
         num_examples, _ = job.shard()
         self.steps_per_epoch = batching.steps_per_epoch(
             num_examples, self.config.global_batch_size, self.config.steps_per_epoch)
-        self.segments = elastic_.segments(self.steps_per_epoch * self.config.epochs,
-                                          self.spec.num_worker_tasks, self.config.resize_at)
-        first = next((seg for seg in self.segments if seg.has(task_index)), None)
-        if first is None:
-            raise WorkerError(f"worker task {task_index} is in no segment of the resize "
-                              f"schedule {self.config.resize_at}")
+        self.total_steps = self.steps_per_epoch * self.config.epochs
+        # Who runs which steps; a followed elastic run extends it while it goes.
+        self.segments = elastic_.segments(self.total_steps, self.spec.num_worker_tasks,
+                                          self.config.resize_at)
         self.program: Program | None = None
         self.session: tf.compat.v1.Session | None = None
-        self.version = -1
         self._snapshot: dict[str, np.ndarray] | None = None
         self._handover_start = 0.0
         self.next_index = self.config.start_step  # the first step not yet completed
-        self._build(first)
+        self.segment = self._segment_at(self.config.start_step)
+        if self.segment.has(task_index):
+            self._build(self.segment)
+        # Otherwise idle until a segment includes this task (see `train`).
+
+    def _segment_at(self, step: int) -> elastic_.Segment:
+        return next((s for s in self.segments if s.start <= step < s.end), self.segments[-1])
 
     def _build(self, segment: elastic_.Segment) -> None:
         """A new program and session for the membership of `segment`."""
@@ -177,7 +180,7 @@ class Trainer:
             self.target, graph=self.program.graph,
             config=session_config(self.strategy, self.task_index,
                                   segment.workers if self.elastic else None))
-        self.version = segment.version
+        self.segment = segment
         self._save = None
 
     # ---------------------------------------------------------- initialize
@@ -192,10 +195,12 @@ class Trainer:
                 default the job's initial values. A task joining an elastic
                 job in a later membership version waits for the chief's.
         """
-        if values is None and self.version > 0:
+        if self.session is None:
+            return  # idle: initialized when a segment includes this task
+        if values is None and self.segment.version > 0:
             values = self._receive_snapshot()
         self._initialize(values if values is not None else self.job.init_values(),
-                         init_shared=self.version == 0)
+                         init_shared=self.segment.version == 0)
 
     def _initialize(self, values: dict[str, np.ndarray], init_shared: bool) -> None:
         program = self.program
@@ -298,8 +303,9 @@ class Trainer:
         steps = self.steps_per_epoch
         if config.follow_steps:
             self.follower = (ChiefFollower(self.job, self.mail, self.spec.num_worker_tasks,
-                                           steps, config) if self.is_chief else
-                             WorkerFollower(self.mail, self.task_index, steps, config))
+                                           steps, config, self.segments) if self.is_chief else
+                             WorkerFollower(self.mail, self.task_index, steps, config,
+                                            self.segments))
         follower = self.follower
         delay = float((config.task_step_delay_s or {}).get(str(self.task_index), 0.0))
         max_lead = 0
@@ -307,78 +313,91 @@ class Trainer:
         losses, times = [], []
         progress = self.job.file("progress.jsonl") if self.is_chief and follower is None else None
         order = None
-        stopped = False
         resizes = []
-        for position, segment in enumerate(self.segments):
-            if stopped:
-                break
-            if segment.end <= config.start_step:
-                continue  # ran before a failure; this run resumes later
-            if not segment.has(self.task_index):
-                # Not a member: no loss, no time for these steps.
-                losses += [0.0] * (segment.end - segment.start)
-                times += [0.0] * (segment.end - segment.start)
+        index = config.start_step
+        while index < self.total_steps:
+            if self.session is None:
+                # Idle: no loss, no time until a segment includes this task.
+                join = follower.wait_to_join(index) if isinstance(follower, WorkerFollower) \
+                    else next((max(s.start, index) for s in self.segments
+                               if s.has(self.task_index) and s.end > index), None)
+                end = self.total_steps if join is None else join
+                if join is None and follower is not None:
+                    end = min(end, follower.limit)
+                losses += [0.0] * (end - index)
+                times += [0.0] * (end - index)
+                index = end
+                if join is None:
+                    break
+                self._enter(self._segment_at(index), resizes)
                 continue
-            if segment.version != self.version:
-                self._build(segment)
-                self.initialize(self._snapshot if self.is_chief else None)
-                if self.is_chief:
-                    resizes.append({"step": segment.start, "workers": segment.workers,
-                                    "seconds": time.perf_counter() - self._handover_start})
+            if follower is not None and not follower.may_start(index):
+                break
+            segment = self._segment_at(index)
+            if segment.version != self.segment.version:
+                self._hand_over(self.segment, segment)
+                if not segment.has(self.task_index):
+                    self.segment = segment
+                    continue
+                self._enter(segment, resizes)
             extras = self.program.extras
             fetches = {"loss": extras["weighted_loss"], "train": extras["train_op"]}
             ps_op = extras["ps_op"]
             after = extras["after_step"]
             ssp = extras["ssp"]
-            for index in range(max(segment.start, config.start_step), segment.end):
-                epoch, step = divmod(index, steps)
-                if follower is not None and not follower.may_start(index):
-                    stopped = True
-                    break
-                if step == 0 or order is None:
-                    order = batching.epoch_order(num_examples, epoch, config.shuffle,
-                                                 config.seed)
-                rows = batching.batch_rows(order, step, config.global_batch_size)
-                parts = batching.virtual_node_rows(rows, num_virtual_nodes)
-                feed = {}
-                for replica in self.program.replicas:
-                    feed.update(self._replica_feed(replica, parts, inputs, targets, held_rows))
-                if ssp is not None:
-                    max_lead = max(max_lead, self._wait_for_stragglers(ssp, index))
-                if delay:
-                    time.sleep(delay)  # an emulated slow worker
-                start = time.perf_counter()
-                result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
-                if ps_op is not None:
-                    self.session.run(ps_op, options=self.run_options)
-                if after is not None:
-                    self.session.run(after, options=self.run_options)
-                times.append(time.perf_counter() - start)
-                done = self.initial_step + index - config.start_step + 1
-                self.next_index = index + 1
-                if self._checkpoint_due(done, last_of_epoch=step == steps - 1):
-                    self.save_checkpoint(done)
-                losses.append(float(result["loss"]))
-                if config.on_failure == "continue":
-                    # Kept beside the job: the driver sums them if the run fails.
-                    with open(self.job.file(f"losses_{self.task_index}.jsonl"), "a") as f:
-                        f.write(json.dumps({"index": index, "loss": losses[-1]}) + "\n")
-                if isinstance(follower, ChiefFollower):
-                    follower.record(index, losses[-1], times[-1])
-                elif isinstance(follower, WorkerFollower):
-                    follower.record(index, losses[-1])
-                elif progress is not None:
-                    # This task's replicas' mean loss: an estimate of the global loss.
-                    share = sum(len(parts[vn.index]) for r in self.program.replicas
-                                for vn in r.virtual_nodes) / len(rows)
-                    with open(progress, "a") as f:
-                        f.write(json.dumps({"epoch": epoch, "step": step,
-                                            "loss": losses[-1] / max(share, 1e-12),
-                                            "time": times[-1]}) + "\n")
-            if not stopped and position + 1 < len(self.segments):
-                self._hand_over(segment, self.segments[position + 1])
+            epoch, step = divmod(index, steps)
+            if step == 0 or order is None:
+                order = batching.epoch_order(num_examples, epoch, config.shuffle, config.seed)
+            rows = batching.batch_rows(order, step, config.global_batch_size)
+            parts = batching.virtual_node_rows(rows, num_virtual_nodes)
+            feed = {}
+            for replica in self.program.replicas:
+                feed.update(self._replica_feed(replica, parts, inputs, targets, held_rows))
+            if ssp is not None:
+                max_lead = max(max_lead, self._wait_for_stragglers(ssp, index))
+            if delay:
+                time.sleep(delay)  # an emulated slow worker
+            start = time.perf_counter()
+            result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
+            if ps_op is not None:
+                self.session.run(ps_op, options=self.run_options)
+            if after is not None:
+                self.session.run(after, options=self.run_options)
+            times.append(time.perf_counter() - start)
+            done = self.initial_step + index - config.start_step + 1
+            self.next_index = index + 1
+            if self._checkpoint_due(done, last_of_epoch=step == steps - 1):
+                self.save_checkpoint(done)
+            losses.append(float(result["loss"]))
+            if config.on_failure == "continue":
+                # Kept beside the job: the driver sums them if the run fails.
+                with open(self.job.file(f"losses_{self.task_index}.jsonl"), "a") as f:
+                    f.write(json.dumps({"index": index, "loss": losses[-1]}) + "\n")
+            if isinstance(follower, ChiefFollower):
+                follower.record(index, losses[-1], times[-1])
+            elif isinstance(follower, WorkerFollower):
+                follower.record(index, losses[-1])
+            elif progress is not None:
+                # This task's replicas' mean loss: an estimate of the global loss.
+                share = sum(len(parts[vn.index]) for r in self.program.replicas
+                            for vn in r.virtual_nodes) / len(rows)
+                with open(progress, "a") as f:
+                    f.write(json.dumps({"epoch": epoch, "step": step,
+                                        "loss": losses[-1] / max(share, 1e-12),
+                                        "time": times[-1]}) + "\n")
+            index += 1
+        if isinstance(follower, ChiefFollower):
+            follower.end(index)  # releases idle workers
         return {"losses": losses, "step_times": times, "steps_per_epoch": steps,
                 "max_lead": max_lead, "resizes": resizes}
+
+    def _enter(self, segment: elastic_.Segment, resizes: list) -> None:
+        """Joins `segment`: new program and session, state from the chief."""
+        self._build(segment)
+        self.initialize(self._snapshot if self.is_chief else None)
+        if self.is_chief:
+            resizes.append({"step": segment.start, "workers": segment.workers,
+                            "seconds": time.perf_counter() - self._handover_start})
 
     def save_recovery(self) -> None:
         """Chief, after a failed step: the state after the last completed step.
@@ -568,7 +587,7 @@ class Trainer:
 
     def finish_barrier(self) -> None:
         """Asynchronous jobs: the chief waits until every worker has finished."""
-        if not self.program.extras["asynchronous"]:
+        if self.program is None or not self.program.extras["asynchronous"]:
             return
         with self.program.graph.as_default():
             counter = self._finished_counter()

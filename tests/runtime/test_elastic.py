@@ -145,5 +145,48 @@ def test_fit_checks_the_schedule_before_launching():
     run = autodist.distribute(model, strategy.with_virtual_nodes(BATCH, 2), spec)
     with pytest.raises(AutodistError, match="resize_at step 3 is outside the run's steps 0..2"):
         run.fit(x, y, resize_at={3: 1})
-    with pytest.raises(AutodistError, match="cannot be combined with callbacks"):
+
+
+class _Resizer(keras.callbacks.Callback):
+    """A policy: after epoch e, go on with sizes[e] workers."""
+
+    def __init__(self, run, sizes):
+        super().__init__()
+        self.run, self.sizes = run, sizes
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch in self.sizes:
+            self.run.resize(self.sizes[epoch])
+
+
+@pytest.mark.cluster
+def test_resize_requested_by_a_callback(tmp_path):
+    # Asked for in on_epoch_end, a resize starts exactly at the next epoch's
+    # first step (the workers are all waiting at the run limit).
+    x, y = _mlp_data()
+    expected = _keras(_mlp(), x, y)
+    model = _mlp()
+    spec = autodist.ResourceSpec.local(workers=4)
+    strategy = builders.AllReduce().build(autodist.capture(model), spec)
+    run = autodist.distribute(model, strategy.with_virtual_nodes(BATCH, 4), spec,
+                              job_dir=str(tmp_path / "job"), step_timeout_s=60)
+    history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, resize_at={0: 2},
+                      elastic=True, callbacks=[_Resizer(run, {0: 4, 1: 1})])
+    assert [(r["step"], r["workers"]) for r in history.resizes] == [(3, 4), (6, 1)]
+    assert len(history.step_losses) == EPOCHS * EXAMPLES // BATCH
+    for got, want in zip(model.get_weights(), expected):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+
+
+def test_resize_outside_an_elastic_fit():
+    model = _mlp()
+    spec = autodist.ResourceSpec.local(workers=2)
+    strategy = builders.AllReduce().build(autodist.capture(model), spec)
+    run = autodist.distribute(model, strategy.with_virtual_nodes(BATCH, 2), spec)
+    with pytest.raises(AutodistError, match="works while fit.*elastic=True"):
+        run.resize(1)
+    x, y = _mlp_data()
+    with pytest.raises(AutodistError, match="elastic=True resizes on request from a callback"):
+        run.fit(x, y, elastic=True)
+    with pytest.raises(AutodistError, match="only give the starting size"):
         run.fit(x, y, resize_at={1: 1}, callbacks=[keras.callbacks.Callback()])
