@@ -76,6 +76,9 @@ class RunConfig:
             without the dead worker (see `runtime/recovery.py`).
         start_step: The first step of the run to execute (a run resumed
             after a failure); the data schedule is that of the whole run.
+        monitor_every: Every this many steps each worker also fetches the
+            squared gradient norms of its virtual nodes and replicas
+            (`kernels.monitoring`), with the step itself. 0: never.
         elastic: Programs are built for resizing (collective version tags,
             device filters naming the members): `resize_at`, or resizes
             requested while a followed run goes (`DistributedRun.resize`).
@@ -99,6 +102,7 @@ class RunConfig:
     on_failure: str = "stop"
     start_step: int = 0
     elastic: bool = False
+    monitor_every: int = 0
 
 
 # Files an archive may hold (anything else in one is refused).

@@ -17,6 +17,7 @@ from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
+from autodist.kernels import monitoring
 from autodist.kernels.optimizers import check_supported as check_optimizer
 from autodist.runtime import checkpoint, datasets
 from autodist.runtime import data as batching
@@ -47,6 +48,10 @@ class History:
             of the new membership, "workers": its size, "seconds": the
             chief's time from the end of the previous step to the start of
             that step (state hand-over, new program and session)}.
+        noise_scale: Runs with `monitor_every`: per monitored step, {"step",
+            "gradient_sq" (|G|²), "trace_sigma" (tr Σ), "noise_scale"
+            (their ratio) and "smoothed" (the ratio of their moving
+            averages, decay 0.9)}.
         recoveries: Runs with `on_failure="continue"`: per failure, {"step":
             the step the job resumed at, "failed_task": the dead worker's
             task index at that time, "workers": workers after it}.
@@ -59,6 +64,7 @@ class History:
     max_lead: list[int] = dataclasses.field(default_factory=list)
     resizes: list[dict[str, float]] = dataclasses.field(default_factory=list)
     recoveries: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    noise_scale: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
 
 class DistributedRun:
@@ -123,7 +129,8 @@ class DistributedRun:
             callbacks: Sequence[Any] | None = None,
             resize_at: Mapping[int, int] | None = None,
             elastic: bool = False,
-            on_failure: str = "stop") -> History:
+            on_failure: str = "stop",
+            monitor_every: int = 0) -> History:
         """Trains on the cluster and writes the trained weights into the model.
 
         Callbacks (`keras.callbacks.Callback`) run here, in the driver, with
@@ -186,6 +193,12 @@ class DistributedRun:
                 (a policy): the workers meet the new membership one step
                 ahead of the chief. Needs callbacks and an elastic strategy
                 (as `resize_at`).
+            monitor_every: Every this many steps, measure the gradient noise
+                scale inside the step (no extra communication): each
+                replica's and virtual node's squared gradient norm, fitted
+                to |G|² + tr(Σ)/b over their batch sizes
+                (`autodist.kernels.monitoring`); in `History.noise_scale`.
+                Needs a replica with two or more virtual nodes. 0: off.
             on_failure: "stop": a worker that dies fails `fit` with an error
                 naming it and its log. "continue": steps are atomic, and when
                 a non-chief worker dies the job goes on without it from the
@@ -209,6 +222,15 @@ class DistributedRun:
         steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
         sizes = [len(batching.batch_rows(np.arange(n), s, batch_size)) for s in range(steps)]
         self._check_batches(sizes, n, batch_size)
+        if not isinstance(monitor_every, int) or monitor_every < 0:
+            raise AutodistError(f"monitor_every must be an integer >= 0. Received: "
+                                f"{monitor_every!r}")
+        if monitor_every and self.strategy.num_virtual_nodes <= len(self.strategy.replicas):
+            raise AutodistError(
+                "monitor_every estimates the noise scale from two batch sizes: the virtual "
+                "nodes' and their replica's. It needs a replica with two or more virtual "
+                f"nodes; the strategy has {self.strategy.num_virtual_nodes} virtual nodes on "
+                f"{len(self.strategy.replicas)} replicas")
         if on_failure not in ("stop", "continue"):
             raise AutodistError(f"on_failure must be 'stop' or 'continue'. Received: "
                                 f"{on_failure!r}")
@@ -234,7 +256,7 @@ class DistributedRun:
                            job_id=uuid.uuid4().hex,
                            resize_at={str(k): v for k, v in resize_at.items()}
                            if resize_at else None, on_failure=on_failure,
-                           elastic=bool(elastic or resize_at))
+                           elastic=bool(elastic or resize_at), monitor_every=monitor_every)
         init_values = self._initial_values()
         if initial_checkpoint:
             init_values.update(checkpoint.load(initial_checkpoint))
@@ -495,7 +517,29 @@ class DistributedRun:
                        step_times=list(earlier_times) + results[0]["step_times"][:done],
                        epoch=list(range(ran)),
                        max_lead=[int(r.get("max_lead", 0)) for r in results],
-                       resizes=results[0].get("resizes", []))
+                       resizes=results[0].get("resizes", []),
+                       noise_scale=_noise_scale(results))
+
+
+def _noise_scale(results: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Noise-scale estimates per monitored step, from every worker's records."""
+    by_step: dict[int, tuple[list[float], list[float]]] = {}
+    for result in results:
+        for record in result.get("monitor", []):
+            batches, norms = by_step.setdefault(int(record["step"]), ([], []))
+            batches += record["batches"]
+            norms += record["sq_norms"]
+    smooth = monitoring.SmoothedNoiseScale(decay=0.9)
+    out = []
+    for step in sorted(by_step):
+        estimate = monitoring.noise_scale_fit(*by_step[step])
+        if estimate is None:
+            continue
+        out.append({"step": step, "gradient_sq": estimate.gradient_sq,
+                    "trace_sigma": estimate.trace_sigma,
+                    "noise_scale": estimate.noise_scale,
+                    "smoothed": smooth.update(estimate).noise_scale})
+    return out
 
 
 class _Progress:

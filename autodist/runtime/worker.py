@@ -25,7 +25,7 @@ from autodist.ir.atomic import atomic_write
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
-from autodist.kernels import partitioner, replicator, synchronizer
+from autodist.kernels import monitoring, partitioner, replicator, synchronizer
 from autodist.kernels.program import Program
 from autodist.kernels.variables import StorageVariable
 from autodist.runtime import checkpoint
@@ -182,6 +182,11 @@ class Trainer:
                                   segment.workers if self.elastic else None))
         self.segment = segment
         self._save = None
+        self._monitor = None
+        if self.config.monitor_every:
+            with self.program.graph.as_default():
+                self._monitor = {r.index: monitoring.gradient_sq_norms(r)
+                                 for r in self.program.replicas}
 
     # ---------------------------------------------------------- initialize
     def initialize(self, values: dict[str, np.ndarray] | None = None) -> None:
@@ -314,6 +319,7 @@ class Trainer:
         progress = self.job.file("progress.jsonl") if self.is_chief and follower is None else None
         order = None
         resizes = []
+        monitored = []
         index = config.start_step
         while index < self.total_steps:
             if self.session is None:
@@ -357,8 +363,14 @@ class Trainer:
                 max_lead = max(max_lead, self._wait_for_stragglers(ssp, index))
             if delay:
                 time.sleep(delay)  # an emulated slow worker
+            watch = self._monitor is not None and index % config.monitor_every == 0
+            if watch:
+                fetches = dict(fetches, monitor=self._monitor)
             start = time.perf_counter()
             result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
+            if watch:
+                fetches.pop("monitor")
+                monitored.append(self._monitor_record(index, parts, result["monitor"]))
             if ps_op is not None:
                 self.session.run(ps_op, options=self.run_options)
             if after is not None:
@@ -389,7 +401,20 @@ class Trainer:
         if isinstance(follower, ChiefFollower):
             follower.end(index)  # releases idle workers
         return {"losses": losses, "step_times": times, "steps_per_epoch": steps,
-                "max_lead": max_lead, "resizes": resizes}
+                "max_lead": max_lead, "resizes": resizes, "monitor": monitored}
+
+    def _monitor_record(self, index: int, parts, values) -> dict[str, Any]:
+        """This task's squared gradient norms of a step, with their batch sizes."""
+        batches, norms = [], []
+        for replica in self.program.replicas:
+            sizes = [len(parts[vn.index]) for vn in replica.virtual_nodes]
+            stats = values[replica.index]
+            if len(sizes) > 1:  # with one virtual node it is the replica's own gradient
+                batches += sizes
+                norms += [float(v) for v in stats["virtual_nodes"]]
+            batches.append(sum(sizes))
+            norms.append(float(stats["replica"]))
+        return {"step": index, "batches": batches, "sq_norms": norms}
 
     def _enter(self, segment: elastic_.Segment, resizes: list) -> None:
         """Joins `segment`: new program and session, state from the chief."""
