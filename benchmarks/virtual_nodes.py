@@ -25,6 +25,7 @@ import os
 import platform
 import sys
 import tempfile
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -51,18 +52,10 @@ def _step_time(model, strategy, spec, graph_item, x, y, job_dir: str, batch: int
     from slowdown import Slowdown
 
     run = autodist.distribute(model, strategy, spec, graph_item=graph_item, job_dir=job_dir)
-    with Slowdown(job_dir, 1, slow_fraction, pin=PIN) if slow_fraction < 1 else _Nothing():
+    with Slowdown(job_dir, 1, slow_fraction, pin=PIN) if slow_fraction < 1 else nullcontext():
         history = run.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
     times = history.step_times
     return float(np.median(times[len(times) // 4:]))
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 def overhead(model_name: str, batch: int, nodes: list[int], steps: int, work: str) -> list:

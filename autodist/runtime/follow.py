@@ -280,29 +280,27 @@ class WorkerFollower:
                 return join
             if self.final:
                 return None
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise FollowError(f"worker {self.task[1]}: no segment included it and the run "
-                                  f"did not end within {self.config.job_timeout_s:g}s")
-            try:
-                self._absorb([self.mail.receive(self.task, mailbox.LIMIT, remaining)])
-            except mailbox.MailboxTimeout:
-                continue
+            self._next_limit(deadline, "no segment included it and the run did not end")
 
     def may_start(self, step: int) -> bool:
         """Whether step `step` runs; at an epoch's end, waits for the chief's limit."""
         self._absorb(self.mail.receive_all(self.task, mailbox.LIMIT, self.config.step_timeout_s))
         deadline = time.monotonic() + self.config.job_timeout_s
         while step >= self.limit and not self.final:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise FollowError(f"worker {self.task[1]}: the chief did not let step {step} "
-                                  f"start or end the run within {self.config.job_timeout_s:g}s")
-            try:
-                self._absorb([self.mail.receive(self.task, mailbox.LIMIT, remaining)])
-            except mailbox.MailboxTimeout:
-                continue
+            self._next_limit(deadline,
+                             f"the chief did not let step {step} start or end the run")
         return step < self.limit
+
+    def _next_limit(self, deadline: float, waiting_for: str) -> None:
+        """Absorbs the next limit message; FollowError naming `waiting_for` after `deadline`."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise FollowError(f"worker {self.task[1]}: {waiting_for} within "
+                              f"{self.config.job_timeout_s:g}s")
+        try:
+            self._absorb([self.mail.receive(self.task, mailbox.LIMIT, remaining)])
+        except mailbox.MailboxTimeout:
+            pass
 
     def record(self, step: int, loss: float) -> None:
         report = {"task": self.task[1], "step": step, "loss": loss}

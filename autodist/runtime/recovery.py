@@ -29,6 +29,7 @@ from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.proto import resource_spec_pb2
+from autodist.runtime.elastic import replica_task
 from autodist.runtime.job import JobDir
 
 # In the recovery file: the run step to resume at (see worker.save_recovery).
@@ -62,14 +63,12 @@ def strategy_without(strategy: Strategy, task_index: int) -> Strategy:
         AutodistError: a variable lives on the dead worker.
     """
     def renamed(device: str) -> str:
-        prefix = "/job:worker/task:"
-        if not device.startswith(prefix):
+        if not device.startswith("/job:worker/"):
             return device
-        task, _, rest = device[len(prefix):].partition("/")
-        index = int(task)
+        index = replica_task(device)
         if index == task_index:
             raise AutodistError(f"{device} belonged to the dead worker {task_index}")
-        return f"{prefix}{index - (index > task_index)}/{rest}"
+        return device.replace(f"/task:{index}/", f"/task:{index - (index > task_index)}/", 1)
 
     out = Strategy(strategy.proto)
     proto = out.proto

@@ -80,7 +80,7 @@ def session_config(strategy: Strategy, task_index: int,
             for sync in config_.shards:
                 destination = sync.ps.reduction_destination
                 if destination.startswith("/job:worker/"):
-                    filters.add("/".join(destination.split("/")[:3]))
+                    filters.add(f"/job:worker/task:{elastic_.replica_task(destination)}")
         config.device_filters.extend(sorted(filters))
     return config
 
@@ -144,7 +144,7 @@ class Trainer:
         self.initial_step = 0
         self._save = None
         self.follower: ChiefFollower | WorkerFollower | None = None
-        self.elastic = self.config.elastic or bool(self.config.resize_at)
+        self.elastic = self.config.elastic  # set with resize_at too (see fit)
         self.full_strategy = self.strategy
         num_examples, _ = job.shard()
         self.steps_per_epoch = batching.steps_per_epoch(
@@ -369,7 +369,6 @@ class Trainer:
             start = time.perf_counter()
             result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
             if watch:
-                fetches.pop("monitor")
                 monitored.append(self._monitor_record(index, parts, result["monitor"]))
             if ps_op is not None:
                 self.session.run(ps_op, options=self.run_options)

@@ -18,25 +18,10 @@ from autodist import models
 from autodist.ir.errors import AutodistError
 from autodist.runtime import elastic
 from autodist.search import builders
+from tests.runtime import small_mlp
 
 TOLERANCE = 2e-5
 EXAMPLES, BATCH, EPOCHS = 96, 32, 3
-
-
-def _mlp():
-    return models.mlp(input_dim=20, hidden=(16,), optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
-
-
-def _mlp_data():
-    rng = np.random.default_rng(0)
-    return (rng.normal(size=(EXAMPLES, 20)).astype("float32"),
-            rng.integers(0, 10, EXAMPLES).astype("int32"))
-
-
-def _keras(model, x, y):
-    reference = models.single_device_twin(model)
-    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
-    return reference.get_weights()
 
 
 def _fit(model, builder, spec, x, y, job_dir, resize_at=None, nodes=4):
@@ -47,11 +32,11 @@ def _fit(model, builder, spec, x, y, job_dir, resize_at=None, nodes=4):
 
 @pytest.mark.cluster
 def test_resized_run_follows_the_fixed_size_trajectory(tmp_path):
-    x, y = _mlp_data()
-    expected = _keras(_mlp(), x, y)
-    fixed = _fit(_mlp(), builders.AllReduce(), autodist.ResourceSpec.local(workers=2), x, y,
-                 str(tmp_path / "fixed"))
-    model = _mlp()
+    x, y = small_mlp.data(EXAMPLES)
+    expected = small_mlp.keras_weights(small_mlp.mlp(), x, y, BATCH, EPOCHS)
+    fixed = _fit(small_mlp.mlp(), builders.AllReduce(), autodist.ResourceSpec.local(workers=2),
+                 x, y, str(tmp_path / "fixed"))
+    model = small_mlp.mlp()
     resized = _fit(model, builders.AllReduce(), autodist.ResourceSpec.local(workers=4), x, y,
                    str(tmp_path / "resized"), resize_at={0: 2, 3: 4, 6: 1})
     np.testing.assert_allclose(resized.step_losses, fixed.step_losses, rtol=0, atol=TOLERANCE)
@@ -68,7 +53,7 @@ def test_resize_with_ps_and_sparse_adam(tmp_path):
     x = [rng.integers(0, 50, (EXAMPLES, 1)).astype("int32"),
          rng.integers(0, 71, (EXAMPLES, 1)).astype("int32")]
     y = rng.integers(0, 2, (EXAMPLES, 1)).astype("float32")
-    expected = _keras(model, x, y)
+    expected = small_mlp.keras_weights(model, x, y, BATCH, EPOCHS)
     _fit(model, builders.PartitionedPS(min_shard_bytes=64), autodist.ResourceSpec.local(
         workers=3, ps=1), x, y, str(tmp_path / "job"), resize_at={0: 3, 2: 1, 5: 2})
     for got, want in zip(model.get_weights(), expected):
@@ -135,10 +120,10 @@ def test_check_elastic_rejects_async_and_leaving_ps(mlp_item):
 
 
 def test_fit_checks_the_schedule_before_launching():
-    model = _mlp()
+    model = small_mlp.mlp()
     spec = autodist.ResourceSpec.local(workers=2)
     strategy = builders.AllReduce().build(autodist.capture(model), spec)
-    x, y = _mlp_data()
+    x, y = small_mlp.data(EXAMPLES)
     run = autodist.distribute(model, strategy, spec)
     with pytest.raises(AutodistError, match="needs a strategy with virtual nodes"):
         run.fit(x, y, batch_size=BATCH, resize_at={1: 1})
@@ -163,9 +148,9 @@ class _Resizer(keras.callbacks.Callback):
 def test_resize_requested_by_a_callback(tmp_path):
     # Asked for in on_epoch_end, a resize starts exactly at the next epoch's
     # first step (the workers are all waiting at the run limit).
-    x, y = _mlp_data()
-    expected = _keras(_mlp(), x, y)
-    model = _mlp()
+    x, y = small_mlp.data(EXAMPLES)
+    expected = small_mlp.keras_weights(small_mlp.mlp(), x, y, BATCH, EPOCHS)
+    model = small_mlp.mlp()
     spec = autodist.ResourceSpec.local(workers=4)
     strategy = builders.AllReduce().build(autodist.capture(model), spec)
     run = autodist.distribute(model, strategy.with_virtual_nodes(BATCH, 4), spec,
@@ -179,13 +164,13 @@ def test_resize_requested_by_a_callback(tmp_path):
 
 
 def test_resize_outside_an_elastic_fit():
-    model = _mlp()
+    model = small_mlp.mlp()
     spec = autodist.ResourceSpec.local(workers=2)
     strategy = builders.AllReduce().build(autodist.capture(model), spec)
     run = autodist.distribute(model, strategy.with_virtual_nodes(BATCH, 2), spec)
     with pytest.raises(AutodistError, match="works while fit.*elastic=True"):
         run.resize(1)
-    x, y = _mlp_data()
+    x, y = small_mlp.data(EXAMPLES)
     with pytest.raises(AutodistError, match="elastic=True resizes on request from a callback"):
         run.fit(x, y, elastic=True)
     with pytest.raises(AutodistError, match="only give the starting size"):

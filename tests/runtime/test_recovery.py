@@ -24,19 +24,10 @@ from autodist import models
 from autodist.ir.errors import AutodistError
 from autodist.runtime import recovery
 from autodist.search import builders
+from tests.runtime import small_mlp
 
 TOLERANCE = 2e-5
 EXAMPLES, BATCH, EPOCHS = 96, 32, 3
-
-
-def _mlp():
-    return models.mlp(input_dim=20, hidden=(16,), optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
-
-
-def _data():
-    rng = np.random.default_rng(0)
-    return (rng.normal(size=(EXAMPLES, 20)).astype("float32"),
-            rng.integers(0, 10, EXAMPLES).astype("int32"))
 
 
 def _kill_after(job_dir: str, task: int, steps: int, timeout_s: float = 120.0) -> threading.Thread:
@@ -64,11 +55,11 @@ def _kill_after(job_dir: str, task: int, steps: int, timeout_s: float = 120.0) -
 @pytest.mark.parametrize("builder,ps", [(builders.AllReduce(), 0), (builders.PS(), 1)],
                          ids=["AllReduce", "PS"])
 def test_killed_worker_loses_no_update(builder, ps, tmp_path):
-    x, y = _data()
-    reference = models.single_device_twin(_mlp())
+    x, y = small_mlp.data(EXAMPLES)
+    reference = models.single_device_twin(small_mlp.mlp())
     keras_losses = reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
                                  verbose=0).history["loss"]
-    model = _mlp()
+    model = small_mlp.mlp()
     spec = autodist.ResourceSpec.local(workers=3, ps=ps)
     strategy = builder.build(autodist.capture(model), spec).with_virtual_nodes(BATCH, 4)
     job_dir = str(tmp_path / "job")
@@ -114,8 +105,8 @@ def test_strategy_without_the_worker_holding_variables(mlp_item):
 
 
 def test_fit_rejects_what_cannot_recover():
-    model = _mlp()
-    x, y = _data()
+    model = small_mlp.mlp()
+    x, y = small_mlp.data(EXAMPLES)
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
     graph_item = autodist.capture(model)
     asynchronous = autodist.distribute(model, builders.PS(sync=False).build(graph_item, spec),

@@ -15,32 +15,16 @@ import sys
 import numpy as np
 import pytest
 
-import keras
 import autodist
 from autodist import models
 from autodist.runtime.run import AutodistError
 from autodist.search import builders
+from tests.runtime import small_mlp
 from autodist.search.virtual_nodes import balance
 
 TOLERANCE = 2e-5
 PIN = {0: {0}, 1: {1}}  # one core per worker
 EXAMPLES, BATCH, EPOCHS, NODES = 96, 32, 2, 4
-
-
-def _mlp():
-    return models.mlp(input_dim=20, hidden=(16,), optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
-
-
-def _mlp_data():
-    rng = np.random.default_rng(0)
-    return (rng.normal(size=(EXAMPLES, 20)).astype("float32"),
-            rng.integers(0, 10, EXAMPLES).astype("int32"))
-
-
-def _keras(model, x, y):
-    reference = models.single_device_twin(model)
-    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
-    return reference.get_weights()
 
 
 def _train(model, strategy, spec, x, y, job_dir):
@@ -52,11 +36,11 @@ def _train(model, strategy, spec, x, y, job_dir):
 
 @pytest.mark.cluster
 def test_mapping_does_not_change_the_result(tmp_path):
-    x, y = _mlp_data()
-    expected = _keras(_mlp(), x, y)
+    x, y = small_mlp.data(EXAMPLES)
+    expected = small_mlp.keras_weights(small_mlp.mlp(), x, y, BATCH, EPOCHS)
     results = {}
     for workers in (1, 2, 4):
-        model = _mlp()
+        model = small_mlp.mlp()
         spec = autodist.ResourceSpec.local(workers=workers)
         strategy = builders.AllReduce().build(autodist.capture(model), spec)
         strategy = strategy.with_virtual_nodes(BATCH, NODES)
@@ -74,7 +58,7 @@ def test_uneven_mapping_with_sparse_adam_on_worker_ps(tmp_path):
     x = [rng.integers(0, 50, (EXAMPLES, 1)).astype("int32"),
          rng.integers(0, 71, (EXAMPLES, 1)).astype("int32")]
     y = rng.integers(0, 2, (EXAMPLES, 1)).astype("float32")
-    expected = _keras(model, x, y)
+    expected = small_mlp.keras_weights(model, x, y, BATCH, EPOCHS)
     spec = autodist.ResourceSpec.local(workers=2)  # PS variables on the workers' CPUs
     strategy = builders.PS().build(autodist.capture(model), spec)
     w0, w1 = strategy.replicas
@@ -148,11 +132,11 @@ def test_balancing_gives_a_slowed_worker_fewer_virtual_nodes(tmp_path):
 
 
 def test_fit_rejects_another_batch_size():
-    model = _mlp()
+    model = small_mlp.mlp()
     spec = autodist.ResourceSpec.local(workers=2)
     strategy = builders.AllReduce().build(autodist.capture(model), spec).with_virtual_nodes(32, 4)
     run = autodist.distribute(model, strategy, spec)
-    x, y = _mlp_data()
+    x, y = small_mlp.data(EXAMPLES)
     with pytest.raises(AutodistError, match="fixes the global batch at 32 examples .4 virtual "
                                             "nodes.; fit received batch_size 64"):
         run.fit(x, y, batch_size=64)
