@@ -30,19 +30,24 @@ from autodist.ir.strategy import Strategy
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
-    """Steps [start, end) of the run, on worker tasks 0..workers-1."""
+    """Steps [start, end) of the run, on worker tasks 0..workers-1.
+
+    `plan` indexes the run's strategies: 0 is the job's strategy, k > 0 the
+    k-th strategy switched to (`RunConfig.plans`, `DistributedRun.replan`).
+    """
 
     version: int
     start: int
     end: int
     workers: int
+    plan: int = 0
 
     def has(self, task_index: int) -> bool:
         return task_index < self.workers
 
 
-def segments(total_steps: int, max_workers: int,
-             resize_at: Mapping[int, int] | None) -> list[Segment]:
+def segments(total_steps: int, max_workers: int, resize_at: Mapping[int, int] | None,
+             switch_at: Mapping[int, int] | None = None) -> list[Segment]:
     """The run's segments; without a schedule, one segment on every worker.
 
     Args:
@@ -50,11 +55,18 @@ def segments(total_steps: int, max_workers: int,
         max_workers: Worker tasks of the cluster.
         resize_at: Step -> number of workers from that step on (step 0 sets
             the starting size; default: all workers).
+        switch_at: Step -> plan (index of the strategy) from that step on.
 
     Raises:
         AutodistError: a step outside the run, or a size outside
             1..max_workers.
     """
+    plans = {0: 0}
+    for step, plan in sorted((int(k), int(v)) for k, v in (switch_at or {}).items()):
+        if not 0 < step < total_steps:
+            raise AutodistError(f"switch_at step {step} is outside the run's steps "
+                                f"1..{total_steps - 1}")
+        plans[step] = plan
     sizes = {0: max_workers}
     for step, workers in sorted((int(k), v) for k, v in (resize_at or {}).items()):
         if not 0 <= step < total_steps:
@@ -65,11 +77,13 @@ def segments(total_steps: int, max_workers: int,
                                 f"1..{max_workers} (the cluster's worker tasks). "
                                 f"Received: {workers!r}")
         sizes[step] = workers
-    starts = sorted(sizes)
+    starts = sorted(set(sizes) | set(plans))
     out = []
+    workers, plan = max_workers, 0
     for version, start in enumerate(starts):
         end = starts[version + 1] if version + 1 < len(starts) else total_steps
-        out.append(Segment(version, start, end, sizes[start]))
+        workers, plan = sizes.get(start, workers), plans.get(start, plan)
+        out.append(Segment(version, start, end, workers, plan))
     return out
 
 
@@ -108,8 +122,40 @@ def check_elastic(strategy: Strategy, spec: ResourceSpec) -> None:
                     "that may leave; put it on a PS task or on worker 0 to resize")
 
 
+def check_switch(strategy: Strategy, new: Strategy, graph_item, spec: ResourceSpec) -> None:
+    """Raises unless a run of `strategy` can switch to `new` at a step boundary.
+
+    Both must be valid and synchronous (every member meets the boundary),
+    on the same replicas, with the same global batch and virtual nodes, so
+    the data schedule and the numbers do not change.
+    """
+    new.validate(graph_item, spec)
+    for name, s in (("the run's strategy", strategy), ("the new strategy", new)):
+        for config in s.variables:
+            for i, sync in enumerate(config.shards):
+                if sync.WhichOneof("kind") == "ps" and (not sync.ps.sync or sync.ps.staleness):
+                    raise AutodistError(
+                        f"switching strategies needs synchronous training; in {name} "
+                        f"variable {config.var_name!r} shard {i} is updated asynchronously")
+    if sorted(strategy.replicas) != sorted(new.replicas):
+        raise AutodistError("a strategy switched to must use the same replicas. Run: "
+                            f"{sorted(strategy.replicas)}, new: {sorted(new.replicas)}")
+    if (strategy.global_batch_size, strategy.num_virtual_nodes) != \
+            (new.global_batch_size, new.num_virtual_nodes):
+        raise AutodistError(
+            "a strategy switched to must keep the global batch and the number of virtual "
+            f"nodes. Run: B={strategy.global_batch_size}, V={strategy.num_virtual_nodes}; "
+            f"new: B={new.global_batch_size}, V={new.num_virtual_nodes}")
+
+
 def strategy_for(strategy: Strategy, workers: int) -> Strategy:
-    """The strategy on worker tasks 0..workers-1, virtual nodes spread over them."""
+    """The strategy on worker tasks 0..workers-1, virtual nodes spread over them.
+
+    On all of the strategy's worker tasks it is the strategy itself (its own
+    virtual-node mapping, e.g. a balanced one).
+    """
+    if workers >= len({replica_task(d) for d in strategy.replicas}):
+        return strategy
     replicas = sorted((d for d in strategy.replicas if replica_task(d) < workers),
                       key=replica_task)
     out = Strategy(strategy.proto)

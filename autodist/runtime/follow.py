@@ -20,10 +20,11 @@ task needs the directory.
   ``model.stop_training``) makes the limit final one step ahead of the chief:
   another worker may already have started the chief's next step, which in
   synchronous training needs the chief. With one worker it stops at once.
-* A resize request (``control/resize``, from `DistributedRun.resize`) starts
-  a new membership one step ahead of the chief, for the same reason: the
-  chief ends the current segment there and appends one on the requested
-  number of workers (`elastic.Segment`). Every limit message carries the
+* A resize or replan request (``control/resize``, from
+  `DistributedRun.resize` / `replan`) starts a new membership one step ahead
+  of the chief, for the same reason: the chief ends the current segment
+  there and appends one on the requested number of workers and strategy
+  (`elastic.Segment`; new strategies travel as text in the limit messages). Every limit message carries the
   whole segment list, so every worker, idle ones included, agrees on who
   runs each step. Only members report step losses; an idle worker waits for
   a segment that includes it, or for the chief's final limit at the end.
@@ -38,6 +39,7 @@ worker completed.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from typing import Any, Sequence
@@ -70,11 +72,18 @@ def request_stop(job: JobDir) -> None:
     atomic_write(job.stop_request(), STOP.encode())
 
 
-def request_resize(job: JobDir, workers: int, sequence: int) -> None:
-    """Driver: run on `workers` workers from a step boundary the workers can all meet."""
+def request_change(job: JobDir, sequence: int, workers: int | None = None,
+                   strategy_text: str | None = None) -> None:
+    """Driver: the membership to run from a step boundary the workers can all meet.
+
+    The request holds the whole target (the latest requested size and
+    strategy, None for unchanged), so a later request never loses an
+    earlier one the chief has not read yet.
+    """
     job.resize_request().parent.mkdir(parents=True, exist_ok=True)
     atomic_write(job.resize_request(),
-                 json.dumps({"workers": workers, "sequence": sequence}).encode())
+                 json.dumps({"workers": workers, "strategy": strategy_text,
+                             "sequence": sequence}).encode())
 
 
 def first_limit(steps_per_epoch: int, epochs: int) -> int:
@@ -92,15 +101,20 @@ class ChiefFollower:
         config: The run's config (epochs and timeouts).
         segments: Who runs which steps (shared with the trainer, and
             extended here by resize requests); default every worker.
+        plans: The strategies switched to, as text (shared with the
+            trainer, and extended here by replan requests).
     """
 
     def __init__(self, job: JobDir, mail: Mailboxes, num_workers: int, steps_per_epoch: int,
-                 config: RunConfig, segments: list[Segment] | None = None) -> None:
+                 config: RunConfig, segments: list[Segment] | None = None,
+                 plans: list[str] | None = None) -> None:
         self.job = job
         self.mail = mail
         self.num_workers = num_workers
         self.segments = segments if segments is not None else [
             Segment(0, 0, steps_per_epoch * config.epochs, num_workers)]
+        self.plans = plans if plans is not None else []
+        self._base_text: str | None = None  # plan 0, read when first needed
         self._resize_sequence = 0
         self.peers: list[Task] = [("worker", t) for t in range(1, num_workers)]
         self.steps = steps_per_epoch
@@ -175,17 +189,19 @@ class ChiefFollower:
     def _set(self, limit: int, final: bool) -> None:
         self.limit, self.final = limit, final
         message = json.dumps({"limit": limit, "final": final,
-                              "segments": [[s.start, s.end, s.workers]
-                                           for s in self.segments]}).encode()
+                              "segments": [[s.start, s.end, s.workers, s.plan]
+                                           for s in self.segments],
+                              "plans": self.plans}).encode()
         for peer in self.peers:
             self.mail.send(peer, mailbox.LIMIT, message, self.config.step_timeout_s)
 
     def _take_resize_request(self, step: int, at_limit: bool = False,
                              announce: bool = True) -> None:
-        """A new resize request starts a segment one step ahead of the chief.
+        """A new membership request starts a segment one step ahead of the chief.
 
         At once when no other worker can have started `step`: with one
-        worker, or at the run limit (`at_limit`).
+        worker, or at the run limit (`at_limit`). A request may change the
+        number of workers, the strategy (a new plan), or both.
         """
         path = self.job.resize_request()
         if self.final or not path.exists():
@@ -194,18 +210,31 @@ class ChiefFollower:
         if int(request["sequence"]) <= self._resize_sequence:
             return
         self._resize_sequence = int(request["sequence"])
-        workers = int(request["workers"])
         members = self.members_at(step)
         boundary = step + 1 if members > 1 and not at_limit else step
         # An announced segment is never changed: idle workers may be joining it.
         boundary = max(boundary, self.segments[-1].start + 1)
         total = self.segments[-1].end
-        if boundary >= total or workers == self.members_at(boundary):
+        if boundary >= total:
+            return
+        current = self.segments[-1]
+        workers = current.workers if request.get("workers") is None else int(request["workers"])
+        plan = current.plan
+        text = request.get("strategy")
+        if text is not None:
+            if self._base_text is None:
+                self._base_text = self.job.strategy().to_text()
+            known = [self._base_text] + self.plans
+            if text not in known:
+                self.plans.append(text)
+                known.append(text)
+            plan = known.index(text)
+        if workers == current.workers and plan == current.plan:
             return
         kept = [s for s in self.segments if s.start < boundary]
         last = kept.pop()
-        kept.append(Segment(last.version, last.start, boundary, last.workers))
-        kept.append(Segment(last.version + 1, boundary, total, workers))
+        kept.append(dataclasses.replace(last, end=boundary))
+        kept.append(Segment(last.version + 1, boundary, total, workers, plan))
         self.segments[:] = kept
         if announce:
             self._set(self.limit, self.final)
@@ -256,13 +285,15 @@ class WorkerFollower:
     """
 
     def __init__(self, mail: Mailboxes, task_index: int, steps_per_epoch: int,
-                 config: RunConfig, segments: list[Segment] | None = None) -> None:
+                 config: RunConfig, segments: list[Segment] | None = None,
+                 plans: list[str] | None = None) -> None:
         self.mail = mail
         self.task: Task = ("worker", task_index)
         self.config = config
         self.limit = first_limit(steps_per_epoch, config.epochs)
         self.final = False
         self.segments = segments if segments is not None else []
+        self.plans = plans if plans is not None else []
 
     def wait_to_join(self, step: int) -> int | None:
         """An idle worker: the first step from `step` on that it runs, or None at the end.
@@ -312,5 +343,7 @@ class WorkerFollower:
             message: dict[str, Any] = json.loads(raw)
             self.limit, self.final = int(message["limit"]), bool(message["final"])
             if "segments" in message:
-                self.segments[:] = [Segment(v, start, end, workers) for v, (start, end, workers)
+                self.segments[:] = [Segment(v, start, end, workers, plan)
+                                    for v, (start, end, workers, plan)
                                     in enumerate(message["segments"])]
+                self.plans[:] = message.get("plans", [])

@@ -82,6 +82,10 @@ class RunConfig:
         elastic: Programs are built for resizing (collective version tags,
             device filters naming the members): `resize_at`, or resizes
             requested while a followed run goes (`DistributedRun.resize`).
+        switch_at: Global step (as a string) -> plan from that step on: the
+            index of the strategy (0: the job's, k: `plans[k - 1]`).
+        plans: Strategies (text format) the run switches to, from
+            `switch_at` or from `DistributedRun.replan` requests.
     """
 
     global_batch_size: int
@@ -103,6 +107,8 @@ class RunConfig:
     start_step: int = 0
     elastic: bool = False
     monitor_every: int = 0
+    switch_at: dict[str, int] | None = None
+    plans: list[str] | None = None
 
 
 # Files an archive may hold (anything else in one is refused).
@@ -138,6 +144,7 @@ class JobDir:
         return self.path / "control" / "stop"
 
     def resize_request(self) -> pathlib.Path:
+        """The driver's requested membership: workers and plan (JSON)."""
         return self.path / "control" / "resize"
 
     def epoch_decision(self, epoch: int) -> pathlib.Path:

@@ -22,7 +22,7 @@ from autodist.kernels.optimizers import check_supported as check_optimizer
 from autodist.runtime import checkpoint, datasets
 from autodist.runtime import data as batching
 from autodist.runtime import follow, recovery
-from autodist.runtime.elastic import check_elastic, segments
+from autodist.runtime.elastic import check_elastic, check_switch, segments
 from autodist.runtime.job import JobDir, RunConfig
 from autodist.runtime.launcher import LocalCluster, TaskFailedError, check_local
 from autodist.runtime.remote import RemoteCluster, check_this_is_the_chief
@@ -44,8 +44,9 @@ class History:
         epoch: Epoch indices.
         max_lead: Per worker task, the most steps it started ahead of the
             slowest task (asynchronous and bounded-staleness runs; 0 otherwise).
-        resizes: Elastic runs: per membership change, {"step": first step
-            of the new membership, "workers": its size, "seconds": the
+        resizes: Elastic runs and strategy switches: per membership change,
+            {"step": first step of the new membership, "workers": its size,
+            "plan": its strategy (0: the run's, k: the k-th switched to), "seconds": the
             chief's time from the end of the previous step to the start of
             that step (state hand-over, new program and session)}.
         noise_scale: Runs with `monitor_every`: per monitored step, {"step",
@@ -120,6 +121,10 @@ class DistributedRun:
         # The job and config of a followed fit while it runs (for `resize`).
         self._following: tuple[JobDir, RunConfig] | None = None
         self._resize_sequence = 0
+        # The membership the running fit was last asked for (None: unchanged).
+        self._requested_workers: int | None = None
+        self._requested_strategy: str | None = None
+        self._resizable: AutodistError | None = None
 
     def fit(self, x: Any, y: Any = None, *, batch_size: int | None = None, epochs: int = 1,
             steps_per_epoch: int | None = None, shuffle: bool = False, seed: int = 0,
@@ -129,6 +134,7 @@ class DistributedRun:
             callbacks: Sequence[Any] | None = None,
             resize_at: Mapping[int, int] | None = None,
             elastic: bool = False,
+            switch_at: Mapping[int, Strategy] | None = None,
             on_failure: str = "stop",
             monitor_every: int = 0) -> History:
         """Trains on the cluster and writes the trained weights into the model.
@@ -189,10 +195,17 @@ class DistributedRun:
                 worker's process starts at launch and idles while it is not
                 a member. See `autodist.runtime.elastic`. With callbacks,
                 only step 0 (the starting size) may be given.
-            elastic: Allow `resize(n)` while this fit runs, from a callback
-                (a policy): the workers meet the new membership one step
-                ahead of the chief. Needs callbacks and an elastic strategy
-                (as `resize_at`).
+            elastic: Allow `resize(n)` and `replan(strategy)` while this fit
+                runs, from a callback (a policy): the workers meet the new
+                membership one step ahead of the chief. Needs callbacks;
+                resizing needs an elastic strategy (as `resize_at`).
+            switch_at: Global step -> strategy from that step on. At each
+                switch every worker builds the new strategy's program in
+                place and continues from the chief's state (variables,
+                slots, step; PS variables re-placed as the new strategy
+                says), so a synchronous run keeps the weights it would have
+                had without the switch. Strategies must be synchronous,
+                on the same replicas, with the same virtual nodes.
             monitor_every: Every this many steps, measure the gradient noise
                 scale inside the step (no extra communication): each
                 replica's and virtual node's squared gradient norm, fitted
@@ -235,7 +248,8 @@ class DistributedRun:
             raise AutodistError(f"on_failure must be 'stop' or 'continue'. Received: "
                                 f"{on_failure!r}")
         if on_failure == "continue":
-            self._check_recoverable(callbacks, resize_at)
+            self._check_recoverable(callbacks, resize_at or switch_at)
+        self._resizable = None
         if resize_at or elastic:
             if callbacks and resize_at and set(map(int, resize_at)) != {0}:
                 raise AutodistError("with callbacks, resize_at may only give the starting size "
@@ -243,8 +257,29 @@ class DistributedRun:
             if elastic and not callbacks:
                 raise AutodistError("elastic=True resizes on request from a callback "
                                     "(run.resize(n)); without callbacks use resize_at")
-            check_elastic(self.strategy, self.resource_spec)
-            segments(steps * epochs, self.resource_spec.num_worker_tasks, resize_at)
+            try:
+                check_elastic(self.strategy, self.resource_spec)
+            except AutodistError as e:
+                if resize_at:
+                    raise
+                self._resizable = e  # replan works; resize(n) raises this
+        plans: list[str] = []
+        switch_plans: dict[str, int] = {}
+        for step, new in sorted((switch_at or {}).items()):
+            if not isinstance(new, Strategy):
+                raise AutodistError(f"switch_at[{step}] must be a Strategy. Received: {new!r}")
+            check_switch(self.strategy, new, self.graph_item, self.resource_spec)
+            if resize_at:
+                check_elastic(new, self.resource_spec)
+            if new.to_text() not in plans:
+                plans.append(new.to_text())
+            switch_plans[str(int(step))] = plans.index(new.to_text()) + 1
+        if switch_at and callbacks:
+            raise AutodistError("with callbacks, switch strategies with run.replan(strategy) "
+                                "from a callback (fit(..., elastic=True)), not switch_at")
+        if resize_at or elastic or switch_at:
+            segments(steps * epochs, self.resource_spec.num_worker_tasks, resize_at,
+                     switch_plans)
         config = RunConfig(global_batch_size=batch_size, epochs=epochs,
                            steps_per_epoch=steps_per_epoch, shuffle=shuffle, seed=seed,
                            step_timeout_s=self.step_timeout_s,
@@ -256,13 +291,16 @@ class DistributedRun:
                            job_id=uuid.uuid4().hex,
                            resize_at={str(k): v for k, v in resize_at.items()}
                            if resize_at else None, on_failure=on_failure,
-                           elastic=bool(elastic or resize_at), monitor_every=monitor_every)
+                           elastic=bool(elastic or resize_at or switch_at),
+                           monitor_every=monitor_every, switch_at=switch_plans or None,
+                           plans=plans or None)
         init_values = self._initial_values()
         if initial_checkpoint:
             init_values.update(checkpoint.load(initial_checkpoint))
         path, job = self._new_job(config, init_values, inputs, targets)
         progress = _Progress(job, sizes, epochs, verbose, self.model, list(callbacks or []))
         self._following = (job, config) if callbacks else None
+        self._requested_workers = self._requested_strategy = None
         try:
             progress.begin()
             spec, strategy = self.resource_spec, self.strategy
@@ -319,25 +357,62 @@ class DistributedRun:
         `resizes` lists when it happened.
 
         Raises:
-            AutodistError: no elastic fit with callbacks is running, or
+            AutodistError: no elastic fit with callbacks is running, the
+                strategy cannot resize (`elastic.check_elastic`), or
                 `workers` is not in 1..(workers of the spec).
         """
-        following = self._following
-        if following is None or not following[1].elastic:
-            raise AutodistError("resize(n) works while fit(..., elastic=True, callbacks=[...]) "
-                                "runs (call it from a callback)")
-        job, _ = following
+        self._following_elastic("resize(n)")
+        if self._resizable is not None:
+            raise self._resizable
         limit = self.resource_spec.num_worker_tasks
         if not isinstance(workers, int) or not 1 <= workers <= limit:
             raise AutodistError(f"resize needs a number of workers in 1..{limit} (the spec's "
                                 f"worker tasks). Received: {workers!r}")
-        self._resize_sequence += 1
-        follow.request_resize(job, workers, self._resize_sequence)
+        self._requested_workers = workers
+        self._request_change()
 
-    def _check_recoverable(self, callbacks, resize_at) -> None:
-        if callbacks or resize_at or self.launch != "local":
+    def replan(self, strategy: Strategy) -> None:
+        """Asks the running `fit(..., elastic=True)` to switch to `strategy`.
+
+        Call it from a callback (a policy) while `fit` runs. From a step
+        boundary all workers meet (one step ahead of the chief; at an
+        epoch's end when called from `on_epoch_end`), every worker runs the
+        new strategy's program, starting from the chief's state in memory:
+        variables, optimizer slots, step count, per-virtual-node state. In
+        synchronous training the weights are those the run would have had
+        without the switch. Compressor residuals start again at zero.
+
+        Args:
+            strategy: A synchronous strategy on the same replicas, with the
+                same global batch and virtual nodes (e.g. a new search's
+                pick, or the current strategy with another compressor).
+
+        Raises:
+            AutodistError: no elastic fit with callbacks is running, or the
+                strategy does not fit the run (`elastic.check_switch`).
+        """
+        self._following_elastic("replan(strategy)")
+        check_switch(self.strategy, strategy, self.graph_item, self.resource_spec)
+        if self._resizable is None:
+            check_elastic(strategy, self.resource_spec)
+        self._requested_strategy = strategy.to_text()
+        self._request_change()
+
+    def _following_elastic(self, what: str) -> None:
+        following = self._following
+        if following is None or not following[1].elastic:
+            raise AutodistError(f"{what} works while fit(..., elastic=True, callbacks=[...]) "
+                                "runs (call it from a callback)")
+
+    def _request_change(self) -> None:
+        self._resize_sequence += 1
+        follow.request_change(self._following[0], self._resize_sequence,
+                              self._requested_workers, self._requested_strategy)
+
+    def _check_recoverable(self, callbacks, schedule) -> None:
+        if callbacks or schedule or self.launch != "local":
             raise AutodistError("on_failure='continue' needs a local launch without "
-                                "callbacks or resize_at")
+                                "callbacks, resize_at or switch_at")
         kinds = set()
         for config in self.strategy.variables:
             for i, sync in enumerate(config.shards):

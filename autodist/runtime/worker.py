@@ -150,9 +150,12 @@ class Trainer:
         self.steps_per_epoch = batching.steps_per_epoch(
             num_examples, self.config.global_batch_size, self.config.steps_per_epoch)
         self.total_steps = self.steps_per_epoch * self.config.epochs
-        # Who runs which steps; a followed elastic run extends it while it goes.
+        # Who runs which steps, with which strategy; a followed elastic run
+        # extends both while it goes.
         self.segments = elastic_.segments(self.total_steps, self.spec.num_worker_tasks,
-                                          self.config.resize_at)
+                                          self.config.resize_at, self.config.switch_at)
+        self.plans: list[str] = list(self.config.plans or [])
+        self._init_shared = True  # the chief initializes the PS variables
         self.program: Program | None = None
         self.session: tf.compat.v1.Session | None = None
         self._snapshot: dict[str, np.ndarray] | None = None
@@ -170,8 +173,11 @@ class Trainer:
         """A new program and session for the membership of `segment`."""
         if self.session is not None:
             self.session.close()
-        if self.elastic:
-            self.strategy = elastic_.strategy_for(self.full_strategy, segment.workers)
+        # PS variables stay where they are unless the strategy changes.
+        self._init_shared = self.program is None or segment.plan != self.segment.plan
+        plan = self.full_strategy if segment.plan == 0 else \
+            Strategy.from_text(self.plans[segment.plan - 1])
+        self.strategy = elastic_.strategy_for(plan, segment.workers) if self.elastic else plan
         self.program = build_program(self.graph_item, self.strategy, self.spec, self.task_index,
                                      self.config.step_timeout_s, version=segment.version,
                                      elastic=self.elastic,
@@ -205,7 +211,7 @@ class Trainer:
         if values is None and self.segment.version > 0:
             values = self._receive_snapshot()
         self._initialize(values if values is not None else self.job.init_values(),
-                         init_shared=self.segment.version == 0)
+                         init_shared=self._init_shared)
 
     def _initialize(self, values: dict[str, np.ndarray], init_shared: bool) -> None:
         program = self.program
@@ -228,7 +234,7 @@ class Trainer:
         self.session.run(inits, options=self.run_options)
         if assigns:
             self.session.run(assigns, feed_dict=feeds, options=self.run_options)
-        if self.is_chief and init_shared:
+        if self.is_chief:
             self.session.run(ready.initializer, options=self.run_options)
         else:
             self._wait_for(ready)
@@ -236,10 +242,13 @@ class Trainer:
             self.session.run(program.extras["refresh"], options=self.run_options)
 
     def _ready_flag(self) -> tf.Variable:
+        """Set by the chief once it initialized this membership version's variables."""
         device = next(iter(self.spec.ps_devices), self.strategy.replicas[0])
+        version = self.segment.version
         with tf.device(device):
-            return tf.compat.v1.Variable(True, name="autodist/ps_ready", trainable=False,
-                                         use_resource=True)
+            return tf.compat.v1.Variable(
+                True, name="autodist/ps_ready" + (f"_v{version}" if version else ""),
+                trainable=False, use_resource=True)
 
     def _value_assigns(self, values, local, shared):
         """Assign ops (fed by placeholders) giving each storage variable its value."""
@@ -308,9 +317,10 @@ class Trainer:
         steps = self.steps_per_epoch
         if config.follow_steps:
             self.follower = (ChiefFollower(self.job, self.mail, self.spec.num_worker_tasks,
-                                           steps, config, self.segments) if self.is_chief else
+                                           steps, config, self.segments, self.plans)
+                             if self.is_chief else
                              WorkerFollower(self.mail, self.task_index, steps, config,
-                                            self.segments))
+                                            self.segments, self.plans))
         follower = self.follower
         delay = float((config.task_step_delay_s or {}).get(str(self.task_index), 0.0))
         max_lead = 0
@@ -421,6 +431,7 @@ class Trainer:
         self.initialize(self._snapshot if self.is_chief else None)
         if self.is_chief:
             resizes.append({"step": segment.start, "workers": segment.workers,
+                            "plan": segment.plan,
                             "seconds": time.perf_counter() - self._handover_start})
 
     def save_recovery(self) -> None:

@@ -118,7 +118,7 @@ def test_fit_rejects_what_cannot_recover():
     with pytest.raises(AutodistError, match="on_failure must be 'stop' or 'continue'. "
                                             "Received: 'retry'"):
         run.fit(x, y, batch_size=BATCH, on_failure="retry")
-    with pytest.raises(AutodistError, match="without callbacks or resize_at"):
+    with pytest.raises(AutodistError, match="without callbacks, resize_at or switch_at"):
         run.fit(x, y, batch_size=BATCH, on_failure="continue",
                 callbacks=[keras.callbacks.Callback()])
 
