@@ -90,6 +90,45 @@ class Strategy:
         vn = self._proto.graph_config.virtual_nodes
         return int(vn.global_batch_size) if vn.num_virtual_nodes else None
 
+    def with_compressor(self, compressor: str, variables: list[str] | None = None) -> Strategy:
+        """A copy whose all-reduced dense shards use `compressor`.
+
+        Args:
+            compressor: "none", "fp16" or "fp16_error_feedback".
+            variables: Only these variables (default: every variable with an
+                all-reduce shard). Sparse gradients are all-gathered and
+                keep theirs.
+
+        Raises:
+            StrategyError: an unknown compressor, or a named variable that
+                is not in the strategy or has no all-reduce shard.
+        """
+        names = AllReduceSynchronizer.Compressor.keys()
+        if not isinstance(compressor, str) or compressor.upper() not in names:
+            raise StrategyError(f"unknown compressor {compressor!r}; expected one of "
+                                f"{[n.lower() for n in names]}", received=compressor)
+        value = AllReduceSynchronizer.Compressor.Value(compressor.upper())
+        out = Strategy(self._proto)
+        configs = {c.var_name: c for c in out.proto.variables}
+        for name in variables or []:
+            if name not in configs:
+                raise StrategyError(f"with_compressor: variable {name!r} is not in the "
+                                    "strategy", variable=name, received=name)
+        touched = set()
+        for name, config in configs.items():
+            if variables is not None and name not in variables:
+                continue
+            for sync in config.shards:
+                if sync.WhichOneof("kind") == "all_reduce" and \
+                        sync.all_reduce.spec != AllReduceSynchronizer.ALL_GATHER:
+                    sync.all_reduce.compressor = value
+                    touched.add(name)
+        missing = sorted(set(variables or []) - touched)
+        if missing:
+            raise StrategyError(f"with_compressor: variables {missing} have no dense "
+                                "all-reduce shard", variable=missing[0], received=missing)
+        return out
+
     def with_virtual_nodes(self, global_batch_size: int, num_virtual_nodes: int,
                            devices: list[str] | None = None) -> Strategy:
         """A copy whose step runs `num_virtual_nodes` virtual nodes of a fixed batch.

@@ -124,6 +124,7 @@ class ChiefFollower:
         self.final = False
         self._losses: dict[int, dict[int, float]] = {}
         self._times: dict[int, float] = {}
+        self._monitors: dict[int, list[dict[str, list]]] = {}
         self._written = 0  # steps whose record is in progress.jsonl
         self._progress = job.file("progress.jsonl")
 
@@ -153,10 +154,17 @@ class ChiefFollower:
         if not (self.final and self.limit == done):
             self._set(done, True)
 
-    def record(self, step: int, loss: float, seconds: float) -> None:
-        """The chief's own loss of `step`; writes every record now complete."""
+    def record(self, step: int, loss: float, seconds: float,
+               monitor: dict[str, list] | None = None) -> None:
+        """The chief's own loss of `step`; writes every record now complete.
+
+        `monitor`: the chief's squared gradient norms of a monitored step
+        (batch sizes and norms); the record gets every member's.
+        """
         self._losses.setdefault(step, {})[0] = loss
         self._times[step] = seconds
+        if monitor is not None:
+            self._monitors.setdefault(step, []).append(monitor)
         if self.peers:
             self._absorb(self.mail.receive_all(CHIEF, mailbox.STEPS,
                                                self.config.step_timeout_s))
@@ -255,6 +263,8 @@ class ChiefFollower:
             report = json.loads(raw)
             self._losses.setdefault(int(report["step"]), {})[int(report["task"])] = \
                 float(report["loss"])
+            if report.get("monitor") is not None:
+                self._monitors.setdefault(int(report["step"]), []).append(report["monitor"])
 
     def _write_complete(self) -> None:
         lines = []
@@ -270,8 +280,15 @@ class ChiefFollower:
 
     def _line(self, step: int, loss: float, seconds: float) -> str:
         epoch, in_epoch = divmod(step, self.steps)
-        return json.dumps({"epoch": epoch, "step": in_epoch, "loss": loss,
-                           "time": seconds}) + "\n"
+        segment = next((s for s in self.segments if s.start <= step < s.end),
+                       self.segments[-1])
+        record = {"epoch": epoch, "step": in_epoch, "loss": loss, "time": seconds,
+                  "workers": segment.workers, "plan": segment.plan}
+        monitors = self._monitors.pop(step, None)
+        if monitors:
+            record["monitor"] = {key: [v for m in monitors for v in m[key]]
+                                 for key in ("batches", "sq_norms")}
+        return json.dumps(record) + "\n"
 
 
 class WorkerFollower:
@@ -333,8 +350,9 @@ class WorkerFollower:
         except mailbox.MailboxTimeout:
             pass
 
-    def record(self, step: int, loss: float) -> None:
-        report = {"task": self.task[1], "step": step, "loss": loss}
+    def record(self, step: int, loss: float, monitor: dict[str, list] | None = None) -> None:
+        """Reports this worker's loss of `step` (and its gradient norms if monitored)."""
+        report = {"task": self.task[1], "step": step, "loss": loss, "monitor": monitor}
         self.mail.send(CHIEF, mailbox.STEPS, json.dumps(report).encode(),
                        self.config.step_timeout_s)
 

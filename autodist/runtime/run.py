@@ -23,6 +23,7 @@ from autodist.runtime import checkpoint, datasets
 from autodist.runtime import data as batching
 from autodist.runtime import follow, recovery
 from autodist.runtime.elastic import check_elastic, check_switch, segments
+from autodist.runtime.policy import Control, Policy, PolicyDriver, Replanner
 from autodist.runtime.job import JobDir, RunConfig
 from autodist.runtime.launcher import LocalCluster, TaskFailedError, check_local
 from autodist.runtime.remote import RemoteCluster, check_this_is_the_chief
@@ -53,6 +54,9 @@ class History:
             "gradient_sq" (|G|²), "trace_sigma" (tr Σ), "noise_scale"
             (their ratio) and "smoothed" (the ratio of their moving
             averages, decay 0.9)}.
+        actions: Runs with policies: each action a policy asked for,
+            {"step": the last step the driver had seen, "action": "resize",
+            "replan" or "stop", and its details and reason}.
         recoveries: Runs with `on_failure="continue"`: per failure, {"step":
             the step the job resumed at, "failed_task": the dead worker's
             task index at that time, "workers": workers after it}.
@@ -66,6 +70,7 @@ class History:
     resizes: list[dict[str, float]] = dataclasses.field(default_factory=list)
     recoveries: list[dict[str, int]] = dataclasses.field(default_factory=list)
     noise_scale: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    actions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 class DistributedRun:
@@ -135,6 +140,8 @@ class DistributedRun:
             resize_at: Mapping[int, int] | None = None,
             elastic: bool = False,
             switch_at: Mapping[int, Strategy] | None = None,
+            policies: Sequence[Policy] | None = None,
+            replanner: Replanner | None = None,
             on_failure: str = "stop",
             monitor_every: int = 0) -> History:
         """Trains on the cluster and writes the trained weights into the model.
@@ -206,6 +213,12 @@ class DistributedRun:
                 says), so a synchronous run keeps the weights it would have
                 had without the switch. Strategies must be synchronous,
                 on the same replicas, with the same virtual nodes.
+            policies: Adaptation policies (`autodist.runtime.policy`) run by
+                the driver on every step's metrics; they may resize,
+                re-plan, change a compressor or stop. Implies
+                `elastic=True`; their actions are in `History.actions`.
+            replanner: How a policy's `control.replan()` finds a strategy
+                (default: the search, `policy.search_replanner`).
             monitor_every: Every this many steps, measure the gradient noise
                 scale inside the step (no extra communication): each
                 replica's and virtual node's squared gradient norm, fitted
@@ -223,6 +236,9 @@ class DistributedRun:
         Returns:
             A History with per-step and per-epoch losses.
         """
+        if policies:
+            elastic = True
+            callbacks = list(callbacks or [])
         for callback in callbacks or []:
             if not all(hasattr(callback, hook) for hook in _HOOKS):
                 raise AutodistError("callbacks must be keras.callbacks.Callback objects. "
@@ -254,7 +270,7 @@ class DistributedRun:
             if callbacks and resize_at and set(map(int, resize_at)) != {0}:
                 raise AutodistError("with callbacks, resize_at may only give the starting size "
                                     "(step 0); resize later with run.resize(n) from a callback")
-            if elastic and not callbacks:
+            if elastic and not (callbacks or policies):
                 raise AutodistError("elastic=True resizes on request from a callback "
                                     "(run.resize(n)); without callbacks use resize_at")
             try:
@@ -274,7 +290,7 @@ class DistributedRun:
             if new.to_text() not in plans:
                 plans.append(new.to_text())
             switch_plans[str(int(step))] = plans.index(new.to_text()) + 1
-        if switch_at and callbacks:
+        if switch_at and (callbacks or policies):
             raise AutodistError("with callbacks, switch strategies with run.replan(strategy) "
                                 "from a callback (fit(..., elastic=True)), not switch_at")
         if resize_at or elastic or switch_at:
@@ -287,7 +303,7 @@ class DistributedRun:
                            checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
                            checkpoint_every_steps=checkpoint_every_steps,
                            task_step_delay_s=self.task_step_delay_s or None,
-                           follow_steps=bool(callbacks), job_timeout_s=timeout_s,
+                           follow_steps=bool(callbacks or policies), job_timeout_s=timeout_s,
                            job_id=uuid.uuid4().hex,
                            resize_at={str(k): v for k, v in resize_at.items()}
                            if resize_at else None, on_failure=on_failure,
@@ -298,8 +314,14 @@ class DistributedRun:
         if initial_checkpoint:
             init_values.update(checkpoint.load(initial_checkpoint))
         path, job = self._new_job(config, init_values, inputs, targets)
-        progress = _Progress(job, sizes, epochs, verbose, self.model, list(callbacks or []))
-        self._following = (job, config) if callbacks else None
+        control = None
+        driver = None
+        if policies:
+            control = Control(self, batch_size, replanner)
+            driver = PolicyDriver(control, policies, len(sizes))
+        progress = _Progress(job, sizes, epochs, verbose, self.model, list(callbacks or []),
+                             driver)
+        self._following = (job, config) if callbacks or policies else None
         self._requested_workers = self._requested_strategy = None
         try:
             progress.begin()
@@ -342,6 +364,7 @@ class DistributedRun:
             self._following = None
         history = self._history(job, sizes, epochs, spec, earlier_losses, earlier_times)
         history.recoveries = recoveries
+        history.actions = control.actions if control is not None else []
         self._write_back(job)
         if self.job_dir is None:
             shutil.rmtree(path, ignore_errors=True)
@@ -627,7 +650,7 @@ class _Progress:
     """
 
     def __init__(self, job: JobDir, batch_sizes: list[int], epochs: int, verbose: int,
-                 model, callbacks: list[Any]) -> None:
+                 model, callbacks: list[Any], policies: PolicyDriver | None = None) -> None:
         self.job = job
         self.path = job.file("progress.jsonl")
         self.sizes = batch_sizes
@@ -636,6 +659,8 @@ class _Progress:
         self.verbose = verbose
         self.model = model
         self.callbacks = callbacks
+        self.policies = policies
+        self.followed = bool(callbacks) or policies is not None
         self.seen = 0
         self._offset = 0
         self._last: dict[str, Any] | None = None
@@ -646,7 +671,7 @@ class _Progress:
         self._stop_sent = False
 
     def begin(self) -> None:
-        if not self.callbacks:
+        if not self.followed:
             return
         self.model.stop_training = False
         params = {"epochs": self.epochs, "steps": len(self.sizes), "verbose": self.verbose}
@@ -654,6 +679,9 @@ class _Progress:
             callback.set_model(self.model)
             callback.set_params(params)
         self._call("on_train_begin", {})
+        if self.policies is not None:
+            self.policies.begin()
+            self._check_stop()
 
     def update(self) -> None:
         """Reads the records written since the last call; shows and dispatches them."""
@@ -661,7 +689,7 @@ class _Progress:
         if not records:
             return
         self._last = records[-1]
-        if self.callbacks:
+        if self.followed:
             for record in records:
                 self._step(record)
         if self.verbose:
@@ -674,10 +702,12 @@ class _Progress:
 
     def finish(self) -> None:
         self.update()
-        if self.callbacks:
+        if self.followed:
             if self._epoch_open is not None:  # stopped inside an epoch: Keras still ends it
                 self._end_epoch(self._epoch_open)
             self._call("on_train_end", dict(self._logs))
+            if self.policies is not None:
+                self.policies.end()
         if self.verbose:
             sys.stdout.write("\n")
 
@@ -710,6 +740,9 @@ class _Progress:
         self._count += self.sizes[step]
         self._call("on_train_batch_begin", step, {})
         self._call("on_train_batch_end", step, {"loss": self._sum / self._count})
+        if self.policies is not None:
+            self.policies.step(record)
+            self._check_stop()
         if step == len(self.sizes) - 1:
             self._end_epoch(epoch)
 
@@ -717,12 +750,23 @@ class _Progress:
         self._logs = {"loss": self._sum / max(self._count, 1)}
         self._epoch_open = None
         self._call("on_epoch_end", epoch, dict(self._logs))
+        if self.policies is not None:
+            self.policies.epoch_end(epoch, dict(self._logs))
+            self._check_stop()
         if epoch < self.epochs - 1:
             follow.write_decision(self.job, epoch, stop=bool(self.model.stop_training))
+
+    def _check_stop(self) -> None:
+        if self.policies.control.stop_requested:
+            self.model.stop_training = True
+        self._send_stop_if_asked()
 
     def _call(self, hook: str, *args) -> None:
         for callback in self.callbacks:
             getattr(callback, hook)(*args)
+        self._send_stop_if_asked()
+
+    def _send_stop_if_asked(self) -> None:
         if self.model.stop_training and not self._stop_sent:
             follow.request_stop(self.job)
             self._stop_sent = True

@@ -394,10 +394,11 @@ class Trainer:
                 # Kept beside the job: the driver sums them if the run fails.
                 with open(self.job.file(f"losses_{self.task_index}.jsonl"), "a") as f:
                     f.write(json.dumps({"index": index, "loss": losses[-1]}) + "\n")
+            monitor = {k: monitored[-1][k] for k in ("batches", "sq_norms")} if watch else None
             if isinstance(follower, ChiefFollower):
-                follower.record(index, losses[-1], times[-1])
+                follower.record(index, losses[-1], times[-1], monitor)
             elif isinstance(follower, WorkerFollower):
-                follower.record(index, losses[-1])
+                follower.record(index, losses[-1], monitor)
             elif progress is not None:
                 # This task's replicas' mean loss: an estimate of the global loss.
                 share = sum(len(parts[vn.index]) for r in self.program.replicas

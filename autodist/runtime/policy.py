@@ -1,0 +1,343 @@
+"""Adaptation policies: code that watches a running `fit` and changes it.
+
+A `Policy` gets hooks (train begin and end, every step, every epoch's end)
+with the step's metrics, measured by the workers with the step itself (no
+extra synchronization): the global loss, the chief's step time and the
+throughput it implies, the number of workers, and, with `monitor_every`,
+the gradient noise scale and the per-example gradient variance tr(Σ)
+(`autodist.kernels.monitoring`). Through its `Control` a policy asks for
+actions: resize to n workers, switch the strategy (a given one, a new search
+for the current cluster, or another compressor), or stop.
+
+Every action goes through the run's membership protocol
+(`autodist.runtime.follow`): all workers apply it at the same step. One
+asked for in `on_epoch_end` starts exactly at the next epoch's first step;
+one asked for in `on_step_end` starts one step ahead of the chief (the
+driver learns of steps after they ran, so a few steps after the one the
+policy saw). Synchronous strategies keep their numbers through every action.
+
+    run = autodist.distribute(model, strategy.with_virtual_nodes(256, 8), spec)
+    run.fit(x, y, epochs=5, policies=[ScheduledResize({100: 2, 300: 4}),
+                                      ThroughputReplan(fraction=0.7)])
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from typing import Any, Callable, Mapping, Sequence
+
+from autodist.ir.errors import AutodistError
+from autodist.ir.graph_item import GraphItem
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.ir.strategy import Strategy
+from autodist.kernels import monitoring
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMetrics:
+    """What the workers measured in one step.
+
+    Attributes:
+        step: The step's index over the whole run (from 0).
+        epoch: Its epoch.
+        loss: The global loss of the step.
+        seconds: The chief's time of the step.
+        examples_per_s: Examples of the step over `seconds`.
+        workers: Workers that ran the step.
+        plan: The strategy that ran it (0: the run's; k: the k-th switched to).
+        noise_scale: On monitored steps, the smoothed estimates
+            (`monitoring.NoiseScale`: |G|², tr(Σ) and their ratio B_noise);
+            None otherwise.
+        gradient_variance: On monitored steps, this step's tr(Σ), the
+            per-example gradient variance summed over parameters.
+    """
+
+    step: int
+    epoch: int
+    loss: float
+    seconds: float
+    examples_per_s: float
+    workers: int
+    plan: int = 0
+    noise_scale: monitoring.NoiseScale | None = None
+    gradient_variance: float | None = None
+
+
+class Policy:
+    """Base class of adaptation policies; override the hooks you need.
+
+    Hooks run in the driver (the process that called `fit`), in step order,
+    between the steps the workers run, so they should be quick.
+    """
+
+    def on_train_begin(self, control: Control) -> None:
+        """Before the first step's metrics arrive."""
+
+    def on_step_end(self, metrics: StepMetrics, control: Control) -> None:
+        """After every step, with what the workers measured in it."""
+
+    def on_epoch_end(self, epoch: int, logs: Mapping[str, float], control: Control) -> None:
+        """After an epoch's last step; actions start at the next epoch's first step."""
+
+    def on_train_end(self, control: Control) -> None:
+        """After the last step."""
+
+
+Replanner = Callable[[GraphItem, ResourceSpec, Strategy], Strategy]
+
+
+class Control:
+    """What a policy can see of a running fit, and the actions it can ask for.
+
+    Args:
+        run: The `DistributedRun` whose fit is running.
+        global_batch_size: Examples per step.
+        replanner: How `replan()` without a strategy finds one: called with
+            the GraphItem, the spec (its bandwidths possibly scaled, see
+            `replan`) and the current strategy (default: the search's
+            tuner ranked by the simulator or the shipped cost model).
+    """
+
+    def __init__(self, run, global_batch_size: int, replanner: Replanner | None = None) -> None:
+        self.run = run
+        self.global_batch_size = global_batch_size
+        self.replanner = replanner or search_replanner
+        self.strategy: Strategy = run.strategy
+        self.workers: int = run.resource_spec.num_worker_tasks
+        self.metrics: list[StepMetrics] = []
+        self.actions: list[dict[str, Any]] = []
+        self.stop_requested = False
+
+    @property
+    def step(self) -> int:
+        """The last step the driver has seen (-1 before the first)."""
+        return self.metrics[-1].step if self.metrics else -1
+
+    @property
+    def max_workers(self) -> int:
+        return self.run.resource_spec.num_worker_tasks
+
+    def resize(self, workers: int, reason: str = "") -> None:
+        """Runs on worker tasks 0..workers-1 from the next step boundary all meet."""
+        if workers == self.workers:
+            return
+        self.run.resize(workers)
+        self.workers = workers
+        self._log("resize", workers=workers, reason=reason)
+
+    def replan(self, strategy: Strategy | None = None, *, bandwidth_scale: float = 1.0,
+               reason: str = "") -> Strategy:
+        """Switches every worker to `strategy`, or to a new search's pick.
+
+        Args:
+            strategy: The strategy to switch to (synchronous, same replicas
+                and virtual nodes). None: ask the replanner for the current
+                cluster, with every node's bandwidth multiplied by
+                `bandwidth_scale` (e.g. the measured slowdown of a link).
+            bandwidth_scale: See `strategy`.
+            reason: Recorded with the action.
+
+        Returns:
+            The strategy switched to (the current one when nothing changes).
+        """
+        if strategy is None:
+            spec = scaled_bandwidth(self.run.resource_spec, bandwidth_scale)
+            strategy = self.replanner(self.run.graph_item, spec, self.strategy)
+            strategy = _same_virtual_nodes(strategy, self.run.strategy)
+        if _same_plan(strategy, self.strategy):
+            self._log("replan", changed=False, reason=reason)
+            return self.strategy
+        self.run.replan(strategy)
+        self.strategy = strategy
+        self._log("replan", changed=True, reason=reason)
+        return strategy
+
+    def set_compressor(self, compressor: str, variables: Sequence[str] | None = None,
+                       reason: str = "") -> Strategy:
+        """Switches the all-reduced dense variables (or `variables`) to `compressor`."""
+        strategy = self.strategy.with_compressor(compressor, variables)
+        return self.replan(strategy, reason=reason or f"compressor {compressor}")
+
+    def stop(self, reason: str = "") -> None:
+        """Stops every worker at the next step boundary all meet."""
+        self.stop_requested = True
+        self._log("stop", reason=reason)
+
+    def _log(self, action: str, **details: Any) -> None:
+        self.actions.append({"step": self.step, "action": action, **details})
+
+
+def search_replanner(graph_item: GraphItem, spec: ResourceSpec, current: Strategy) -> Strategy:
+    """The search's pick for `spec` (simulator or shipped cost model, no trials)."""
+    from autodist.search.tuner import Tuner  # pylint: disable=import-outside-toplevel
+
+    batch = current.global_batch_size
+    return Tuner(graph_item, spec, batch_size=batch, search_budget=2000).tune(0).strategy
+
+
+def scaled_bandwidth(spec: ResourceSpec, scale: float) -> ResourceSpec:
+    """`spec` with every node's bandwidth multiplied by `scale` (unknown stays unknown)."""
+    if not scale > 0 or math.isinf(scale):
+        raise AutodistError(f"bandwidth_scale must be a positive number. Received: {scale!r}")
+    if scale == 1.0:
+        return spec
+    proto = spec.proto.__class__()
+    proto.CopyFrom(spec.proto)
+    for node in proto.nodes:
+        if node.network_bandwidth_gbps:
+            node.network_bandwidth_gbps *= scale
+    return ResourceSpec(proto)
+
+
+def _same_plan(a: Strategy, b: Strategy) -> bool:
+    """Whether two strategies distribute the same way (ids and predictions aside)."""
+    return a.proto.graph_config == b.proto.graph_config and \
+        list(a.proto.variables) == list(b.proto.variables)
+
+
+def _same_virtual_nodes(strategy: Strategy, like: Strategy) -> Strategy:
+    if like.global_batch_size is None:
+        return strategy
+    return strategy.with_virtual_nodes(like.global_batch_size, like.num_virtual_nodes)
+
+
+# ------------------------------------------------------------- built-ins
+class ScheduledResize(Policy):
+    """Resizes at given steps: {step: workers}.
+
+    Applied when the driver sees the step before it (at an epoch's end,
+    exactly at it; inside an epoch, within a few steps of it).
+    """
+
+    def __init__(self, schedule: Mapping[int, int]) -> None:
+        for step, workers in schedule.items():
+            if int(step) < 0 or not isinstance(workers, int) or workers < 1:
+                raise AutodistError("ScheduledResize needs {step >= 0: workers >= 1}. "
+                                    f"Received: {dict(schedule)!r}")
+        self.schedule = dict(sorted((int(k), v) for k, v in schedule.items()))
+        self._done: set[int] = set()
+
+    def on_train_begin(self, control: Control) -> None:
+        self._apply(0, control)
+
+    def on_step_end(self, metrics: StepMetrics, control: Control) -> None:
+        self._apply(metrics.step + 1, control)
+
+    def _apply(self, next_step: int, control: Control) -> None:
+        due = [s for s in self.schedule if s <= next_step and s not in self._done]
+        if due:
+            self._done.update(due)
+            control.resize(self.schedule[max(due)], reason=f"scheduled at step {max(due)}")
+
+
+class ThroughputReplan(Policy):
+    """Re-plans when throughput drops below `fraction` of its reference.
+
+    The reference is the median examples/s of the `window` steps after
+    `warmup` steps of a membership (a new size or strategy starts a new
+    reference). When the median of the last `window` steps falls below
+    `fraction` of it, the policy re-runs the search for the cluster with its
+    bandwidth scaled by the measured drop (the cost of a slowed link) and
+    switches to the pick if it differs.
+
+    Args:
+        fraction: Throughput below this fraction of the reference triggers.
+        window: Steps whose median is compared.
+        warmup: Steps skipped after a change (new programs warm up).
+        max_replans: Bound on re-plans in one fit.
+    """
+
+    def __init__(self, fraction: float = 0.7, window: int = 5, warmup: int = 3,
+                 max_replans: int = 3) -> None:
+        if not 0 < fraction < 1:
+            raise AutodistError(f"fraction must be in (0, 1). Received: {fraction!r}")
+        if window < 1 or warmup < 0 or max_replans < 0:
+            raise AutodistError(f"window >= 1, warmup >= 0 and max_replans >= 0 are needed. "
+                                f"Received: {window!r}, {warmup!r}, {max_replans!r}")
+        self.fraction, self.window, self.warmup = fraction, window, warmup
+        self.max_replans = max_replans
+        self.reference: float | None = None
+        self.replans = 0
+        self._recent: list[float] = []
+        self._membership: tuple[int, int] | None = None
+        self._skip = 0
+
+    def on_step_end(self, metrics: StepMetrics, control: Control) -> None:
+        membership = (metrics.workers, metrics.plan)
+        if membership != self._membership:
+            self._membership, self.reference, self._recent = membership, None, []
+            self._skip = self.warmup
+        if self._skip:
+            self._skip -= 1
+            return
+        self._recent = (self._recent + [metrics.examples_per_s])[-self.window:]
+        if len(self._recent) < self.window:
+            return
+        current = statistics.median(self._recent)
+        if self.reference is None:
+            self.reference = current
+            return
+        if current < self.fraction * self.reference and self.replans < self.max_replans:
+            self.replans += 1
+            drop = current / self.reference
+            control.replan(bandwidth_scale=drop,
+                           reason=f"throughput {current:.0f}/s < {self.fraction:g} x "
+                                  f"reference {self.reference:.0f}/s")
+            # Whether or not the strategy changed, measure afresh.
+            self.reference, self._recent, self._skip = None, [], self.warmup
+
+
+class PolicyDriver:
+    """Runs the policies of one fit from the chief's progress records (driver side).
+
+    Args:
+        control: The fit's Control.
+        policies: The policies, called in order.
+        steps_per_epoch: Steps of one epoch.
+        noise_decay: Smoothing of the noise scale (see `SmoothedNoiseScale`).
+    """
+
+    def __init__(self, control: Control, policies: Sequence[Policy], steps_per_epoch: int,
+                 noise_decay: float = 0.9) -> None:
+        for policy in policies:
+            if not isinstance(policy, Policy):
+                raise AutodistError(f"policies must be autodist Policy objects. "
+                                    f"Received: {policy!r}")
+        self.control = control
+        self.policies = list(policies)
+        self.steps_per_epoch = steps_per_epoch
+        self._noise = monitoring.SmoothedNoiseScale(noise_decay)
+
+    def begin(self) -> None:
+        for policy in self.policies:
+            policy.on_train_begin(self.control)
+
+    def step(self, record: Mapping[str, Any]) -> None:
+        """One progress record (a step's global loss, time, workers, monitor)."""
+        epoch, in_epoch = int(record["epoch"]), int(record["step"])
+        seconds = float(record["time"])
+        smoothed = variance = None
+        if "monitor" in record:
+            estimate = monitoring.noise_scale_fit(record["monitor"]["batches"],
+                                                  record["monitor"]["sq_norms"])
+            if estimate is not None:
+                smoothed = self._noise.update(estimate)
+                variance = estimate.trace_sigma
+        metrics = StepMetrics(
+            step=epoch * self.steps_per_epoch + in_epoch, epoch=epoch,
+            loss=float(record["loss"]), seconds=seconds,
+            examples_per_s=self.control.global_batch_size / seconds if seconds > 0 else 0.0,
+            workers=int(record.get("workers", self.control.workers)),
+            plan=int(record.get("plan", 0)), noise_scale=smoothed, gradient_variance=variance)
+        self.control.metrics.append(metrics)
+        for policy in self.policies:
+            policy.on_step_end(metrics, self.control)
+
+    def epoch_end(self, epoch: int, logs: Mapping[str, float]) -> None:
+        for policy in self.policies:
+            policy.on_epoch_end(epoch, logs, self.control)
+
+    def end(self) -> None:
+        for policy in self.policies:
+            policy.on_train_end(self.control)

@@ -1,0 +1,187 @@
+"""Adaptation policies: their decisions on given metrics, and a real run.
+
+Unit tests drive the built-in policies with metrics made up step by step and
+a stand-in run that records the requests. The cluster test slows a worker
+mid-run (SIGSTOP duty cycle, as a slowed link would): `ThroughputReplan`
+sees the throughput drop, re-plans with the bandwidth scaled by the drop,
+every worker switches at one step boundary, and the weights still equal
+Keras `fit` (within 2e-5).
+"""
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+import autodist
+from autodist import models
+from autodist.ir.errors import AutodistError, StrategyError
+from autodist.kernels import monitoring
+from autodist.runtime import policy
+from autodist.search import builders
+from tests.runtime import small_mlp
+
+
+class _Run:
+    """Stands in for a DistributedRun: records resize / replan requests."""
+
+    def __init__(self, graph_item, strategy, spec):
+        self.graph_item, self.strategy, self.resource_spec = graph_item, strategy, spec
+        self.requests = []
+
+    def resize(self, workers):
+        self.requests.append(("resize", workers))
+
+    def replan(self, strategy):
+        self.requests.append(("replan", strategy))
+
+
+def _metrics(step, examples_per_s, workers=2, plan=0):
+    return policy.StepMetrics(step=step, epoch=0, loss=1.0, seconds=64 / examples_per_s,
+                              examples_per_s=examples_per_s, workers=workers, plan=plan)
+
+
+@pytest.fixture
+def control(mlp_item):
+    spec = autodist.ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=1.0)
+    run = _Run(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
+    return policy.Control(run, 64)
+
+
+def test_scheduled_resize(control):
+    resize = policy.ScheduledResize({5: 1, 9: 2})
+    for step in range(12):
+        control.metrics.append(_metrics(step, 1000.0, workers=control.workers))
+        resize.on_step_end(control.metrics[-1], control)
+    # Asked when the driver sees the step before the scheduled one.
+    assert control.run.requests == [("resize", 1), ("resize", 2)]
+    assert [(a["step"], a["workers"]) for a in control.actions] == [(4, 1), (8, 2)]
+    with pytest.raises(AutodistError, match="ScheduledResize needs"):
+        policy.ScheduledResize({3: 0})
+
+
+def test_throughput_replan_triggers_on_a_drop_only(control):
+    seen = []
+
+    def replanner(graph_item, spec, current):
+        seen.append(spec.nodes[0].network_bandwidth_gbps)
+        return builders.PS().build(graph_item, spec)
+
+    control.replanner = replanner
+    watch = policy.ThroughputReplan(fraction=0.7, window=3, warmup=2)
+    speeds = [500, 900, 1000, 1000, 1000, 1000, 950, 1050, 1000, 400, 400, 400, 400]
+    for step, speed in enumerate(speeds):
+        control.metrics.append(_metrics(step, float(speed)))
+        watch.on_step_end(control.metrics[-1], control)
+    # Reference: median of steps 2..4 = 1000/s; steps 8..10 (1000, 400, 400)
+    # give a median of 400/s < 700/s: one re-plan, bandwidth scaled by 0.4.
+    assert watch.replans == 1
+    assert seen == [pytest.approx(0.4)]
+    assert [r[0] for r in control.run.requests] == ["replan"]
+    assert control.actions[0]["step"] == 10 and control.actions[0]["changed"]
+    # After a switch the new membership gets a fresh reference.
+    for step, speed in enumerate([400] * 10, start=len(speeds)):
+        control.metrics.append(_metrics(step, float(speed), plan=1))
+        watch.on_step_end(control.metrics[-1], control)
+    assert watch.replans == 1 and watch.reference == 400
+    with pytest.raises(AutodistError, match=r"fraction must be in \(0, 1\). Received: 1.5"):
+        policy.ThroughputReplan(fraction=1.5)
+
+
+def test_replan_to_the_same_distribution_does_nothing(control):
+    control.replanner = lambda gi, spec, current: builders.AllReduce().build(gi, spec)
+    assert control.replan() is control.strategy
+    assert control.run.requests == [] and control.actions[0]["changed"] is False
+
+
+def test_set_compressor(control, mlp_item):
+    compressed = control.set_compressor("fp16")
+    assert control.run.requests == [("replan", compressed)]
+    codes = {s.all_reduce.compressor for c in compressed.variables for s in c.shards}
+    assert codes == {1}
+    compressed.validate(mlp_item, control.run.resource_spec)
+    with pytest.raises(StrategyError, match="unknown compressor 'zip'"):
+        control.strategy.with_compressor("zip")
+    with pytest.raises(StrategyError, match="variable 'nope' is not in the strategy"):
+        control.strategy.with_compressor("fp16", ["nope"])
+
+
+def test_scaled_bandwidth():
+    spec = autodist.ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=10.0)
+    assert [n.network_bandwidth_gbps for n in policy.scaled_bandwidth(spec, 0.5).nodes] == \
+        [5.0, 5.0, 5.0]
+    with pytest.raises(AutodistError, match="bandwidth_scale must be a positive number"):
+        policy.scaled_bandwidth(spec, 0.0)
+
+
+def test_driver_turns_records_into_metrics(control):
+    got = []
+
+    class Watch(policy.Policy):
+        def on_step_end(self, metrics, control):
+            got.append(metrics)
+
+    driver = policy.PolicyDriver(control, [Watch()], steps_per_epoch=4)
+    driver.step({"epoch": 1, "step": 2, "loss": 0.5, "time": 0.032, "workers": 2, "plan": 1,
+                 "monitor": {"batches": [8, 8, 16], "sq_norms": [3.0, 5.0, 2.5]}})
+    metrics = got[0]
+    assert (metrics.step, metrics.epoch, metrics.workers, metrics.plan) == (6, 1, 2, 1)
+    assert metrics.examples_per_s == pytest.approx(2000.0)
+    expected = monitoring.noise_scale_fit([8, 8, 16], [3.0, 5.0, 2.5])
+    assert metrics.gradient_variance == pytest.approx(expected.trace_sigma)
+    assert metrics.noise_scale.noise_scale == pytest.approx(expected.noise_scale)
+    with pytest.raises(AutodistError, match="policies must be autodist Policy objects"):
+        policy.PolicyDriver(control, [object()], 4)
+
+
+class _SlowWorkerAfter(policy.Policy):
+    """Test harness: from step `step` on, worker 1 runs `fraction` of the time."""
+
+    def __init__(self, job_dir, step, fraction):
+        sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks"))
+        from slowdown import Slowdown  # pylint: disable=import-outside-toplevel
+
+        self.slowdown = Slowdown(job_dir, 1, fraction)
+        self.step, self.started = step, None
+
+    def on_step_end(self, metrics, control):
+        if self.started is None and metrics.step >= self.step:
+            self.started = metrics.step
+            self.slowdown.__enter__()
+
+    def on_train_end(self, control):
+        if self.started is not None:
+            self.slowdown.__exit__(None, None, None)
+
+
+@pytest.mark.cluster
+def test_throughput_replan_on_a_slowed_worker(tmp_path):
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(1536, 256)).astype("float32")
+    y = rng.integers(0, 10, 1536).astype("int32")
+    model = models.mlp(input_dim=256, hidden=(512, 512), optimizer="sgd")
+    expected = small_mlp.keras_weights(model, x, y, 128, 3)
+    item = autodist.capture(model)
+    spec = autodist.ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=1.0)
+    start = builders.AllReduce().build(item, spec)
+    scales = []
+
+    def replanner(graph_item, spec_now, current):
+        scales.append(spec_now.nodes[0].network_bandwidth_gbps)
+        return builders.PS().build(graph_item, spec_now)
+
+    job_dir = str(tmp_path / "job")
+    run = autodist.distribute(model, start, spec, graph_item=item, job_dir=job_dir)
+    slow = _SlowWorkerAfter(job_dir, step=10, fraction=0.2)
+    watch = policy.ThroughputReplan(fraction=0.5, window=3, warmup=2, max_replans=1)
+    history = run.fit(x, y, batch_size=128, epochs=3, verbose=0,
+                      policies=[slow, watch], replanner=replanner)
+    for got, want in zip(model.get_weights(), expected):
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+    replans = [a for a in history.actions if a["action"] == "replan"]
+    assert len(replans) == 1 and replans[0]["changed"], history.actions
+    assert replans[0]["step"] > slow.started and scales[0] < 0.5
+    switches = [r for r in history.resizes if r["plan"] == 1]
+    assert len(switches) == 1 and switches[0]["step"] > replans[0]["step"]
