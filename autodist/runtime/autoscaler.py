@@ -724,3 +724,83 @@ class Autoscaler:
     def __repr__(self) -> str:
         return (f"Autoscaler({self.heuristic!r}, min_workers={self.min_workers}, "
                 f"max_workers={self.max_workers}, repeats={self.repeats})")
+
+
+# ------------------------------------------------------------- prediction
+def simulator_predictor(graph_item: GraphItem,
+                        build: Callable[[GraphItem, ResourceSpec], Strategy], *,
+                        global_batch: int, ps: int = 0, bandwidth_gbps: float | None = None,
+                        calibration: Calibration | None = None,
+                        cost_model: CostModel | None = None) -> Callable[[int], float]:
+    """A predicted throughput curve from the search's analytic simulator.
+
+    For n workers: the spec `ResourceSpec.local(workers=n, ps=ps,
+    bandwidth_gbps=bandwidth_gbps)`, the strategy `build(graph_item, spec)`,
+    and the simulator's step time for it at the fixed global batch;
+    throughput = global_batch / step time. With `cost_model` (a fitted
+    regressor of `autodist.search.cost_model`), the step time is the model's
+    prediction from the strategy's features instead. Predictions are cached
+    per size, in the returned function.
+
+    Args:
+        graph_item: The training step.
+        build: Strategy for a spec, e.g. `autodist.builders.AllReduce().build`.
+        global_batch: Examples per step over all workers (fixed as the job
+            resizes); at least the largest n asked for.
+        ps: Parameter-server-only tasks in every spec.
+        bandwidth_gbps: Bandwidth per task (None: the spec's default).
+        calibration: The simulator's machine constants (default `Calibration()`).
+        cost_model: Optional fitted regressor used instead of the simulator.
+
+    Returns:
+        predict(n) -> examples/s.
+
+    Example:
+        >>> predict = simulator_predictor(gi, AllReduce().build, global_batch=512,
+        ...                               bandwidth_gbps=1.0)        # doctest: +SKIP
+        >>> Autoscaler(ScalingEfficiency(), 1, 16).run_guided(measure, predict)  # doctest: +SKIP
+    """
+    # Imported here: the decision logic above needs none of this.
+    # pylint: disable=import-outside-toplevel
+    from autodist.ir.resource_spec import ResourceSpec
+    from autodist.search.features import featurize_strategy
+    from autodist.search.simulator import Simulator
+    from autodist.search.space import SearchSpace, SpaceOptions
+
+    # pylint: enable=import-outside-toplevel
+    # Only the strategy's own options are scored (encode adds them), so the
+    # space is kept lean: a full one holds O(n^2) options per variable and
+    # the simulator compiles all of them. Step times and features are the same.
+    lean = SpaceOptions(max_shards=1, max_groups=1, allow_local_replication=False)
+
+    global_batch = _positive_int("global_batch", global_batch)
+    if not callable(build):
+        raise AutoscalerError(f"build must be callable (GraphItem, ResourceSpec) -> Strategy. "
+                              f"Received: {build!r}")
+    if cost_model is not None:
+        if getattr(cost_model, "kind", None) != "regressor" or not cost_model.is_fitted:
+            raise AutoscalerError(f"cost_model must be a fitted regressor (a ranker's scores "
+                                  f"are not step times). Received: {cost_model!r}")
+    cache: dict[int, float] = {}
+
+    def predict(n: int) -> float:
+        _positive_int("workers", n)
+        if n > global_batch:
+            raise AutoscalerError(f"cannot predict {n} workers: more than global_batch "
+                                  f"{global_batch} examples per step")
+        if n not in cache:
+            spec = ResourceSpec.local(workers=n, ps=ps, bandwidth_gbps=bandwidth_gbps)
+            strategy = build(graph_item, spec)
+            simulator = Simulator(SearchSpace(graph_item, spec, lean), calibration,
+                                  batch_size=global_batch)
+            if cost_model is None:
+                step_s = float(simulator.predict_strategy(strategy).step_time_s[0])
+            else:
+                features = featurize_strategy(simulator, strategy)
+                row = [[features[name] for name in cost_model.feature_names]]
+                step_s = float(cost_model.predict(row)[0])
+            cache[n] = global_batch / _throughput(f"predicted step time at {n} workers",
+                                                  step_s)
+        return cache[n]
+
+    return predict
