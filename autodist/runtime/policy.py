@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import queue
 import statistics
+import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from autodist.ir.errors import AutodistError
@@ -124,7 +126,7 @@ class Control:
             return
         self.run.resize(workers)
         self.workers = workers
-        self._log("resize", workers=workers, reason=reason)
+        self.log("resize", workers=workers, reason=reason)
 
     def replan(self, strategy: Strategy | None = None, *, bandwidth_scale: float = 1.0,
                reason: str = "") -> Strategy:
@@ -146,11 +148,11 @@ class Control:
             strategy = self.replanner(self.run.graph_item, spec, self.strategy)
             strategy = _same_virtual_nodes(strategy, self.run.strategy)
         if _same_plan(strategy, self.strategy):
-            self._log("replan", changed=False, reason=reason)
+            self.log("replan", changed=False, reason=reason)
             return self.strategy
         self.run.replan(strategy)
         self.strategy = strategy
-        self._log("replan", changed=True, reason=reason)
+        self.log("replan", changed=True, reason=reason)
         return strategy
 
     def set_compressor(self, compressor: str, variables: Sequence[str] | None = None,
@@ -162,9 +164,10 @@ class Control:
     def stop(self, reason: str = "") -> None:
         """Stops every worker at the next step boundary all meet."""
         self.stop_requested = True
-        self._log("stop", reason=reason)
+        self.log("stop", reason=reason)
 
-    def _log(self, action: str, **details: Any) -> None:
+    def log(self, action: str, **details: Any) -> None:
+        """Records an action (or an event) in `actions` (History.actions)."""
         self.actions.append({"step": self.step, "action": action, **details})
 
 
@@ -286,6 +289,123 @@ class ThroughputReplan(Policy):
                                   f"reference {self.reference:.0f}/s")
             # Whether or not the strategy changed, measure afresh.
             self.reference, self._recent, self._skip = None, [], self.warmup
+
+
+class Autoscale(Policy):
+    """Finds the run's efficient number of workers while it trains, then stays there.
+
+    An `autoscaler.Autoscaler` (its heuristic: scaling efficiency, cost /
+    utility, ...) chooses which sizes to try; each trial resizes the run in
+    place and measures the median examples/s of `window` steps after
+    `warmup` steps at that size. With `predict` (e.g.
+    `autoscaler.simulator_predictor`, the search's cost model of the
+    scaling curve) the guided mode jumps to the predicted efficient size
+    and confirms it, needing fewer trials. The run ends on the chosen size;
+    `result` holds the trials.
+
+    The autoscaler's search runs in a helper thread that waits for the
+    measurements this policy collects from the steps; every wait is bounded
+    by `trial_timeout_s`, and the thread ends with the fit.
+
+    Args:
+        autoscaler: The decision logic (sizes within the spec's workers).
+        predict: Predicted throughput at n workers, for the guided mode.
+        window: Steps measured per trial.
+        warmup: Steps skipped after each resize.
+        trial_timeout_s: Bound on one trial.
+    """
+
+    def __init__(self, autoscaler, predict: Callable[[int], float] | None = None, *,
+                 window: int = 5, warmup: int = 2, trial_timeout_s: float = 600.0) -> None:
+        if window < 1 or warmup < 0:
+            raise AutodistError(f"window must be >= 1 and warmup >= 0. Received: "
+                                f"{window!r}, {warmup!r}")
+        self.autoscaler, self.predict = autoscaler, predict
+        self.window, self.warmup, self.trial_timeout_s = window, warmup, trial_timeout_s
+        self.result = None
+        self.error: BaseException | None = None
+        self._requests: queue.Queue = queue.Queue()
+        self._answers: queue.Queue = queue.Queue()
+        self._ended = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._trial: int | None = None  # the size being measured
+        self._samples: list[float] = []
+        self._skip = 0
+        self._settled = False
+
+    def on_train_begin(self, control: Control) -> None:
+        if self.autoscaler.max_workers > control.max_workers:
+            raise AutodistError(f"the autoscaler may choose up to {self.autoscaler.max_workers} "
+                                f"workers; the spec has {control.max_workers}")
+        self._thread = threading.Thread(target=self._search, args=(control.workers,),
+                                        daemon=True, name="autodist-autoscale")
+        self._thread.start()
+
+    def on_step_end(self, metrics: StepMetrics, control: Control) -> None:
+        if self._settled:
+            return
+        if self._trial is None:
+            self._next(control)
+            return
+        if metrics.workers != self._trial:
+            return  # the resize has not started yet
+        if self._skip:
+            self._skip -= 1
+            return
+        self._samples.append(metrics.examples_per_s)
+        if len(self._samples) >= self.window:
+            self._answers.put(statistics.median(self._samples))
+            self._trial = None
+            self._next(control)
+
+    def on_train_end(self, control: Control) -> None:
+        self._ended.set()
+        self._answers.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    def _next(self, control: Control) -> None:
+        """Takes the search's next request: a size to measure, or its result."""
+        try:
+            kind, value = self._requests.get(timeout=self.trial_timeout_s)
+        except queue.Empty:
+            raise AutodistError(f"the autoscaler did not ask for a size within "
+                                f"{self.trial_timeout_s:g}s") from None
+        if kind == "measure":
+            self._trial, self._samples, self._skip = value, [], self.warmup
+            control.resize(value, reason="autoscaler trial")
+        else:
+            self._settled = True
+            if kind == "done":
+                self.result = value
+                control.resize(value.workers, reason=f"autoscaler: {value.decision.reason}")
+            else:
+                self.error = value
+                control.log("autoscale_failed", reason=str(value))
+
+    def _search(self, start: int) -> None:
+        def measure(workers: int) -> float:
+            self._requests.put(("measure", workers))
+            answer = self._answers.get(timeout=self.trial_timeout_s)
+            if answer is None or self._ended.is_set():
+                raise _FitEnded()
+            return answer
+
+        try:
+            if self.predict is None:
+                result = self.autoscaler.run(measure, start=start)
+            else:
+                result = self.autoscaler.run_guided(measure, self.predict, start=start)
+            self._requests.put(("done", result))
+        except _FitEnded:
+            pass
+        except Exception as e:  # pylint: disable=broad-except
+            # Reported to the driver's thread, which records it.
+            self._requests.put(("failed", e))
+
+
+class _FitEnded(Exception):
+    """The fit ended before the autoscaler's search did."""
 
 
 class PolicyDriver:

@@ -19,7 +19,7 @@ import autodist
 from autodist import models
 from autodist.ir.errors import AutodistError, StrategyError
 from autodist.kernels import monitoring
-from autodist.runtime import policy
+from autodist.runtime import autoscaler, policy
 from autodist.search import builders
 from tests.runtime import small_mlp
 
@@ -185,3 +185,52 @@ def test_throughput_replan_on_a_slowed_worker(tmp_path):
     assert replans[0]["step"] > slow.started and scales[0] < 0.5
     switches = [r for r in history.resizes if r["plan"] == 1]
     assert len(switches) == 1 and switches[0]["step"] > replans[0]["step"]
+
+
+def _drive(policy_, control, curve, steps):
+    """Feeds `steps` steps whose throughput is curve(current workers)."""
+    policy_.on_train_begin(control)
+    for step in range(steps):
+        control.metrics.append(_metrics(step, curve(control.workers), workers=control.workers))
+        policy_.on_step_end(control.metrics[-1], control)
+    policy_.on_train_end(control)
+
+
+def test_autoscale_settles_where_the_autoscaler_does(mlp_item):
+    def curve(n):
+        return 1000.0 * n / (n + 6)  # settles at 4 (theta 0.6) after 5 trials
+
+    spec = autodist.ResourceSpec.local(workers=6, ps=1)
+    offline = autoscaler.Autoscaler(autoscaler.ScalingEfficiency(theta=0.6), 1, 6).run(
+        curve, start=1)
+    for predict in (None, lambda n: 900.0 * n / (n + 6)):
+        run = _Run(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
+        control = policy.Control(run, 64)
+        control.workers = 1
+        scale = policy.Autoscale(
+            autoscaler.Autoscaler(autoscaler.ScalingEfficiency(theta=0.6), 1, 6), predict,
+            window=3, warmup=1)
+        _drive(scale, control, curve, 60)
+        assert scale.error is None and scale.result is not None
+        assert scale.result.workers == offline.workers == control.workers
+        trials = [t.workers for t in scale.result.trials]
+        if predict is None:
+            assert trials == [t.workers for t in offline.trials]
+        else:
+            assert len(trials) < offline.num_trials
+        sizes = [r[1] for r in run.requests]
+        assert sizes[-1] == offline.workers == 4
+
+
+def test_autoscale_reports_a_search_error(mlp_item):
+    spec = autodist.ResourceSpec.local(workers=4, ps=1)
+    run = _Run(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
+    control = policy.Control(run, 64)
+    scale = policy.Autoscale(autoscaler.Autoscaler(autoscaler.ScalingEfficiency(), 1, 4),
+                             predict=lambda n: float("nan"), window=2)
+    _drive(scale, control, lambda n: 100.0 * n, 10)
+    assert isinstance(scale.error, AutodistError)
+    assert control.actions[-1]["action"] == "autoscale_failed"
+    with pytest.raises(AutodistError, match="up to 8 workers; the spec has 4"):
+        policy.Autoscale(autoscaler.Autoscaler(autoscaler.ScalingEfficiency(), 1, 8)) \
+            .on_train_begin(control)
