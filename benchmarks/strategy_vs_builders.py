@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import time
 
+from emulated_cluster import capped_spec, clear_lo, in_private_netns
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-BASE_PORT = 23000
 
 MODELS = {
     # Embedding-heavy: two large tables (sparse gradients) and a small MLP. With
@@ -39,22 +39,6 @@ MODELS = {
                            optimizer="adam"),
     "mlp": dict(name="mlp", hidden=(512, 512)),
 }
-
-
-def shape_lo(ports: list[int], mbit: float) -> None:
-    """One htb class per task port on `lo`, capped at `mbit` Mbit/s."""
-    subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
-    run = lambda *a: subprocess.run(list(a), check=True, capture_output=True)  # noqa: E731
-    run("tc", "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "99")
-    run("tc", "class", "add", "dev", "lo", "parent", "1:", "classid", "1:99", "htb",
-        "rate", "100gbit")
-    for i, port in enumerate(ports):
-        classid = f"1:{10 + i}"
-        run("tc", "class", "add", "dev", "lo", "parent", "1:", "classid", classid, "htb",
-            "rate", f"{mbit}mbit", "ceil", f"{mbit}mbit")
-        for field in ("sport", "dport"):
-            run("tc", "filter", "add", "dev", "lo", "protocol", "ip", "parent", "1:", "prio",
-                "1", "u32", "match", "ip", field, str(port), "0xffff", "flowid", classid)
 
 
 def main() -> int:
@@ -70,7 +54,7 @@ def main() -> int:
     parser.add_argument("--measure-budget", type=int, default=4,
                         help="trials of optimize(measure=True) (0: skip that row)")
     args = parser.parse_args()
-    if os.environ.get("AUTODIST_PRIVATE_NETNS") != "1" and not _in_private_netns():
+    if not in_private_netns():
         print("run me inside `unshare -n` (see the docstring)", file=sys.stderr)
         return 2
 
@@ -81,8 +65,6 @@ def main() -> int:
     from autodist.runtime.trial_runner import LocalTrialRunner
     from autodist.search import builders
 
-    nodes = args.workers + args.ps
-    ports = [BASE_PORT + i for i in range(nodes)]
     names = list(builders.BUILDERS) if args.builders == "all" else args.builders.split(",")
     table = []
     for model_key in args.models.split(","):
@@ -90,11 +72,7 @@ def main() -> int:
         model = models.build(kwargs.pop("name"), **kwargs)
         gi = autodist.capture(model)
         for mbit in (float(m) for m in args.mbits.split(",")):
-            spec = autodist.ResourceSpec.from_dict({"nodes": [
-                {"address": "localhost", "port": ports[i], "chief": i == 0, "cpus": [0],
-                 "roles": ["worker"] if i < args.workers else ["ps"],
-                 "network_bandwidth": mbit / 1000} for i in range(nodes)]})
-            shape_lo(ports, mbit)
+            spec, _ = capped_spec(args.workers, args.ps, mbit)
             start = time.perf_counter()
             plan = autodist.optimize(model, spec, graph_item=gi, batch_size=args.batch_size)
             search_s = time.perf_counter() - start
@@ -125,7 +103,7 @@ def main() -> int:
             best_builder = min((k for k in results if not k.startswith("optimize")),
                                key=lambda k: results[k][0])
             table.append((model_key, mbit, results, best_builder, plan, search_s))
-    subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+    clear_lo()
 
     print(f"# optimize's pick vs every builder (measured)\n\n{args.workers} workers + "
           f"{args.ps} PS as local processes, per-task htb cap on lo, global batch "
@@ -148,13 +126,6 @@ def main() -> int:
     print(f"Command: `python {' '.join(sys.argv)}` (in `unshare -n`) on {platform.node()}, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
     return 0
-
-
-def _in_private_netns() -> bool:
-    try:
-        return os.readlink("/proc/self/ns/net") != os.readlink("/proc/1/ns/net")
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

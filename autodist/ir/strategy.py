@@ -28,6 +28,9 @@ AllReduceSynchronizer = strategy_pb2.AllReduceSynchronizer
 Partitioner = strategy_pb2.Partitioner
 
 _DENSE_ONLY_SPECS = (AllReduceSynchronizer.RING, AllReduceSynchronizer.NCCL)
+# Optimizer hyper-parameters that decide the update's structure (its slots and
+# ops), so a strategy cannot override them.
+STRUCTURAL_HYPERPARAMETERS = ("momentum", "nesterov", "amsgrad", "centered", "use_ema")
 # Files with these suffixes hold the text form; any other path the binary form.
 _TEXT_SUFFIXES = (".txt", ".pbtxt", ".textproto")
 
@@ -89,6 +92,22 @@ class Strategy:
         """The fixed global batch of a virtual-node strategy, else None."""
         vn = self._proto.graph_config.virtual_nodes
         return int(vn.global_batch_size) if vn.num_virtual_nodes else None
+
+    @property
+    def hyperparameters(self) -> dict[str, float]:
+        """Overrides of the optimizer's hyper-parameters (empty: the GraphItem's)."""
+        return dict(self._proto.graph_config.hyperparameters)
+
+    def with_hyperparameters(self, **values: float) -> Strategy:
+        """A copy that overrides optimizer hyper-parameters, e.g. `learning_rate=0.2`.
+
+        Structural ones (momentum on/off, nesterov, amsgrad, ...) cannot be
+        overridden; `validate` checks the names against the optimizer.
+        """
+        out = Strategy(self._proto)
+        for key, value in values.items():
+            out.proto.graph_config.hyperparameters[key] = float(value)
+        return out
 
     def with_compressor(self, compressor: str, variables: list[str] | None = None) -> Strategy:
         """A copy whose all-reduced dense shards use `compressor`.
@@ -350,6 +369,17 @@ class _Validator:
         replicas = self._check_replicas()
         self._check_virtual_nodes(replicas)
         self._check_variables(replicas)
+        self._check_hyperparameters()
+
+    def _check_hyperparameters(self) -> None:
+        known = self.gi.optimizer.hyperparameters
+        for key, value in self.proto.graph_config.hyperparameters.items():
+            if key in STRUCTURAL_HYPERPARAMETERS or key not in known:
+                tunable = sorted(k for k in known if k not in STRUCTURAL_HYPERPARAMETERS)
+                raise StrategyError(
+                    f"graph_config.hyperparameters overrides {key!r}, which is not a tunable "
+                    f"hyper-parameter of the optimizer (tunable: {tunable})",
+                    field=f"graph_config.hyperparameters[{key!r}]", received=value)
 
     def _check_fingerprints(self) -> None:
         for field, actual in (("graph_item_fingerprint", self.gi.fingerprint),

@@ -19,7 +19,7 @@ exactly.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Mapping
 
 import tensorflow as tf
 
@@ -90,10 +90,15 @@ def square_gradient(grad, shape: list[int]) -> tf.Tensor:
     return tf.square(grad)
 
 
-def hyperparameter_tensors(info: graph_item_pb2.OptimizerInfo,
-                           dtype: tf.DType) -> dict[str, tf.Tensor]:
-    """The numeric hyper-parameters as constants of `dtype` (build once, share)."""
-    return {k: tf.constant(v, dtype) for k, v in info.hyperparameters.items()
+def hyperparameter_tensors(info: graph_item_pb2.OptimizerInfo, dtype: tf.DType,
+                           overrides: Mapping[str, float] | None = None) -> dict[str, tf.Tensor]:
+    """The numeric hyper-parameters as constants of `dtype` (build once, share).
+
+    `overrides` (a strategy's `hyperparameters`) replace the captured values.
+    """
+    values = dict(info.hyperparameters)
+    values.update(overrides or {})
+    return {k: tf.constant(v, dtype) for k, v in values.items()
             if k not in ("nesterov", "amsgrad", "centered", "use_ema")}
 
 

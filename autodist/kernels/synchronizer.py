@@ -89,7 +89,8 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             dtype = var.dtype.base_dtype
             if dtype not in hyper_cache:
                 with tf.device(None), tf.control_dependencies(None):
-                    hyper_cache[dtype] = hyperparameter_tensors(gi.optimizer, dtype)
+                    hyper_cache[dtype] = hyperparameter_tensors(gi.optimizer, dtype,
+                                                                strategy.hyperparameters)
             return apply_update(gi.optimizer, var, grad, slots,
                                 step_value if step is None else step, grad_square,
                                 hyper_cache[dtype])

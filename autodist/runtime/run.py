@@ -318,6 +318,8 @@ class DistributedRun:
         driver = None
         if policies:
             control = Control(self, batch_size, replanner)
+            control.workers = int({int(k): v for k, v in (resize_at or {}).items()}.get(
+                0, control.workers))
             driver = PolicyDriver(control, policies, len(sizes))
         progress = _Progress(job, sizes, epochs, verbose, self.model, list(callbacks or []),
                              driver)

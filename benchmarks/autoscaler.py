@@ -1,0 +1,143 @@
+"""Benchmark: the autoscaler on a bandwidth-capped local cluster.
+
+Run inside a private network namespace as root (it shapes `lo` with `tc`):
+
+    unshare -n bash -c 'ip link set lo up && python benchmarks/autoscaler.py'
+
+An emulated cluster of up to 4 workers (`emulated_cluster.py`: fixed ports,
+an htb cap per task on `lo`) trains an MLP with all-reduce and a fixed global
+batch split into virtual nodes, so every size trains the same numbers. Side
+by side in one run:
+
+1. The measured scaling curve: one run resized in place through every size
+   (`resize_at`), median examples/s per size after warm-up. The efficient
+   size is where the scaling-efficiency heuristic settles on this curve.
+2. Trial and error: `policy.Autoscale` without a prediction, resizing the
+   running job until the heuristic settles.
+3. Guided: the same with the simulator's predicted curve for the capped
+   bandwidth (`autoscaler.simulator_predictor`).
+
+It reports each mode's chosen size, its trials, and the step at which it
+settled. The 2-core machine contends compute between the worker processes
+(more than two workers add no compute), so the curve flattens early; the
+capped links add communication that grows with the size.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+from emulated_cluster import capped_spec, clear_lo, in_private_netns
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--mbit", type=float, default=1000.0)
+    parser.add_argument("--max-workers", type=int, default=4)
+    parser.add_argument("--theta", type=float, default=0.5)
+    parser.add_argument("--batch-size", type=int, default=2048)
+    parser.add_argument("--virtual-nodes", type=int, default=4)
+    parser.add_argument("--window", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--hidden", default="512,512")
+    parser.add_argument("--input-dim", type=int, default=256)
+    args = parser.parse_args()
+    if not in_private_netns():
+        print("run me inside `unshare -n` (see the docstring)", file=sys.stderr)
+        return 2
+
+    import numpy as np
+
+    import autodist
+    from autodist import models
+    from autodist.runtime import autoscaler, policy
+    from autodist.search import builders
+
+    hidden = tuple(int(h) for h in args.hidden.split(","))
+    model = models.mlp(input_dim=args.input_dim, hidden=hidden, optimizer="sgd")
+    item = autodist.capture(model)
+    spec, _ = capped_spec(args.max_workers, 0, args.mbit)
+    strategy = builders.AllReduce().build(item, spec).with_virtual_nodes(
+        args.batch_size, args.virtual_nodes)
+    per_size = args.warmup + args.window
+    steps = per_size * args.max_workers * 2 + 8
+    rng = np.random.default_rng(0)
+    n = args.batch_size * steps
+    x = rng.normal(size=(n, args.input_dim)).astype("float32")
+    y = rng.integers(0, 10, n).astype("int32")
+    weights = model.get_weights()
+
+    def scaler():
+        return autoscaler.Autoscaler(autoscaler.ScalingEfficiency(theta=args.theta), 1,
+                                     args.max_workers)
+
+    # 1. The measured curve, every size in one run.
+    run = autodist.distribute(model, strategy, spec, graph_item=item)
+    schedule = {k * per_size: k + 1 for k in range(args.max_workers)}
+    history = run.fit(x[:per_size * args.max_workers * args.batch_size],
+                      y[:per_size * args.max_workers * args.batch_size], epochs=1, verbose=0,
+                      resize_at=schedule)
+    curve = {}
+    for k in range(args.max_workers):
+        times = history.step_times[k * per_size + args.warmup:(k + 1) * per_size]
+        curve[k + 1] = args.batch_size / statistics.median(times)
+    offline = scaler().run(lambda w: curve[w], start=1)
+    print(f"curve: {', '.join(f'{w}: {t:.0f}/s' for w, t in curve.items())}; "
+          f"efficient size {offline.workers}", file=sys.stderr, flush=True)
+
+    # 2 and 3. Online, trial and error and guided.
+    predict = autoscaler.simulator_predictor(item, builders.AllReduce().build,
+                                             global_batch=args.batch_size,
+                                             bandwidth_gbps=args.mbit / 1000)
+    online = {}
+    for mode, prediction in (("trial-and-error", None), ("guided", predict)):
+        model.set_weights(weights)
+        run = autodist.distribute(model, strategy, spec, graph_item=item)
+        scale = policy.Autoscale(scaler(), prediction, window=args.window, warmup=args.warmup)
+        start = time.perf_counter()
+        history = run.fit(x, y, epochs=1, verbose=0, resize_at={0: 1}, policies=[scale])
+        seconds = time.perf_counter() - start
+        if scale.result is None:
+            print(f"{mode}: did not settle ({scale.error})", file=sys.stderr)
+            online[mode] = None
+            continue
+        settled = next((a["step"] for a in history.actions
+                        if a["action"] == "resize" and a["reason"].startswith("autoscaler:")),
+                       None)
+        online[mode] = (scale.result, settled, seconds)
+        print(f"{mode}: {scale.result.workers} workers after {scale.result.num_trials} trials",
+              file=sys.stderr, flush=True)
+    clear_lo()
+
+    print(f"# Autoscaler on a capped local cluster\n\nMLP {args.input_dim}-"
+          f"{'-'.join(map(str, hidden))}-10 (SGD), all-reduce, global batch "
+          f"{args.batch_size} in {args.virtual_nodes} virtual nodes, 1..{args.max_workers} "
+          f"workers, every task capped at {args.mbit:g} Mbit/s; scaling efficiency "
+          f"θ = {args.theta}; each trial: median of {args.window} steps after "
+          f"{args.warmup} warm-up.\n")
+    print("| workers | measured examples/s | predicted examples/s |\n|---:|---:|---:|")
+    for w, t in curve.items():
+        print(f"| {w} | {t:.0f} | {predict(w):.0f} |")
+    print(f"\nEfficient size on the measured curve: **{offline.workers}** "
+          f"({offline.decision.reason}).\n")
+    print("| mode | chosen | trials (sizes in order) | settled at step |\n|---|---:|---|---:|")
+    for mode, outcome in online.items():
+        if outcome is None:
+            print(f"| {mode} | — | did not settle | — |")
+            continue
+        result, settled, _ = outcome
+        sizes = ", ".join(str(t.workers) for t in result.trials)
+        print(f"| {mode} | {result.workers} | {result.num_trials} ({sizes}) | {settled} |")
+    print(f"\nCommand: `python {' '.join(sys.argv)}` (in `unshare -n`) on {platform.node()}, "
+          f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
