@@ -9,8 +9,9 @@ another host is shipped only the rows its virtual nodes read (`rows_read`).
 """
 from __future__ import annotations
 
+import bisect
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -61,3 +62,50 @@ def rows_read(num_examples: int, global_batch_size: int, steps: int, epochs: int
     if not parts:
         return np.zeros([0], np.int64)
     return np.unique(np.concatenate(parts)).astype(np.int64)
+
+
+class EpochSchedule:
+    """Where each epoch of a run starts, and its global batch.
+
+    The global batch may change between epochs (a policy's
+    `set_batch_size`): an epoch's batch is that of the strategy running its
+    first step, and it has `steps_per_epoch(num_examples, batch, requested)`
+    steps. Every task derives the same schedule from the same segments.
+
+    Args:
+        num_examples: Examples in the data.
+        epochs: Epochs of the run.
+        requested_steps: `fit`'s steps_per_epoch (None: every batch).
+        batch_at: The global batch of the strategy running a step.
+    """
+
+    def __init__(self, num_examples: int, epochs: int, requested_steps: int | None,
+                 batch_at: Callable[[int], int]) -> None:
+        self.num_examples = num_examples
+        self.epochs = epochs
+        self.requested_steps = requested_steps
+        self.batch_at = batch_at
+
+    def starts(self) -> list[int]:
+        """The first step of each epoch, then the run's end (epochs + 1 entries)."""
+        out = [0]
+        for _ in range(self.epochs):
+            out.append(out[-1] + steps_per_epoch(self.num_examples, self.batch_at(out[-1]),
+                                                 self.requested_steps))
+        return out
+
+    def total(self) -> int:
+        """Steps of the whole run."""
+        return self.starts()[-1]
+
+    def locate(self, index: int) -> tuple[int, int, int, int]:
+        """(epoch, step within it, its global batch, its steps) of step `index`."""
+        starts = self.starts()
+        epoch = min(bisect.bisect_right(starts, index) - 1, self.epochs - 1)
+        return (epoch, index - starts[epoch], self.batch_at(starts[epoch]),
+                starts[epoch + 1] - starts[epoch])
+
+    def examples(self, index: int) -> int:
+        """Examples in the global batch of step `index` (the last may be short)."""
+        _, step, batch, _ = self.locate(index)
+        return max(0, min(batch, self.num_examples - step * batch))

@@ -122,12 +122,14 @@ def check_elastic(strategy: Strategy, spec: ResourceSpec) -> None:
                     "that may leave; put it on a PS task or on worker 0 to resize")
 
 
-def check_switch(strategy: Strategy, new: Strategy, graph_item, spec: ResourceSpec) -> None:
+def check_switch(strategy: Strategy, new: Strategy, graph_item, spec: ResourceSpec,
+                 batch_change: bool = False) -> None:
     """Raises unless a run of `strategy` can switch to `new` at a step boundary.
 
     Both must be valid and synchronous (every member meets the boundary),
     on the same replicas, with the same global batch and virtual nodes, so
-    the data schedule and the numbers do not change.
+    the data schedule and the numbers do not change. With `batch_change`
+    the global batch may differ (a switch at an epoch's start).
     """
     new.validate(graph_item, spec)
     for name, s in (("the run's strategy", strategy), ("the new strategy", new)):
@@ -140,7 +142,7 @@ def check_switch(strategy: Strategy, new: Strategy, graph_item, spec: ResourceSp
     if sorted(strategy.replicas) != sorted(new.replicas):
         raise AutodistError("a strategy switched to must use the same replicas. Run: "
                             f"{sorted(strategy.replicas)}, new: {sorted(new.replicas)}")
-    if (strategy.global_batch_size, strategy.num_virtual_nodes) != \
+    if not batch_change and (strategy.global_batch_size, strategy.num_virtual_nodes) != \
             (new.global_batch_size, new.num_virtual_nodes):
         raise AutodistError(
             "a strategy switched to must keep the global batch and the number of virtual "

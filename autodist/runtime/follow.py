@@ -45,7 +45,9 @@ import time
 from typing import Any, Sequence
 
 from autodist.ir.atomic import atomic_write
+from autodist.ir.strategy import Strategy
 from autodist.runtime import mailbox
+from autodist.runtime.data import EpochSchedule
 from autodist.runtime.elastic import Segment
 from autodist.runtime.job import JobDir, RunConfig
 from autodist.runtime.mailbox import Mailboxes, Task
@@ -107,7 +109,8 @@ class ChiefFollower:
 
     def __init__(self, job: JobDir, mail: Mailboxes, num_workers: int, steps_per_epoch: int,
                  config: RunConfig, segments: list[Segment] | None = None,
-                 plans: list[str] | None = None) -> None:
+                 plans: list[str] | None = None,
+                 schedule: EpochSchedule | None = None) -> None:
         self.job = job
         self.mail = mail
         self.num_workers = num_workers
@@ -118,7 +121,9 @@ class ChiefFollower:
         self._resize_sequence = 0
         self.peers: list[Task] = [("worker", t) for t in range(1, num_workers)]
         self.steps = steps_per_epoch
-        self.total = steps_per_epoch * config.epochs
+        # The epochs (their batch may change with the strategy); default fixed.
+        self.schedule = schedule or EpochSchedule(steps_per_epoch, config.epochs, None,
+                                                  lambda step: 1)
         self.config = config
         self.limit = first_limit(steps_per_epoch, config.epochs)
         self.final = False
@@ -132,12 +137,14 @@ class ChiefFollower:
         """Whether step `step` runs; at an epoch's end, waits for the driver."""
         if not self.final and step == self.limit:  # a non-final limit is an epoch's end
             self.flush(step)
-            decision = self._decision(step // self.steps - 1)
+            epoch, _, _, _ = self.schedule.locate(step)
+            decision = self._decision(epoch - 1)
             stop = decision == STOP or self.job.stop_request().exists()
             # Nobody has started `step`: a resize asked for at the epoch's end
             # (on_epoch_end runs before the decision) starts right here.
             self._take_resize_request(step, at_limit=True, announce=False)
-            self._set(step if stop else min(step + self.steps, self.total), stop)
+            steps = self.schedule.locate(step)[3]  # of the epoch starting here
+            self._set(step if stop else min(step + steps, self.schedule.total()), stop)
             return step < self.limit
         self._take_resize_request(step)
         if not self.final and self.job.stop_request().exists():
@@ -217,18 +224,22 @@ class ChiefFollower:
         request = json.loads(path.read_text())
         if int(request["sequence"]) <= self._resize_sequence:
             return
-        self._resize_sequence = int(request["sequence"])
         members = self.members_at(step)
         boundary = step + 1 if members > 1 and not at_limit else step
         # An announced segment is never changed: idle workers may be joining it.
         boundary = max(boundary, self.segments[-1].start + 1)
         total = self.segments[-1].end
+        text = request.get("strategy")
+        batch = None if text is None else \
+            Strategy.from_text(text).global_batch_size or self.config.global_batch_size
+        if batch is not None and batch != self.schedule.batch_at(step) and boundary != step:
+            return  # a new global batch starts with an epoch: kept for the epoch's end
+        self._resize_sequence = int(request["sequence"])
         if boundary >= total:
             return
         current = self.segments[-1]
         workers = current.workers if request.get("workers") is None else int(request["workers"])
         plan = current.plan
-        text = request.get("strategy")
         if text is not None:
             if self._base_text is None:
                 self._base_text = self.job.strategy().to_text()
@@ -244,6 +255,8 @@ class ChiefFollower:
         kept.append(dataclasses.replace(last, end=boundary))
         kept.append(Segment(last.version + 1, boundary, total, workers, plan))
         self.segments[:] = kept
+        # The run's length follows the epochs' batches.
+        self.segments[-1] = dataclasses.replace(self.segments[-1], end=self.schedule.total())
         if announce:
             self._set(self.limit, self.final)
 
@@ -279,11 +292,13 @@ class ChiefFollower:
                 f.write("".join(lines))
 
     def _line(self, step: int, loss: float, seconds: float) -> str:
-        epoch, in_epoch = divmod(step, self.steps)
+        epoch, in_epoch, _, epoch_steps = self.schedule.locate(step)
         segment = next((s for s in self.segments if s.start <= step < s.end),
                        self.segments[-1])
         record = {"epoch": epoch, "step": in_epoch, "loss": loss, "time": seconds,
-                  "workers": segment.workers, "plan": segment.plan}
+                  "workers": segment.workers, "plan": segment.plan,
+                  "examples": self.schedule.examples(step),
+                  "last": in_epoch == epoch_steps - 1}
         monitors = self._monitors.pop(step, None)
         if monitors:
             record["monitor"] = {key: [v for m in monitors for v in m[key]]

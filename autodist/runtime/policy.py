@@ -103,7 +103,8 @@ class Control:
 
     def __init__(self, run, global_batch_size: int, replanner: Replanner | None = None) -> None:
         self.run = run
-        self.global_batch_size = global_batch_size
+        self.global_batch_size = global_batch_size  # the latest asked for
+        self.initial_batch_size = global_batch_size
         self.replanner = replanner or search_replanner
         self.strategy: Strategy = run.strategy
         self.workers: int = run.resource_spec.num_worker_tasks
@@ -160,6 +161,46 @@ class Control:
         """Switches the all-reduced dense variables (or `variables`) to `compressor`."""
         strategy = self.strategy.with_compressor(compressor, variables)
         return self.replan(strategy, reason=reason or f"compressor {compressor}")
+
+    def set_batch_size(self, global_batch_size: int, *, learning_rate_rule: str = "linear",
+                       num_virtual_nodes: int | None = None, reason: str = "") -> Strategy:
+        """Trains with another global batch from the next epoch's first step.
+
+        The current strategy gets the new batch (`with_virtual_nodes`, same
+        virtual nodes and mapping unless `num_virtual_nodes` is given) and a
+        learning rate scaled from the optimizer's own by the batch's growth
+        over the fit's first batch: "linear" (Goyal et al.), "sqrt" or
+        "none". Later epochs have ceil(examples / batch) steps.
+
+        Raises:
+            AutodistError: an unknown rule, or a batch that is not a positive
+                multiple of the virtual nodes.
+        """
+        rules = {"linear": lambda r: r, "sqrt": math.sqrt, "none": lambda r: 1.0}
+        if learning_rate_rule not in rules:
+            raise AutodistError(f"learning_rate_rule must be one of {sorted(rules)}. "
+                                f"Received: {learning_rate_rule!r}")
+        current = self.strategy
+        nodes = num_virtual_nodes or current.num_virtual_nodes
+        if not isinstance(global_batch_size, int) or global_batch_size < 1 or \
+                global_batch_size % nodes:
+            raise AutodistError(f"set_batch_size needs a positive multiple of the {nodes} "
+                                f"virtual nodes. Received: {global_batch_size!r}")
+        if global_batch_size == self.global_batch_size:
+            return current
+        devices = current.virtual_node_devices if nodes == current.num_virtual_nodes else None
+        strategy = current.with_virtual_nodes(global_batch_size, nodes, devices)
+        base = self.run.graph_item.optimizer.hyperparameters.get("learning_rate")
+        if base is not None:
+            factor = rules[learning_rate_rule](global_batch_size / self.initial_batch_size)
+            strategy = strategy.with_hyperparameters(learning_rate=base * factor)
+        self.run.replan(strategy)
+        self.strategy = strategy
+        self.log("set_batch_size", global_batch_size=global_batch_size,
+                 learning_rate=strategy.hyperparameters.get("learning_rate"),
+                 reason=reason)
+        self.global_batch_size = global_batch_size
+        return strategy
 
     def stop(self, reason: str = "") -> None:
         """Stops every worker at the next step boundary all meet."""
@@ -289,6 +330,52 @@ class ThroughputReplan(Policy):
                                   f"reference {self.reference:.0f}/s")
             # Whether or not the strategy changed, measure afresh.
             self.reference, self._recent, self._skip = None, [], self.warmup
+
+
+class AdaptiveBatchSize(Policy):
+    """Moves the global batch toward the gradient noise scale, at epochs' ends.
+
+    The gradient noise scale B_noise = tr(Σ)/|G|² (measured inside the
+    steps with `fit(..., monitor_every=k)`, smoothed) is the batch size
+    beyond which larger batches stop paying off (McCandlish et al., 2018).
+    At each epoch's end the policy takes the latest smoothed estimate,
+    rounds it down to a multiple of the virtual nodes, clips it to
+    [min_batch, max_batch], and switches to it (with the learning-rate
+    rule) when it differs from the current batch by at least `factor`.
+
+    Args:
+        min_batch: Smallest batch.
+        max_batch: Largest batch.
+        factor: Hysteresis: act only when the target is this many times
+            larger or smaller than the current batch (> 1).
+        learning_rate_rule: See `Control.set_batch_size`.
+    """
+
+    def __init__(self, min_batch: int, max_batch: int, factor: float = 1.5,
+                 learning_rate_rule: str = "linear") -> None:
+        if not 1 <= min_batch <= max_batch or not factor > 1:
+            raise AutodistError(f"AdaptiveBatchSize needs 1 <= min_batch <= max_batch and "
+                                f"factor > 1. Received: {min_batch!r}, {max_batch!r}, "
+                                f"{factor!r}")
+        self.min_batch, self.max_batch, self.factor = min_batch, max_batch, factor
+        self.learning_rate_rule = learning_rate_rule
+        self.estimate: float | None = None
+
+    def on_step_end(self, metrics: StepMetrics, control: Control) -> None:
+        if metrics.noise_scale is not None and math.isfinite(metrics.noise_scale.noise_scale):
+            self.estimate = metrics.noise_scale.noise_scale
+
+    def on_epoch_end(self, epoch: int, logs: Mapping[str, float], control: Control) -> None:
+        if self.estimate is None:
+            return
+        nodes = control.strategy.num_virtual_nodes
+        low = -(-self.min_batch // nodes) * nodes
+        high = self.max_batch // nodes * nodes
+        target = min(max(int(self.estimate) // nodes * nodes, low), high)
+        current = control.global_batch_size
+        if target >= current * self.factor or target * self.factor <= current:
+            control.set_batch_size(target, learning_rate_rule=self.learning_rate_rule,
+                                   reason=f"noise scale {self.estimate:.0f}")
 
 
 class Autoscale(Policy):
@@ -437,6 +524,7 @@ class PolicyDriver:
         """One progress record (a step's global loss, time, workers, monitor)."""
         epoch, in_epoch = int(record["epoch"]), int(record["step"])
         seconds = float(record["time"])
+        examples = int(record.get("examples", self.control.global_batch_size))
         smoothed = variance = None
         if "monitor" in record:
             estimate = monitoring.noise_scale_fit(record["monitor"]["batches"],
@@ -447,7 +535,7 @@ class PolicyDriver:
         metrics = StepMetrics(
             step=epoch * self.steps_per_epoch + in_epoch, epoch=epoch,
             loss=float(record["loss"]), seconds=seconds,
-            examples_per_s=self.control.global_batch_size / seconds if seconds > 0 else 0.0,
+            examples_per_s=examples / seconds if seconds > 0 else 0.0,
             workers=int(record.get("workers", self.control.workers)),
             plan=int(record.get("plan", 0)), noise_scale=smoothed, gradient_variance=variance)
         self.control.metrics.append(metrics)

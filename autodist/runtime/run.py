@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import pathlib
 import shutil
 import sys
@@ -129,6 +128,8 @@ class DistributedRun:
         # The membership the running fit was last asked for (None: unchanged).
         self._requested_workers: int | None = None
         self._requested_strategy: str | None = None
+        self._requested_batch = 0
+        self._num_examples = 0
         self._resizable: AutodistError | None = None
 
     def fit(self, x: Any, y: Any = None, *, batch_size: int | None = None, epochs: int = 1,
@@ -325,6 +326,7 @@ class DistributedRun:
                              driver)
         self._following = (job, config) if callbacks or policies else None
         self._requested_workers = self._requested_strategy = None
+        self._requested_batch, self._num_examples = batch_size, n
         try:
             progress.begin()
             spec, strategy = self.resource_spec, self.strategy
@@ -407,19 +409,37 @@ class DistributedRun:
         synchronous training the weights are those the run would have had
         without the switch. Compressor residuals start again at zero.
 
+        A strategy with another global batch (`with_virtual_nodes(B2, V)`,
+        with the learning rate it needs in `with_hyperparameters`) starts
+        at the next epoch's first step: epochs keep one batch size, and
+        later epochs have ceil(examples / B2) steps.
+
         Args:
-            strategy: A synchronous strategy on the same replicas, with the
-                same global batch and virtual nodes (e.g. a new search's
-                pick, or the current strategy with another compressor).
+            strategy: A synchronous strategy on the same replicas (e.g. a new
+                search's pick, or the current strategy with another
+                compressor), with the same virtual nodes or a new global
+                batch.
 
         Raises:
             AutodistError: no elastic fit with callbacks is running, or the
                 strategy does not fit the run (`elastic.check_switch`).
         """
         self._following_elastic("replan(strategy)")
-        check_switch(self.strategy, strategy, self.graph_item, self.resource_spec)
+        _, config = self._following
+        batch = strategy.global_batch_size or config.global_batch_size
+        changes_batch = batch != self._requested_batch
+        check_switch(self.strategy, strategy, self.graph_item, self.resource_spec,
+                     batch_change=changes_batch)
+        if changes_batch:
+            last = self._num_examples % batch
+            if strategy.global_batch_size is None or 0 < last < strategy.num_virtual_nodes:
+                raise AutodistError(
+                    f"a new global batch ({batch}) needs a strategy with virtual nodes "
+                    "(strategy.with_virtual_nodes(B, V)) whose last batch of an epoch "
+                    f"({self._num_examples} examples) holds at least V examples")
         if self._resizable is None:
             check_elastic(strategy, self.resource_spec)
+        self._requested_batch = batch
         self._requested_strategy = strategy.to_text()
         self._request_change()
 
@@ -607,12 +627,18 @@ class DistributedRun:
                                                axis=0).tolist()
         done += len(earlier_losses)
         steps = len(batch_sizes)
+        # The chief's epochs (their batch may have changed with the strategy).
+        starts = results[0].get("epoch_starts") or [e * steps for e in range(epochs + 1)]
+        examples = list(results[0].get("step_examples") or [])
+        examples = examples if len(examples) >= done else \
+            [batch_sizes[i % steps] for i in range(done)]
         # As Keras: the epoch loss is the mean over examples (batches weighted by size).
-        ran = min(epochs, math.ceil(done / steps))
+        ran = sum(1 for start in starts[:epochs] if start < done)
         epoch_losses = []
         for e in range(ran):
-            chunk = losses[e * steps:(e + 1) * steps]
-            epoch_losses.append(float(np.average(chunk, weights=batch_sizes[:len(chunk)])))
+            end = min(starts[e + 1], done)
+            epoch_losses.append(float(np.average(losses[starts[e]:end],
+                                                 weights=examples[starts[e]:end])))
         return History(history={"loss": epoch_losses}, step_losses=losses,
                        step_times=list(earlier_times) + results[0]["step_times"][:done],
                        epoch=list(range(ran)),
@@ -738,14 +764,15 @@ class _Progress:
             self._epoch_open, self._sum, self._count = epoch, 0.0, 0
             self._call("on_epoch_begin", epoch, {})
         # Keras' batch logs hold the running mean of the epoch, batches weighted by size.
-        self._sum += float(record["loss"]) * self.sizes[step]
-        self._count += self.sizes[step]
+        examples = int(record.get("examples", self.sizes[step]))
+        self._sum += float(record["loss"]) * examples
+        self._count += examples
         self._call("on_train_batch_begin", step, {})
         self._call("on_train_batch_end", step, {"loss": self._sum / self._count})
         if self.policies is not None:
             self.policies.step(record)
             self._check_stop()
-        if step == len(self.sizes) - 1:
+        if record.get("last", step == len(self.sizes) - 1):
             self._end_epoch(epoch)
 
     def _end_epoch(self, epoch: int) -> None:

@@ -149,12 +149,16 @@ class Trainer:
         num_examples, _ = job.shard()
         self.steps_per_epoch = batching.steps_per_epoch(
             num_examples, self.config.global_batch_size, self.config.steps_per_epoch)
-        self.total_steps = self.steps_per_epoch * self.config.epochs
         # Who runs which steps, with which strategy; a followed elastic run
         # extends both while it goes.
-        self.segments = elastic_.segments(self.total_steps, self.spec.num_worker_tasks,
+        self.segments = elastic_.segments(self.steps_per_epoch * self.config.epochs,
+                                          self.spec.num_worker_tasks,
                                           self.config.resize_at, self.config.switch_at)
         self.plans: list[str] = list(self.config.plans or [])
+        self._plan_strategies: dict[int, Strategy] = {0: self.strategy}
+        # The epochs; a strategy switched to may bring another global batch.
+        self.schedule = batching.EpochSchedule(num_examples, self.config.epochs,
+                                               self.config.steps_per_epoch, self._batch_at)
         self._init_shared = True  # the chief initializes the PS variables
         self.program: Program | None = None
         self.session: tf.compat.v1.Session | None = None
@@ -166,6 +170,21 @@ class Trainer:
             self._build(self.segment)
         # Otherwise idle until a segment includes this task (see `train`).
 
+    @property
+    def total_steps(self) -> int:
+        """Steps of the whole run (they change when the global batch does)."""
+        return self.schedule.total()
+
+    def _plan(self, plan: int) -> Strategy:
+        if plan not in self._plan_strategies:
+            self._plan_strategies[plan] = Strategy.from_text(self.plans[plan - 1])
+        return self._plan_strategies[plan]
+
+    def _batch_at(self, step: int) -> int:
+        """The global batch of the strategy that runs `step`."""
+        return self._plan(self._segment_at(step).plan).global_batch_size or \
+            self.config.global_batch_size
+
     def _segment_at(self, step: int) -> elastic_.Segment:
         return next((s for s in self.segments if s.start <= step < s.end), self.segments[-1])
 
@@ -175,8 +194,7 @@ class Trainer:
             self.session.close()
         # PS variables stay where they are unless the strategy changes.
         self._init_shared = self.program is None or segment.plan != self.segment.plan
-        plan = self.full_strategy if segment.plan == 0 else \
-            Strategy.from_text(self.plans[segment.plan - 1])
+        plan = self._plan(segment.plan)
         self.strategy = elastic_.strategy_for(plan, segment.workers) if self.elastic else plan
         self.program = build_program(self.graph_item, self.strategy, self.spec, self.task_index,
                                      self.config.step_timeout_s, version=segment.version,
@@ -317,14 +335,14 @@ class Trainer:
         steps = self.steps_per_epoch
         if config.follow_steps:
             self.follower = (ChiefFollower(self.job, self.mail, self.spec.num_worker_tasks,
-                                           steps, config, self.segments, self.plans)
+                                           steps, config, self.segments, self.plans,
+                                           self.schedule)
                              if self.is_chief else
                              WorkerFollower(self.mail, self.task_index, steps, config,
                                             self.segments, self.plans))
         follower = self.follower
         delay = float((config.task_step_delay_s or {}).get(str(self.task_index), 0.0))
         max_lead = 0
-        num_virtual_nodes = self.strategy.num_virtual_nodes
         losses, times = [], []
         progress = self.job.file("progress.jsonl") if self.is_chief and follower is None else None
         order = None
@@ -361,11 +379,11 @@ class Trainer:
             ps_op = extras["ps_op"]
             after = extras["after_step"]
             ssp = extras["ssp"]
-            epoch, step = divmod(index, steps)
+            epoch, step, batch, epoch_steps = self.schedule.locate(index)
             if step == 0 or order is None:
                 order = batching.epoch_order(num_examples, epoch, config.shuffle, config.seed)
-            rows = batching.batch_rows(order, step, config.global_batch_size)
-            parts = batching.virtual_node_rows(rows, num_virtual_nodes)
+            rows = batching.batch_rows(order, step, batch)
+            parts = batching.virtual_node_rows(rows, self.strategy.num_virtual_nodes)
             feed = {}
             for replica in self.program.replicas:
                 feed.update(self._replica_feed(replica, parts, inputs, targets, held_rows))
@@ -387,7 +405,7 @@ class Trainer:
             times.append(time.perf_counter() - start)
             done = self.initial_step + index - config.start_step + 1
             self.next_index = index + 1
-            if self._checkpoint_due(done, last_of_epoch=step == steps - 1):
+            if self._checkpoint_due(done, last_of_epoch=step == epoch_steps - 1):
                 self.save_checkpoint(done)
             losses.append(float(result["loss"]))
             if config.on_failure == "continue":
@@ -411,6 +429,9 @@ class Trainer:
         if isinstance(follower, ChiefFollower):
             follower.end(index)  # releases idle workers
         return {"losses": losses, "step_times": times, "steps_per_epoch": steps,
+                "epoch_starts": self.schedule.starts(),
+                "step_examples": [self.schedule.examples(config.start_step + i)
+                                  for i in range(len(losses))],
                 "max_lead": max_lead, "resizes": resizes, "monitor": monitored}
 
     def _monitor_record(self, index: int, parts, values) -> dict[str, Any]:

@@ -9,6 +9,7 @@ Keras `fit` (within 2e-5).
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 
@@ -234,3 +235,82 @@ def test_autoscale_reports_a_search_error(mlp_item):
     with pytest.raises(AutodistError, match="up to 8 workers; the spec has 4"):
         policy.Autoscale(autoscaler.Autoscaler(autoscaler.ScalingEfficiency(), 1, 8)) \
             .on_train_begin(control)
+
+
+class _SetBatchAfterFirstEpoch(policy.Policy):
+    def __init__(self, batch):
+        self.batch = batch
+
+    def on_epoch_end(self, epoch, logs, control):
+        if epoch == 0:
+            control.set_batch_size(self.batch, learning_rate_rule="linear")
+
+
+@pytest.mark.cluster
+def test_set_batch_size_at_an_epoch_end_equals_keras_with_the_new_batch_and_rate(tmp_path):
+    import keras  # pylint: disable=import-outside-toplevel
+
+    examples, batch, bigger = 96, 32, 48
+    x, y = small_mlp.data(examples)
+    reference = models.single_device_twin(small_mlp.mlp())
+    model = small_mlp.mlp()
+    reference.set_weights(model.get_weights())
+    first = reference.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    reference.optimizer.learning_rate.assign(0.1 * bigger / batch)
+    later = reference.fit(x, y, batch_size=bigger, epochs=2, shuffle=False, verbose=0)
+    spec = autodist.ResourceSpec.local(workers=2, ps=1)
+    item = autodist.capture(model)
+    strategy = builders.PS().build(item, spec).with_virtual_nodes(batch, 4)
+    run = autodist.distribute(model, strategy, spec, graph_item=item,
+                              job_dir=str(tmp_path / "job"), step_timeout_s=60)
+    history = run.fit(x, y, epochs=3, shuffle=False, verbose=0,
+                      policies=[_SetBatchAfterFirstEpoch(bigger)],
+                      callbacks=[keras.callbacks.Callback()])
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+    assert len(history.step_losses) == 3 + 2 + 2
+    np.testing.assert_allclose(history.history["loss"],
+                               first.history["loss"] + later.history["loss"], rtol=1e-5)
+    action = next(a for a in history.actions if a["action"] == "set_batch_size")
+    assert action["global_batch_size"] == bigger
+    assert action["learning_rate"] == pytest.approx(0.15)
+    assert [(r["step"], r["plan"]) for r in history.resizes] == [(3, 1)]
+
+
+def test_adaptive_batch_size_follows_the_noise_scale(control, mlp_item):
+    spec = control.run.resource_spec
+    control.run.strategy = control.strategy = builders.AllReduce().build(
+        mlp_item, spec).with_virtual_nodes(64, 4)
+    adapt = policy.AdaptiveBatchSize(min_batch=32, max_batch=256, factor=1.5)
+    noise = monitoring.NoiseScale(gradient_sq=1.0, trace_sigma=150.0, noise_scale=150.0)
+    adapt.on_step_end(dataclasses.replace(_metrics(0, 1000.0), noise_scale=noise), control)
+    adapt.on_epoch_end(0, {}, control)
+    # 150 rounds down to 148 (4 virtual nodes): >= 1.5 x 64, so the batch grows.
+    assert control.global_batch_size == 148
+    (kind, strategy), = control.run.requests
+    assert kind == "replan" and strategy.global_batch_size == 148
+    assert strategy.num_virtual_nodes == 4
+    lr = mlp_item.optimizer.hyperparameters["learning_rate"]
+    assert strategy.hyperparameters["learning_rate"] == pytest.approx(lr * 148 / 64)
+    # Within the hysteresis: no change; far above the maximum: clipped.
+    adapt.on_epoch_end(1, {}, control)
+    noise = monitoring.NoiseScale(1.0, 5000.0, 5000.0)
+    adapt.on_step_end(dataclasses.replace(_metrics(1, 1000.0), noise_scale=noise), control)
+    adapt.on_epoch_end(2, {}, control)
+    assert control.global_batch_size == 256 and len(control.run.requests) == 2
+    with pytest.raises(AutodistError, match="positive multiple of the 4 virtual nodes"):
+        control.set_batch_size(30)
+    with pytest.raises(AutodistError, match="learning_rate_rule must be one of"):
+        control.set_batch_size(32, learning_rate_rule="cubic")
+
+
+def test_epoch_schedule_with_a_batch_change():
+    from autodist.runtime.data import EpochSchedule  # pylint: disable=C0415
+
+    # 100 examples: batch 32 for epoch 0 (4 steps), 48 from step 4 (3 steps each).
+    schedule = EpochSchedule(100, 3, None, lambda step: 32 if step < 4 else 48)
+    assert schedule.starts() == [0, 4, 7, 10] and schedule.total() == 10
+    assert schedule.locate(3) == (0, 3, 32, 4)
+    assert schedule.locate(4) == (1, 0, 48, 3)
+    assert schedule.locate(9) == (2, 2, 48, 3)
+    assert [schedule.examples(i) for i in range(10)] == [32, 32, 32, 4, 48, 48, 4, 48, 48, 4]
