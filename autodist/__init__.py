@@ -31,11 +31,14 @@ _LAZY = {
     "models": ("autodist.models", None),
     "restore_keras_weights": ("autodist.runtime.checkpoint", "restore_keras_weights"),
     "load_checkpoint": ("autodist.runtime.checkpoint", "load"),
+    "policies": ("autodist.runtime.policy", None),
+    "autoscaler": ("autodist.runtime.autoscaler", None),
 }
 
 __all__ = ["AutodistError", "CaptureError", "GraphItem", "ResourceSpec", "ResourceSpecError",
-           "Plan", "Strategy", "StrategyError", "builders", "capture", "distribute",
-           "load_checkpoint", "models", "optimize", "restore_keras_weights"]
+           "Plan", "Strategy", "StrategyError", "autoscaler", "builders", "capture",
+           "distribute", "load_checkpoint", "models", "optimize", "policies",
+           "restore_keras_weights"]
 
 
 def __getattr__(name: str) -> Any:

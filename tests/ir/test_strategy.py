@@ -34,6 +34,7 @@ def full_strategy_proto() -> strategy_pb2.Strategy:
     vn.global_batch_size = 64
     vn.num_virtual_nodes = 4
     vn.device.extend([W0, W0, W1, W1])
+    p.graph_config.hyperparameters["learning_rate"] = 0.25
 
     table = p.variables.add(var_name=ITEM)
     table.partitioner.axis = 0
@@ -77,7 +78,12 @@ def _set_fields(message, out=None) -> set[tuple[str, str]]:
     out = set() if out is None else out
     for field, value in message.ListFields():
         out.add((message.DESCRIPTOR.full_name, field.name))
-        if field.type == FieldDescriptor.TYPE_MESSAGE:
+        if field.type == FieldDescriptor.TYPE_MESSAGE and \
+                field.message_type.GetOptions().map_entry:
+            if value:  # a non-empty map sets its entries' key and value
+                out.update((field.message_type.full_name, f.name)
+                           for f in field.message_type.fields)
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
             is_repeated = getattr(field, "is_repeated", None)
             if is_repeated is None:  # older protobuf
                 is_repeated = field.label == FieldDescriptor.LABEL_REPEATED
@@ -627,3 +633,13 @@ def test_summary_of_full_strategy():
     assert "virtual nodes: 4 x 16 examples (global batch 64)" in text
     assert "stale<=2, local copy" in text
     assert "AllReduce(RING, FP16_ERROR_FEEDBACK, group 3)" in text
+
+
+def test_hyperparameter_overrides_are_validated(ps_ncf, ncf_item, local_spec):
+    lr = ps_ncf.with_hyperparameters(learning_rate=0.5)
+    assert lr.hyperparameters == {"learning_rate": 0.5} and ps_ncf.hyperparameters == {}
+    lr.validate(ncf_item, local_spec)
+    with pytest.raises(StrategyError, match="overrides 'momentum', which is not a tunable"):
+        ps_ncf.with_hyperparameters(momentum=0.9).validate(ncf_item, local_spec)
+    with pytest.raises(StrategyError, match="overrides 'nope'"):
+        ps_ncf.with_hyperparameters(nope=1.0).validate(ncf_item, local_spec)
