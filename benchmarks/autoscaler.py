@@ -15,7 +15,8 @@ by side in one run:
 2. Trial and error: `policy.Autoscale` without a prediction, resizing the
    running job until the heuristic settles.
 3. Guided: the same with the simulator's predicted curve for the capped
-   bandwidth (`autoscaler.simulator_predictor`).
+   bandwidth (`autoscaler.simulator_predictor`, calibrated on this machine
+   and told that the workers share its cores).
 
 It reports each mode's chosen size, its trials, and the step at which it
 settled. The 2-core machine contends compute between the worker processes
@@ -92,9 +93,15 @@ def main() -> int:
           f"efficient size {offline.workers}", file=sys.stderr, flush=True)
 
     # 2 and 3. Online, trial and error and guided.
+    # The simulator calibrated on this machine (TensorFlow micro-benchmarks),
+    # told that every worker shares this host's cores.
+    from autodist.runtime.calibrate import measure_calibration  # pylint: disable=C0415
+
     predict = autoscaler.simulator_predictor(item, builders.AllReduce().build,
                                              global_batch=args.batch_size,
-                                             bandwidth_gbps=args.mbit / 1000)
+                                             bandwidth_gbps=args.mbit / 1000,
+                                             calibration=measure_calibration(),
+                                             host_cores=os.cpu_count())
     online = {}
     for mode, prediction in (("trial-and-error", None), ("guided", predict)):
         model.set_weights(weights)

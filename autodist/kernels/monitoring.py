@@ -9,11 +9,13 @@ both terms (`noise_scale`).
 A replica with several virtual nodes has both sizes for free: each virtual
 node's gradient (b = its examples) and the replica's accumulated gradient
 (b = the replica's examples). `gradient_sq_norms` adds only local reductions
-to the step; no extra communication.
+to the step; no extra communication. `step_timestamps` splits a task's step
+into its local compute and the rest (communication, waiting, update).
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 import tensorflow as tf
 
@@ -49,6 +51,29 @@ def gradient_sq_norms(replica: Replica) -> dict[str, tf.Tensor]:
         return {"virtual_nodes": tf.stack([sq_norm(vn.gradients.values())
                                            for vn in replica.virtual_nodes]),
                 "replica": sq_norm(replica.gradients.values())}
+
+
+def step_timestamps(replicas: Sequence[Replica], train_op: tf.Operation) -> dict[str, tf.Tensor]:
+    """Wall-clock marks inside one task's step: the compute / communication split.
+
+    Returns:
+        {"start": as the step starts (a timestamp with no inputs, so it runs
+        first), "gradients": once every local replica's accumulated gradient
+        is computed, "end": after `train_op` (synchronization and update)}.
+        float64 seconds since the epoch, on the first replica's device. The
+        local compute is gradients - start, the rest of the step (waiting
+        for the others, communication, the update) end - gradients. Only
+        local ops: fetched with the step, they add no synchronization.
+    """
+    with tf.device(replicas[0].device), tf.control_dependencies(None):
+        start = tf.timestamp()
+        done = [g.values if isinstance(g, tf.IndexedSlices) else g
+                for r in replicas for g in r.gradients.values()]
+        with tf.control_dependencies(done):
+            gradients = tf.timestamp()
+        with tf.control_dependencies([train_op]):
+            end = tf.timestamp()
+    return {"start": start, "gradients": gradients, "end": end}
 
 
 @dataclasses.dataclass(frozen=True)

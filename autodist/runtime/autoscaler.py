@@ -731,7 +731,8 @@ def simulator_predictor(graph_item: GraphItem,
                         build: Callable[[GraphItem, ResourceSpec], Strategy], *,
                         global_batch: int, ps: int = 0, bandwidth_gbps: float | None = None,
                         calibration: Calibration | None = None,
-                        cost_model: CostModel | None = None) -> Callable[[int], float]:
+                        cost_model: CostModel | None = None,
+                        host_cores: int | None = None) -> Callable[[int], float]:
     """A predicted throughput curve from the search's analytic simulator.
 
     For n workers: the spec `ResourceSpec.local(workers=n, ps=ps,
@@ -751,6 +752,9 @@ def simulator_predictor(graph_item: GraphItem,
         bandwidth_gbps: Bandwidth per task (None: the spec's default).
         calibration: The simulator's machine constants (default `Calibration()`).
         cost_model: Optional fitted regressor used instead of the simulator.
+        host_cores: When every worker shares one host with this many cores
+            (an emulated cluster), compute slows by n / host_cores beyond
+            that many workers (simulator only). None: a host per worker.
 
     Returns:
         predict(n) -> examples/s.
@@ -774,6 +778,8 @@ def simulator_predictor(graph_item: GraphItem,
     lean = SpaceOptions(max_shards=1, max_groups=1, allow_local_replication=False)
 
     global_batch = _positive_int("global_batch", global_batch)
+    if host_cores is not None:
+        _positive_int("host_cores", host_cores)
     if not callable(build):
         raise AutoscalerError(f"build must be callable (GraphItem, ResourceSpec) -> Strategy. "
                               f"Received: {build!r}")
@@ -794,7 +800,10 @@ def simulator_predictor(graph_item: GraphItem,
             simulator = Simulator(SearchSpace(graph_item, spec, lean), calibration,
                                   batch_size=global_batch)
             if cost_model is None:
-                step_s = float(simulator.predict_strategy(strategy).step_time_s[0])
+                prediction = simulator.predict_strategy(strategy)
+                step_s = float(prediction.step_time_s[0])
+                if host_cores is not None and n > host_cores:
+                    step_s += float(prediction.parts["compute_s"][0]) * (n / host_cores - 1)
             else:
                 features = featurize_strategy(simulator, strategy)
                 row = [[features[name] for name in cost_model.feature_names]]

@@ -302,7 +302,7 @@ class ChiefFollower:
         monitors = self._monitors.pop(step, None)
         if monitors:
             record["monitor"] = {key: [v for m in monitors for v in m[key]]
-                                 for key in ("batches", "sq_norms")}
+                                 for key in monitors[0]}
         return json.dumps(record) + "\n"
 
 

@@ -53,6 +53,10 @@ class StepMetrics:
             None otherwise.
         gradient_variance: On monitored steps, this step's tr(Σ), the
             per-example gradient variance summed over parameters.
+        compute_s: On monitored steps, the slowest task's local compute
+            (forward and backward of its virtual nodes), measured in the graph.
+        communication_s: On monitored steps, the rest of the step:
+            `seconds - compute_s` (synchronization, waiting, the update).
     """
 
     step: int
@@ -64,6 +68,8 @@ class StepMetrics:
     plan: int = 0
     noise_scale: monitoring.NoiseScale | None = None
     gradient_variance: float | None = None
+    compute_s: float | None = None
+    communication_s: float | None = None
 
 
 class Policy:
@@ -525,7 +531,10 @@ class PolicyDriver:
         epoch, in_epoch = int(record["epoch"]), int(record["step"])
         seconds = float(record["time"])
         examples = int(record.get("examples", self.control.global_batch_size))
-        smoothed = variance = None
+        smoothed = variance = compute = communication = None
+        if record.get("monitor", {}).get("compute_s"):
+            compute = max(record["monitor"]["compute_s"])
+            communication = max(0.0, seconds - compute)
         if "monitor" in record:
             estimate = monitoring.noise_scale_fit(record["monitor"]["batches"],
                                                   record["monitor"]["sq_norms"])
@@ -537,7 +546,8 @@ class PolicyDriver:
             loss=float(record["loss"]), seconds=seconds,
             examples_per_s=examples / seconds if seconds > 0 else 0.0,
             workers=int(record.get("workers", self.control.workers)),
-            plan=int(record.get("plan", 0)), noise_scale=smoothed, gradient_variance=variance)
+            plan=int(record.get("plan", 0)), noise_scale=smoothed, gradient_variance=variance,
+            compute_s=compute, communication_s=communication)
         self.control.metrics.append(metrics)
         for policy in self.policies:
             policy.on_step_end(metrics, self.control)

@@ -50,9 +50,11 @@ class History:
             chief's time from the end of the previous step to the start of
             that step (state hand-over, new program and session)}.
         noise_scale: Runs with `monitor_every`: per monitored step, {"step",
-            "gradient_sq" (|G|²), "trace_sigma" (tr Σ), "noise_scale"
-            (their ratio) and "smoothed" (the ratio of their moving
-            averages, decay 0.9)}.
+            "gradient_sq" (|G|²), "trace_sigma" (tr Σ, the per-example
+            gradient variance), "noise_scale" (their ratio), "smoothed" (the
+            ratio of their moving averages, decay 0.9), "compute_s" (the
+            slowest task's local forward and backward, timed in the graph)
+            and "communication_s" (the rest of the chief's step time)}.
         actions: Runs with policies: each action a policy asked for,
             {"step": the last step the driver had seen, "action": "resize",
             "replan" or "stop", and its details and reason}.
@@ -648,23 +650,29 @@ class DistributedRun:
 
 
 def _noise_scale(results: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Noise-scale estimates per monitored step, from every worker's records."""
-    by_step: dict[int, tuple[list[float], list[float]]] = {}
+    """Noise-scale estimates and the step's split per monitored step, from every worker."""
+    by_step: dict[int, tuple[list[float], list[float], list[float]]] = {}
     for result in results:
         for record in result.get("monitor", []):
-            batches, norms = by_step.setdefault(int(record["step"]), ([], []))
+            batches, norms, compute = by_step.setdefault(int(record["step"]), ([], [], []))
             batches += record["batches"]
             norms += record["sq_norms"]
+            compute += record.get("compute_s", [])
+    times = results[0]["step_times"] if results else []
     smooth = monitoring.SmoothedNoiseScale(decay=0.9)
     out = []
     for step in sorted(by_step):
-        estimate = monitoring.noise_scale_fit(*by_step[step])
+        batches, norms, compute = by_step[step]
+        estimate = monitoring.noise_scale_fit(batches, norms)
         if estimate is None:
             continue
-        out.append({"step": step, "gradient_sq": estimate.gradient_sq,
-                    "trace_sigma": estimate.trace_sigma,
-                    "noise_scale": estimate.noise_scale,
-                    "smoothed": smooth.update(estimate).noise_scale})
+        record = {"step": step, "gradient_sq": estimate.gradient_sq,
+                  "trace_sigma": estimate.trace_sigma, "noise_scale": estimate.noise_scale,
+                  "smoothed": smooth.update(estimate).noise_scale}
+        if compute and step < len(times):
+            record["compute_s"] = max(compute)
+            record["communication_s"] = max(0.0, times[step] - max(compute))
+        out.append(record)
     return out
 
 

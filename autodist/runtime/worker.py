@@ -209,8 +209,11 @@ class Trainer:
         self._monitor = None
         if self.config.monitor_every:
             with self.program.graph.as_default():
-                self._monitor = {r.index: monitoring.gradient_sq_norms(r)
-                                 for r in self.program.replicas}
+                self._monitor = {
+                    "norms": {r.index: monitoring.gradient_sq_norms(r)
+                              for r in self.program.replicas},
+                    "times": monitoring.step_timestamps(self.program.replicas,
+                                                        self.program.extras["train_op"])}
 
     # ---------------------------------------------------------- initialize
     def initialize(self, values: dict[str, np.ndarray] | None = None) -> None:
@@ -412,7 +415,7 @@ class Trainer:
                 # Kept beside the job: the driver sums them if the run fails.
                 with open(self.job.file(f"losses_{self.task_index}.jsonl"), "a") as f:
                     f.write(json.dumps({"index": index, "loss": losses[-1]}) + "\n")
-            monitor = {k: monitored[-1][k] for k in ("batches", "sq_norms")} if watch else None
+            monitor = {k: v for k, v in monitored[-1].items() if k != "step"} if watch else None
             if isinstance(follower, ChiefFollower):
                 follower.record(index, losses[-1], times[-1], monitor)
             elif isinstance(follower, WorkerFollower):
@@ -435,17 +438,21 @@ class Trainer:
                 "max_lead": max_lead, "resizes": resizes, "monitor": monitored}
 
     def _monitor_record(self, index: int, parts, values) -> dict[str, Any]:
-        """This task's squared gradient norms of a step, with their batch sizes."""
+        """This task's squared gradient norms of a step (with their batch sizes),
+        and its local compute time and the rest of its step."""
         batches, norms = [], []
         for replica in self.program.replicas:
             sizes = [len(parts[vn.index]) for vn in replica.virtual_nodes]
-            stats = values[replica.index]
+            stats = values["norms"][replica.index]
             if len(sizes) > 1:  # with one virtual node it is the replica's own gradient
                 batches += sizes
                 norms += [float(v) for v in stats["virtual_nodes"]]
             batches.append(sum(sizes))
             norms.append(float(stats["replica"]))
-        return {"step": index, "batches": batches, "sq_norms": norms}
+        times = values["times"]
+        return {"step": index, "batches": batches, "sq_norms": norms,
+                "compute_s": [float(times["gradients"] - times["start"])],
+                "communication_s": [float(times["end"] - times["gradients"])]}
 
     def _enter(self, segment: elastic_.Segment, resizes: list) -> None:
         """Joins `segment`: new program and session, state from the chief."""

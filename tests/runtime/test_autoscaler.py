@@ -358,6 +358,12 @@ def test_simulator_predictor_curves():
     full = Simulator(SearchSpace(gi, spec), cal, batch_size=512)
     step_s = full.predict_strategy(AllReduce().build(gi, spec)).step_time_s[0]
     assert slow(4) == pytest.approx(512 / step_s, rel=1e-12)
+    # Workers sharing a 2-core host: beyond 2 workers compute stops shrinking.
+    shared = simulator_predictor(gi, AllReduce().build, global_batch=512, bandwidth_gbps=100.0,
+                                 calibration=cal, host_cores=2)
+    assert shared(2) == pytest.approx(fast(2))
+    compute_4 = full.predict_strategy(AllReduce().build(gi, spec)).parts["compute_s"][0]
+    assert 512 / shared(4) == pytest.approx(512 / fast(4) + compute_4 * (4 / 2 - 1))
 
 
 def test_simulator_predictor_with_a_cost_model():

@@ -16,6 +16,7 @@ import keras
 import autodist
 from autodist import models
 from autodist.kernels import monitoring
+from autodist.runtime import policy as policies
 from autodist.runtime.run import AutodistError
 from autodist.search import builders
 
@@ -33,6 +34,14 @@ def _sq_norm(model, x, y) -> float:
 
 
 @pytest.mark.cluster
+class _Recorder(policies.Policy):
+    def __init__(self):
+        self.metrics = []
+
+    def on_step_end(self, metrics, control):
+        self.metrics.append(metrics)
+
+
 def test_noise_scale_equals_numpy_from_the_same_gradients(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 20)).astype("float32")
@@ -42,7 +51,9 @@ def test_noise_scale_equals_numpy_from_the_same_gradients(tmp_path):
     spec = autodist.ResourceSpec.local(workers=2)
     strategy = builders.AllReduce().build(autodist.capture(model), spec).with_virtual_nodes(32, 4)
     run = autodist.distribute(model, strategy, spec, job_dir=str(tmp_path / "job"))
-    history = run.fit(x, y, epochs=1, shuffle=False, verbose=0, monitor_every=1)
+    recorder = _Recorder()
+    history = run.fit(x, y, epochs=1, shuffle=False, verbose=0, monitor_every=1,
+                      policies=[recorder])
     assert [r["step"] for r in history.noise_scale] == [0, 1]
     # Step 0: virtual nodes read rows 0-7, 8-15 (worker 0) and 16-23, 24-31 (worker 1).
     batches, norms = [], []
@@ -59,6 +70,16 @@ def test_noise_scale_equals_numpy_from_the_same_gradients(tmp_path):
     assert got["gradient_sq"] == pytest.approx(want.gradient_sq, rel=1e-4)
     assert got["trace_sigma"] == pytest.approx(want.trace_sigma, rel=1e-4)
     assert np.isfinite(history.noise_scale[1]["smoothed"])
+    # The step's split, timed in the graph: local compute, then the rest.
+    for record, seconds in zip(history.noise_scale, history.step_times):
+        assert 0 < record["compute_s"] < seconds
+        assert record["communication_s"] == pytest.approx(seconds - record["compute_s"])
+    # Policies see the same estimates live, step by step.
+    live = recorder.metrics
+    assert [m.step for m in live] == [0, 1]
+    assert live[0].gradient_variance == pytest.approx(want.trace_sigma, rel=1e-4)
+    assert live[1].noise_scale.noise_scale == pytest.approx(history.noise_scale[1]["smoothed"])
+    assert live[0].compute_s == pytest.approx(got["compute_s"])
 
 
 def test_monitoring_needs_two_virtual_nodes_on_a_replica():
