@@ -42,12 +42,12 @@ def main() -> int:
     parser.add_argument("--mbit", type=float, default=1000.0)
     parser.add_argument("--max-workers", type=int, default=4)
     parser.add_argument("--theta", type=float, default=0.5)
-    parser.add_argument("--batch-size", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--virtual-nodes", type=int, default=4)
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--hidden", default="512,512")
-    parser.add_argument("--input-dim", type=int, default=256)
+    parser.add_argument("--hidden", default="1024,1024")
+    parser.add_argument("--input-dim", type=int, default=64)
     args = parser.parse_args()
     if not in_private_netns():
         print("run me inside `unshare -n` (see the docstring)", file=sys.stderr)
@@ -67,7 +67,7 @@ def main() -> int:
     strategy = builders.AllReduce().build(item, spec).with_virtual_nodes(
         args.batch_size, args.virtual_nodes)
     per_size = args.warmup + args.window
-    steps = per_size * args.max_workers * 2 + 8
+    steps = per_size * (args.max_workers + 2)  # enough for every trial and the settled size
     rng = np.random.default_rng(0)
     n = args.batch_size * steps
     x = rng.normal(size=(n, args.input_dim)).astype("float32")

@@ -152,8 +152,8 @@ class Control:
         """
         if strategy is None:
             spec = scaled_bandwidth(self.run.resource_spec, bandwidth_scale)
-            strategy = self.replanner(self.run.graph_item, spec, self.strategy)
-            strategy = _same_virtual_nodes(strategy, self.run.strategy)
+            strategy = _same_batch(self.replanner(self.run.graph_item, spec, self.strategy),
+                                   self.strategy)
         if _same_plan(strategy, self.strategy):
             self.log("replan", changed=False, reason=reason)
             return self.strategy
@@ -246,10 +246,11 @@ def _same_plan(a: Strategy, b: Strategy) -> bool:
         list(a.proto.variables) == list(b.proto.variables)
 
 
-def _same_virtual_nodes(strategy: Strategy, like: Strategy) -> Strategy:
-    if like.global_batch_size is None:
-        return strategy
-    return strategy.with_virtual_nodes(like.global_batch_size, like.num_virtual_nodes)
+def _same_batch(strategy: Strategy, like: Strategy) -> Strategy:
+    """`strategy` with the virtual nodes and hyper-parameter overrides of `like`."""
+    if like.global_batch_size is not None:
+        strategy = strategy.with_virtual_nodes(like.global_batch_size, like.num_virtual_nodes)
+    return strategy.with_hyperparameters(**like.hyperparameters)
 
 
 # ------------------------------------------------------------- built-ins
