@@ -191,9 +191,21 @@ class ChiefFollower:
             self._absorb([message])
             self._write_complete()
 
-    def finish(self, losses_by_task: Sequence[Sequence[float]], times: Sequence[float]) -> None:
-        """After the run: records for the steps not yet written, from the results."""
+    def finish(self, losses_by_task: Sequence[Sequence[float]], times: Sequence[float],
+               monitors_by_task: Sequence[Sequence[dict[str, Any]]] = ()) -> None:
+        """After the run: records for the steps not yet written, from the results.
+
+        `monitors_by_task`: each task's monitored-step records (the reports
+        of the last steps may not have reached the chief yet).
+        """
         done = min(len(losses) for losses in losses_by_task)
+        unwritten: dict[int, list[dict[str, Any]]] = {}
+        for records in monitors_by_task:
+            for record in records:
+                if int(record["step"]) >= self._written:
+                    unwritten.setdefault(int(record["step"]), []).append(
+                        {k: v for k, v in record.items() if k != "step"})
+        self._monitors.update(unwritten)
         with open(self._progress, "a") as f:
             for step in range(self._written, done):
                 f.write(self._line(step, sum(losses[step] for losses in losses_by_task),

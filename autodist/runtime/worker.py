@@ -759,7 +759,8 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
     weights = trainer.final_weights()
     results = trainer.collect_results(result)
     if isinstance(trainer.follower, ChiefFollower):
-        trainer.follower.finish([r["losses"] for r in results], result["step_times"])
+        trainer.follower.finish([r["losses"] for r in results], result["step_times"],
+                                [r.get("monitor", []) for r in results])
     tmp = job.file("final_weights.tmp.npz")
     np.savez(tmp, **weights)
     tmp.replace(job.file("final_weights.npz"))
