@@ -19,9 +19,10 @@ by side in one run:
    and told that the workers share its cores).
 
 It reports each mode's chosen size, its trials, and the step at which it
-settled. The 2-core machine contends compute between the worker processes
-(more than two workers add no compute), so the curve flattens early; the
-capped links add communication that grows with the size.
+settled. Each worker process is pinned to one core (round robin over the
+machine's cores), so on the 2-core machine two workers have twice the compute
+of one and more add none; the capped links add communication that grows
+with the size.
 """
 from __future__ import annotations
 
@@ -30,9 +31,12 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
+import threading
 import time
 
 from emulated_cluster import capped_spec, clear_lo, in_private_netns
+from slowdown import pin_workers
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -74,12 +78,22 @@ def main() -> int:
     y = rng.integers(0, 10, n).astype("int32")
     weights = model.get_weights()
 
+    cores = os.cpu_count() or 1
+    pins = {t: {t % cores} for t in range(args.max_workers)}
+
+    def distribute(job_dir: str):
+        """A run whose worker processes get pinned to one core each (round robin)."""
+        threading.Thread(target=pin_workers, args=(job_dir, pins), daemon=True).start()
+        return autodist.distribute(model, strategy, spec, graph_item=item, job_dir=job_dir)
+
+    work = tempfile.mkdtemp(prefix="autoscaler-bench-")
+
     def scaler():
         return autoscaler.Autoscaler(autoscaler.ScalingEfficiency(theta=args.theta), 1,
                                      args.max_workers)
 
     # 1. The measured curve, every size in one run.
-    run = autodist.distribute(model, strategy, spec, graph_item=item)
+    run = distribute(os.path.join(work, "curve"))
     schedule = {k * per_size: k + 1 for k in range(args.max_workers)}
     history = run.fit(x[:per_size * args.max_workers * args.batch_size],
                       y[:per_size * args.max_workers * args.batch_size], epochs=1, verbose=0,
@@ -101,11 +115,11 @@ def main() -> int:
                                              global_batch=args.batch_size,
                                              bandwidth_gbps=args.mbit / 1000,
                                              calibration=measure_calibration(),
-                                             host_cores=os.cpu_count())
+                                             host_cores=cores)
     online = {}
     for mode, prediction in (("trial-and-error", None), ("guided", predict)):
         model.set_weights(weights)
-        run = autodist.distribute(model, strategy, spec, graph_item=item)
+        run = distribute(os.path.join(work, mode))
         scale = policy.Autoscale(scaler(), prediction, window=args.window, warmup=args.warmup)
         start = time.perf_counter()
         history = run.fit(x, y, epochs=1, verbose=0, resize_at={0: 1}, policies=[scale])
@@ -114,8 +128,7 @@ def main() -> int:
             print(f"{mode}: did not settle ({scale.error})", file=sys.stderr)
             online[mode] = None
             continue
-        settled = next((a["step"] for a in history.actions
-                        if a["action"] == "resize" and a["reason"].startswith("autoscaler:")),
+        settled = next((a["step"] for a in history.actions if a["action"] == "autoscaled"),
                        None)
         online[mode] = (scale.result, settled, seconds)
         print(f"{mode}: {scale.result.workers} workers after {scale.result.num_trials} trials",

@@ -472,7 +472,9 @@ class Autoscale(Policy):
             self._settled = True
             if kind == "done":
                 self.result = value
-                control.resize(value.workers, reason=f"autoscaler: {value.decision.reason}")
+                control.log("autoscaled", workers=value.workers, trials=value.num_trials,
+                            reason=value.decision.reason)
+                control.resize(value.workers, reason="autoscaler's choice")
             else:
                 self.error = value
                 control.log("autoscale_failed", reason=str(value))
