@@ -45,10 +45,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mbit", type=float, default=1000.0)
     parser.add_argument("--max-workers", type=int, default=4)
-    parser.add_argument("--theta", type=float, default=0.5)
+    parser.add_argument("--theta", type=float, default=0.3)
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--virtual-nodes", type=int, default=4)
-    parser.add_argument("--window", type=int, default=5)
+    parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--hidden", default="1024,1024")
     parser.add_argument("--input-dim", type=int, default=64)
@@ -146,13 +146,13 @@ def main() -> int:
         print(f"| {w} | {t:.0f} | {predict(w):.0f} |")
     print(f"\nEfficient size on the measured curve: **{offline.workers}** "
           f"({offline.decision.reason}).\n")
-    print("| mode | chosen | trials (sizes in order) | settled at step |\n|---|---:|---|---:|")
+    print("| mode | chosen | trials (size and measured examples/s, in order) | settled at step |\n|---|---:|---|---:|")
     for mode, outcome in online.items():
         if outcome is None:
             print(f"| {mode} | — | did not settle | — |")
             continue
         result, settled, _ = outcome
-        sizes = ", ".join(str(t.workers) for t in result.trials)
+        sizes = ", ".join(f"{t.workers} ({t.throughput:.0f}/s)" for t in result.trials)
         print(f"| {mode} | {result.workers} | {result.num_trials} ({sizes}) | {settled} |")
     print(f"\nCommand: `python {' '.join(sys.argv)}` (in `unshare -n`) on {platform.node()}, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
