@@ -218,12 +218,27 @@ def report(results, rows: Rows, records: Sequence[Any], skipped: int, decision: 
                           ("tau", "{:+.3f}"), ("top1", "{:.2f}"))}
     lines.append(f"| **mean over models** | {ok} | {means['pairwise']} | "
                  f"{means['pairwise_10pct']} | {means['tau']} | {means['top1']} |")
-    lines += ["", f"**Decision: {decision}.** {why}.", ""]
+    lines += ["", f"**Decision: {decision}.** {why[0].upper() + why[1:]}.", ""]
     if importance:
         top = sorted(importance.items(), key=lambda kv: -kv[1])[:10]
         total = sum(importance.values()) or 1.0
         lines += ["Features of the shipped model by gain (top 10): "
                   + ", ".join(f"`{k}` {v / total:.0%}" for k, v in top) + ".", ""]
+    measured = [r for r in rows.records if r.extra.get("steps")]
+    if measured:
+        setup = sorted({(int(r.graph_summary.get("batch_size", 0)), r.extra["warmup_steps"],
+                         r.extra["steps"]) for r in measured})
+        ratio = np.array([r.median_step_time_s / r.predicted_step_time_s for r in measured
+                          if r.predicted_step_time_s])
+        lines += ["Measurement: " + "; ".join(f"global batch {b}, {s} timed steps after {w} "
+                                                f"warm-up steps per strategy"
+                                                for b, w, s in setup)
+                  + ", several strategies per cluster launch (switched in place). The "
+                  "simulator's seconds are uncalibrated here (default constants): measured / "
+                  f"predicted step time is {np.median(ratio):.1f}× in the median "
+                  f"({np.percentile(ratio, 5):.1f}–{np.percentile(ratio, 95):.1f}× for 90% of "
+                  "trials); only its order is compared. The learned models use LightGBM's "
+                  "defaults of `CostModel` (not tuned on these held-out results).", ""]
     collect = sorted({r.extra.get("command", "") for r in records} - {""})
     lines += ["## Commands", "",
               "Collect (each in a private network namespace as root: `unshare -n bash -c "
