@@ -15,6 +15,8 @@ setup(
     description="Automatic distribution of TensorFlow training: capture, "
                 "strategy search, graph rewriting and a distributed runtime.",
     packages=find_packages(include=["autodist", "autodist.*"]),
+    # The shipped cost model (benchmarks/train_cost_model.py rebuilds it).
+    package_data={"autodist.search": ["data/*.txt"]},
     python_requires=">=3.11",
     install_requires=[
         "keras>=3.10,<4",

@@ -95,9 +95,10 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
             `measure=True`; default 3 then).
         measure: Measure the best candidates on the cluster (a few seconds
             each) and pick the fastest measured one.
-        cost_model: A `CostModel`, a path to one, or None for the shipped
-            default (`autodist/search/data/cost_model.txt`) when it exists,
-            else the analytic simulator alone.
+        cost_model: A `CostModel`, a path to one, "simulator" for the
+            analytic simulator alone, or None for the shipped default
+            (`autodist/search/data/cost_model.txt`) when it exists, else the
+            simulator.
         batch_size: Global batch size the plan is for (default: 32 per replica).
         database: A `Database` or path where trials are recorded and resumed.
         space_options: `SpaceOptions` bounding the search space (compressors
@@ -131,6 +132,8 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
     graph_item = graph_item or capture(model)
     if cost_model is None:
         cost_model = default_cost_model()
+    elif isinstance(cost_model, str) and cost_model == "simulator":
+        cost_model = None
     elif not isinstance(cost_model, CostModel):
         cost_model = CostModel.load(cost_model)
     if database is not None and not isinstance(database, Database):

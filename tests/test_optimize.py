@@ -8,8 +8,10 @@ import pytest
 
 import autodist
 from autodist import cli, models
+from autodist.api import default_cost_model
 from autodist.search.database import Database
 from autodist.search.space import SpaceOptions
+from autodist.search.tuner import Tuner
 
 
 @pytest.mark.parametrize("name", ["mlp", "ncf", "transformer"])
@@ -23,8 +25,17 @@ def test_optimize_returns_a_valid_strategy_in_seconds(name):
     assert elapsed < 20, f"optimize took {elapsed:.1f}s"
     plan.strategy.validate(gi, spec)
     assert plan.strategy.origin == "search"
-    assert plan.predicted_step_time <= min(plan.builder_step_times.values()) + 1e-12
+    # The builders are candidates: the ranking that chose the pick (the shipped
+    # cost model when there is one) never places it below a builder.
+    tuner = Tuner(gi, spec, cost_model=default_cost_model(), search_budget=10)
+    scores = tuner.score(np.stack([tuner.space.encode(plan.strategy)]
+                                  + list(tuner.seeds.values())))
+    assert scores[0] <= scores[1:].min() + 1e-12
     assert 0 < plan.lower_bound_step_time <= plan.predicted_step_time
+    # With the simulator alone, that ranking is in predicted seconds.
+    simulated = autodist.optimize(model, spec, graph_item=gi, cost_model="simulator")
+    assert simulated.strategy.proto.performance.predictor == "simulator"
+    assert simulated.predicted_step_time <= min(simulated.builder_step_times.values()) + 1e-12
     text = plan.explain()
     for var in gi.variable_names:
         assert var in text
@@ -78,3 +89,15 @@ def test_optimize_with_a_measured_calibration():
     assert slow.predicted_step_time > plan.predicted_step_time
     with pytest.raises(ValueError, match="calibration must be"):
         autodist.optimize(model, calibration="guess")
+
+
+def test_optimize_ranks_with_the_shipped_cost_model():
+    from autodist.search.features import FEATURE_NAMES  # pylint: disable=C0415
+
+    shipped = default_cost_model()
+    assert shipped is not None, "autodist/search/data/cost_model.txt is missing"
+    shipped.check_features(FEATURE_NAMES)
+    assert shipped.training_stats["num_rows"] >= 500
+    model = models.build("mlp", hidden=(32,))
+    plan = autodist.optimize(model)
+    assert plan.strategy.proto.performance.predictor == f"lightgbm-{shipped.kind}"

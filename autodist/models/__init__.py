@@ -123,6 +123,31 @@ def _position_embedding_layer():
     return PositionEmbedding
 
 
+def language_model(vocab_size: int = 20000, seq_len: int = 8, dim: int = 32,
+                   seed: int = 0, optimizer: Any = "sgd"):
+    """A next-token language model with a large vocabulary.
+
+    Token ids -> Embedding(vocab_size, dim) -> mean over the context -> a
+    small dense mixing layer -> Dense softmax logits over the whole
+    vocabulary (sparse integer labels). The input table gets sparse
+    (IndexedSlices) gradients; the output projection, as large, dense ones:
+    the two ends of the strategy choice for big tables.
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+    from keras import layers  # pylint: disable=import-outside-toplevel
+
+    keras.utils.set_random_seed(seed)
+    tokens = keras.Input((seq_len,), dtype="int32", name="tokens")
+    h = layers.Embedding(vocab_size, dim, name="token_embedding")(tokens)
+    h = layers.GlobalAveragePooling1D()(h)
+    h = layers.Dense(dim, activation="relu", name="mix")(h)
+    outputs = layers.Dense(vocab_size, name="softmax")(h)
+    model = keras.Model(tokens, outputs, name="lm")
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def resnet50(image_size: int = 64, classes: int = 1000, seed: int = 0,
              optimizer: Any = "sgd"):
     """Keras' ResNet50 (about 25M parameters), untrained, at a small image size."""
@@ -141,6 +166,7 @@ BUILDERS: dict[str, Callable[..., Any]] = {
     "cnn": cnn,
     "ncf": embedding_model,
     "transformer": transformer,
+    "lm": language_model,
     "resnet50": resnet50,
 }
 

@@ -182,6 +182,27 @@ def test_transformer_capture(transformer_item):
                for op in gi.ops)
 
 
+def test_language_model_capture():
+    model = models.build("lm", vocab_size=500, seq_len=4, dim=8)
+    gi = capture(model)
+    table = gi.variable("token_embedding/embeddings")
+    assert table.sparse_gradient and list(table.shape) == [500, 8]
+    assert list(table.partitionable_axes) == [0]
+    softmax = gi.variable("softmax/kernel")
+    assert not softmax.sparse_gradient and list(softmax.shape) == [8, 500]
+    assert sorted(v.name for v in gi.variables) == [
+        "mix/bias", "mix/kernel", "softmax/bias", "softmax/kernel", "token_embedding/embeddings"]
+    x, y = models.synthetic_data(model, 6)
+    assert x.shape == (6, 4) and x.max() < 500 and y.shape == (6,) and y.max() < 500
+    rng = np.random.default_rng(3)
+    feeds = {"tokens": rng.integers(0, 500, (6, 4)).astype(np.int32),
+             "y": rng.integers(0, 500, 6).astype(np.int32)}
+    got = _run_captured_step(gi, feeds, {v.path: v.value for v in model.trainable_variables})
+    _, expected = _reference_gradients(model, feeds["tokens"], feeds["y"])
+    for name, grad in expected.items():
+        np.testing.assert_allclose(got[name], grad, rtol=1e-4, atol=1e-6)
+
+
 def test_op_dag_is_acyclic_and_annotated(mlp_item):
     dag = mlp_item.op_dag()
     assert nx.is_directed_acyclic_graph(dag)

@@ -1,0 +1,180 @@
+"""The trial data set's pure parts, without a cluster.
+
+The collector (benchmarks/collect_trials.py): slicing a launch's step times
+per strategy, the switch schedule, the fallback to smaller launches when one
+fails (a failing strategy becomes a record with its error), candidate
+selection and the records it writes. The trainer
+(benchmarks/train_cost_model.py): reading plain and gzip databases, its
+metrics and the decision to ship.
+"""
+from __future__ import annotations
+
+import gzip
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.search import builders
+from autodist.search.database import Database
+from autodist.search.features import FEATURE_NAMES, featurize_strategy
+from autodist.search.simulator import Simulator
+from autodist.search.space import SearchSpace
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks"))
+import collect_trials as ct  # noqa: E402  pylint: disable=wrong-import-position
+import train_cost_model as tcm  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def test_shape_parse():
+    assert ct.Shape.parse("2x1@100") == ct.Shape(2, 1, 100.0)
+    assert str(ct.Shape.parse("3X2@1e4")) == "3x2@10000"
+    for bad in ("2x1", "2@100", "axb@1", "0x1@100", "2x1@0"):
+        with pytest.raises(ValueError, match="shape"):
+            ct.Shape.parse(bad)
+
+
+def test_switch_schedule_and_slices():
+    first, switch_at, total = ct.switch_schedule(["a", "b", "c"], warmup=2, steps=3)
+    assert first == "a" and switch_at == {5: "b", 10: "c"} and total == 15
+    times = [float(i) for i in range(15)]
+    parts = ct.slice_step_times(times, 3, warmup=2, steps=3)
+    assert parts == [([0, 1], [2, 3, 4]), ([5, 6], [7, 8, 9]), ([10, 11], [12, 13, 14])]
+    with pytest.raises(ValueError, match="recorded 14 step times.*need 15"):
+        ct.slice_step_times(times[:14], 3, warmup=2, steps=3)
+    with pytest.raises(ValueError, match="warmup >= 0"):
+        ct.trial_starts(2, -1, 3)
+
+
+def test_switch_seconds_checks_every_planned_switch():
+    resizes = [{"step": 5, "plan": 1, "seconds": 0.5, "workers": 2},
+               {"step": 10, "plan": 2, "seconds": 0.7, "workers": 2}]
+    assert ct.switch_seconds(resizes, 3, 2, 3) == [None, 0.5, 0.7]
+    with pytest.raises(ValueError, match=r"did not switch at steps \[10\]"):
+        ct.switch_seconds(resizes[:1], 3, 2, 3)
+
+
+def test_chunks_are_balanced():
+    assert ct.chunks(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
+    assert [len(c) for c in ct.chunks(list(range(41)), 20)] == [14, 14, 13]
+    assert ct.chunks([], 3) == []
+    with pytest.raises(ValueError):
+        ct.chunks([1], 0)
+
+
+def test_fallback_isolates_the_failing_strategy():
+    launches = []
+
+    def launch(strategies):
+        launches.append(list(strategies))
+        if "bad" in strategies:
+            raise RuntimeError("cannot build bad")
+        return [ct.Outcome(step_times_s=[0.1], launch_size=len(strategies))
+                for _ in strategies]
+
+    lines = []
+    outcomes = ct.measure_with_fallback(["a", "b", "bad", "c"], launch, lines.append)
+    assert [o.error for o in outcomes] == [None, None, "RuntimeError: cannot build bad", None]
+    assert [o.launch_size for o in outcomes] == [2, 2, 1, 1]
+    assert launches == [["a", "b", "bad", "c"], ["a", "b"], ["bad", "c"], ["bad"], ["c"]]
+    assert len(lines) == 3 and "launch of 4 failed" in lines[0]
+    assert ct.measure_with_fallback([], launch) == []
+
+
+def test_fallback_when_a_launch_returns_too_few_outcomes():
+    outcomes = ct.measure_with_fallback(
+        ["a", "b"], lambda s: [ct.Outcome(step_times_s=[0.1])] if len(s) == 1 else [])
+    assert [o.error for o in outcomes] == [None, None]
+
+
+@pytest.fixture(scope="module")
+def workload(mlp_item):
+    spec = ResourceSpec.local(workers=2, ps=1)
+    space = SearchSpace(mlp_item, spec)
+    return mlp_item, spec, space, Simulator(space, None, batch_size=64)
+
+
+def test_candidates_are_seeded_distinct_and_start_with_builders(workload):
+    gi, spec, space, _ = workload
+    first = ct.candidate_strategies(gi, spec, space, 20, seed=1)
+    again = ct.candidate_strategies(gi, spec, space, 20, seed=1)
+    assert [k for _, _, k in first] == [k for _, _, k in again]
+    assert len(first) == 20 and len({k for _, _, k in first}) == 20
+    origins = [o for o, _, _ in first]
+    n_builders = sum(o != "sample" for o in origins)
+    assert set(origins[:n_builders]) <= set(builders.BUILDERS)
+    assert origins[n_builders:] == ["sample"] * (20 - n_builders)
+    for _, strategy, key in first:
+        assert tuple(space.encode(strategy)) == key
+    skipped = ct.candidate_strategies(gi, spec, space, 20, seed=1,
+                                      skip={k for _, _, k in first})
+    assert not {k for _, _, k in skipped} & {k for _, _, k in first}
+
+
+def test_records_round_trip_and_resume(tmp_path, workload):
+    gi, spec, space, simulator = workload
+    strategy = builders.PS().build(gi, spec)
+    features = featurize_strategy(simulator, strategy)
+    assert list(features) == list(FEATURE_NAMES)
+    extra = {"command": "python benchmarks/collect_trials.py --seed 3", "shape": "2x1@100"}
+    ok = ct.make_record(gi, spec, strategy,
+                        ct.Outcome([0.2, 0.1, 0.3], [0.9, 0.4], switch_s=0.5, launch_size=3),
+                        model_key="mlp", batch_size=64, features=features,
+                        predicted_s=0.12, extra=extra)
+    failed = ct.make_record(gi, spec, strategy,
+                            ct.Outcome([0.2], error="AutodistError: no", launch_size=1),
+                            model_key="mlp", batch_size=64, features=features,
+                            predicted_s=0.12, extra=extra)
+    db = Database(tmp_path / "trials.jsonl")
+    db.extend([ok, failed])
+    got_ok, got_failed = db.records()
+    assert got_ok.ok and got_ok.median_step_time_s == pytest.approx(0.2)
+    assert got_ok.origin == "PS" and got_ok.model_name == "mlp"
+    assert got_ok.graph_summary["batch_size"] == 64.0
+    assert got_ok.extra["switch_s"] == 0.5 and got_ok.extra["warmup_step_times_s"] == [0.9, 0.4]
+    assert got_ok.extra["command"].endswith("--seed 3")
+    assert not got_failed.ok and got_failed.step_times_s == ()
+    assert got_failed.error == "AutodistError: no" and "switch_s" not in got_failed.extra
+    assert ct.record_key(got_ok) == (got_ok.workload, 64.0)
+    keys = ct.measured_keys(db.records(), got_ok.workload, 64, space)
+    assert keys == {tuple(space.encode(strategy))}
+    assert ct.measured_keys(db.records(), got_ok.workload, 128, space) == set()
+
+
+    # The trainer reads the same records from a gzip-compressed copy.
+    packed = tmp_path / "trials.jsonl.gz"
+    packed.write_bytes(gzip.compress(db.path.read_bytes() + b"torn"))
+    records, skipped = tcm.read_records(packed)
+    assert [r.to_json_dict() for r in records] == [got_ok.to_json_dict(),
+                                                   got_failed.to_json_dict()]
+    assert skipped == 1
+    rows = tcm.Rows(records, FEATURE_NAMES)
+    assert rows.X.shape == (1, len(FEATURE_NAMES)) and rows.times.tolist() == [0.2]
+    assert rows.workloads == [f"{got_ok.workload}@64"] and rows.simulator.tolist() == [0.12]
+    with pytest.raises(FileNotFoundError, match="collect_trials"):
+        tcm.read_records(tmp_path / "missing.jsonl")
+
+
+def test_trainer_metrics():
+    actual = np.array([1.0, 1.05, 2.0, 1.0, 3.0])
+    workloads = ["a", "a", "a", "b", "b"]
+    pred = np.array([3.0, 2.0, 1.0, 0.0, 1.0])      # workload a reversed, b right
+    # pairs > 10% apart: (1.0, 2.0), (1.05, 2.0) in a (both wrong), (1.0, 3.0) in b (right)
+    assert tcm.significant_pairwise_accuracy(pred, actual, workloads) == pytest.approx(1 / 3)
+    # a: ranks 2.0 first (2x the best); b: ranks the best first
+    assert tcm.top1_slowdown(pred, actual, workloads) == pytest.approx(2 ** 0.5)
+    m = tcm.metrics(pred, actual, workloads)
+    assert m["pairwise"] == pytest.approx(1 / 4) and m["tau"] == pytest.approx(0.0)
+
+
+def test_trainer_ships_only_what_ranks_about_as_well_as_the_simulator():
+    def results(reg, rank, sim):
+        return {"m": {"regressor": {"pairwise": reg}, "ranker": {"pairwise": rank},
+                      "simulator": {"pairwise": sim}}}
+
+    assert tcm.choose(results(0.70, 0.75, 0.755), 0.01)[0] == "ranker"
+    assert tcm.choose(results(0.80, 0.75, 0.70), 0.01)[0] == "regressor"
+    kind, why = tcm.choose(results(0.60, 0.65, 0.70), 0.01)
+    assert kind == "simulator" and "nothing shipped" in why
