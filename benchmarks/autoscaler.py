@@ -10,7 +10,7 @@ batch split into virtual nodes, so every size trains the same numbers. Side
 by side in one run:
 
 1. The measured scaling curve: one run resized in place through every size
-   (`resize_at`), median examples/s per size after warm-up. The efficient
+   and back (`resize_at`), median examples/s per size after warm-up. The efficient
    size is where the scaling-efficiency heuristic settles on this curve.
 2. Trial and error: `policy.Autoscale` without a prediction, resizing the
    running job until the heuristic settles.
@@ -92,16 +92,19 @@ def main() -> int:
         return autoscaler.Autoscaler(autoscaler.ScalingEfficiency(theta=args.theta), 1,
                                      args.max_workers)
 
-    # 1. The measured curve, every size in one run.
+    # 1. The measured curve, every size in one run: up and down again, so
+    # each size below the largest is measured twice (median of both).
+    order = list(range(1, args.max_workers + 1)) + list(range(args.max_workers - 1, 0, -1))
     run = distribute(os.path.join(work, "curve"))
-    schedule = {k * per_size: k + 1 for k in range(args.max_workers)}
-    history = run.fit(x[:per_size * args.max_workers * args.batch_size],
-                      y[:per_size * args.max_workers * args.batch_size], epochs=1, verbose=0,
-                      resize_at=schedule)
-    curve = {}
-    for k in range(args.max_workers):
+    schedule = {k * per_size: size for k, size in enumerate(order)}
+    rows = per_size * len(order) * args.batch_size
+    history = run.fit(np.resize(x, (rows, args.input_dim)), np.resize(y, rows), epochs=1,
+                      verbose=0, resize_at=schedule)
+    samples: dict[int, list[float]] = {}
+    for k, size in enumerate(order):
         times = history.step_times[k * per_size + args.warmup:(k + 1) * per_size]
-        curve[k + 1] = args.batch_size / statistics.median(times)
+        samples.setdefault(size, []).extend(times)
+    curve = {w: args.batch_size / statistics.median(samples[w]) for w in sorted(samples)}
     offline = scaler().run(lambda w: curve[w], start=1)
     print(f"curve: {', '.join(f'{w}: {t:.0f}/s' for w, t in curve.items())}; "
           f"efficient size {offline.workers}", file=sys.stderr, flush=True)
