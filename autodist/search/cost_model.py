@@ -337,7 +337,7 @@ class CostModel:
 
     # ------------------------------------------------------------ training
     def fit(self, X: Any, step_times: Any, workloads: Sequence[str],
-            feature_names: Sequence[str]) -> CostModel:
+            feature_names: Sequence[str], init_model: CostModel | None = None) -> CostModel:
         """Trains on measured trials (replacing any earlier training).
 
         Args:
@@ -345,6 +345,9 @@ class CostModel:
             step_times: Measured step time of each row in seconds, shape (n,), positive.
             workloads: The workload of each row (`TrialRecord.workload`).
             feature_names: The f column names, unique.
+            init_model: Continue boosting from this fitted model of the same
+                kind and features (e.g. the shipped model, refined with a
+                user's own trials) instead of starting from nothing.
 
         Returns:
             self.
@@ -378,6 +381,12 @@ class CostModel:
         elif len(times) < 2:
             raise CostModelError(f"a regressor needs at least 2 rows. Received: {len(times)}")
 
+        if init_model is not None and (not init_model.is_fitted or init_model.kind != self._kind
+                                       or init_model.feature_names != features):
+            raise CostModelError(
+                f"init_model must be a fitted {self._kind} with features {features}. Received: "
+                f"{init_model.kind if init_model.is_fitted else 'an unfitted'} model with "
+                f"features {init_model.feature_names if init_model.is_fitted else []}")
         lgb = _lightgbm()
         order = np.concatenate(groups)              # rows of a workload must be contiguous
         params = self._lgb_params(max(len(idx) for idx in groups))
@@ -393,7 +402,8 @@ class CostModel:
                                       "seed": self._seed, "num_threads": params["num_threads"]},
                               free_raw_data=True)
         try:
-            booster = lgb.train(params, dataset, num_boost_round=self._num_boost_round)
+            booster = lgb.train(params, dataset, num_boost_round=self._num_boost_round,
+                                init_model=init_model._booster if init_model else None)
         except lgb.basic.LightGBMError as e:
             raise CostModelError(f"LightGBM failed to train the {self._kind}: {e}") from e
         self._booster = booster

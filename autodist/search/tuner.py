@@ -107,6 +107,7 @@ class Tuner:
         self.space = SearchSpace(graph_item, resource_spec, space_options)
         self.simulator = Simulator(self.space, calibration, batch_size)
         self.cost_model = cost_model
+        self._base_cost_model = cost_model  # what refits continue from
         if cost_model is not None:
             cost_model.check_features(FEATURE_NAMES)
         self.database = database
@@ -286,9 +287,15 @@ class Tuner:
         x = np.array([[r.features.get(name, 0.0) for name in FEATURE_NAMES] for r in records])
         y = np.array([r.median_step_time_s for r in records])
         kind = self.cost_model.kind if self.cost_model is not None else "regressor"
+        # A model trained on many workloads (the shipped one) is refined with
+        # these trials rather than replaced by a model of these few workloads.
+        base = self._base_cost_model
+        if base is not None and (not base.is_fitted or base.kind != kind
+                                 or base.feature_names != list(FEATURE_NAMES)):
+            base = None
         try:
             self.cost_model = CostModel(kind=kind, seed=self.seed).fit(
-                x, y, [r.workload for r in records], FEATURE_NAMES)
+                x, y, [r.workload for r in records], FEATURE_NAMES, init_model=base)
         except ValueError:
             return False  # e.g. no workload with two distinct measurements yet
         return True

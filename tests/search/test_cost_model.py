@@ -267,3 +267,17 @@ def test_leave_one_group_out_reports_each_held_out_group():
         leave_one_group_out(X, t, w, ["model0"] * 89 + ["model1"] * 181, FEATURES)
     with pytest.raises(CostModelError, match="at least 2 groups"):
         leave_one_group_out(X, t, w, ["one"] * len(t), FEATURES)
+
+
+def test_refining_a_trained_model_keeps_what_it_learned(ranker, test_data):
+    # A few trials of one new workload: a model of those alone ranks other
+    # workloads worse than the trained model refined with them.
+    X, t, w = synthetic(1, 12, seed=7)
+    alone = CostModel("ranker", num_boost_round=100).fit(X, t, w, FEATURES)
+    refined = CostModel("ranker", num_boost_round=100).fit(X, t, w, FEATURES, init_model=ranker)
+    assert refined._booster.num_trees() > ranker._booster.num_trees()  # pylint: disable=W0212
+    Xt, tt, wt = test_data
+    assert pairwise_accuracy(refined.predict(Xt), tt, wt) > \
+        pairwise_accuracy(alone.predict(Xt), tt, wt) + 0.05
+    with pytest.raises(CostModelError, match="init_model must be a fitted ranker"):
+        CostModel("ranker").fit(X, t, w, FEATURES, init_model=CostModel("ranker"))
