@@ -196,8 +196,10 @@ def markdown(rows: Sequence[Row], title: str = "Strategies vs baselines, emulate
              "Median ms/step after warm-up (min–max), examples/s, the simulator's lower "
              "bound (compute and bandwidth perfectly overlapped, no latency) and the "
              "speed-up over the best baseline: the fastest of every builder, MWMS and "
-             "single-device Keras (speedup = its median / the row's; > 1 is faster).", "",
-             "## Summary", "", summary_table(rows), "", "## Every measurement", ""]
+             "single-device Keras (speedup = its median / the row's; > 1 is faster). In the "
+             "summary, ratios are the other system's ms/step over optimize's pick's (> 1: the "
+             "pick is faster).", "",
+             *_notes(rows), "", "## Summary", "", summary_table(rows), "", "## Every measurement", ""]
     for model, mbit in keys:
         group = sorted((r for r in rows if (r.model, r.mbit) == (model, mbit)),
                        key=lambda r: (not r.ok, r.median_ms))
@@ -226,13 +228,37 @@ def markdown(rows: Sequence[Row], title: str = "Strategies vs baselines, emulate
     return "\n".join(lines)
 
 
+def _notes(rows: Sequence[Row]) -> list[str]:
+    shapes = sorted({(r.workers, r.ps) for r in rows})
+    cluster = ", ".join(f"{w} workers + {p} PS" for w, p in shapes)
+    hosts = sorted({r.host for r in rows if r.host})
+    return [
+        f"- Cluster: {cluster} as local processes on one machine ({', '.join(hosts)}); "
+        "each task's link is capped with an htb class on `lo`. Compute is contended: every "
+        "task shares the same cores, so on a small machine no distributed step beats one "
+        "process, and single-device Keras (one process, no network) is the best baseline; "
+        "the caps make the communication cost, where strategies differ, visible.",
+        "- Builders and optimize's pick share one cluster launch per model and bandwidth "
+        "(`fit(switch_at=...)`); the first steps after each switch are not timed. "
+        "optimize ranks with the shipped cost model (no measured trials). When its pick is "
+        "identical to a builder's strategy (\"= builder\"), the two rows are the same "
+        "strategy measured twice: their difference is the noise of these short runs.",
+        "- MWMS: `tf.distribute.MultiWorkerMirroredStrategy`, custom loop, one process per "
+        "worker on the capped worker ports (the same caps), the same global batch; its lower "
+        "bound column repeats AllReduce's.",
+        "- `ParameterServerStrategy` is left out: in TF 2.21 it trains only asynchronously, "
+        "driven by a `ClusterCoordinator` in a separate coordinator process (Keras 3 `fit` "
+        "is unsupported there), so it has no synchronous step time comparable to these rows.",
+    ]
+
+
 def summary_table(rows: Sequence[Row]) -> str:
     """One line per model and bandwidth: best builder, optimize's pick, the baselines."""
     order = {m: i for i, m in enumerate(MODELS)}
     keys = sorted({(r.model, r.mbit) for r in rows}, key=lambda k: (order.get(k[0], 99), k[1]))
-    out = ["| model | Mbit/s | best builder (ms) | optimize's pick (ms) | optimize / best "
-           "builder | MWMS (ms) | single-device (ms) | optimize speedup vs best baseline |",
-           "|---|---:|---|---|---:|---:|---:|---:|"]
+    out = ["| model | Mbit/s | best builder (ms) | optimize's pick (ms) | best builder / "
+           "optimize | MWMS (ms) | MWMS / optimize | single-device (ms) | best baseline / "
+           "optimize |", "|---|---:|---|---|---:|---:|---:|---:|---:|"]
     for model, mbit in keys:
         group = [r for r in rows if (r.model, r.mbit) == (model, mbit) and r.ok]
         builders = [r for r in group if r.system == AUTODIST]
@@ -246,6 +272,7 @@ def summary_table(rows: Sequence[Row]) -> str:
             + (f"{best.strategy} {_ms(best.median_ms)}" if best else "—") + " | "
             + (f"{pick.pick_origin} {_ms(pick.median_ms)}" if pick else "—") + f" | {ratio} | "
             + (_ms(mwms.median_ms) + ("" if mwms.capped else " (uncapped)") if mwms else "—")
+            + " | " + (f"{mwms.median_ms / pick.median_ms:.2f}×" if mwms and pick else "—")
             + " | " + (_ms(single.median_ms) if single else "—") + " | "
             + (f"{pick.speedup:.2f}×" if pick else "—") + " |")
     return "\n".join(out)
