@@ -35,9 +35,10 @@ def _args(*argv: str):
 def test_preset_options_override_the_preset():
     preset = cli.bench_preset(_args("--preset", "full", "--models", "ncf,lm", "--mbits",
                                     "100,1e4", "--builders", "PS,Parallax", "--no-mwms",
-                                    "--steps", "3"))
+                                    "--steps", "3", "--orders", "1"))
     assert preset.models == ("ncf", "lm") and preset.mbits == (100.0, 10000.0)
     assert preset.builders == ("PS", "Parallax") and not preset.mwms and preset.steps == 3
+    assert preset.orders == 1
     assert cli.bench_preset(_args()).models == ("mlp", "ncf")          # small by default
     assert len(cli.bench_preset(_args("--builders", "all")).builders) == 8
 

@@ -51,6 +51,9 @@ class Preset:
     warmup: int = 3
     steps: int = 10
     mwms: bool = True
+    # 2: a second launch measures the strategies in reverse order and the timed
+    # steps of both are pooled (no strategy is always measured late in a launch).
+    orders: int = 2
 
 
 PRESETS: dict[str, Preset] = {
@@ -239,7 +242,10 @@ def _notes(rows: Sequence[Row]) -> list[str]:
         "process, and single-device Keras (one process, no network) is the best baseline; "
         "the caps make the communication cost, where strategies differ, visible.",
         "- Builders and optimize's pick share one cluster launch per model and bandwidth "
-        "(`fit(switch_at=...)`); the first steps after each switch are not timed. "
+        "(`fit(switch_at=...)`); the first steps after each switch are not timed. A "
+        "second launch measures them in reverse order and the timed steps of both are "
+        "pooled, so no strategy is always measured late in a launch (in one-order runs "
+        "the same strategy measured twice in a launch differed by 0.83–1.29×). "
         "optimize ranks with the shipped cost model (no measured trials). When its pick is "
         "identical to a builder's strategy (\"= builder\"), the two rows are the same "
         "strategy measured twice: their difference is the noise of these short runs.",
@@ -449,18 +455,28 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
         return slice_launch(history.step_times, len(group), preset.warmup, preset.steps)
 
     started = time.perf_counter()
-    try:
-        for (row, _), times in zip(todo, launch(todo)):
-            row.set_times(times)
-    except Exception as e:  # pylint: disable=broad-except
-        log(f"  launch of {len(todo)} failed ({type(e).__name__}: {str(e)[:160]}); "
-            "one launch per strategy")
-        for row, strategy in todo:
-            try:
-                row.set_times(launch([(row, strategy)])[0])
-            except Exception as e2:  # pylint: disable=broad-except
-                row.error = f"{type(e2).__name__}: {str(e2).splitlines()[0][:200]}"
-    log(f"  {len(todo)} strategies in {time.perf_counter() - started:.0f}s")
+    timed: dict[int, list[float]] = {id(row): [] for row, _ in todo}
+    errors: dict[int, str] = {}
+    orders = [todo] + ([todo[::-1]] if preset.orders > 1 and len(todo) > 1 else [])
+    for group in orders:
+        try:
+            for (row, _), times in zip(group, launch(group)):
+                timed[id(row)] += times
+        except Exception as e:  # pylint: disable=broad-except
+            log(f"  launch of {len(group)} failed ({type(e).__name__}: {str(e)[:160]}); "
+                "one launch per strategy")
+            for row, strategy in group:
+                try:
+                    timed[id(row)] += launch([(row, strategy)])[0]
+                except Exception as e2:  # pylint: disable=broad-except
+                    errors[id(row)] = f"{type(e2).__name__}: {str(e2).splitlines()[0][:200]}"
+    for row, _ in todo:
+        if timed[id(row)]:
+            row.set_times(timed[id(row)])
+        else:
+            row.error = errors.get(id(row), "no timed steps")
+    log(f"  {len(todo)} strategies x {len(orders)} orders in "
+        f"{time.perf_counter() - started:.0f}s")
 
     rows = [row for row, _ in candidates]
     if preset.mwms:
