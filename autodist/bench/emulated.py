@@ -235,12 +235,17 @@ def _notes(rows: Sequence[Row]) -> list[str]:
     shapes = sorted({(r.workers, r.ps) for r in rows})
     cluster = ", ".join(f"{w} workers + {p} PS" for w, p in shapes)
     hosts = sorted({r.host for r in rows if r.host})
+    above = sorted({r.model for r in rows if r.ok and r.lower_bound_ms > r.median_ms},
+                   key=lambda m: list(MODELS).index(m) if m in MODELS else 99)
+    bound_note = ([f"- The simulator's lower bound uses its default (uncalibrated) machine "
+                   f"constants; it exceeds measured times for {', '.join(above)}: there its "
+                   "compute estimate is too high for this machine."] if above else [])
     return [
         f"- Cluster: {cluster} as local processes on one machine ({', '.join(hosts)}); "
         "each task's link is capped with an htb class on `lo`. Compute is contended: every "
-        "task shares the same cores, so on a small machine no distributed step beats one "
-        "process, and single-device Keras (one process, no network) is the best baseline; "
-        "the caps make the communication cost, where strategies differ, visible.",
+        "task shares the same cores, so a distributed run can at best use the cores one "
+        "process could; single-device Keras is one process, no network, the same global "
+        "batch. The caps make the communication cost, where strategies differ, visible.",
         "- Builders and optimize's pick share one cluster launch per model and bandwidth "
         "(`fit(switch_at=...)`); the first steps after each switch are not timed. A "
         "second launch measures them in reverse order and the timed steps of both are "
@@ -255,7 +260,7 @@ def _notes(rows: Sequence[Row]) -> list[str]:
         "- `ParameterServerStrategy` is left out: in TF 2.21 it trains only asynchronously, "
         "driven by a `ClusterCoordinator` in a separate coordinator process (Keras 3 `fit` "
         "is unsupported there), so it has no synchronous step time comparable to these rows.",
-    ]
+    ] + bound_note
 
 
 def summary_table(rows: Sequence[Row]) -> str:
@@ -297,7 +302,7 @@ def plot(rows: Sequence[Row], path: str, stamp: str = "") -> bool:
     models = sorted({r.model for r in rows}, key=lambda m: order.get(m, 99))
     series = [("best builder", "tab:blue"), ("optimize", "tab:orange"), ("MWMS", "tab:green"),
               ("single-device", "tab:gray")]
-    fig, axes = plt.subplots(1, len(mbits), figsize=(4.2 * len(mbits), 3.8), squeeze=False,
+    fig, axes = plt.subplots(1, len(mbits), figsize=(4.2 * len(mbits), 4.2), squeeze=False,
                              sharey=True)
     width = 0.8 / len(series)
     for ax, mbit in zip(axes[0], mbits):
@@ -318,10 +323,12 @@ def plot(rows: Sequence[Row], path: str, stamp: str = "") -> bool:
         ax.set_title(f"{mbit:g} Mbit/s per task")
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("median ms/step (log)")
-    axes[0][0].legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
+               frameon=False, bbox_to_anchor=(0.5, 0.035))
     if stamp:
         fig.text(0.01, 0.005, stamp, fontsize=6, color="dimgray")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -343,7 +350,9 @@ def write_reports(rows: Sequence[Row], out_dir: str, name: str = "emulated") -> 
     with open(paths[1], "w", encoding="utf-8") as f:
         f.write(markdown(rows))
     commands = sorted({r.command for r in rows if r.command})
-    stamp = "; ".join(commands)[:200] + f" — {platform.node()}, {time.strftime('%Y-%m-%d')}"
+    stamp = (commands[0] if commands else "") + (
+        f" (and {len(commands) - 1} more commands, see {name}.md)" if len(commands) > 1
+        else "") + f" — {platform.node()}, {time.strftime('%Y-%m-%d')}"
     if not plot(rows, paths[2], stamp):
         print("autodist bench: matplotlib is not installed; no plot written", file=sys.stderr)
         paths.pop()
