@@ -32,6 +32,8 @@ setup(
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
         "test": ["pytest>=8", "grpcio-tools>=1.80"],
         "dev": ["grpcio-tools>=1.80"],
+        # `autodist bench` draws its plot with matplotlib (without it: CSV and markdown only).
+        "bench": ["matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["autodist=autodist.cli:main"]},
 )

@@ -6,6 +6,7 @@
     autodist run --model mlp --builder AllReduce|search [--workers 2 --ps 1 --epochs 2]
     autodist search --model MODEL [--cluster cluster.yml] [--trials N] --out s.pb
     autodist export trials.jsonl --out s.pbtxt
+    autodist bench [--preset small|full] [--models mlp,ncf --mbits 100,1000] [--out DIR]
     autodist serve --tf-config | --cluster cluster.yml --task worker:1
             [--job-timeout 600 --idle-timeout S --max-jobs N --work-dir DIR]
 
@@ -265,6 +266,77 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0 if code == 0 else 1
 
 
+def bench_preset(args: argparse.Namespace):
+    """The `Preset` that `autodist bench`'s arguments ask for."""
+    import dataclasses  # pylint: disable=import-outside-toplevel
+
+    from autodist.bench import emulated  # pylint: disable=import-outside-toplevel
+
+    preset = emulated.PRESETS[args.preset]
+    changes: dict = {}
+    if args.models:
+        changes["models"] = emulated.parse_list(args.models, str, "--models")
+        unknown = [m for m in changes["models"] if m not in emulated.MODELS]
+        if unknown:
+            raise AutodistError(f"--models: unknown {unknown}; known: {sorted(emulated.MODELS)}")
+    if args.mbits:
+        changes["mbits"] = emulated.parse_list(args.mbits, float, "--mbits")
+        if min(changes["mbits"]) <= 0:
+            raise AutodistError(f"--mbits must be positive. Received: {args.mbits!r}")
+    if args.builders:
+        changes["builders"] = (emulated.ALL_BUILDERS if args.builders == "all" else
+                               emulated.parse_list(args.builders, str, "--builders"))
+        unknown = [b for b in changes["builders"] if b not in emulated.ALL_BUILDERS]
+        if unknown:
+            raise AutodistError(f"--builders: unknown {unknown}; known: "
+                                f"{list(emulated.ALL_BUILDERS)}")
+    for name in ("workers", "ps", "steps", "warmup", "batch_size", "orders"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
+    if args.no_mwms:
+        changes["mwms"] = False
+    preset = dataclasses.replace(preset, **changes)
+    if preset.workers < 1 or preset.ps < 0 or preset.steps < 1 or preset.warmup < 2:
+        raise AutodistError(f"need --workers >= 1, --ps >= 0, --steps >= 1 and --warmup >= 2 "
+                            f"(a new program's first steps are slow). Received: workers="
+                            f"{preset.workers}, ps={preset.ps}, steps={preset.steps}, "
+                            f"warmup={preset.warmup}")
+    if preset.batch_size % preset.workers:
+        raise AutodistError(f"--batch-size {preset.batch_size} does not split across "
+                            f"{preset.workers} workers")
+    return preset
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Measures builders, optimize's pick and baselines on an emulated capped cluster."""
+    import shlex  # pylint: disable=import-outside-toplevel
+
+    from autodist.bench import emulated, netns  # pylint: disable=import-outside-toplevel
+
+    preset = bench_preset(args)
+    if not netns.can_shape():
+        raise AutodistError(
+            "bench caps each task's link with tc on lo, which needs root in a private "
+            "network namespace (TF servers bind every interface); run it as "
+            "`unshare -n bash -c 'ip link set lo up && autodist bench ...'` "
+            f"(in a private namespace: {netns.in_private_netns()}, root: "
+            f"{hasattr(os, 'geteuid') and os.geteuid() == 0})")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    prog = ("autodist" if os.path.basename(sys.argv[0]) == "autodist"
+            else "python -m autodist.cli")
+    command = f"{prog} bench " + shlex.join(args.argv)
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    log(f"autodist bench: {len(preset.models)} models x {len(preset.mbits)} bandwidths, "
+        f"{preset.workers} workers + {preset.ps} PS, {len(preset.builders)} builders + "
+        f"optimize" + (" + MWMS" if preset.mwms else "") + " + single-device")
+    paths = emulated.run(preset, args.out, command=command, append=args.append, log=log)
+    with open(paths[1], encoding="utf-8") as f:
+        summary = f.read().split("## Summary", 1)[1].split("## Every", 1)[0]
+    print(summary.strip())
+    print("\nwritten: " + ", ".join(paths))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autodist", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -333,6 +405,32 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--workload", help="workload key (needed if the database has several)")
     export.add_argument("--out", required=True, help="strategy file (binary; .pbtxt: text)")
     export.set_defaults(func=_cmd_export)
+    bench = sub.add_parser("bench", help="measure every builder, optimize's pick, MWMS and "
+                                         "single-device Keras on an emulated capped cluster "
+                                         "(root in `unshare -n`)")
+    bench.add_argument("--preset", choices=("small", "full"), default="small",
+                       help="small: mlp and ncf at 100 and 1000 Mbit/s, 4 builders (a few "
+                            "minutes); full: 5 models x 100/1000/10000 Mbit/s, 8 builders")
+    bench.add_argument("--models", help="comma-separated, overrides the preset's "
+                                        "(mlp, cnn, ncf, lm, transformer)")
+    bench.add_argument("--mbits", help="comma-separated per-task caps in Mbit/s")
+    bench.add_argument("--builders", help="comma-separated builder names, or 'all'")
+    bench.add_argument("--workers", type=int, help="worker tasks (default 2)")
+    bench.add_argument("--ps", type=int, help="PS tasks (default 1)")
+    bench.add_argument("--batch-size", type=int, help="global batch (default 64)")
+    bench.add_argument("--steps", type=int, help="timed steps per strategy")
+    bench.add_argument("--warmup", type=int, help="untimed steps after each switch (>= 2)")
+    bench.add_argument("--no-mwms", action="store_true", help="skip the MWMS baseline")
+    bench.add_argument("--orders", type=int, choices=(1, 2),
+                       help="2 (default): also measure the strategies in reverse order in a "
+                            "second launch and pool both; 1: one launch")
+    bench.add_argument("--out", default="bench-results",
+                       help="folder of emulated.csv/.md/.png (default bench-results)")
+    bench.add_argument("--append", action="store_true",
+                       help="merge into an existing emulated.csv (rows of the model and "
+                            "bandwidth pairs measured now are replaced)")
+    bench.set_defaults(func=_cmd_bench)
+
     serve = sub.add_parser("serve", help="serve jobs as one task of a multi-host cluster "
                                          "(the chief's fit ships them)")
     serve.add_argument("--tf-config", action="store_true",
@@ -353,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)[1:]
     try:
         return args.func(args)
     except (AutodistError, ValueError, KeyError) as e:

@@ -36,9 +36,10 @@ def main() -> int:
     def step(xb, yb):
         def replica_step(xr, yr):
             with tf.GradientTape() as tape:
-                loss = loss_fn(yr, model(xr, training=True))
+                loss = loss_fn(yr, model(xr, training=True)) / strategy.num_replicas_in_sync
             grads = tape.gradient(loss, model.trainable_variables)
-            grads = tf.distribute.get_replica_context().all_reduce("mean", grads)
+            # The Keras 3 optimizer all-reduces (sums) the gradients itself in a replica
+            # context; an all_reduce here as well would send every gradient twice.
             optimizer.apply(grads, model.trainable_variables)
             return loss
         return strategy.run(replica_step, args=(xb, yb))

@@ -1,0 +1,9 @@
+"""Benchmarks shipped with autodist (`autodist bench`): strategies vs baselines.
+
+`autodist.bench.emulated` measures, on an emulated local cluster with capped
+links (`autodist.bench.netns`), every builder and `optimize`'s pick side by
+side with single-device Keras and a `MultiWorkerMirroredStrategy` custom
+loop (`autodist.bench.mwms`), and writes CSV, markdown and a PNG plot. This
+package sits at the api layer (it uses `autodist.optimize`); importing it
+does no work.
+"""

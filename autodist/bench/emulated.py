@@ -1,0 +1,537 @@
+"""Strategies vs baselines on an emulated cluster with capped links.
+
+For each model and bandwidth, side by side: every builder and `optimize`'s
+pick (all in one cluster launch: `fit(..., switch_at=...)` switches the
+running job from one strategy to the next; the first `warmup` steps after a
+switch are not timed), single-device Keras (one process, the same global
+batch) and a `MultiWorkerMirroredStrategy` custom loop on the workers' capped
+ports. Per row: median step time after warm-up with min and max, examples/s,
+the simulator's lower bound, and the speed-up over the best baseline.
+
+The *best baseline* of a model and bandwidth is the fastest (median) of
+every builder, MWMS and single-device Keras; `speedup = best baseline
+median / row median` (> 1: faster than all baselines; the best baseline
+itself has 1.00). `optimize`'s pick is the row being judged.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+# Sizes chosen so a measured strategy takes seconds on a 2-core machine
+# (the same as the trial data set's, benchmarks/collect_trials.py).
+MODELS: dict[str, dict[str, Any]] = {
+    "mlp": dict(name="mlp", hidden=(256, 256)),
+    "cnn": dict(name="cnn"),
+    "ncf": dict(name="ncf", num_users=50_000, num_items=20_000, dim=16, optimizer="sgd"),
+    "lm": dict(name="lm", vocab_size=10_000, seq_len=8, dim=32),
+    "transformer": dict(name="transformer", vocab_size=2000, seq_len=16, dim=32,
+                        layers_count=2),
+}
+ALL_BUILDERS = ("PS", "PSLoadBalancing", "PartitionedPS", "UnevenPartitionedPS", "AllReduce",
+                "PartitionedAR", "RandomAxisPartitionAR", "Parallax")
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """What one `autodist bench` run measures."""
+
+    models: tuple[str, ...]
+    mbits: tuple[float, ...]
+    builders: tuple[str, ...] = ALL_BUILDERS
+    workers: int = 2
+    ps: int = 1
+    batch_size: int = 64
+    warmup: int = 3
+    steps: int = 10
+    mwms: bool = True
+    # 2: a second launch measures the strategies in reverse order and the timed
+    # steps of both are pooled (no strategy is always measured late in a launch).
+    orders: int = 2
+
+
+PRESETS: dict[str, Preset] = {
+    "small": Preset(models=("mlp", "ncf"), mbits=(100.0, 1000.0),
+                    builders=("PS", "PartitionedPS", "AllReduce", "Parallax"),
+                    warmup=2, steps=6),
+    "full": Preset(models=tuple(MODELS), mbits=(100.0, 1000.0, 10000.0)),
+}
+
+# The systems a row measures.
+AUTODIST, OPTIMIZE, MWMS, SINGLE = "autodist", "optimize", "mwms", "single-device"
+
+FIELDS = ("model", "mbit", "workers", "ps", "batch_size", "system", "strategy", "pick_origin",
+          "median_ms", "min_ms", "max_ms", "examples_per_s", "lower_bound_ms", "speedup",
+          "capped", "error", "command", "host", "date")
+
+
+@dataclasses.dataclass
+class Row:
+    """One measured (or failed) strategy or baseline."""
+
+    model: str
+    mbit: float
+    workers: int
+    ps: int
+    batch_size: int
+    system: str            # autodist (a builder) | optimize | mwms | single-device
+    strategy: str          # builder name, "optimize", "MWMS custom loop", "Keras"
+    pick_origin: str = ""  # optimize: the pick's origin, "= <builder>" if identical
+    median_ms: float = float("nan")
+    min_ms: float = float("nan")
+    max_ms: float = float("nan")
+    examples_per_s: float = float("nan")
+    lower_bound_ms: float = float("nan")
+    speedup: float = float("nan")
+    capped: bool = True
+    error: str = ""
+    command: str = ""
+    host: str = ""
+    date: str = ""
+
+    def set_times(self, step_times_s: Sequence[float]) -> None:
+        """Fills median/min/max and throughput from timed step times (seconds)."""
+        if not step_times_s:
+            raise ValueError("no timed steps")
+        self.median_ms = statistics.median(step_times_s) * 1e3
+        self.min_ms = min(step_times_s) * 1e3
+        self.max_ms = max(step_times_s) * 1e3
+        self.examples_per_s = self.batch_size / (self.median_ms / 1e3)
+
+    @property
+    def ok(self) -> bool:
+        """Measured without error."""
+        return not self.error and self.median_ms == self.median_ms
+
+
+# ----------------------------------------------------------------- pure parts
+def parse_list(text: str, kind: Callable[[str], Any], what: str) -> tuple:
+    """Splits a comma-separated option; names the option in its error."""
+    try:
+        items = tuple(kind(t.strip()) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"{what}: cannot read {text!r}") from None
+    if not items:
+        raise ValueError(f"{what}: empty list {text!r}")
+    return items
+
+
+def fill_speedups(rows: list[Row]) -> None:
+    """Sets each row's speedup over the best baseline of its model and bandwidth."""
+    for key in {(r.model, r.mbit) for r in rows}:
+        group = [r for r in rows if (r.model, r.mbit) == key]
+        baselines = [r.median_ms for r in group if r.ok and r.system != OPTIMIZE]
+        best = min(baselines) if baselines else float("nan")
+        for r in group:
+            r.speedup = best / r.median_ms if r.ok else float("nan")
+
+
+def slice_launch(step_times: Sequence[float], count: int, warmup: int, steps: int
+                 ) -> list[list[float]]:
+    """Per strategy of a launch, its timed step times (after its warm-up).
+
+    Raises:
+        ValueError: The launch recorded fewer steps than its strategies need.
+    """
+    need = count * (warmup + steps)
+    if len(step_times) < need:
+        raise ValueError(f"the launch recorded {len(step_times)} step times; {count} "
+                         f"strategies of {warmup} + {steps} steps need {need}")
+    return [list(step_times[k * (warmup + steps) + warmup:(k + 1) * (warmup + steps)])
+            for k in range(count)]
+
+
+def write_csv(rows: Iterable[Row], path: str) -> None:
+    """Writes rows as CSV (columns `FIELDS`)."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: _fmt_csv(getattr(r, k)) for k in FIELDS})
+
+
+def _fmt_csv(value: Any) -> Any:
+    return f"{value:.4g}" if isinstance(value, float) else value
+
+
+def read_csv(path: str) -> list[Row]:
+    """Reads rows written by `write_csv`."""
+    rows = []
+    with open(path, newline="", encoding="utf-8") as f:
+        for raw in csv.DictReader(f):
+            kwargs: dict[str, Any] = {}
+            for field in dataclasses.fields(Row):
+                text = raw.get(field.name, "")
+                if field.type == "float":
+                    kwargs[field.name] = float(text) if text not in ("", None) else float("nan")
+                elif field.type == "int":
+                    kwargs[field.name] = int(text)
+                elif field.type == "bool":
+                    kwargs[field.name] = text == "True"
+                else:
+                    kwargs[field.name] = text or ""
+            rows.append(Row(**kwargs))
+    return rows
+
+
+def merge(old: Sequence[Row], new: Sequence[Row]) -> list[Row]:
+    """`old` with every (model, bandwidth) that `new` measured replaced by `new`'s rows."""
+    replaced = {(r.model, r.mbit) for r in new}
+    return [r for r in old if (r.model, r.mbit) not in replaced] + list(new)
+
+
+def _ms(value: float) -> str:
+    return "—" if value != value else (f"{value:.1f}" if value >= 10 else f"{value:.2f}")
+
+
+def markdown(rows: Sequence[Row], title: str = "Strategies vs baselines, emulated cluster"
+             ) -> str:
+    """The results as markdown: a summary table, then one table per model and bandwidth."""
+    order = {m: i for i, m in enumerate(MODELS)}
+    keys = sorted({(r.model, r.mbit) for r in rows}, key=lambda k: (order.get(k[0], 99), k[1]))
+    lines = [f"# {title}", "",
+             "Median ms/step after warm-up (min–max), examples/s, the simulator's lower "
+             "bound (compute and bandwidth perfectly overlapped, no latency) and the "
+             "speed-up over the best baseline: the fastest of every builder, MWMS and "
+             "single-device Keras (speedup = its median / the row's; > 1 is faster). In the "
+             "summary, ratios are the other system's ms/step over optimize's pick's (> 1: the "
+             "pick is faster).", "",
+             *_notes(rows), "", "## Summary", "", summary_table(rows), "", "## Every measurement", ""]
+    for model, mbit in keys:
+        group = sorted((r for r in rows if (r.model, r.mbit) == (model, mbit)),
+                       key=lambda r: (not r.ok, r.median_ms))
+        first = group[0]
+        lines += [f"### {model} at {mbit:g} Mbit/s ({first.workers} workers + {first.ps} PS, "
+                  f"global batch {first.batch_size})", "",
+                  "| strategy | ms/step median | min–max | examples/s | lower bound ms | "
+                  "speedup vs best baseline |", "|---|---:|---:|---:|---:|---:|"]
+        for r in group:
+            label = {OPTIMIZE: f"**optimize** ({r.pick_origin})", MWMS: "MWMS custom loop",
+                     SINGLE: "single-device Keras (1 process)"}.get(r.system, r.strategy)
+            if r.system == MWMS and not r.capped:
+                label += " (uncapped)"
+            if not r.ok:
+                lines.append(f"| {label} | failed: {r.error[:80]} | | | | |")
+                continue
+            lines.append(f"| {label} | {_ms(r.median_ms)} | {_ms(r.min_ms)}–{_ms(r.max_ms)} | "
+                         f"{r.examples_per_s:.0f} | {_ms(r.lower_bound_ms)} | "
+                         f"{r.speedup:.2f} |")
+        lines.append("")
+    commands = sorted({r.command for r in rows if r.command})
+    hosts = sorted({f"{r.host} ({r.date})" for r in rows if r.host})
+    lines += ["## Provenance", "", "Commands (each inside `unshare -n bash -c 'ip link set lo "
+              "up && ...'` as root):", ""] + [f"    {c}" for c in commands]
+    lines += ["", f"Machine and date: {', '.join(hosts)}.", ""]
+    return "\n".join(lines)
+
+
+def _notes(rows: Sequence[Row]) -> list[str]:
+    shapes = sorted({(r.workers, r.ps) for r in rows})
+    cluster = ", ".join(f"{w} workers + {p} PS" for w, p in shapes)
+    hosts = sorted({r.host for r in rows if r.host})
+    above = sorted({r.model for r in rows if r.ok and r.lower_bound_ms > r.median_ms},
+                   key=lambda m: list(MODELS).index(m) if m in MODELS else 99)
+    bound_note = ([f"- The simulator's lower bound uses its default (uncalibrated) machine "
+                   f"constants; it exceeds measured times for {', '.join(above)}: there its "
+                   "compute estimate is too high for this machine."] if above else [])
+    return [
+        f"- Cluster: {cluster} as local processes on one machine ({', '.join(hosts)}); "
+        "each task's link is capped with an htb class on `lo`. Compute is contended: every "
+        "task shares the same cores, so a distributed run can at best use the cores one "
+        "process could; single-device Keras is one process, no network, the same global "
+        "batch. The caps make the communication cost, where strategies differ, visible.",
+        "- Builders and optimize's pick share one cluster launch per model and bandwidth "
+        "(`fit(switch_at=...)`); the first steps after each switch are not timed. A "
+        "second launch measures them in reverse order and the timed steps of both are "
+        "pooled, so no strategy is always measured late in a launch (in one-order runs "
+        "the same strategy measured twice in a launch differed by 0.83–1.29×). "
+        "optimize ranks with the shipped cost model (no measured trials). When its pick is "
+        "identical to a builder's strategy (\"= builder\"), the two rows are the same "
+        "strategy measured twice: their difference is the noise of these short runs.",
+        "- MWMS: `tf.distribute.MultiWorkerMirroredStrategy`, custom loop, one process per "
+        "worker on the capped worker ports (the same caps), the same global batch; its lower "
+        "bound column repeats AllReduce's.",
+        "- `ParameterServerStrategy` is left out: in TF 2.21 it trains only asynchronously, "
+        "driven by a `ClusterCoordinator` in a separate coordinator process (Keras 3 `fit` "
+        "is unsupported there), so it has no synchronous step time comparable to these rows.",
+    ] + bound_note
+
+
+def summary_table(rows: Sequence[Row]) -> str:
+    """One line per model and bandwidth: best builder, optimize's pick, the baselines."""
+    order = {m: i for i, m in enumerate(MODELS)}
+    keys = sorted({(r.model, r.mbit) for r in rows}, key=lambda k: (order.get(k[0], 99), k[1]))
+    out = ["| model | Mbit/s | best builder (ms) | optimize's pick (ms) | best builder / "
+           "optimize | MWMS (ms) | MWMS / optimize | single-device (ms) | best baseline / "
+           "optimize |", "|---|---:|---|---|---:|---:|---:|---:|---:|"]
+    for model, mbit in keys:
+        group = [r for r in rows if (r.model, r.mbit) == (model, mbit) and r.ok]
+        builders = [r for r in group if r.system == AUTODIST]
+        best = min(builders, key=lambda r: r.median_ms) if builders else None
+        pick = next((r for r in group if r.system == OPTIMIZE), None)
+        mwms = next((r for r in group if r.system == MWMS), None)
+        single = next((r for r in group if r.system == SINGLE), None)
+        ratio = (f"{best.median_ms / pick.median_ms:.2f}×" if best and pick else "—")
+        out.append(
+            f"| {model} | {mbit:g} | "
+            + (f"{best.strategy} {_ms(best.median_ms)}" if best else "—") + " | "
+            + (f"{pick.pick_origin} {_ms(pick.median_ms)}" if pick else "—") + f" | {ratio} | "
+            + (_ms(mwms.median_ms) + ("" if mwms.capped else " (uncapped)") if mwms else "—")
+            + " | " + (f"{mwms.median_ms / pick.median_ms:.2f}×" if mwms and pick else "—")
+            + " | " + (_ms(single.median_ms) if single else "—") + " | "
+            + (f"{pick.speedup:.2f}×" if pick else "—") + " |")
+    return "\n".join(out)
+
+
+def plot(rows: Sequence[Row], path: str, stamp: str = "") -> bool:
+    """One panel per bandwidth, grouped bars per model (log ms/step); False without matplotlib."""
+    try:
+        import matplotlib  # pylint: disable=import-outside-toplevel
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return False
+    order = {m: i for i, m in enumerate(MODELS)}
+    mbits = sorted({r.mbit for r in rows})
+    models = sorted({r.model for r in rows}, key=lambda m: order.get(m, 99))
+    series = [("best builder", "tab:blue"), ("optimize", "tab:orange"), ("MWMS", "tab:green"),
+              ("single-device", "tab:gray")]
+    fig, axes = plt.subplots(1, len(mbits), figsize=(4.2 * len(mbits), 4.2), squeeze=False,
+                             sharey=True)
+    width = 0.8 / len(series)
+    for ax, mbit in zip(axes[0], mbits):
+        for j, (label, color) in enumerate(series):
+            heights, bounds = [], []
+            for model in models:
+                group = [r for r in rows if r.model == model and r.mbit == mbit and r.ok]
+                pick = _series_row(group, label)
+                heights.append(pick.median_ms if pick else float("nan"))
+                bounds.append(pick.lower_bound_ms if pick else float("nan"))
+            xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(models))]
+            ax.bar(xs, heights, width, label=label, color=color)
+            ax.scatter(xs, bounds, marker="_", color="black", s=60, zorder=3,
+                       label="simulator lower bound" if j == 0 else None)
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(models)))
+        ax.set_xticklabels(models)
+        ax.set_title(f"{mbit:g} Mbit/s per task")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("median ms/step (log)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
+               frameon=False, bbox_to_anchor=(0.5, 0.035))
+    if stamp:
+        fig.text(0.01, 0.005, stamp, fontsize=6, color="dimgray")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _series_row(group: Sequence[Row], label: str) -> Row | None:
+    if label == "best builder":
+        builders = [r for r in group if r.system == AUTODIST]
+        return min(builders, key=lambda r: r.median_ms) if builders else None
+    system = {"optimize": OPTIMIZE, "MWMS": MWMS, "single-device": SINGLE}[label]
+    return next((r for r in group if r.system == system), None)
+
+
+def write_reports(rows: Sequence[Row], out_dir: str, name: str = "emulated") -> list[str]:
+    """Writes `<name>.csv`, `<name>.md` and (with matplotlib) `<name>.png` to `out_dir`."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, f"{name}.{ext}") for ext in ("csv", "md", "png")]
+    write_csv(rows, paths[0])
+    with open(paths[1], "w", encoding="utf-8") as f:
+        f.write(markdown(rows))
+    commands = sorted({r.command for r in rows if r.command})
+    stamp = (commands[0] if commands else "") + (
+        f" (and {len(commands) - 1} more commands, see {name}.md)" if len(commands) > 1
+        else "") + f" — {platform.node()}, {time.strftime('%Y-%m-%d')}"
+    if not plot(rows, paths[2], stamp):
+        print("autodist bench: matplotlib is not installed; no plot written", file=sys.stderr)
+        paths.pop()
+    return paths
+
+
+# -------------------------------------------------------------- the measuring
+def measure_single_device(model_name: str, kwargs: dict[str, Any], batch_size: int,
+                          warmup: int, steps: int) -> list[float]:
+    """Timed step times (s) of plain Keras `train_on_batch` in this process."""
+    from autodist import models  # pylint: disable=import-outside-toplevel
+
+    model = models.build(model_name, **kwargs)
+    x, y = models.synthetic_data(model, batch_size, seed=1)
+    times = []
+    for _ in range(warmup + steps):
+        start = time.perf_counter()
+        model.train_on_batch(x, y)
+        times.append(time.perf_counter() - start)
+    return times[warmup:]
+
+
+def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = True,
+                 command: str = "", log: Callable[[str], None] = lambda _: None,
+                 timeout_s: float = 900.0) -> list[Row]:
+    """Measures every strategy and baseline of one model at one bandwidth.
+
+    Args:
+        model_key: A key of `MODELS`.
+        mbit: Per-task bandwidth cap, Mbit/s.
+        preset: Cluster shape, builders, batch and steps.
+        shape: Apply the caps with `tc` (needs root in a private namespace).
+        command: The command line stamped on each row.
+        log: Receives progress lines.
+        timeout_s: Bound on one cluster launch.
+
+    Returns:
+        One Row per builder, for `optimize`'s pick, MWMS and single-device
+        (failures are rows with `error`, never exceptions).
+    """
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    from autodist import api, models  # pylint: disable=import-outside-toplevel
+    from autodist.bench.mwms import measure_mwms  # pylint: disable=import-outside-toplevel
+    from autodist.bench.netns import capped_spec  # pylint: disable=import-outside-toplevel
+    from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
+    from autodist.search import builders  # pylint: disable=import-outside-toplevel
+    from autodist.search.simulator import Simulator  # pylint: disable=import-outside-toplevel
+    from autodist.search.space import SearchSpace  # pylint: disable=import-outside-toplevel
+
+    if model_key not in MODELS:
+        raise ValueError(f"unknown benchmark model {model_key!r}; known: {sorted(MODELS)}")
+    kwargs = dict(MODELS[model_key])
+    name = kwargs.pop("name")
+    stamp = dict(command=command, host=f"{platform.node()} ({os.cpu_count()} cores)",
+                 date=time.strftime("%Y-%m-%d"))
+    base = dict(model=model_key, mbit=mbit, workers=preset.workers, ps=preset.ps,
+                batch_size=preset.batch_size, capped=shape, **stamp)
+    model = models.build(name, **kwargs)
+    graph_item = capture(model)
+    spec, ports = capped_spec(preset.workers, preset.ps, mbit, shape=shape)
+    space = SearchSpace(graph_item, spec)
+    simulator = Simulator(space, None, batch_size=preset.batch_size)
+
+    candidates: list[tuple[Row, Any]] = []
+    keys: dict[tuple[int, ...], str] = {}
+    for builder in preset.builders:
+        row = Row(system=AUTODIST, strategy=builder, **base)
+        try:
+            strategy = builders.get(builder)().build(graph_item, spec)
+            keys.setdefault(tuple(int(c) for c in space.encode(strategy)), builder)
+            candidates.append((row, strategy))
+        except Exception as e:  # pylint: disable=broad-except
+            row.error = f"build: {type(e).__name__}: {e}"
+            candidates.append((row, None))
+    started = time.perf_counter()
+    plan = api.optimize(model, spec, graph_item=graph_item, batch_size=preset.batch_size)
+    pick_key = tuple(int(c) for c in space.encode(plan.strategy))
+    origin = plan.strategy.origin or "search"
+    if pick_key in keys:
+        origin += f" = {keys[pick_key]}"
+    log(f"{model_key} @ {mbit:g} Mbit/s: optimize picked {origin} in "
+        f"{time.perf_counter() - started:.1f}s")
+    candidates.append((Row(system=OPTIMIZE, strategy="optimize", pick_origin=origin, **base),
+                       plan.strategy))
+    for row, strategy in candidates:
+        if strategy is not None:
+            row.lower_bound_ms = float(simulator.predict_strategy(strategy)
+                                       .lower_bound_s[0]) * 1e3
+
+    todo = [(row, s) for row, s in candidates if s is not None]
+    per = preset.warmup + preset.steps
+    x, y = models.synthetic_data(model, len(todo) * per * preset.batch_size, seed=0)
+
+    def launch(group: list[tuple[Row, Any]]) -> list[list[float]]:
+        total = len(group) * per
+        rows_needed = total * preset.batch_size
+        xs = [a[:rows_needed] for a in x] if isinstance(x, list) else x[:rows_needed]
+        switch_at = {k * per: s for k, (_, s) in enumerate(group) if k}
+        weights = [np.array(w) for w in model.get_weights()]
+        try:
+            run = api.distribute(model, group[0][1], spec, graph_item=graph_item,
+                                 step_timeout_s=60, startup_timeout_s=120)
+            history = run.fit(xs, y[:rows_needed], batch_size=preset.batch_size, epochs=1,
+                              steps_per_epoch=total, verbose=0, shuffle=False,
+                              timeout_s=timeout_s, switch_at=switch_at or None)
+        finally:
+            model.set_weights(weights)
+        return slice_launch(history.step_times, len(group), preset.warmup, preset.steps)
+
+    started = time.perf_counter()
+    timed: dict[int, list[float]] = {id(row): [] for row, _ in todo}
+    errors: dict[int, str] = {}
+    orders = [todo] + ([todo[::-1]] if preset.orders > 1 and len(todo) > 1 else [])
+    for group in orders:
+        try:
+            for (row, _), times in zip(group, launch(group)):
+                timed[id(row)] += times
+        except Exception as e:  # pylint: disable=broad-except
+            log(f"  launch of {len(group)} failed ({type(e).__name__}: {str(e)[:160]}); "
+                "one launch per strategy")
+            for row, strategy in group:
+                try:
+                    timed[id(row)] += launch([(row, strategy)])[0]
+                except Exception as e2:  # pylint: disable=broad-except
+                    errors[id(row)] = f"{type(e2).__name__}: {str(e2).splitlines()[0][:200]}"
+    for row, _ in todo:
+        if timed[id(row)]:
+            row.set_times(timed[id(row)])
+        else:
+            row.error = errors.get(id(row), "no timed steps")
+    log(f"  {len(todo)} strategies x {len(orders)} orders in "
+        f"{time.perf_counter() - started:.0f}s")
+
+    rows = [row for row, _ in candidates]
+    if preset.mwms:
+        row = Row(system=MWMS, strategy="MWMS custom loop", **base)
+        try:
+            row.set_times(measure_mwms(name, kwargs, ports[:preset.workers],
+                                       steps=preset.steps, warmup=preset.warmup,
+                                       batch_size=preset.batch_size))
+            row.lower_bound_ms = next((r.lower_bound_ms for r, _ in candidates
+                                       if r.strategy == "AllReduce"), float("nan"))
+        except Exception as e:  # pylint: disable=broad-except
+            row.error = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(row)
+    row = Row(system=SINGLE, strategy="Keras", **dict(base, capped=False))
+    try:
+        row.set_times(measure_single_device(name, kwargs, preset.batch_size, preset.warmup,
+                                            preset.steps))
+    except Exception as e:  # pylint: disable=broad-except
+        row.error = f"{type(e).__name__}: {str(e)[:200]}"
+    rows.append(row)
+    fill_speedups(rows)
+    for r in rows:
+        log(f"  {r.strategy:22s} " + (f"{r.median_ms:8.2f} ms" if r.ok else f"failed: {r.error}"))
+    return rows
+
+
+def run(preset: Preset, out_dir: str, *, command: str, append: bool = False,
+        shape: bool = True, log: Callable[[str], None] = lambda _: None) -> list[str]:
+    """Measures a preset and writes its reports; returns the written paths.
+
+    With `append`, rows of an existing `<out_dir>/emulated.csv` are kept
+    except those of the (model, bandwidth) pairs measured now.
+    """
+    from autodist.bench.netns import clear_lo  # pylint: disable=import-outside-toplevel
+
+    rows: list[Row] = []
+    csv_path = os.path.join(out_dir, "emulated.csv")
+    old = read_csv(csv_path) if append and os.path.exists(csv_path) else []
+    try:
+        for model_key in preset.models:
+            for mbit in preset.mbits:
+                rows += measure_cell(model_key, mbit, preset, shape=shape, command=command,
+                                     log=log)
+                # Written after every cell: a late failure keeps what was measured.
+                write_reports(merge(old, rows), out_dir)
+    finally:
+        if shape:
+            clear_lo()
+    return write_reports(merge(old, rows), out_dir)
