@@ -15,5 +15,7 @@ strategies differ.
 """
 from __future__ import annotations
 
-from autodist.bench.netns import (BASE_PORT, capped_spec, clear_lo,  # noqa: F401
+from autodist.bench.netns import (BASE_PORT, capped_spec, clear_lo,
                                   in_private_netns, shape_lo)
+
+__all__ = ["BASE_PORT", "capped_spec", "clear_lo", "in_private_netns", "shape_lo"]
