@@ -290,7 +290,7 @@ def bench_preset(args: argparse.Namespace):
         if unknown:
             raise AutodistError(f"--builders: unknown {unknown}; known: "
                                 f"{list(emulated.ALL_BUILDERS)}")
-    for name in ("workers", "ps", "steps", "warmup", "batch_size", "orders"):
+    for name in ("workers", "ps", "steps", "warmup", "batch_size", "orders", "cost_model"):
         if getattr(args, name) is not None:
             changes[name] = getattr(args, name)
     if args.no_mwms:
@@ -421,6 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--steps", type=int, help="timed steps per strategy")
     bench.add_argument("--warmup", type=int, help="untimed steps after each switch (>= 2)")
     bench.add_argument("--no-mwms", action="store_true", help="skip the MWMS baseline")
+    bench.add_argument("--cost-model", help="what ranks optimize's candidates: 'simulator', "
+                                            "a cost-model file, or (default) the shipped one")
     bench.add_argument("--orders", type=int, choices=(1, 2),
                        help="2 (default): also measure the strategies in reverse order in a "
                             "second launch and pool both; 1: one launch")

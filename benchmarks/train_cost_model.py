@@ -3,7 +3,9 @@
     python benchmarks/train_cost_model.py
 
 Reads the trial database (`benchmarks/collect_trials.py` writes it; a
-`.jsonl.gz` file is read as well), turns every successful trial into a row
+`.jsonl.gz` file is read as well), scores each trial's strategy again with
+the current simulator and features (`--stored-features` keeps the stored
+ones), turns every successful trial into a row
 (its features in `FEATURE_NAMES` order, its median step time, its ranking
 group: workload and global batch size) and evaluates leave-one-model-out:
 for each model, a LightGBM regressor and ranker are trained on the other
@@ -92,6 +94,54 @@ class Rows:
         self.simulator = np.array([r.predicted_step_time_s if r.predicted_step_time_s
                                    is not None else r.features["sim_step_time_s"]
                                    for r in usable])
+
+
+def rescore(records: Sequence[Any]) -> list[Any]:
+    """The records with features and simulator predictions of the current code.
+
+    A trial's measured times do not change when the simulator or the features
+    do, but what a cost model learns from must be what `optimize` computes
+    now; each successful record's strategy is scored again on its workload
+    (the model rebuilt from `model_name` and `extra["model_kwargs"]`, the
+    stored resource spec, the stored global batch).
+    """
+    import dataclasses  # pylint: disable=import-outside-toplevel
+
+    import keras  # pylint: disable=import-outside-toplevel
+
+    from autodist import models  # pylint: disable=import-outside-toplevel
+    from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
+    from autodist.search.features import featurize_strategy  # pylint: disable=C0415
+    from autodist.search.simulator import Simulator  # pylint: disable=C0415
+    from autodist.search.space import SearchSpace  # pylint: disable=C0415
+
+    graph_items: dict[str, Any] = {}
+    simulators: dict[tuple[str, str, float], Any] = {}
+    out = []
+    for record in records:
+        if not record.ok:
+            out.append(record)
+            continue
+        kwargs = dict(record.extra.get("model_kwargs", {}))
+        key = f"{record.model_name}:{sorted(kwargs.items())}"
+        if key not in graph_items:
+            keras.backend.clear_session()  # layer names as in a fresh process
+            graph_items[key] = capture(models.build(record.model_name, **kwargs))
+        graph_item = graph_items[key]
+        if graph_item.fingerprint != record.graph_item_fingerprint:
+            raise ValueError(f"{record.model_name} {kwargs} captures to another graph "
+                             f"({graph_item.fingerprint}) than its trials "
+                             f"({record.graph_item_fingerprint}); use --stored-features")
+        batch = float(record.graph_summary.get("batch_size", 0)) or None
+        sim_key = (key, record.resource_spec_fingerprint, batch or 0.0)
+        if sim_key not in simulators:
+            spec = record.load_resource_spec()
+            simulators[sim_key] = Simulator(SearchSpace(graph_item, spec), None,
+                                            batch_size=int(batch) if batch else None)
+        features = featurize_strategy(simulators[sim_key], record.load_strategy())
+        out.append(dataclasses.replace(record, features=features,
+                                       predicted_step_time_s=features["sim_step_time_s"]))
+    return out
 
 
 def significant_pairwise_accuracy(pred: np.ndarray, actual: np.ndarray,
@@ -263,12 +313,17 @@ def main() -> int:
                         help="ship when the learned model's mean held-out pairwise accuracy "
                              "is at least the simulator's minus this")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stored-features", action="store_true",
+                        help="learn from the features stored in the records instead of "
+                             "scoring each trial's strategy again with the current simulator")
     args = parser.parse_args()
 
     from autodist.search.cost_model import CostModel  # pylint: disable=C0415
     from autodist.search.features import FEATURE_NAMES  # pylint: disable=C0415
 
     records, skipped = read_records(args.database)
+    if not args.stored_features:
+        records = rescore(records)
     rows = Rows(records, FEATURE_NAMES)
     if len(set(rows.models)) < 2:
         print(f"need trials of at least 2 models for leave-one-model-out; "

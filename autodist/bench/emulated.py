@@ -54,6 +54,8 @@ class Preset:
     # 2: a second launch measures the strategies in reverse order and the timed
     # steps of both are pooled (no strategy is always measured late in a launch).
     orders: int = 2
+    # optimize's cost model: None for the shipped default, "simulator", or a path.
+    cost_model: str | None = None
 
 
 PRESETS: dict[str, Preset] = {
@@ -429,7 +431,8 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
             row.error = f"build: {type(e).__name__}: {e}"
             candidates.append((row, None))
     started = time.perf_counter()
-    plan = api.optimize(model, spec, graph_item=graph_item, batch_size=preset.batch_size)
+    plan = api.optimize(model, spec, graph_item=graph_item, batch_size=preset.batch_size,
+                        cost_model=preset.cost_model)
     pick_key = tuple(int(c) for c in space.encode(plan.strategy))
     origin = plan.strategy.origin or "search"
     if pick_key in keys:

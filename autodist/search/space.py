@@ -17,7 +17,15 @@ constraint can never be violated:
   of a variable sit on distinct parameter servers;
 * fused all-reduce groups are bounded by `max_groups` per compressor;
 * local replication is offered only where it can help: on a node that runs
-  more than one replica (it saves repeated pulls by the replicas of a node).
+  more than one replica (it saves repeated pulls by the replicas of a node);
+* a dense variable may also be split between the two kinds: its first
+  shards on distinct parameter servers, the others all-reduced in one fusion
+  slot. This spreads the gradient traffic over the PS links and the
+  workers' links at once; with W workers and P parameter servers of equal
+  bandwidth, ring all-reduce moves 2(W-1)/W of the bytes through each
+  worker link while a PS moves W/P of them through its own, so when both
+  are slow neither kind alone is best (e.g. W=4, P=2: half on the PS, half
+  all-reduced is 1.2x faster than either).
 
 Compressors and asynchronous consistency change the numbers a run produces,
 so the defaults keep training exactly synchronous and uncompressed; pass
@@ -96,6 +104,9 @@ class SpaceOptions:
         allow_ps: Offer parameter-server placements (when the spec has PS).
         allow_all_reduce: Offer all-reduce / all-gather (with >= 1 replica).
         allow_local_replication: Offer local replication where it can help.
+        allow_hybrid: Offer dense variables split between parameter servers
+            and all-reduce (at most `max_shards`, by default the number of PS
+            devices + 2, shards; at least one of each kind).
     """
 
     max_shards: int | None = None
@@ -106,6 +117,7 @@ class SpaceOptions:
     allow_ps: bool = True
     allow_all_reduce: bool = True
     allow_local_replication: bool = True
+    allow_hybrid: bool = True
 
     def __post_init__(self) -> None:
         if self.max_shards is not None and self.max_shards < 1:
@@ -209,8 +221,10 @@ class SearchSpace:
         return out
 
     def _knowledge_prior(self, v: int) -> np.ndarray:
-        kinds = np.array([c.shards[0].WhichOneof("kind") == "ps" for c in self.options[v]])
-        preferred = kinds if self.variables[v].sparse_gradient else ~kinds
+        kinds = [{s.WhichOneof("kind") for s in c.shards} for c in self.options[v]]
+        want = "ps" if self.variables[v].sparse_gradient else "all_reduce"
+        # Options split between the kinds count as not preferred.
+        preferred = np.array([k == {want} for k in kinds])
         weights = np.ones(len(kinds))
         if preferred.any() and (~preferred).any():
             weights[preferred] = 2.0 / preferred.sum()
@@ -315,6 +329,8 @@ class SearchSpace:
         options = self._ps_options(var)
         if self.config.allow_all_reduce:
             options += self._all_reduce_options(var)
+            if self.config.allow_hybrid:
+                options += self._hybrid_options(var)
         if not options:
             raise ValueError(f"variable {var.name!r} has no option in this space: no PS "
                              "device and all-reduce disabled")
@@ -368,6 +384,45 @@ class SearchSpace:
                 options.append(strategy_pb2.VariableConfig(var_name=var.name, shards=[
                     strategy_pb2.Synchronizer(all_reduce=AllReduceSynchronizer(
                         spec=AllReduceSynchronizer.AUTO, compressor=compressor, group=slot))]))
+        return options
+
+    def _hybrid_options(self, var: VariableInfo) -> list[strategy_pb2.VariableConfig]:
+        """A dense variable's first shards on parameter servers, the rest all-reduced.
+
+        n even shards, j of them on distinct consecutive PS devices (every
+        rotation when some devices are left out), the other n - j in one
+        fusion slot: the PS carries j/n of the bytes. Options for n from 2 to
+        the shard bound, j from 1 to min(PS devices, n - 1), every slot and
+        compressor.
+        """
+        devices = self.ps_devices
+        axis = _axis(var)
+        if var.sparse_gradient or not devices or axis is None:
+            return []
+        limit = self.config.max_shards or len(devices) + 2
+        max_shards = min(limit, var.shape[axis], var.byte_size // self.config.min_shard_bytes)
+        floating = var.dtype.startswith("float")
+        options = []
+        for n in range(2, max_shards + 1):
+            for j in range(1, min(len(devices), n - 1) + 1):
+                for start in range(len(devices) if j < len(devices) else 1):
+                    for name in self.config.compressors:
+                        compressor = _COMPRESSORS[name]
+                        if compressor != AllReduceSynchronizer.NONE and not floating:
+                            continue
+                        for slot in range(self.config.max_groups):
+                            config = strategy_pb2.VariableConfig(var_name=var.name)
+                            config.partitioner.axis = axis
+                            config.partitioner.num_shards = n
+                            for k in range(j):
+                                config.shards.append(
+                                    _ps(devices[(start + k) % len(devices)], False))
+                            for _ in range(n - j):
+                                config.shards.append(strategy_pb2.Synchronizer(
+                                    all_reduce=AllReduceSynchronizer(
+                                        spec=AllReduceSynchronizer.AUTO,
+                                        compressor=compressor, group=slot)))
+                            options.append(config)
         return options
 
     def describe(self) -> str:

@@ -95,3 +95,30 @@ def test_distributed_equals_single_device(builder_name, model_name, tmp_path):
     spec = autodist.ResourceSpec.local(workers=2, ps=2 if builder_name in USES_PS else 0)
     check_equals_single_device(BUILDERS[builder_name](), model_name, spec,
                                str(tmp_path / "job"))
+
+
+class _Hybrid:
+    """Every dense variable that can split: half its shards on the PS, half all-reduced."""
+
+    def build(self, graph_item, spec):
+        from autodist.search.space import SearchSpace, SpaceOptions  # pylint: disable=C0415
+
+        space = SearchSpace(graph_item, spec, SpaceOptions(min_shard_bytes=64, max_shards=4))
+        candidate = []
+        for v, options in enumerate(space.options):
+            kinds = [{s.WhichOneof("kind") for s in c.shards} for c in options]
+            hybrid = [i for i, k in enumerate(kinds) if len(k) == 2
+                      and options[i].partitioner.num_shards == 4
+                      and sum(s.WhichOneof("kind") == "ps" for s in options[i].shards) == 2]
+            candidate.append(hybrid[0] if hybrid else
+                             next(i for i, k in enumerate(kinds) if k == {"all_reduce"}))
+        return space.decode(candidate + [0])
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "ncf"])
+def test_variables_split_between_ps_and_all_reduce_equal_single_device(model_name, tmp_path):
+    spec = autodist.ResourceSpec.local(workers=2, ps=2)
+    strategy = check_equals_single_device(_Hybrid(), model_name, spec, str(tmp_path / "job"))
+    split = [c for c in strategy.variables
+             if {s.WhichOneof("kind") for s in c.shards} == {"ps", "all_reduce"}]
+    assert split, "no variable was split between PS and all-reduce"

@@ -1,6 +1,8 @@
 """The analytic simulator on hand-computed cases."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -10,9 +12,10 @@ from autodist.search.simulator import Calibration, Simulator
 from autodist.search.space import SearchSpace, SpaceOptions
 from tests.search import workloads
 
-# Round numbers: 8 Gbit/s = 1e9 bytes/s, updates at 1e9 bytes/s.
+# Round numbers: 8 Gbit/s = 1e9 bytes/s, updates at 1e9 bytes/s. All traffic of a
+# step overlapped (ps_overlap=1); test_phases_* cover the phased model.
 CAL = Calibration(flops_per_s=1e9, op_overhead_s=0.0, latency_s=1e-4,
-                  memory_bytes_per_s=1e9, run_overhead_s=1e-3)
+                  memory_bytes_per_s=1e9, run_overhead_s=1e-3, ps_overlap=1.0)
 
 
 def _index(space, v, predicate):
@@ -166,3 +169,41 @@ def test_features_have_fixed_names_and_match_parts():
 def test_calibration_measures_positive_rates():
     cal = Calibration.measure(seconds=0.05)
     assert cal.flops_per_s > 1e7 and cal.memory_bytes_per_s > 1e7
+
+
+def _two_dense_1mb():
+    return workloads.graph_item([("a", (1000, 250), False), ("b", (1000, 250), False)],
+                                flops=1e6)
+
+
+@pytest.mark.parametrize("overlap", [0.0, 0.5, 1.0])
+def test_phases_of_a_ps_step(overlap):
+    spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=8)
+    space = SearchSpace(_dense_1mb(), spec)
+    sim = Simulator(space, dataclasses.replace(CAL, ps_overlap=overlap), batch_size=20)
+    p = sim.predict([[_index(space, 0, _is_ps), 0]])
+    # Phased: both replicas read 1e6 B from the PS (2e6 B out of it: 2 ms), then both
+    # push 1e6 B (2e6 B into it: 2 ms) -> 4 ms; overlapped: max(in, out) -> 2 ms.
+    assert p.parts["bandwidth_s"][0] == pytest.approx(overlap * 2e-3 + (1 - overlap) * 4e-3)
+    assert p.lower_bound_s[0] == pytest.approx(2e-3)
+
+
+@pytest.mark.parametrize("overlap", [0.0, 0.5])
+def test_phases_of_a_mixed_step(overlap):
+    spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=8)
+    space = SearchSpace(_two_dense_1mb(), spec)
+    sim = Simulator(space, dataclasses.replace(CAL, ps_overlap=overlap), batch_size=20)
+    ps, ar = _index(space, 0, _is_ps), _index(space, 1, _is_ar(0))
+    p = sim.predict([[ps, ar, 0], [ps, _index(space, 1, _is_ps), 0]])
+    # Mixed (a on the PS, b all-reduced): reads 2 ms; then the ring of b (1e6 B per
+    # worker: 1 ms); then, in the second run, the pushes of a (2e6 B into the PS: 2 ms).
+    phased = 2e-3 + 1e-3 + 2e-3
+    # Overlapped: the PS node moves 2e6 B each way; a worker 1e6 B of a and 1e6 B of b.
+    assert p.parts["bandwidth_s"][0] == pytest.approx(overlap * 2e-3 + (1 - overlap) * phased)
+    # Both on the PS: reads 4e6 B out of the PS (4 ms), then pushes 4e6 B in (4 ms).
+    assert p.parts["bandwidth_s"][1] == pytest.approx(overlap * 4e-3 + (1 - overlap) * 8e-3)
+
+
+def test_ps_overlap_is_checked():
+    with pytest.raises(ValueError, match="ps_overlap must be in"):
+        Calibration(ps_overlap=1.5)

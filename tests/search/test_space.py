@@ -41,8 +41,24 @@ def test_options_follow_the_knowledge_constraints(gi):
             devices = [s.ps.reduction_destination for s in config.shards]
             assert len(set(devices)) == len(devices)
     # Dense: 3 compressors x 2 fusion slots of all-reduce, never all-gather.
-    ar = [c for c in kernel if "all_reduce" in _kinds(c)]
+    ar = [c for c in kernel if _kinds(c) == {"all_reduce"}]
     assert len(ar) == 6 and all(c.shards[0].all_reduce.spec == AR.AUTO for c in ar)
+    # Split between the kinds (512 KiB kernel, up to 3 + 2 = 5 even shards): n shards,
+    # j = 1..min(3, n - 1) on consecutive PS (3 rotations while j < 3), the rest
+    # all-reduced in one slot; x 3 compressors x 2 slots.
+    hybrid = [c for c in kernel if _kinds(c) == {"ps", "all_reduce"}]
+    layouts = sum(3 if j < 3 else 1 for n in range(2, 6) for j in range(1, min(3, n - 1) + 1))
+    assert len(hybrid) == layouts * 3 * 2
+    for config in hybrid:
+        kinds = [s.WhichOneof("kind") for s in config.shards]
+        j = kinds.count("ps")
+        assert config.partitioner.num_shards == len(kinds) and 1 <= j < len(kinds)
+        assert kinds == ["ps"] * j + ["all_reduce"] * (len(kinds) - j)
+        assert len({s.ps.reduction_destination for s in config.shards[:j]}) == j
+        assert len({(s.all_reduce.group, s.all_reduce.compressor)
+                    for s in config.shards[j:]}) == 1
+    # Embeddings are never split between the kinds.
+    assert not any(_kinds(c) == {"ps", "all_reduce"} for c in emb)
     # The bias (1 KiB) is below min_shard_bytes: never partitioned.
     assert all(c.partitioner.num_shards <= 1 for c in bias)
     # One replica per node: local replication cannot help and is not offered.
@@ -133,6 +149,24 @@ def test_without_ps_devices_only_all_reduce(gi):
     spec = ResourceSpec.local(workers=2, ps=1)
     space = SearchSpace(gi, spec, SpaceOptions(allow_ps=False))
     assert all("ps" not in _kinds(c) for opts in space.options for c in opts)
+
+
+def test_split_options_can_be_turned_off_and_decode_to_valid_strategies(gi):
+    spec = ResourceSpec.local(workers=4, ps=2)
+    off = SearchSpace(gi, spec, SpaceOptions(allow_hybrid=False))
+    assert not any(_kinds(c) == {"ps", "all_reduce"} for opts in off.options for c in opts)
+    assert not any(_kinds(c) == {"ps", "all_reduce"} for opts in
+                   SearchSpace(gi, spec, SpaceOptions(max_shards=1)).options for c in opts)
+    space = SearchSpace(gi, spec)
+    kernel = space.options[1]
+    for index, config in enumerate(kernel):
+        if _kinds(config) == {"ps", "all_reduce"}:
+            strategy = space.decode([0, index, 0, 0])
+            strategy.validate(gi, spec)
+            shards = strategy.proto.variables[1].shards
+            # The all-reduced shards of the kernel share one fused group.
+            assert len({s.all_reduce.group for s in shards
+                        if s.WhichOneof("kind") == "all_reduce"}) == 1
 
 
 def test_knowledge_prior_prefers_ps_for_sparse_and_all_reduce_for_dense(gi):

@@ -178,3 +178,33 @@ def test_trainer_ships_only_what_ranks_about_as_well_as_the_simulator():
     assert tcm.choose(results(0.80, 0.75, 0.70), 0.01)[0] == "regressor"
     kind, why = tcm.choose(results(0.60, 0.65, 0.70), 0.01)
     assert kind == "simulator" and "nothing shipped" in why
+
+
+def test_trainer_scores_stored_strategies_again_with_the_current_simulator():
+    import keras  # pylint: disable=import-outside-toplevel
+
+    from autodist import models  # pylint: disable=import-outside-toplevel
+    from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
+
+    keras.backend.clear_session()
+    gi = capture(models.build("mlp", hidden=(16,)))
+    spec = ResourceSpec.local(workers=2, ps=1)
+    strategy = builders.PartitionedPS(min_shard_bytes=64).build(gi, spec)
+    stale = dict.fromkeys(FEATURE_NAMES, 0.0)
+    record = ct.make_record(gi, spec, strategy, ct.Outcome([0.2, 0.1, 0.3], [0.9, 0.4]),
+                            model_key="mlp", batch_size=64, features=stale,
+                            predicted_s=0.5, extra={"model_kwargs": {"hidden": [16]}})
+    failed = ct.make_record(gi, spec, strategy, ct.Outcome([0.2], error="AutodistError: no"),
+                            model_key="mlp", batch_size=64, features=stale,
+                            predicted_s=0.5, extra={"model_kwargs": {"hidden": [16]}})
+    fresh, kept = tcm.rescore([record, failed])
+    simulator = Simulator(SearchSpace(gi, spec), None, batch_size=64)
+    want = featurize_strategy(simulator, strategy)
+    assert fresh.features == pytest.approx(want)
+    assert fresh.predicted_step_time_s == pytest.approx(want["sim_step_time_s"])
+    assert fresh.step_times_s == record.step_times_s and kept is failed
+    other = ct.make_record(gi, spec, strategy, ct.Outcome([0.2]), model_key="mlp",
+                           batch_size=64, features=stale, predicted_s=0.5,
+                           extra={"model_kwargs": {"hidden": [32]}})
+    with pytest.raises(ValueError, match="captures to another graph"):
+        tcm.rescore([other])
