@@ -72,7 +72,7 @@ def main() -> int:
         gi = autodist.capture(model)
         start = time.perf_counter()
         plan = autodist.optimize(model, ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=1),
-                                 graph_item=gi)
+                                 graph_item=gi, cost_model="simulator")
         elapsed = time.perf_counter() - start
         builder, seconds = min(plan.builder_step_times.items(), key=lambda kv: kv[1])
         print(f"| {name} | {len(gi.variables)} | {elapsed:.2f} | "
