@@ -20,12 +20,11 @@ constraint can never be violated:
   more than one replica (it saves repeated pulls by the replicas of a node);
 * a dense variable may also be split between the two kinds: its first
   shards on distinct parameter servers, the others all-reduced in one fusion
-  slot. This spreads the gradient traffic over the PS links and the
-  workers' links at once; with W workers and P parameter servers of equal
-  bandwidth, ring all-reduce moves 2(W-1)/W of the bytes through each
-  worker link while a PS moves W/P of them through its own, so when both
-  are slow neither kind alone is best (e.g. W=4, P=2: half on the PS, half
-  all-reduced is 1.2x faster than either).
+  slot. It spreads the gradient traffic over the PS links and the workers'
+  links: ring all-reduce moves 2(W-1)/W of the bytes through each worker
+  link, a PS W/P of them through its own. Whether that pays depends on how
+  much the phases of a step overlap (PS reads in the forward pass; a mixed
+  step pushes after its all-reduce), which the simulator models.
 
 Compressors and asynchronous consistency change the numbers a run produces,
 so the defaults keep training exactly synchronous and uncompressed; pass
