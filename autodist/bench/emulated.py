@@ -254,8 +254,8 @@ def _notes(rows: Sequence[Row]) -> list[str]:
         "pooled, so no strategy is always measured late in a launch (in one-order runs "
         "the same strategy measured twice in a launch differed by 0.83–1.29×). "
         "optimize ranks with the shipped cost model (no measured trials). When its pick is "
-        "identical to a builder's strategy (\"= builder\"), the two rows are the same "
-        "strategy measured twice: their difference is the noise of these short runs.",
+        "identical to a builder's strategy (\"= builder\"), it is not measured again: its "
+        "row repeats that builder's measurement.",
         "- MWMS: `tf.distribute.MultiWorkerMirroredStrategy`, custom loop, one process per "
         "worker on the capped worker ports (the same caps), the same global batch; its lower "
         "bound column repeats AllReduce's.",
@@ -439,8 +439,12 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
         origin += f" = {keys[pick_key]}"
     log(f"{model_key} @ {mbit:g} Mbit/s: optimize picked {origin} in "
         f"{time.perf_counter() - started:.1f}s")
-    candidates.append((Row(system=OPTIMIZE, strategy="optimize", pick_origin=origin, **base),
-                       plan.strategy))
+    pick_row = Row(system=OPTIMIZE, strategy="optimize", pick_origin=origin, **base)
+    # A pick identical to a builder's strategy is not measured again: its row
+    # repeats the builder's (measuring it twice only showed the noise).
+    twin = next((r for r, s in candidates if s is not None and r.strategy == keys.get(pick_key)),
+                None)
+    candidates.append((pick_row, None if twin else plan.strategy))
     for row, strategy in candidates:
         if strategy is not None:
             row.lower_bound_ms = float(simulator.predict_strategy(strategy)
@@ -487,6 +491,10 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
             row.set_times(timed[id(row)])
         else:
             row.error = errors.get(id(row), "no timed steps")
+    if twin is not None:
+        for name in ("median_ms", "min_ms", "max_ms", "examples_per_s", "lower_bound_ms",
+                     "error"):
+            setattr(pick_row, name, getattr(twin, name))
     log(f"  {len(todo)} strategies x {len(orders)} orders in "
         f"{time.perf_counter() - started:.0f}s")
 
