@@ -492,9 +492,9 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
         else:
             row.error = errors.get(id(row), "no timed steps")
     if twin is not None:
-        for name in ("median_ms", "min_ms", "max_ms", "examples_per_s", "lower_bound_ms",
-                     "error"):
-            setattr(pick_row, name, getattr(twin, name))
+        for field in ("median_ms", "min_ms", "max_ms", "examples_per_s", "lower_bound_ms",
+                      "error"):
+            setattr(pick_row, field, getattr(twin, field))
     log(f"  {len(todo)} strategies x {len(orders)} orders in "
         f"{time.perf_counter() - started:.0f}s")
 
