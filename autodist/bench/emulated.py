@@ -62,7 +62,8 @@ PRESETS: dict[str, Preset] = {
     "small": Preset(models=("mlp", "ncf"), mbits=(100.0, 1000.0),
                     builders=("PS", "PartitionedPS", "AllReduce", "Parallax"),
                     warmup=2, steps=6),
-    "full": Preset(models=tuple(MODELS), mbits=(100.0, 1000.0, 10000.0)),
+    # Builders that coincide are measured once, which leaves time for 20 steps.
+    "full": Preset(models=tuple(MODELS), mbits=(100.0, 1000.0, 10000.0), steps=20),
 }
 
 # The systems a row measures.
@@ -84,7 +85,9 @@ class Row:
     batch_size: int
     system: str            # autodist (a builder) | optimize | mwms | single-device
     strategy: str          # builder name, "optimize", "MWMS custom loop", "Keras"
-    pick_origin: str = ""  # optimize: the pick's origin, "= <builder>" if identical
+    # optimize: the pick's origin; any row: "= <builder>" when its strategy is an
+    # earlier builder's (then it repeats that measurement).
+    pick_origin: str = ""
     median_ms: float = float("nan")
     min_ms: float = float("nan")
     max_ms: float = float("nan")
@@ -215,7 +218,9 @@ def markdown(rows: Sequence[Row], title: str = "Strategies vs baselines, emulate
                   "speedup vs best baseline |", "|---|---:|---:|---:|---:|---:|"]
         for r in group:
             label = {OPTIMIZE: f"**optimize** ({r.pick_origin})", MWMS: "MWMS custom loop",
-                     SINGLE: "single-device Keras (1 process)"}.get(r.system, r.strategy)
+                     SINGLE: "single-device Keras (1 process)"}.get(
+                         r.system, f"{r.strategy} ({r.pick_origin})" if r.pick_origin
+                         else r.strategy)
             if r.system == MWMS and not r.capped:
                 label += " (uncapped)"
             if not r.ok:
@@ -253,9 +258,11 @@ def _notes(rows: Sequence[Row]) -> list[str]:
         "second launch measures them in reverse order and the timed steps of both are "
         "pooled, so no strategy is always measured late in a launch (in one-order runs "
         "the same strategy measured twice in a launch differed by 0.83–1.29×). "
-        "optimize ranks with the shipped cost model (no measured trials). When its pick is "
-        "identical to a builder's strategy (\"= builder\"), it is not measured again: its "
-        "row repeats that builder's measurement.",
+        "optimize ranks with the shipped cost model (no measured trials). Each distinct "
+        "strategy is measured once: a builder or pick whose strategy equals an earlier "
+        "builder's (\"= AllReduce\"; e.g. with one PS every PS builder is plain PS) repeats "
+        "that measurement, so the best builder is not the luckiest of several measurements "
+        "of one strategy.",
         "- MWMS: `tf.distribute.MultiWorkerMirroredStrategy`, custom loop, one process per "
         "worker on the capped worker ports (the same caps), the same global batch; its lower "
         "bound column repeats AllReduce's.",
@@ -419,32 +426,45 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
     space = SearchSpace(graph_item, spec)
     simulator = Simulator(space, None, batch_size=preset.batch_size)
 
+    # Builders often produce the same strategy (with one PS, every PS builder is
+    # plain PS). Each distinct strategy is measured once; a twin's row (a later
+    # builder, or optimize's pick) repeats the first one's measurement and names
+    # it ("= AllReduce"), so the best builder is not the luckiest of several
+    # measurements of one strategy.
     candidates: list[tuple[Row, Any]] = []
-    keys: dict[tuple[int, ...], str] = {}
+    twins: list[tuple[Row, Row]] = []
+    first: dict[tuple[int, ...], Row] = {}
     for builder in preset.builders:
         row = Row(system=AUTODIST, strategy=builder, **base)
         try:
             strategy = builders.get(builder)().build(graph_item, spec)
-            keys.setdefault(tuple(int(c) for c in space.encode(strategy)), builder)
-            candidates.append((row, strategy))
         except Exception as e:  # pylint: disable=broad-except
             row.error = f"build: {type(e).__name__}: {e}"
             candidates.append((row, None))
+            continue
+        key = tuple(int(c) for c in space.encode(strategy))
+        if key in first:
+            row.pick_origin = f"= {first[key].strategy}"
+            twins.append((row, first[key]))
+            candidates.append((row, None))
+        else:
+            first[key] = row
+            candidates.append((row, strategy))
     started = time.perf_counter()
     plan = api.optimize(model, spec, graph_item=graph_item, batch_size=preset.batch_size,
                         cost_model=preset.cost_model)
     pick_key = tuple(int(c) for c in space.encode(plan.strategy))
     origin = plan.strategy.origin or "search"
-    if pick_key in keys:
-        origin += f" = {keys[pick_key]}"
+    if pick_key in first:
+        origin += f" = {first[pick_key].strategy}"
     log(f"{model_key} @ {mbit:g} Mbit/s: optimize picked {origin} in "
         f"{time.perf_counter() - started:.1f}s")
     pick_row = Row(system=OPTIMIZE, strategy="optimize", pick_origin=origin, **base)
-    # A pick identical to a builder's strategy is not measured again: its row
-    # repeats the builder's (measuring it twice only showed the noise).
-    twin = next((r for r, s in candidates if s is not None and r.strategy == keys.get(pick_key)),
-                None)
-    candidates.append((pick_row, None if twin else plan.strategy))
+    if pick_key in first:
+        twins.append((pick_row, first[pick_key]))
+        candidates.append((pick_row, None))
+    else:
+        candidates.append((pick_row, plan.strategy))
     for row, strategy in candidates:
         if strategy is not None:
             row.lower_bound_ms = float(simulator.predict_strategy(strategy)
@@ -491,10 +511,10 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
             row.set_times(timed[id(row)])
         else:
             row.error = errors.get(id(row), "no timed steps")
-    if twin is not None:
+    for row, measured in twins:
         for field in ("median_ms", "min_ms", "max_ms", "examples_per_s", "lower_bound_ms",
                       "error"):
-            setattr(pick_row, field, getattr(twin, field))
+            setattr(row, field, getattr(measured, field))
     log(f"  {len(todo)} strategies x {len(orders)} orders in "
         f"{time.perf_counter() - started:.0f}s")
 
