@@ -62,8 +62,9 @@ class Calibration:
             1 (all of it at once, as in the lower bound). 0.5 ranks the trial
             data set's strategies best (pairwise accuracy 0.646, against 0.634
             fully overlapped and 0.643 fully phased; see
-            `benchmarks/results/cost_model.md`) and matches the PS step of a
-            capped 2-worker MLP (256 ms measured, 258 predicted).
+            `benchmarks/results/cost_model.md`); for the PS step of the
+            2-worker MLP at 100 Mbit/s it gives a bandwidth term of 258 ms
+            (172 overlapped, 345 phased) against 256 ms measured.
     """
 
     flops_per_s: float = 2e10
@@ -305,21 +306,20 @@ class Simulator:
         collective = (ar_wire + ag_wire)[:, None] * has_replicas[None, :]
         node_in += collective
         node_out += collective
-        overlapped_s = (np.maximum(node_in, node_out) / self.bandwidth).max(axis=1)
+        def busiest_s(bytes_in: np.ndarray, bytes_out: np.ndarray) -> np.ndarray:
+            return (np.maximum(bytes_in, bytes_out) / self.bandwidth).max(axis=1)
+
+        overlapped_s = busiest_s(node_in, node_out)
         has_ps = sums[:, c["ps_vars"]] > 0
         has_ar = (sums[:, c["ar_vars"]] > 0) & (w > 1)
         mixed = has_ps & has_ar
         # In phases: PS reads in the forward pass, then the gradients' traffic; a
         # mixed step pushes its PS gradients in a second run after the all-reduce.
         pull_in, pull_out = sums[:, c["pull_in"]], sums[:, c["pull_out"]]
-        push_in = node_in - collective - pull_in
-        push_out = node_out - collective - pull_out
-        pull_s = (np.maximum(pull_in, pull_out) / self.bandwidth).max(axis=1)
-        together_s = (np.maximum(node_in - pull_in, node_out - pull_out)
-                      / self.bandwidth).max(axis=1)
-        apart_s = ((collective / self.bandwidth).max(axis=1)
-                   + (np.maximum(push_in, push_out) / self.bandwidth).max(axis=1))
-        phased_s = pull_s + np.where(mixed, apart_s, together_s)
+        apart_s = (busiest_s(collective, collective)
+                   + busiest_s(node_in - collective - pull_in, node_out - collective - pull_out))
+        together_s = busiest_s(node_in - pull_in, node_out - pull_out)
+        phased_s = busiest_s(pull_in, pull_out) + np.where(mixed, apart_s, together_s)
         overlap = cal.ps_overlap
         bandwidth_s = overlap * overlapped_s + (1 - overlap) * phased_s
         non_empty_groups = (groups > 0).sum(axis=1)
@@ -331,7 +331,7 @@ class Simulator:
         updates = np.where(sync, 1.0, float(w))[:, None]
         update_s = (sums[:, c["update"]] * updates).max(axis=1) / cal.memory_bytes_per_s
         sync_s = np.where(has_ps & sync & (staleness == 0), 2 * cal.latency_s, 0.0)
-        phase_s = np.where(has_ps & has_ar, cal.run_overhead_s, 0.0)
+        phase_s = np.where(mixed, cal.run_overhead_s, 0.0)
         compute_s = np.full(len(sums), self.compute_s)
         step = compute_s + bandwidth_s + latency_s + update_s + sync_s + phase_s
         lower = np.maximum(compute_s, overlapped_s)
