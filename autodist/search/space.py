@@ -33,6 +33,7 @@ so the defaults keep training exactly synchronous and uncompressed; pass
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Sequence
 
@@ -354,35 +355,44 @@ class SearchSpace:
                 options.append(strategy_pb2.VariableConfig(
                     var_name=var.name, shards=[_ps(device, replicate)]))
             for n in range(2, max_shards + 1):
-                # Shards on consecutive PS devices; rotations differ only when
-                # some devices are left out.
-                for start in range(len(devices) if n < len(devices) else 1):
+                for layout in self._ps_layouts(n):
                     config = strategy_pb2.VariableConfig(var_name=var.name)
                     config.partitioner.axis = axis
                     config.partitioner.num_shards = n
-                    for k in range(n):
-                        config.shards.append(_ps(devices[(start + k) % len(devices)], replicate))
+                    config.shards.extend(_ps(device, replicate) for device in layout)
                     options.append(config)
         return options
 
+    def _ps_layouts(self, n: int) -> list[tuple[str, ...]]:
+        """n distinct consecutive PS devices; rotations differ only when some are left out."""
+        devices = self.ps_devices
+        return [tuple(devices[(start + k) % len(devices)] for k in range(n))
+                for start in range(len(devices) if n < len(devices) else 1)]
+
+    def _dense_all_reduce(self, var: VariableInfo) -> list[strategy_pb2.Synchronizer]:
+        """All-reduce synchronizers for a dense variable: every compressor and fusion slot."""
+        floating = var.dtype.startswith("float")
+        return [strategy_pb2.Synchronizer(all_reduce=AllReduceSynchronizer(
+                    spec=AllReduceSynchronizer.AUTO, compressor=_COMPRESSORS[name], group=slot))
+                for name in self.config.compressors
+                if floating or _COMPRESSORS[name] == AllReduceSynchronizer.NONE
+                for slot in range(self.config.max_groups)]
+
     def _all_reduce_options(self, var: VariableInfo) -> list[strategy_pb2.VariableConfig]:
+        if not var.sparse_gradient:
+            return [strategy_pb2.VariableConfig(var_name=var.name, shards=[sync])
+                    for sync in self._dense_all_reduce(var)]
         options = []
         floating = var.dtype.startswith("float")
         for name in self.config.compressors:
             compressor = _COMPRESSORS[name]
             if compressor != AllReduceSynchronizer.NONE and not floating:
                 continue
-            if var.sparse_gradient:
-                if compressor == AllReduceSynchronizer.FP16_ERROR_FEEDBACK:
-                    continue  # the residual is dense
-                options.append(strategy_pb2.VariableConfig(var_name=var.name, shards=[
-                    strategy_pb2.Synchronizer(all_reduce=AllReduceSynchronizer(
-                        spec=AllReduceSynchronizer.ALL_GATHER, compressor=compressor))]))
-                continue
-            for slot in range(self.config.max_groups):
-                options.append(strategy_pb2.VariableConfig(var_name=var.name, shards=[
-                    strategy_pb2.Synchronizer(all_reduce=AllReduceSynchronizer(
-                        spec=AllReduceSynchronizer.AUTO, compressor=compressor, group=slot))]))
+            if compressor == AllReduceSynchronizer.FP16_ERROR_FEEDBACK:
+                continue  # the residual is dense
+            options.append(strategy_pb2.VariableConfig(var_name=var.name, shards=[
+                strategy_pb2.Synchronizer(all_reduce=AllReduceSynchronizer(
+                    spec=AllReduceSynchronizer.ALL_GATHER, compressor=compressor))]))
         return options
 
     def _hybrid_options(self, var: VariableInfo) -> list[strategy_pb2.VariableConfig]:
@@ -400,28 +410,17 @@ class SearchSpace:
             return []
         limit = self.config.max_shards or len(devices) + 2
         max_shards = min(limit, var.shape[axis], var.byte_size // self.config.min_shard_bytes)
-        floating = var.dtype.startswith("float")
+        all_reduce = self._dense_all_reduce(var)
         options = []
         for n in range(2, max_shards + 1):
             for j in range(1, min(len(devices), n - 1) + 1):
-                for start in range(len(devices) if j < len(devices) else 1):
-                    for name in self.config.compressors:
-                        compressor = _COMPRESSORS[name]
-                        if compressor != AllReduceSynchronizer.NONE and not floating:
-                            continue
-                        for slot in range(self.config.max_groups):
-                            config = strategy_pb2.VariableConfig(var_name=var.name)
-                            config.partitioner.axis = axis
-                            config.partitioner.num_shards = n
-                            for k in range(j):
-                                config.shards.append(
-                                    _ps(devices[(start + k) % len(devices)], False))
-                            for _ in range(n - j):
-                                config.shards.append(strategy_pb2.Synchronizer(
-                                    all_reduce=AllReduceSynchronizer(
-                                        spec=AllReduceSynchronizer.AUTO,
-                                        compressor=compressor, group=slot)))
-                            options.append(config)
+                for layout, sync in itertools.product(self._ps_layouts(j), all_reduce):
+                    config = strategy_pb2.VariableConfig(var_name=var.name)
+                    config.partitioner.axis = axis
+                    config.partitioner.num_shards = n
+                    config.shards.extend(_ps(device, False) for device in layout)
+                    config.shards.extend([sync] * (n - j))
+                    options.append(config)
         return options
 
     def describe(self) -> str:
