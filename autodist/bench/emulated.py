@@ -453,18 +453,15 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
     started = time.perf_counter()
     plan = api.optimize(model, spec, graph_item=graph_item, batch_size=preset.batch_size,
                         cost_model=preset.cost_model)
-    pick_key = tuple(int(c) for c in space.encode(plan.strategy))
-    origin = plan.strategy.origin or "search"
-    if pick_key in first:
-        origin += f" = {first[pick_key].strategy}"
+    twin = first.get(tuple(int(c) for c in space.encode(plan.strategy)))
+    origin = (plan.strategy.origin or "search") + (f" = {twin.strategy}" if twin is not None
+                                                    else "")
     log(f"{model_key} @ {mbit:g} Mbit/s: optimize picked {origin} in "
         f"{time.perf_counter() - started:.1f}s")
     pick_row = Row(system=OPTIMIZE, strategy="optimize", pick_origin=origin, **base)
-    if pick_key in first:
-        twins.append((pick_row, first[pick_key]))
-        candidates.append((pick_row, None))
-    else:
-        candidates.append((pick_row, plan.strategy))
+    if twin is not None:
+        twins.append((pick_row, twin))
+    candidates.append((pick_row, None if twin is not None else plan.strategy))
     for row, strategy in candidates:
         if strategy is not None:
             row.lower_bound_ms = float(simulator.predict_strategy(strategy)
