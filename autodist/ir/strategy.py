@@ -27,7 +27,6 @@ PSSynchronizer = strategy_pb2.PSSynchronizer
 AllReduceSynchronizer = strategy_pb2.AllReduceSynchronizer
 Partitioner = strategy_pb2.Partitioner
 
-_DENSE_ONLY_SPECS = (AllReduceSynchronizer.RING, AllReduceSynchronizer.NCCL)
 # Optimizer hyper-parameters that decide the update's structure (its slots and
 # ops), so a strategy cannot override them.
 STRUCTURAL_HYPERPARAMETERS = ("momentum", "nesterov", "amsgrad", "centered", "use_ema")
@@ -348,6 +347,18 @@ def describe_synchronizer(sync: Synchronizer) -> str:
     return "none"
 
 
+def is_gathered(sync: AllReduceSynchronizer, sparse_gradient: bool) -> bool:
+    """Whether an all-reduce shard's gradient is all-gathered as rows (indices and values).
+
+    A sparse gradient is all-gathered under AUTO and ALL_GATHER; under RING
+    or NCCL it is densified (summed into the shard's shape) and all-reduced
+    like a dense one, which moves the whole shard instead of one row per
+    lookup: cheaper when a step looks up more rows than the table has.
+    """
+    return sparse_gradient and sync.spec in (AllReduceSynchronizer.AUTO,
+                                             AllReduceSynchronizer.ALL_GATHER)
+
+
 class _Validator:
     """Checks one strategy; each check raises StrategyError on the first fault."""
 
@@ -552,16 +563,13 @@ class _Validator:
                                 f"Received: {ar.group}", variable=name,
                                 field=f"{where}.all_reduce.group", received=ar.group)
         spec_name = AllReduceSynchronizer.Spec.Name(ar.spec)
-        if var.sparse_gradient and ar.spec in _DENSE_ONLY_SPECS:
-            raise StrategyError(
-                f"variable {name!r} has a sparse gradient, which all-reduce spec {spec_name} "
-                "cannot take; use ALL_GATHER (or AUTO) or a PS synchronizer",
-                variable=name, field=f"{where}.all_reduce.spec", received=spec_name)
         compressor = AllReduceSynchronizer.Compressor.Name(ar.compressor)
-        if var.sparse_gradient and ar.compressor == AllReduceSynchronizer.FP16_ERROR_FEEDBACK:
+        gathered = is_gathered(ar, var.sparse_gradient)
+        if gathered and ar.compressor == AllReduceSynchronizer.FP16_ERROR_FEEDBACK:
             raise StrategyError(
-                f"variable {name!r} has a sparse gradient; compressor {compressor} keeps a "
-                "dense residual and cannot take it (use NONE or FP16)", variable=name,
+                f"variable {name!r} is all-gathered (spec {spec_name}); compressor {compressor} "
+                "keeps a dense residual and cannot take it (use NONE or FP16, or spec RING to "
+                "densify the gradient)", variable=name,
                 field=f"{where}.all_reduce.compressor", received=compressor)
         if ar.compressor != AllReduceSynchronizer.NONE and not var.dtype.startswith("float"):
             raise StrategyError(f"variable {name!r} of dtype {var.dtype} cannot use compressor "
@@ -573,7 +581,12 @@ class _Validator:
                 raise StrategyError(f"variable {name!r}: all-reduce spec NCCL needs GPU replicas; "
                                     f"these are not: {cpu}", variable=name,
                                     field=f"{where}.all_reduce.spec", received=spec_name)
-        key = (spec_name, ar.compressor, int(var.sparse_gradient), var.dtype)
+        # A fused group is one flat tensor: its members must agree on how it
+        # travels. AUTO on a dense gradient is a ring; a densified sparse
+        # gradient fuses with dense ones.
+        how = "GATHER" if gathered else "RING" if ar.spec == AllReduceSynchronizer.AUTO \
+            else spec_name
+        key = (how, ar.compressor, int(gathered), var.dtype)
         first = groups.setdefault(ar.group, (name,) + key)
         if first[1:] != key:
             raise StrategyError(

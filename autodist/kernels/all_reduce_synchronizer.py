@@ -2,7 +2,12 @@
 
 Dense gradients of the shards sharing a `group` are flattened into one buffer
 and summed with ``CollectiveReduceV2`` across all replicas; sparse gradients
-are all-gathered (indices and values, padded to the largest replica). Keys are
+are all-gathered (indices and values, padded to the largest replica), or,
+under spec RING or NCCL, densified (rows summed into the shard's shape) and
+reduced in their group like dense ones: that moves the shard instead of one
+row per lookup, less when a step looks up more rows than the shard has. For
+optimizers that square the gradient, a densified shard also reduces the sum of
+its rows' squares, so repeated rows are squared one by one as Keras does. Keys are
 deterministic functions of the strategy, never hashes: every replica of every
 task builds the same collectives with the same keys.
 
@@ -16,12 +21,34 @@ import dataclasses
 
 import tensorflow as tf
 
+from autodist.ir.strategy import is_gathered
 from autodist.kernels.program import Program, Replica, Shard
 from autodist.proto import strategy_pb2
 
 ARSync = strategy_pb2.AllReduceSynchronizer
 GROUP_KEY = 1
 _KEYS_PER_COLLECTIVE = 4
+
+
+def gathers(shard: Shard) -> bool:
+    """Whether an all-reduce shard's gradient is all-gathered as rows (else reduced)."""
+    return is_gathered(shard.synchronizer.all_reduce, shard.sparse)
+
+
+@dataclasses.dataclass
+class Reduced:
+    """Summed gradients of a replica's all-reduce shards.
+
+    Attributes:
+        gradients: Shard name -> the sum over all replicas (dense, or
+            IndexedSlices for an all-gathered shard).
+        squares: Shard name -> the summed squares of the rows of a densified
+            sparse shard (only with `squares=True`), the `grad_square` Keras
+            would compute from all the rows.
+    """
+
+    gradients: dict[str, object]
+    squares: dict[str, object]
 
 
 @dataclasses.dataclass
@@ -54,20 +81,20 @@ def instance_keys(shards: list[Shard]) -> dict[tuple[str, int], int]:
     TensorFlow keeps the shape of a collective instance, so all-gathers add
     `step * ("stride", 0)` to their base: a new instance every step.
     """
-    groups = sorted({s.synchronizer.all_reduce.group for s in shards if not s.sparse})
+    groups = sorted({s.synchronizer.all_reduce.group for s in shards if not gathers(s)})
     keys: dict[tuple[str, int], int] = {}
     for g in groups:
         keys[("group", g)] = 1 + _KEYS_PER_COLLECTIVE * g
     base = 1 + _KEYS_PER_COLLECTIVE * (max(groups, default=-1) + 1)
-    for i, s in enumerate(sorted((s for s in shards if s.sparse), key=lambda s: s.name)):
+    for i, s in enumerate(sorted((s for s in shards if gathers(s)), key=lambda s: s.name)):
         keys[("name", s.name)] = base + _KEYS_PER_COLLECTIVE * i
-    keys[("stride", 0)] = _KEYS_PER_COLLECTIVE * max(1, sum(1 for s in shards if s.sparse))
+    keys[("stride", 0)] = _KEYS_PER_COLLECTIVE * max(1, sum(1 for s in shards if gathers(s)))
     return keys
 
 
 def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
                      gradients: dict[str, object], config: CollectiveConfig,
-                     step) -> dict[str, object]:
+                     step, squares: bool = False) -> Reduced:
     """All-reduces one replica's (scaled) gradients of all-reduce shards.
 
     Args:
@@ -77,20 +104,22 @@ def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
         gradients: Shard name -> this replica's gradient (dense or IndexedSlices).
         config: Group size and timeout.
         step: The step number (int64 tensor), for the keys of all-gathers.
+        squares: The optimizer squares the gradient: densified sparse shards
+            also reduce their rows' squares.
 
     Returns:
-        Shard name -> the summed gradient over all replicas.
+        The summed gradients (and squares) over all replicas.
     """
     keys = instance_keys(shards)
-    out: dict[str, object] = {}
+    out = Reduced({}, {})
     groups: dict[int, list[Shard]] = {}
     for s in shards:
         if s.name not in gradients:
             continue
-        if s.sparse:
+        if gathers(s):
             key = keys[("name", s.name)] + tf.cast(step, tf.int32) * keys[("stride", 0)]
-            out[s.name] = _all_gather(gradients[s.name], s, key, config,
-                                      s.synchronizer.all_reduce)
+            out.gradients[s.name] = _all_gather(gradients[s.name], s, key, config,
+                                                s.synchronizer.all_reduce)
         else:
             groups.setdefault(s.synchronizer.all_reduce.group, []).append(s)
     shapes: dict[tuple[int, ...], tf.Tensor] = {}
@@ -104,14 +133,31 @@ def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
 
     for group, members in sorted(groups.items()):
         sync = members[0].synchronizer.all_reduce
-        flat = tf.concat([tf.reshape(gradients[s.name], shape_constant([-1])) for s in members],
-                         axis=0)
+        parts, places = [], []  # flat tensors, and (shard, is its square) of each
+        for s in members:
+            grad = gradients[s.name]
+            if isinstance(grad, tf.IndexedSlices):
+                parts.append(_densify(grad.values, grad.indices, s.shape))
+                places.append((s, False))
+                if squares:
+                    parts.append(_densify(tf.square(grad.values), grad.indices, s.shape))
+                    places.append((s, True))
+            else:
+                parts.append(grad)
+                places.append((s, False))
+        flat = tf.concat([tf.reshape(p, shape_constant([-1])) for p in parts], axis=0)
         reduced = _reduce(program, replica, flat, group, tf.constant(keys[("group", group)]),
                           config, sync)
-        sizes = [tf.TensorShape(s.shape).num_elements() for s in members]
-        for s, part in zip(members, tf.split(reduced, sizes)):
-            out[s.name] = tf.reshape(part, shape_constant(s.shape))
+        sizes = [tf.TensorShape(s.shape).num_elements() for s, _ in places]
+        for (s, is_square), part in zip(places, tf.split(reduced, sizes)):
+            target = out.squares if is_square else out.gradients
+            target[s.name] = tf.reshape(part, shape_constant(s.shape))
     return out
+
+
+def _densify(values, indices, shape) -> tf.Tensor:
+    """Rows (one per lookup, repeats allowed) summed into a dense tensor of `shape`."""
+    return tf.math.unsorted_segment_sum(values, indices, shape[0])
 
 
 def _hint(sync) -> str:

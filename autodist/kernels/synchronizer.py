@@ -127,15 +127,17 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                     {s.name: scaled[replica.index][s.name] for s in ar_shards
                      if s.name in scaled[replica.index]},
                     ar.CollectiveConfig(len(strategy.replicas), options.timeout_s,
-                                        options.version), step_value)
-                ar_results += [(replica, s, reduced[s.name]) for s in ar_shards
-                               if s.name in reduced]
-        with tf.control_dependencies(_ops_of([g for _, _, g in ar_results])
+                                        options.version), step_value,
+                    squares=needs_square(gi.optimizer))
+                ar_results += [(replica, s, reduced.gradients[s.name], reduced.squares.get(s.name))
+                               for s in ar_shards if s.name in reduced.gradients]
+        with tf.control_dependencies(_ops_of([g for _, _, g, _ in ar_results])
                                      if options.atomic else None):
-            for replica, shard, grad in ar_results:
+            for replica, shard, grad, square in ar_results:
                 with tf.device(replica.device):
                     var = get_storage(program, shard, replica)
-                    updates.append(update(var, grad, Slots(get_slots(program, shard, replica))))
+                    updates.append(update(var, grad, Slots(get_slots(program, shard, replica)),
+                                          square))
         # PS shards. With collectives in the step, TensorFlow gives every worker's
         # step the same step id (collective graphs are coordinated); two workers'
         # steps with one id on a shared PS task abort each other ("Cleanup

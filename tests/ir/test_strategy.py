@@ -447,12 +447,22 @@ def test_subset_of_replicas_passes(ps_ncf, ncf_item, local_spec):
 
 
 # ------------------------------------------------ validation: all-reduce shards
-@pytest.mark.parametrize("spec", ["RING", "NCCL"])
-def test_sparse_variable_on_dense_only_all_reduce(ar_ncf, ncf_item, local_spec, spec):
-    _config(ar_ncf, ITEM).shards[0].all_reduce.spec = AR.Spec.Value(spec)
-    assert_invalid(ar_ncf, ncf_item, local_spec,
-                   f"'{ITEM}' has a sparse gradient, which all-reduce spec {spec} cannot take",
-                   variable=ITEM, field="shards[0].all_reduce.spec", received=spec)
+def test_sparse_variable_densified_by_ring_passes(ar_ncf, ncf_item, local_spec):
+    _config(ar_ncf, ITEM).shards[0].all_reduce.spec = AR.RING
+    ar_ncf.validate(ncf_item, local_spec)
+
+
+def test_densified_sparse_variable_fuses_with_dense_ones(ar_ncf, ncf_item, local_spec):
+    group = _config(ar_ncf, HIDDEN).shards[0].all_reduce.group
+    item = _config(ar_ncf, ITEM).shards[0].all_reduce
+    item.group, item.spec = group, AR.RING  # AUTO on the dense members is a ring too
+    ar_ncf.validate(ncf_item, local_spec)
+
+
+def test_densified_sparse_variable_may_use_error_feedback(ar_ncf, ncf_item, local_spec):
+    sync = _config(ar_ncf, USER).shards[0].all_reduce
+    sync.spec, sync.compressor = AR.RING, AR.FP16_ERROR_FEEDBACK
+    ar_ncf.validate(ncf_item, local_spec)
 
 
 @pytest.mark.parametrize("spec", ["AUTO", "ALL_GATHER"])
@@ -464,7 +474,8 @@ def test_sparse_variable_on_gather_specs_passes(ar_ncf, ncf_item, local_spec, sp
 def test_sparse_variable_with_error_feedback(ar_ncf, ncf_item, local_spec):
     _config(ar_ncf, USER).shards[0].all_reduce.compressor = AR.FP16_ERROR_FEEDBACK
     assert_invalid(ar_ncf, ncf_item, local_spec,
-                   "compressor FP16_ERROR_FEEDBACK keeps a dense residual",
+                   "is all-gathered \\(spec ALL_GATHER\\); compressor FP16_ERROR_FEEDBACK keeps "
+                   "a dense residual",
                    variable=USER, field="shards[0].all_reduce.compressor",
                    received="FP16_ERROR_FEEDBACK")
 

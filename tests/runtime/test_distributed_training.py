@@ -15,6 +15,7 @@ import pytest
 import keras
 import autodist
 from autodist import models
+from autodist.ir.strategy import AllReduceSynchronizer
 from autodist.search import builders
 
 pytestmark = pytest.mark.cluster
@@ -122,3 +123,37 @@ def test_variables_split_between_ps_and_all_reduce_equal_single_device(model_nam
     split = [c for c in strategy.variables
              if {s.WhichOneof("kind") for s in c.shards} == {"ps", "all_reduce"}]
     assert split, "no variable was split between PS and all-reduce"
+
+
+class _Densified:
+    """A builder's strategy with every sparse all-reduce shard densified (spec RING).
+
+    The densified shards join the group of the first dense all-reduce shard,
+    so they are reduced in one buffer with dense gradients.
+    """
+
+    def __init__(self, builder) -> None:
+        self.builder = builder
+
+    def build(self, graph_item, spec):
+        strategy = self.builder.build(graph_item, spec)
+        sparse = {v.name for v in graph_item.variables if v.sparse_gradient}
+        dense_group = next(s.all_reduce.group for c in strategy.proto.variables
+                           if c.var_name not in sparse for s in c.shards)
+        for config in strategy.proto.variables:
+            if config.var_name in sparse:
+                for shard in config.shards:
+                    shard.all_reduce.spec = AllReduceSynchronizer.RING
+                    shard.all_reduce.group = dense_group
+        return strategy
+
+
+@pytest.mark.parametrize("model_name", ["ncf", "transformer"])
+@pytest.mark.parametrize("builder_name", ["AllReduce", "PartitionedAR"])
+def test_densified_sparse_gradients_equal_single_device(builder_name, model_name, tmp_path):
+    """Adam squares repeated rows one by one; a densified table must reduce those squares too."""
+    spec = autodist.ResourceSpec.local(workers=2, ps=0)
+    strategy = check_equals_single_device(_Densified(BUILDERS[builder_name]()), model_name, spec,
+                                          str(tmp_path / "job"))
+    assert any(s.all_reduce.spec == AllReduceSynchronizer.RING
+               for c in strategy.proto.variables for s in c.shards)
