@@ -44,6 +44,10 @@ MODELS: dict[str, dict[str, Any]] = {
     "cnn": dict(name="cnn"),
     # Two large embedding tables (sparse gradients); SGD touches only looked-up rows.
     "ncf": dict(name="ncf", num_users=50_000, num_items=20_000, dim=16, optimizer="sgd"),
+    # A large user table (one row per example) and a small category table looked up
+    # 50 times per example: rows vs densified tables.
+    "ctr": dict(name="ctr", num_users=100_000, num_categories=500, history_len=50, dim=32,
+                optimizer="sgd"),
     # Large vocabulary: a sparse input table and an as large dense softmax projection.
     "lm": dict(name="lm", vocab_size=10_000, seq_len=8, dim=32),
     # A small BERT-style encoder.

@@ -30,6 +30,8 @@ MODELS: dict[str, dict[str, Any]] = {
     "mlp": dict(name="mlp", hidden=(256, 256)),
     "cnn": dict(name="cnn"),
     "ncf": dict(name="ncf", num_users=50_000, num_items=20_000, dim=16, optimizer="sgd"),
+    "ctr": dict(name="ctr", num_users=100_000, num_categories=500, history_len=50, dim=32,
+                optimizer="sgd"),
     "lm": dict(name="lm", vocab_size=10_000, seq_len=8, dim=32),
     "transformer": dict(name="transformer", vocab_size=2000, seq_len=16, dim=32,
                         layers_count=2),

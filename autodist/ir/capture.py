@@ -417,6 +417,7 @@ def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, opti
         variables.append(info)
 
     ops = estimate_ops(graph, batch_size, _producer(loss.op).name, keep=_ancestors(fetches))
+    _count_sparse_rows(graph_def, inputs, variables, ops, batch_size)
     proto = graph_item_pb2.GraphItem(
         graph_def=graph_def.SerializeToString(deterministic=True), source=source, name=name,
         inputs=inputs, loss_tensor=loss.name, variables=variables, state_variables=states,
@@ -456,6 +457,38 @@ def _state_info(name, handle_node, dtype, shape, updates) -> graph_item_pb2.Stat
     return graph_item_pb2.StateInfo(name=name, handle_node=handle_node, dtype=dtype.name,
                                     shape=shape, byte_size=math.prod(shape) * dtype.size,
                                     update_ops=updates)
+
+
+def _count_sparse_rows(graph_def, inputs, variables, ops, batch_size: int) -> None:
+    """Sets the output bytes of each sparse gradient's values at `batch_size` examples.
+
+    A lookup of several ids per example flattens them into one unknown
+    dimension (batch x ids), which the per-op estimate takes for the batch
+    alone. Shape inference on a copy of the step whose inputs hold exactly
+    `batch_size` examples gives the real number of rows (one per lookup);
+    where it cannot tell, the estimate stays.
+    """
+    sparse = [v for v in variables if v.sparse_gradient]
+    if not sparse:
+        return
+    graph = tf.Graph()
+    with graph.as_default():
+        feeds = {}
+        for t in inputs:
+            if not t.shape:
+                continue
+            shape = [batch_size if d < 0 else d for d in t.shape]
+            feeds[t.tensor] = tf.compat.v1.placeholder(tf.as_dtype(t.dtype), shape)
+        try:
+            tf.import_graph_def(graph_def, input_map=feeds, name="")
+        except (ValueError, tf.errors.OpError):
+            return
+    by_name = {op.name: op for op in ops}
+    for var in sparse:
+        op = by_name.get(var.gradient.values.split(":")[0])
+        shape = graph.get_tensor_by_name(var.gradient.values).shape
+        if op is not None and shape.is_fully_defined():
+            op.output_bytes = shape.num_elements() * tf.as_dtype(var.dtype).size
 
 
 def _proto_shape(shape: tf.TensorShape) -> list[int]:

@@ -232,3 +232,11 @@ class GraphItem:
         return (f"GraphItem(name={self.name!r}, variables={len(self)}, "
                 f"parameters={self.num_parameters:,}, ops={len(self._proto.ops)})")
 
+
+def optimizer_squares_gradient(info: graph_item_pb2.OptimizerInfo) -> bool:
+    """Whether the optimizer's update uses the squared gradient.
+
+    For a sparse gradient Keras squares each looked-up row before summing
+    repeats, so whoever aggregates such a gradient must carry those squares.
+    """
+    return info.family == "keras" and info.algorithm in ("adam", "adamw", "adagrad", "rmsprop")

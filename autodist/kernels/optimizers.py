@@ -24,6 +24,7 @@ from typing import Callable, Mapping
 import tensorflow as tf
 
 from autodist.ir.errors import StrategyError
+from autodist.ir.graph_item import optimizer_squares_gradient
 from autodist.proto import graph_item_pb2
 
 # Keras options that change the update in ways not implemented yet.
@@ -80,7 +81,7 @@ def dense_gradient(grad, shape: list[int]) -> tf.Tensor:
 
 def needs_square(info: graph_item_pb2.OptimizerInfo) -> bool:
     """Whether the update uses the squared gradient (and so, for sparse, its sum)."""
-    return info.family == "keras" and info.algorithm in ("adam", "adamw", "adagrad", "rmsprop")
+    return optimizer_squares_gradient(info)
 
 
 def square_gradient(grad, shape: list[int]) -> tf.Tensor:

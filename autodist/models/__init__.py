@@ -82,6 +82,35 @@ def embedding_model(num_users: int = 1000, num_items: int = 2000, dim: int = 16,
     return model
 
 
+def ctr_model(num_users: int = 100_000, num_categories: int = 500, history_len: int = 50,
+              dim: int = 32, hidden: int = 64, seed: int = 0, optimizer: Any = "adam"):
+    """A click-through-rate model: a user id and the categories of recent items.
+
+    The user id looks up one row of a large table; the history looks up
+    `history_len` rows of a small category table (a vocabulary smaller than
+    a batch's lookups) and averages them. Both get sparse (IndexedSlices)
+    gradients, at the two ends of the trade-off: a few rows of a big table
+    move cheaply as rows, while the many rows of the small one cost more than
+    the table itself.
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+    from keras import layers  # pylint: disable=import-outside-toplevel
+
+    keras.utils.set_random_seed(seed)
+    user = keras.Input((1,), dtype="int32", name="user")
+    history = keras.Input((history_len,), dtype="int32", name="history")
+    u = layers.Flatten()(layers.Embedding(num_users, dim, name="user_embedding")(user))
+    c = layers.GlobalAveragePooling1D()(
+        layers.Embedding(num_categories, dim, name="category_embedding")(history))
+    h = layers.Dense(hidden, activation="relu", name="mlp_hidden")(
+        layers.Concatenate()([u, c, layers.Multiply()([u, c])]))
+    outputs = layers.Dense(1, name="logit")(h)
+    model = keras.Model([user, history], outputs, name="ctr")
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    return model
+
+
 def transformer(vocab_size: int = 1000, seq_len: int = 16, dim: int = 32, heads: int = 2,
                 layers_count: int = 2, classes: int = 2, seed: int = 0,
                 optimizer: Any = "adam"):
@@ -165,6 +194,7 @@ BUILDERS: dict[str, Callable[..., Any]] = {
     "mlp": mlp,
     "cnn": cnn,
     "ncf": embedding_model,
+    "ctr": ctr_model,
     "transformer": transformer,
     "lm": language_model,
     "resnet50": resnet50,

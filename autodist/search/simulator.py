@@ -10,7 +10,10 @@ An α-β model of one synchronous training step on the ResourceSpec:
   replication replaces the replicas' pulls by one refresh per node;
 * ring all-reduce of each fused group: 2(W-1)/W of its bytes in and out of
   every node and 2(W-1) latencies; fp16 halves the wire bytes;
-* all-gather of a sparse gradient: (W-1) times a replica's indices and values;
+* all-gather of a sparse gradient: (W-1) times a replica's indices and values
+  (one row per lookup, repeats included); a densified sparse gradient (spec
+  RING) is reduced with its group as dense bytes (twice for optimizers that
+  square it: the rows' squares travel too);
 * a node's link is full duplex: its time is max(bytes in, bytes out) divided
   by its bandwidth; the step waits for the busiest node; the step's traffic
   comes in phases (PS reads in the forward pass, then the gradients' pushes
@@ -34,10 +37,10 @@ import time
 
 import numpy as np
 
-from autodist.ir.graph_item import GraphItem, VariableInfo
-from autodist.ir.strategy import Strategy
+from autodist.ir.graph_item import GraphItem, VariableInfo, optimizer_squares_gradient
+from autodist.ir.strategy import Strategy, is_gathered
 from autodist.proto import strategy_pb2
-from autodist.search.space import NUM_COMPRESSORS, SearchSpace
+from autodist.search.space import NUM_COMPRESSORS, SearchSpace, lookups_per_example
 
 AllReduceSynchronizer = strategy_pb2.AllReduceSynchronizer
 
@@ -160,7 +163,12 @@ class Simulator:
         self.compute_s = (gi.total_flops * self.per_replica_batch / estimate
                           / self.calibration.flops_per_s
                           + len(gi.ops) * self.calibration.op_overhead_s)
-        self._rows = _touched_rows(gi, self.per_replica_batch)
+        # Rows of each sparse gradient in a replica's step: one per lookup, repeats
+        # included (what a PS push or read and an all-gather move); updates
+        # touch at most the table's rows (`_update_bytes` caps them).
+        self._rows = {name: per_example * self.per_replica_batch
+                      for name, per_example in lookups_per_example(gi).items()}
+        self._squares = optimizer_squares_gradient(gi.optimizer)
         self._sparse_rows_only = _sparse_updates_touch_rows_only(gi)
         self._compiled_counts: tuple[int, ...] | None = None
 
@@ -241,18 +249,23 @@ class Simulator:
             else:
                 ar = shard.all_reduce
                 scale = 0.5 if ar.compressor != AllReduceSynchronizer.NONE else 1.0
-                if var.sparse_gradient or ar.spec == AllReduceSynchronizer.ALL_GATHER:
+                gathered = (is_gathered(ar, var.sparse_gradient)
+                            or ar.spec == AllReduceSynchronizer.ALL_GATHER)
+                densified = var.sparse_gradient and not gathered
+                if gathered:
                     rows = touched * fraction if var.sparse_gradient else sizes[k]
                     row[c["ag_payload"]] += rows * (row_bytes * scale + _INDEX_BYTES)
                     row[c["ag_count"]] += 1
                 else:
+                    wire = shard_bytes * scale * (2 if densified and self._squares else 1)
                     column = ar.compressor * self.space.num_slots + ar.group
-                    row[c["groups"].start + column] += shard_bytes * scale
-                    row[c["ar_bytes"]] += shard_bytes * scale
+                    row[c["groups"].start + column] += wire
+                    row[c["ar_bytes"]] += wire
+                update = shard_bytes if densified else self._update_bytes(var, shard_bytes,
+                                                                          fraction)
                 for node in range(self.num_nodes):
                     if self.replicas_on[node]:
-                        row[c["update"].start + node] += self._update_bytes(var, shard_bytes,
-                                                                             fraction)
+                        row[c["update"].start + node] += update
         kinds = {s.WhichOneof("kind") for s in config.shards}
         row[c["ps_vars"]] += "ps" in kinds
         row[c["ar_vars"]] += "all_reduce" in kinds
@@ -384,24 +397,3 @@ def _sparse_updates_touch_rows_only(graph_item: GraphItem) -> bool:
     if opt.family == "keras":
         return opt.hyperparameters.get("momentum", 0.0) == 0.0
     return not any(v.slots for v in graph_item.variables)
-
-
-def _touched_rows(graph_item: GraphItem, per_replica_batch: float) -> dict[str, float]:
-    """Rows of each sparse variable a replica's step touches (an upper bound).
-
-    The gradient's values tensor holds one row per lookup; its size at the
-    GraphItem's estimate batch gives lookups per example.
-    """
-    ops = {op.name: op for op in graph_item.ops}
-    estimate = max(1, graph_item.proto.estimate_batch_size)
-    rows = {}
-    for var in graph_item.variables:
-        if not var.sparse_gradient:
-            continue
-        dim = var.shape[0] if var.shape else 1
-        row_bytes = var.byte_size / max(1, dim)
-        op = ops.get(var.gradient.values.split(":")[0])
-        per_example = (op.output_bytes / row_bytes / estimate) if op and op.output_bytes else 1.0
-        rows[var.name] = min(float(dim), per_example * per_replica_batch)
-    return rows
-

@@ -11,7 +11,11 @@ Knowledge constraints shape the options rather than filtering samples, so a
 constraint can never be violated:
 
 * a sparse gradient (embedding) goes to parameter servers or is all-gathered,
-  never densely all-reduced, and partitions only along axis 0;
+  and partitions only along axis 0 (unpartitioned under all-reduce). It is
+  densified and all-reduced (in a fusion slot, with dense gradients) only
+  where that can help: when the table is no larger than the rows the
+  replicas' lookups move per step (one row per lookup, repeats included), as
+  for a small vocabulary looked up many times per example;
 * a dense variable partitions along its first partitionable axis;
 * shards are bounded by `max_shards` and by `min_shard_bytes`, and the shards
   of a variable sit on distinct parameter servers;
@@ -41,7 +45,7 @@ import numpy as np
 
 from autodist.ir.graph_item import GraphItem, VariableInfo
 from autodist.ir.resource_spec import ResourceSpec
-from autodist.ir.strategy import Strategy
+from autodist.ir.strategy import Strategy, is_gathered
 from autodist.proto import strategy_pb2
 
 AllReduceSynchronizer = strategy_pb2.AllReduceSynchronizer
@@ -169,6 +173,7 @@ class SearchSpace:
         self.consistencies = [Consistency.parse(c) for c in self.config.consistency]
         self.ps_devices = list(resource_spec.ps_devices) if self.config.allow_ps else []
         self.replicas_per_node = _replicas_per_node(resource_spec)
+        self.lookups_per_example = lookups_per_example(graph_item)
         self.options: list[list[strategy_pb2.VariableConfig]] = [
             self._variable_options(v) for v in self.variables]
         self._num_slots = self.config.max_groups
@@ -259,7 +264,7 @@ class SearchSpace:
         return strategy
 
     def _group_ids(self, configs: list[strategy_pb2.VariableConfig]) -> dict[tuple[int, int], int]:
-        """Dense fusion slots → group ids in order of first gradient; sparse → one each.
+        """Fusion slots → group ids in order of first gradient; all-gathered → one each.
 
         Slots are namespaced by compressor (and dtype), because a fused group
         must agree on them.
@@ -271,7 +276,7 @@ class SearchSpace:
             for k, shard in enumerate(config.shards):
                 if shard.WhichOneof("kind") != "all_reduce":
                     continue
-                if var.sparse_gradient:
+                if is_gathered(shard.all_reduce, var.sparse_gradient):
                     sparse.append((var.gradient_order, v, k))
                 else:
                     key = (shard.all_reduce.group, shard.all_reduce.compressor, var.dtype)
@@ -393,7 +398,24 @@ class SearchSpace:
             options.append(strategy_pb2.VariableConfig(var_name=var.name, shards=[
                 strategy_pb2.Synchronizer(all_reduce=AllReduceSynchronizer(
                     spec=AllReduceSynchronizer.ALL_GATHER, compressor=compressor))]))
+        if self._densify_can_help(var):
+            for sync in self._dense_all_reduce(var):
+                sync.all_reduce.spec = AllReduceSynchronizer.RING
+                options.append(strategy_pb2.VariableConfig(var_name=var.name, shards=[sync]))
         return options
+
+    def _densify_can_help(self, var: VariableInfo) -> bool:
+        """Whether the table is no larger than the rows all replicas' lookups move per step.
+
+        Ring all-reduce moves 2(W-1)/W of the table through each worker link;
+        all-gather (W-1) replicas' rows. At the GraphItem's estimate batch
+        per replica, densifying can win only below that bound (the cost
+        model decides).
+        """
+        rows = self.lookups_per_example.get(var.name, 0.0) * max(
+            1, self.graph_item.proto.estimate_batch_size)
+        dim = var.shape[0] if var.shape else 1
+        return dim <= rows * len(self.resource_spec.replica_devices)
 
     def _hybrid_options(self, var: VariableInfo) -> list[strategy_pb2.VariableConfig]:
         """A dense variable's first shards on parameter servers, the rest all-reduced.
@@ -445,6 +467,25 @@ def _axis(var: VariableInfo) -> int | None:
     if var.sparse_gradient:
         return 0 if 0 in axes else None
     return axes[0] if axes else None
+
+
+def lookups_per_example(graph_item: GraphItem) -> dict[str, float]:
+    """Rows each sparse variable's gradient holds per example (one per lookup).
+
+    From the size of the gradient's values tensor at the GraphItem's
+    estimate batch; 1.0 when the capture did not record it.
+    """
+    ops = {op.name: op for op in graph_item.ops}
+    estimate = max(1, graph_item.proto.estimate_batch_size)
+    out = {}
+    for var in graph_item.variables:
+        if not var.sparse_gradient:
+            continue
+        row_bytes = var.byte_size / max(1, var.shape[0] if var.shape else 1)
+        op = ops.get(var.gradient.values.split(":")[0])
+        out[var.name] = (op.output_bytes / row_bytes / estimate
+                         if op and op.output_bytes else 1.0)
+    return out
 
 
 def _replicas_per_node(spec: ResourceSpec) -> list[int]:
