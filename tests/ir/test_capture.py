@@ -158,6 +158,16 @@ def test_two_embedding_tables_are_sparse(ncf_item):
     assert gi.optimizer.hyperparameters["beta_2"] == pytest.approx(0.999)
 
 
+def test_sparse_gradient_rows_count_every_lookup():
+    """A history of 7 ids per example puts 7 rows per example in the gradient."""
+    from autodist.search.space import lookups_per_example  # pylint: disable=C0415
+
+    model = models.ctr_model(num_users=100, num_categories=10, history_len=7, dim=4)
+    gi = capture(model, estimate_batch_size=16)
+    assert lookups_per_example(gi) == {"user_embedding/embeddings": pytest.approx(1.0),
+                                       "category_embedding/embeddings": pytest.approx(7.0)}
+
+
 def test_embedding_gradients_match_eager_tape():
     model = models.embedding_model(num_users=50, num_items=70, dim=4)
     gi = capture(model)

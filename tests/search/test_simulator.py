@@ -92,6 +92,32 @@ def test_sparse_variable_moves_only_touched_rows():
     assert p.parts["latency_s"][1] == pytest.approx(1e-4)
 
 
+def _is_densified(c):
+    from autodist.proto import strategy_pb2  # pylint: disable=import-outside-toplevel
+
+    return (c.shards[0].WhichOneof("kind") == "all_reduce"
+            and c.shards[0].all_reduce.spec == strategy_pb2.AllReduceSynchronizer.RING)
+
+
+@pytest.mark.parametrize("optimizer,wire", [("sgd", 100_000), ("adam", 200_000)])
+def test_small_table_looked_up_often_is_cheaper_densified(optimizer, wire):
+    # 100 rows of 1000 B, 20 lookups per example, 10 examples per replica: 200 rows
+    # (repeats included) per replica, twice the table.
+    gi = workloads.graph_item([("emb", (100, 250), True)], lookups_per_example=20,
+                              optimizer=optimizer)
+    spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=8)
+    space = SearchSpace(gi, spec)
+    sim = Simulator(space, CAL, batch_size=20)
+    p = sim.predict([[_index(space, 0, _is_ar(0)), 0], [_index(space, 0, _is_densified), 0]])
+    # All-gather: each worker sends and receives 200 x (1000 + 8) B.
+    assert p.parts["bandwidth_s"][0] == pytest.approx(200 * 1008 / 1e9)
+    # Densified ring, W=2: the 1e5 B table in and out of each worker; Adam's
+    # squared rows travel too.
+    assert p.parts["bandwidth_s"][1] == pytest.approx(wire / 1e9)
+    assert p.parts["update_s"][1] == pytest.approx(1e5 / 1e9)   # a dense update per replica
+    assert p.step_time_s[1] < p.step_time_s[0]
+
+
 @pytest.mark.parametrize("optimizer,momentum,update_bytes", [
     ("sgd", 0.0, 2 * 10 * 1000),   # plain SGD scatters the touched rows of both replicas
     ("sgd", 0.9, 3 * 1_000_000),   # momentum decays every row: densified, three passes

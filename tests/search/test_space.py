@@ -112,6 +112,29 @@ def test_decode_sets_consistency_and_groups(gi):
     assert groups[1] == groups[2] != groups[0]
 
 
+def test_densified_all_reduce_only_where_lookups_outweigh_the_table():
+    # "tags": 100 rows, 20 lookups per example: 10 examples x 20 x 2 replicas = 400
+    # rows per step >= 100: densifying can help. "emb": 1000 rows > 400.
+    gi = workloads.graph_item([("tags", (100, 64), True), ("emb", (1000, 64), True),
+                               ("kernel", (64, 32), False)], lookups_per_example=20)
+    spec = ResourceSpec.local(workers=2, ps=1)
+    space = SearchSpace(gi, spec, SpaceOptions(max_groups=2))
+    tags, emb, kernel = space.options
+    densified = [c for c in tags if _kinds(c) == {"all_reduce"}
+                 and c.shards[0].all_reduce.spec == AR.RING]
+    assert len(densified) == 2  # one per fusion slot
+    assert all(c.partitioner.num_shards <= 1 for c in densified)
+    assert not any(c.shards[0].all_reduce.spec == AR.RING for c in emb
+                   if _kinds(c) == {"all_reduce"})
+    # A densified table shares a fusion slot (one group) with dense gradients.
+    kernel_ar = next(i for i, c in enumerate(kernel) if _kinds(c) == {"all_reduce"})
+    emb_ag = next(i for i, c in enumerate(emb) if _kinds(c) == {"all_reduce"})
+    s = space.decode([tags.index(densified[0]), emb_ag, kernel_ar, 0])
+    groups = [c.shards[0].all_reduce.group for c in s.variables]
+    assert groups[0] == groups[2] != groups[1]
+    s.validate(gi, spec)
+
+
 def test_encode_round_trips_builders(gi):
     spec = ResourceSpec.local(workers=2, ps=2)
     space = SearchSpace(gi, spec, SpaceOptions(min_shard_bytes=1024))
