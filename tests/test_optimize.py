@@ -1,6 +1,7 @@
 """`autodist.optimize` and the `search` / `export` commands on captured example models."""
 from __future__ import annotations
 
+import pathlib
 import time
 
 import numpy as np
@@ -91,13 +92,22 @@ def test_optimize_with_a_measured_calibration():
         autodist.optimize(model, calibration="guess")
 
 
-def test_optimize_ranks_with_the_shipped_cost_model():
+def test_optimize_ranks_with_the_shipped_cost_model_or_the_simulator():
+    """The trainer ships a model only when it picks as well as the simulator.
+
+    benchmarks/train_cost_model.py decides (benchmarks/results/cost_model.md);
+    without a shipped file, optimize ranks with the simulator.
+    """
     from autodist.search.features import FEATURE_NAMES  # pylint: disable=C0415
 
     shipped = default_cost_model()
-    assert shipped is not None, "autodist/search/data/cost_model.txt is missing"
-    shipped.check_features(FEATURE_NAMES)
-    assert shipped.training_stats["num_rows"] >= 500
     model = models.build("mlp", hidden=(32,))
     plan = autodist.optimize(model)
+    if shipped is None:
+        report = pathlib.Path(__file__).parents[1] / "benchmarks" / "results" / "cost_model.md"
+        assert "Decision: ship nothing" in report.read_text()
+        assert plan.strategy.proto.performance.predictor == "simulator"
+        return
+    shipped.check_features(FEATURE_NAMES)
+    assert shipped.training_stats["num_rows"] >= 500
     assert plan.strategy.proto.performance.predictor == f"lightgbm-{shipped.kind}"

@@ -22,7 +22,7 @@ import numpy as np
 
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
-from autodist.ir.strategy import Strategy, describe_synchronizer
+from autodist.ir.strategy import Strategy, describe_synchronizer, is_gathered
 from autodist.search import builders as builder_presets
 from autodist.search.algorithms import SearchResult, search
 from autodist.search.cost_model import CostModel
@@ -306,15 +306,16 @@ class Tuner:
         candidate = np.asarray(candidate, dtype=np.int64)
         base = float(self.predict_seconds(candidate[None, :])[0][0])
         lines = [f"predicted step time {base * 1e3:.3f} ms ({self.predictor})", "",
-                 "variable: choice — the best alternative of another kind, with the rest fixed"]
+                 "variable: choice — the best alternative of another kind (PS, all-reduce, "
+                 "all-gather, split), with the rest fixed"]
         for v, var in enumerate(self.space.variables):
             options = self.space.options[v]
             trial = np.repeat(candidate[None, :], len(options), axis=0)
             trial[:, v] = np.arange(len(options))
             seconds = self.predict_seconds(trial)[0]
             chosen = options[int(candidate[v])]
-            kind = chosen.shards[0].WhichOneof("kind")
-            others = [i for i, o in enumerate(options) if o.shards[0].WhichOneof("kind") != kind]
+            kind = _how(chosen, var.sparse_gradient)
+            others = [i for i, o in enumerate(options) if _how(o, var.sparse_gradient) != kind]
             what = _describe(chosen)
             kind_note = "sparse" if var.sparse_gradient else "dense"
             why = "the only kind available"
@@ -337,6 +338,17 @@ class Tuner:
             except Exception:  # pylint: disable=broad-except
                 continue  # e.g. a PS builder on a spec without PS devices
         return strategies
+
+
+def _how(config, sparse_gradient: bool) -> str:
+    """How a variable's gradient travels: "ps", "all-reduce", "all-gather" or "split"."""
+    kinds = {s.WhichOneof("kind") for s in config.shards}
+    if len(kinds) > 1:
+        return "split"
+    if kinds == {"ps"}:
+        return "ps"
+    gathered = is_gathered(config.shards[0].all_reduce, sparse_gradient)
+    return "all-gather" if gathered else "all-reduce"
 
 
 def _describe(config) -> str:

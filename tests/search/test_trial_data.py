@@ -170,14 +170,19 @@ def test_trainer_metrics():
 
 
 def test_trainer_ships_only_what_ranks_about_as_well_as_the_simulator():
-    def results(reg, rank, sim):
-        return {"m": {"regressor": {"pairwise": reg}, "ranker": {"pairwise": rank},
-                      "simulator": {"pairwise": sim}}}
+    def results(reg, rank, sim, top1=(1.05, 1.05, 1.05)):
+        return {"m": {"regressor": {"pairwise": reg, "top1": top1[0]},
+                      "ranker": {"pairwise": rank, "top1": top1[1]},
+                      "simulator": {"pairwise": sim, "top1": top1[2]}}}
 
     assert tcm.choose(results(0.70, 0.75, 0.755), 0.01)[0] == "ranker"
     assert tcm.choose(results(0.80, 0.75, 0.70), 0.01)[0] == "regressor"
     kind, why = tcm.choose(results(0.60, 0.65, 0.70), 0.01)
     assert kind == "simulator" and "nothing shipped" in why
+    # A better order whose first pick is slower does not ship.
+    assert tcm.choose(results(0.80, 0.75, 0.70, (1.15, 1.04, 1.10)), 0.01)[0] == "ranker"
+    kind, why = tcm.choose(results(0.80, 0.75, 0.70, (1.15, 1.16, 1.10)), 0.01)
+    assert kind == "simulator" and "top-1 slowdown" in why
 
 
 def test_trainer_scores_stored_strategies_again_with_the_current_simulator():
