@@ -10,6 +10,7 @@ import pytest
 import autodist
 from autodist import cli, models
 from autodist.api import default_cost_model
+from autodist.ir.strategy import AllReduceSynchronizer
 from autodist.search.database import Database
 from autodist.search.space import SpaceOptions
 from autodist.search.tuner import Tuner
@@ -42,6 +43,23 @@ def test_optimize_returns_a_valid_strategy_in_seconds(name):
         assert var in text
     assert "Parallax" in text and "predicted step time" in text
     assert "ms/step" in repr(plan)
+
+
+def test_optimize_densifies_a_small_table_looked_up_many_times():
+    """ctr: 50 lookups per example into 500 rows; a 20k-row user table looked up once."""
+    model = models.build("ctr", num_users=20_000, optimizer="sgd")
+    spec = autodist.ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=0.1)
+    plan = autodist.optimize(model, spec, batch_size=64, cost_model="simulator")
+    syncs = {c.var_name: c.shards[0] for c in plan.strategy.proto.variables}
+    category = syncs["category_embedding/embeddings"]
+    assert category.WhichOneof("kind") == "all_reduce"
+    assert category.all_reduce.spec == AllReduceSynchronizer.RING        # densified
+    user = syncs["user_embedding/embeddings"]
+    assert not (user.WhichOneof("kind") == "all_reduce"
+                and user.all_reduce.spec == AllReduceSynchronizer.RING)  # rows, not 2.5 MB
+    assert plan.predicted_step_time < 0.9 * min(plan.builder_step_times.values())
+    text = plan.explain()
+    assert "), densified" in text and "ALL_GATHER" in text
 
 
 def test_optimize_defaults_and_errors():

@@ -316,12 +316,12 @@ class Tuner:
             chosen = options[int(candidate[v])]
             kind = _how(chosen, var.sparse_gradient)
             others = [i for i, o in enumerate(options) if _how(o, var.sparse_gradient) != kind]
-            what = _describe(chosen)
+            what = _describe(chosen, var.sparse_gradient)
             kind_note = "sparse" if var.sparse_gradient else "dense"
             why = "the only kind available"
             if others:
                 alt = min(others, key=lambda i: seconds[i])
-                why = (f"{_describe(options[alt])} would be "
+                why = (f"{_describe(options[alt], var.sparse_gradient)} would be "
                        f"{(seconds[alt] - base) * 1e3:+.3f} ms")
             lines.append(f"  {var.name} ({kind_note}, {var.byte_size} B): {what} — {why}")
         lines += ["", "builders (predicted step time):"]
@@ -351,10 +351,11 @@ def _how(config, sparse_gradient: bool) -> str:
     return "all-gather" if gathered else "all-reduce"
 
 
-def _describe(config) -> str:
+def _describe(config, sparse_gradient: bool = False) -> str:
     shards = [describe_synchronizer(s) for s in config.shards]
+    densified = ", densified" if sparse_gradient and _how(config, True) == "all-reduce" else ""
     if config.partitioner.num_shards > 1:
         head = f"{config.partitioner.num_shards} shards on axis {config.partitioner.axis}: "
         kinds = sorted(set(shards))
-        return head + (", ".join(shards) if len(kinds) > 1 else kinds[0])
-    return shards[0]
+        return head + (", ".join(shards) if len(kinds) > 1 else kinds[0]) + densified
+    return shards[0] + densified
