@@ -100,14 +100,14 @@ def resume_point(job: JobDir) -> tuple[dict[str, np.ndarray], int] | None:
 
 
 def completed_losses(job: JobDir, workers: int, first: int,
-                     steps: int) -> tuple[list[float], list[float]]:
+                     steps: int) -> tuple[list[float], list[float], list[int]]:
     """Global losses and the chief's step times of steps first..first+steps-1.
 
     Each worker of a recoverable run appends its weighted loss of every step
     it completed to the job directory; the global loss is their sum. Where a
     worker's record is missing (it died after the step completed elsewhere
     but before writing) the chief's own estimate (its replicas' mean loss,
-    from its progress records) stands in.
+    from its progress records) stands in; the third list names those steps.
     """
     parts: dict[int, list[float]] = {}
     for task in range(workers):
@@ -122,8 +122,12 @@ def completed_losses(job: JobDir, workers: int, first: int,
     path = job.file("progress.jsonl")
     if path.exists():
         progress = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    losses = []
+    losses, estimated = [], []
     for k in range(steps):
         found = parts.get(first + k, [])
-        losses.append(sum(found) if len(found) == workers else float(progress[k]["loss"]))
-    return losses, [float(r["time"]) for r in progress[:steps]]
+        if len(found) == workers:
+            losses.append(sum(found))
+        else:
+            losses.append(float(progress[k]["loss"]))
+            estimated.append(first + k)
+    return losses, [float(r["time"]) for r in progress[:steps]], estimated

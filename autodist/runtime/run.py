@@ -60,7 +60,10 @@ class History:
             "replan" or "stop", and its details and reason}.
         recoveries: Runs with `on_failure="continue"`: per failure, {"step":
             the step the job resumed at, "failed_task": the dead worker's
-            task index at that time, "workers": workers after it}.
+            task index at that time, "workers": workers after it,
+            "estimated_loss_steps": steps whose global loss is the chief's
+            estimate (its replicas' mean loss), because the dead worker
+            completed them but died before recording its loss}.
     """
 
     history: dict[str, list[float]]
@@ -69,7 +72,7 @@ class History:
     epoch: list[int]
     max_lead: list[int] = dataclasses.field(default_factory=list)
     resizes: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    recoveries: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    recoveries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     noise_scale: list[dict[str, float]] = dataclasses.field(default_factory=list)
     actions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
@@ -334,7 +337,7 @@ class DistributedRun:
             spec, strategy = self.resource_spec, self.strategy
             earlier_losses: list[float] = []
             earlier_times: list[float] = []
-            recoveries: list[dict[str, int]] = []
+            recoveries: list[dict[str, Any]] = []
             while True:
                 try:
                     self._run_cluster(job, timeout_s, progress.update, spec,
@@ -351,13 +354,14 @@ class DistributedRun:
                     except AutodistError as e:
                         raise error from e
                     done = next_step - config.start_step
-                    losses, times = recovery.completed_losses(job, spec.num_worker_tasks,
-                                                              config.start_step, done)
+                    losses, times, estimated = recovery.completed_losses(
+                        job, spec.num_worker_tasks, config.start_step, done)
                     spec = recovery.without_worker(spec, dead)
                     earlier_losses += losses
                     earlier_times += times
                     recoveries.append({"step": next_step, "failed_task": dead,
-                                       "workers": spec.num_worker_tasks})
+                                       "workers": spec.num_worker_tasks,
+                                       "estimated_loss_steps": estimated})
                     config = dataclasses.replace(config, start_step=next_step,
                                                  job_id=uuid.uuid4().hex)
                     path_k = path / f"recovery-{len(recoveries)}"
