@@ -48,9 +48,18 @@ def gradient_sq_norms(replica: Replica) -> dict[str, tf.Tensor]:
         replica's device. With one virtual node both are the same gradient.
     """
     with tf.device(replica.device):
-        return {"virtual_nodes": tf.stack([sq_norm(vn.gradients.values())
+        return {"virtual_nodes": tf.stack([_mean_loss_sq_norm(vn)
                                            for vn in replica.virtual_nodes]),
                 "replica": sq_norm(replica.gradients.values())}
+
+
+def _mean_loss_sq_norm(vn) -> tf.Tensor:
+    """|g|² of the gradient of `vn`'s mean loss (its weighted gradient / weight)."""
+    norm = sq_norm(vn.gradients.values())
+    if not vn.weighted:
+        return norm
+    # A virtual node with no examples has weight 0 and gradient 0.
+    return tf.math.divide_no_nan(norm, tf.square(tf.cast(vn.weight, tf.float32)))
 
 
 def step_timestamps(replicas: Sequence[Replica], train_op: tf.Operation) -> dict[str, tf.Tensor]:

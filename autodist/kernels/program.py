@@ -82,7 +82,10 @@ class VirtualNode:
         weight: Its share of its replica's examples (a scalar tensor; None
             for a replica's only virtual node).
         loss: Its mean loss.
-        gradients: Variable name -> gradient of its mean loss.
+        gradients: Variable name -> gradient of its mean loss; times `weight`
+            when `weighted`.
+        weighted: The weight seeded its backward pass, so `gradients` are
+            those of its weighted loss (see `replicator.gradient_seed`).
     """
 
     index: int
@@ -90,6 +93,7 @@ class VirtualNode:
     weight: Any = None
     loss: Any = None
     gradients: dict[str, Any] = dataclasses.field(default_factory=dict)
+    weighted: bool = False
 
 
 @dataclasses.dataclass
@@ -103,8 +107,10 @@ class Replica:
             when the strategy has no virtual nodes).
         inputs: Input name -> placeholder: feed the examples of its virtual
             nodes, in their order, one after the other.
-        sizes: With several virtual nodes, an int32 placeholder: feed how
-            many examples of `inputs` each one reads. None with one.
+        sizes: With several virtual nodes, an int32 placeholder: how many
+            examples of `inputs` each one reads. None with one.
+        default_sizes: What `sizes` is when not fed (each virtual node's share
+            of the strategy's global batch); feed it only when they differ.
         loss: The replica's mean loss (its virtual nodes' losses weighted by
             examples).
         gradients: Variable name -> dense tensor or tf.IndexedSlices: the
@@ -117,6 +123,7 @@ class Replica:
     virtual_nodes: list[VirtualNode] = dataclasses.field(default_factory=list)
     inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
     sizes: Any = None
+    default_sizes: list[int] | None = None
     loss: Any = None
     gradients: dict[str, Any] = dataclasses.field(default_factory=dict)
     state_updates: list[Any] = dataclasses.field(default_factory=list)

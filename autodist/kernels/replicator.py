@@ -17,9 +17,13 @@ once per virtual node it runs (once without virtual nodes), with the
 variable placeholders mapped to the storage handles; each virtual node's
 inputs are placeholders to feed. A replica's virtual nodes run one after the
 other and its gradient is theirs weighted by examples (`_accumulate`), so the
-synchronizer sees one gradient per replica whatever the mapping.
+synchronizer sees one gradient per replica whatever the mapping. The weight
+seeds each virtual node's backward pass where the step's seed is known
+(`gradient_seed`), so no gradient is multiplied after the fact.
 """
 from __future__ import annotations
+
+import re
 
 import tensorflow as tf
 
@@ -194,13 +198,23 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
                 tf.as_dtype(node.attr["dtype"].type), tf.TensorShape(node.attr["shape"].shape),
                 name=f"{SCOPE}/replica_{index}/input/{info.name}")
         if not single:
-            replica.sizes = tf.compat.v1.placeholder(
-                tf.int32, [len(vn_indices)], name=f"{SCOPE}/replica_{index}/vn_sizes")
+            # Fed only when a step's sizes differ (a smaller last batch): one
+            # feed fewer per step.
+            per = strategy.global_batch_size // strategy.num_virtual_nodes
+            replica.default_sizes = [per] * len(vn_indices)
+            replica.sizes = tf.compat.v1.placeholder_with_default(
+                tf.constant(replica.default_sizes, tf.int32), [len(vn_indices)],
+                name=f"{SCOPE}/replica_{index}/vn_sizes")
             parts = {name: tf.split(placeholder, replica.sizes, num=len(vn_indices))
                      for name, placeholder in replica.inputs.items()}
             sizes = tf.cast(replica.sizes, tf.float32)
             weights = tf.unstack(sizes / tf.maximum(tf.reduce_sum(sizes), 1.0),
                                  num=len(vn_indices))
+    # Each virtual node's weight seeds its backward pass where the seed is
+    # known: its gradients come out weighted, with no multiply per gradient.
+    seed = None if single else gradient_seed(
+        graph_def, gi.loss_tensor, [v.gradient.dense or v.gradient.values for v in gi.variables
+                                    if v.gradient.dense or v.gradient.values])
     gate: list[tf.Operation] = []
     for position, vn_index in enumerate(vn_indices):
         scope = f"{SCOPE}/replica_{index}" if single else f"{SCOPE}/replica_{index}/vn_{vn_index}"
@@ -213,6 +227,10 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
                 input_map[info.tensor] = _after(tensor, gate)
             if not single:
                 vn.weight = weights[position]
+                if seed is not None:
+                    input_map[seed] = tf.cast(vn.weight, tf.as_dtype(
+                        input_nodes[_node_name(seed)].attr["dtype"].type))
+                    vn.weighted = True
             for state in gi.state_variables:
                 key = state_storage_name(state.name, vn_index)
                 input_map[f"{state.handle_node}:0"] = program.storage[key].handle
@@ -238,6 +256,64 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
     return replica
 
 
+# What the capture's tape (``ones``, at the top level) and ``tf.gradients``
+# (``gradients/grad_ys_0/Const``) name the constant 1 seeding the backward pass.
+_SEED_NAME = re.compile(r"ones(_\d+)?|(.*/)?gradients(_\d+)?/grad_ys_\d+/Const")
+
+
+def gradient_seed(graph_def, loss: str, gradients: list[str]) -> str | None:
+    """The tensor seeding the step's backward pass (d loss / d loss = 1), or None.
+
+    Backpropagation is linear in its seed, so feeding a weight ``w`` there
+    gives the gradients of ``w * loss`` with no multiply per gradient (only
+    a `tf.custom_gradient` that is not linear in its upstream gradient, one
+    clipping it say, would tell the difference). The
+    seed is recognized conservatively: a scalar floating constant 1 named as
+    the tape or ``tf.gradients`` names it, not used to compute the loss, from
+    which every gradient is computed; None unless exactly one node fits
+    (then the gradients are weighted after the fact).
+
+    Args:
+        graph_def: The step.
+        loss: The loss tensor's name.
+        gradients: The names of the gradient tensors (dense, or the values
+            of sparse ones).
+    """
+    nodes = {node.name: node for node in graph_def.node}
+    consumers: dict[str, list[str]] = {}
+    for node in graph_def.node:
+        for name in node.input:
+            consumers.setdefault(_node_name(name), []).append(node.name)
+    forward = _closure([_node_name(loss)], lambda n: [_node_name(i) for i in nodes[n].input]
+                       if n in nodes else [])
+    targets = {_node_name(g) for g in gradients}
+    found = []
+    for node in graph_def.node:
+        if (node.op != "Const" or node.name in forward or not _SEED_NAME.fullmatch(node.name)
+                or not tf.as_dtype(node.attr["dtype"].type).is_floating):
+            continue
+        value = tf.make_ndarray(node.attr["value"].tensor)
+        if value.shape != () or value != 1:
+            continue
+        if targets <= _closure([node.name], lambda n: consumers.get(n, [])):
+            found.append(node.name)
+    return f"{found[0]}:0" if len(found) == 1 else None
+
+
+def _node_name(tensor: str) -> str:
+    return tensor.lstrip("^").split(":")[0]
+
+
+def _closure(start: list[str], step) -> set[str]:
+    seen, todo = set(), list(start)
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo += step(current)
+    return seen
+
+
 def _after(tensor, gate: list[tf.Operation]):
     """`tensor`, or an identity of it that waits for `gate`."""
     if not gate:
@@ -260,9 +336,10 @@ def _accumulate(replica: Replica, single: bool) -> None:
     """The replica's loss and gradients: its virtual nodes', weighted by examples.
 
     Each virtual node's weight is its share of the replica's examples (from
-    the fed sizes), so the result is the gradient of the replica's mean
-    loss, as if it had run all its examples in one batch. Sparse gradients
-    are concatenated.
+    the sizes), so the result is the gradient of the replica's mean loss, as
+    if it had run all its examples in one batch. Gradients the weight seeded
+    are summed as they are; others are multiplied by it first. Sparse
+    gradients are concatenated.
     """
     if single:
         vn = replica.virtual_nodes[0]
@@ -272,13 +349,23 @@ def _accumulate(replica: Replica, single: bool) -> None:
         replica.loss = tf.add_n([tf.cast(vn.loss, tf.float32) * vn.weight
                                  for vn in replica.virtual_nodes])
         for name, first in replica.virtual_nodes[0].gradients.items():
-            grads = [(vn.gradients[name], vn.weight) for vn in replica.virtual_nodes]
+            grads = [_weighted(vn.gradients[name], vn) for vn in replica.virtual_nodes]
             if isinstance(first, tf.IndexedSlices):
                 replica.gradients[name] = tf.IndexedSlices(
-                    tf.concat([g.values * tf.cast(w, g.values.dtype) for g, w in grads], 0),
-                    tf.concat([g.indices for g, _ in grads], 0), first.dense_shape)
+                    tf.concat([g.values for g in grads], 0),
+                    tf.concat([g.indices for g in grads], 0), first.dense_shape)
             else:
-                replica.gradients[name] = tf.add_n([g * tf.cast(w, g.dtype) for g, w in grads])
+                replica.gradients[name] = tf.add_n(grads)
+
+
+def _weighted(grad, vn: VirtualNode):
+    """`vn`'s gradient times its weight (as it is when the weight seeded it)."""
+    if vn.weighted:
+        return grad
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * tf.cast(vn.weight, grad.values.dtype),
+                                grad.indices, grad.dense_shape)
+    return grad * tf.cast(vn.weight, grad.dtype)
 
 
 # Keeps the seeds of different virtual nodes apart (a prime below 2**31).

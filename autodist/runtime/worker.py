@@ -539,8 +539,9 @@ class Trainer:
         feed = {}
         mine = [parts[vn.index] for vn in replica.virtual_nodes]
         rows = np.concatenate(mine) if len(mine) > 1 else mine[0]
-        if replica.sizes is not None:
-            feed[replica.sizes] = np.asarray([len(m) for m in mine], np.int32)
+        sizes = [len(m) for m in mine]
+        if replica.sizes is not None and sizes != replica.default_sizes:
+            feed[replica.sizes] = np.asarray(sizes, np.int32)  # a smaller batch
         if held_rows is not None:  # a shipped shard holds only these examples
             rows = np.searchsorted(held_rows, rows)
         for name, array in zip(x_names, inputs):

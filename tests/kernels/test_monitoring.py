@@ -64,7 +64,9 @@ def test_replica_statistics_equal_numpy(model, mlp_item, ncf_item):
     with tf.compat.v1.Session(graph=local) as session:
         session.run([a.name for a in assigns])
         got = session.run(names, feed)
-    want_vn = [sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads)
+    # Of each virtual node's mean-loss gradient: its gradients are weighted (6 of 24).
+    assert all(vn.weighted for vn in replica.virtual_nodes)
+    want_vn = [sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads) * 4 ** 2
                for grads in got["dense"]["vn"]]
     want_replica = sum(float(np.sum(g.astype(np.float64) ** 2))
                        for g in got["dense"]["replica"])

@@ -70,7 +70,7 @@ def test_without_virtual_nodes_the_replica_is_its_one_node(mlp_item, local_spec)
     assert vn.inputs["y"].name.startswith(f"{replicator.SCOPE}/replica_0/")
 
 
-def _gradients(graph_item, strategy, spec, inputs, targets, values):
+def _gradients(graph_item, strategy, spec, inputs, targets, values, feed_sizes=True):
     """Task 0's replica gradients (dense) for one global batch, in a local session."""
     program = _replicated(graph_item, strategy, spec)
     (replica,) = program.replicas
@@ -96,7 +96,7 @@ def _gradients(graph_item, strategy, spec, inputs, targets, values):
         parts = batching.virtual_node_rows(rows, strategy.num_virtual_nodes)
         mine = np.concatenate([parts[vn.index] for vn in replica.virtual_nodes])
         feed = {}
-        if replica.sizes is not None:
+        if replica.sizes is not None and feed_sizes:
             feed[replica.sizes.name] = [len(parts[vn.index]) for vn in replica.virtual_nodes]
         x_names = [i.name for i in graph_item.inputs if i.role != "y"]
         for name, array in zip(x_names, inputs):
@@ -106,7 +106,11 @@ def _gradients(graph_item, strategy, spec, inputs, targets, values):
 
 
 @pytest.mark.parametrize("model", ["mlp", "ncf"])
-def test_accumulated_gradient_equals_one_batch(model, mlp_item, ncf_item):
+@pytest.mark.parametrize("weighting", ["seeded", "multiplied", "default sizes"])
+def test_accumulated_gradient_equals_one_batch(model, weighting, mlp_item, ncf_item,
+                                               monkeypatch):
+    if weighting == "multiplied":  # as for a step whose backward seed is not recognized
+        monkeypatch.setattr(replicator, "gradient_seed", lambda *args: None)
     graph_item = mlp_item if model == "mlp" else ncf_item
     spec = autodist.ResourceSpec.local(workers=1)
     rng = np.random.default_rng(0)
@@ -125,11 +129,70 @@ def test_accumulated_gradient_equals_one_batch(model, mlp_item, ncf_item):
     strategy = builders.AllReduce().build(graph_item, spec)
     one = _gradients(graph_item, strategy, spec, inputs, targets, values)
     four = _gradients(graph_item, strategy.with_virtual_nodes(n, 4), spec, inputs, targets,
-                      values)
+                      values, feed_sizes=weighting != "default sizes")
     assert set(one) == set(four)
     for name in one:
         np.testing.assert_allclose(four[name], one[name], rtol=0, atol=2e-6, err_msg=name)
     assert any(np.any(g != 0) for name, g in one.items() if name != "loss")
+
+
+def test_weight_seeds_each_virtual_nodes_backward_pass(mlp_item, ncf_item, local_spec):
+    for graph_item in (mlp_item, ncf_item):
+        strategy = builders.AllReduce().build(graph_item, local_spec).with_virtual_nodes(
+            24, 4, [W0, W0, W0, W1])
+        (replica,) = _replicated(graph_item, strategy, local_spec).replicas
+        assert replica.default_sizes == [6, 6, 6]
+        assert all(vn.weighted for vn in replica.virtual_nodes)
+        for name, grad in replica.gradients.items():
+            # Summed (or concatenated) as they come: no multiply per gradient.
+            total = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+            parts = [g.values if isinstance(g, tf.IndexedSlices) else g
+                     for g in (vn.gradients[name] for vn in replica.virtual_nodes)]
+            assert list(total.op.inputs)[:3] == parts, name
+
+
+def _captured_function(fn, signature, variables):
+    import keras
+
+    from autodist.ir.capture import capture
+
+    return capture(tf.function(fn), variables=variables, input_signature=signature,
+                   optimizer=keras.optimizers.SGD(0.1))
+
+
+def _seed(graph_item):
+    grads = [v.gradient.dense or v.gradient.values for v in graph_item.variables]
+    return replicator.gradient_seed(graph_item.graph_def(), graph_item.loss_tensor, grads)
+
+
+def test_gradient_seed_is_the_backward_passes_own():
+    w = tf.Variable(tf.ones([4, 3]), name="w")
+    # A forward constant 1 named like the tape's seed, and a backward one
+    # (the gradient of pow): neither is the seed.
+    item = _captured_function(
+        lambda x: tf.reduce_mean(tf.pow(tf.matmul(x, w), 3.0)) * tf.ones([]),
+        [tf.TensorSpec([None, 4])], [w])
+    assert _seed(item) == "ones_1:0"
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 5], name="x")
+        v = tf.compat.v1.get_variable("W", [5, 1], use_resource=True)
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, v)))
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    from autodist.ir.capture import capture
+
+    assert _seed(capture(loss, optimizer=optimizer)) == "gradients/grad_ys_0/Const:0"
+    # Not recognized unless exactly one constant fits and every gradient comes from it.
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [3], name="x")
+        loss = tf.reduce_sum(x * x)
+        ones = tf.constant(1.0, name="ones")
+        both = x * ones * tf.constant(1.0, name="ones_1")
+        alone = x * 2.0
+    graph_def = graph.as_graph_def()
+    assert replicator.gradient_seed(graph_def, loss.name, [both.name]) is None
+    assert replicator.gradient_seed(graph_def, loss.name, [alone.name]) is None
 
 
 def test_random_ops_are_seeded_by_virtual_node():
