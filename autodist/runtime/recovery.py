@@ -104,10 +104,12 @@ def completed_losses(job: JobDir, workers: int, first: int,
     """Global losses and the chief's step times of steps first..first+steps-1.
 
     Each worker of a recoverable run appends its weighted loss of every step
-    it completed to the job directory; the global loss is their sum. Where a
-    worker's record is missing (it died after the step completed elsewhere
-    but before writing) the chief's own estimate (its replicas' mean loss,
-    from its progress records) stands in; the third list names those steps.
+    it ran to the job directory as soon as its step's run returns (before
+    waiting for the chief's update); the global loss of a completed step is
+    their sum. Where a worker's record is missing (it died between handing
+    over its gradient and recording) the chief's own estimate (its replicas'
+    mean loss, from its progress records) stands in; the third list names
+    those steps.
     """
     parts: dict[int, list[float]] = {}
     for task in range(workers):
