@@ -36,24 +36,11 @@ from typing import Any, Callable, Sequence
 
 from emulated_cluster import capped_spec, clear_lo, in_private_netns
 
+# The emulated bench's models and sizes (a measured trial takes seconds on 2 cores).
+from autodist.bench.emulated import MODELS
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-# Sizes chosen so a measured trial takes seconds on the 2-core machine.
-MODELS: dict[str, dict[str, Any]] = {
-    "mlp": dict(name="mlp", hidden=(256, 256)),
-    "cnn": dict(name="cnn"),
-    # Two large embedding tables (sparse gradients); SGD touches only looked-up rows.
-    "ncf": dict(name="ncf", num_users=50_000, num_items=20_000, dim=16, optimizer="sgd"),
-    # A large user table (one row per example) and a small category table looked up
-    # 50 times per example: rows vs densified tables.
-    "ctr": dict(name="ctr", num_users=100_000, num_categories=500, history_len=50, dim=32,
-                optimizer="sgd"),
-    # Large vocabulary: a sparse input table and an as large dense softmax projection.
-    "lm": dict(name="lm", vocab_size=10_000, seq_len=8, dim=32),
-    # A small BERT-style encoder.
-    "transformer": dict(name="transformer", vocab_size=2000, seq_len=16, dim=32,
-                        layers_count=2),
-}
 DEFAULT_SHAPES = "2x1@100,2x2@1000,3x1@10000"
 DEFAULT_DATABASE = "benchmarks/data/trials.jsonl"
 

@@ -24,15 +24,20 @@ import sys
 import time
 from typing import Any, Callable, Iterable, Sequence
 
-# Sizes chosen so a measured strategy takes seconds on a 2-core machine
-# (the same as the trial data set's, benchmarks/collect_trials.py).
+# Sizes chosen so a measured strategy takes seconds on a 2-core machine (the
+# trial data set, benchmarks/collect_trials.py, measures the same models).
 MODELS: dict[str, dict[str, Any]] = {
     "mlp": dict(name="mlp", hidden=(256, 256)),
     "cnn": dict(name="cnn"),
+    # Two large embedding tables (sparse gradients); SGD touches only looked-up rows.
     "ncf": dict(name="ncf", num_users=50_000, num_items=20_000, dim=16, optimizer="sgd"),
+    # A large user table (one row per example) and a small category table looked up
+    # 50 times per example: rows vs densified tables.
     "ctr": dict(name="ctr", num_users=100_000, num_categories=500, history_len=50, dim=32,
                 optimizer="sgd"),
+    # Large vocabulary: a sparse input table and an as large dense softmax projection.
     "lm": dict(name="lm", vocab_size=10_000, seq_len=8, dim=32),
+    # A small BERT-style encoder.
     "transformer": dict(name="transformer", vocab_size=2000, seq_len=16, dim=32,
                         layers_count=2),
 }

@@ -79,11 +79,6 @@ def dense_gradient(grad, shape: list[int]) -> tf.Tensor:
     return grad
 
 
-def needs_square(info: graph_item_pb2.OptimizerInfo) -> bool:
-    """Whether the update uses the squared gradient (and so, for sparse, its sum)."""
-    return optimizer_squares_gradient(info)
-
-
 def square_gradient(grad, shape: list[int]) -> tf.Tensor:
     """Keras' squared gradient: for IndexedSlices, the sum of squared occurrences."""
     if isinstance(grad, tf.IndexedSlices):
@@ -132,7 +127,7 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
         rows = tf.cast(grad.values, var.dtype) * hp["learning_rate"]
         return tf.raw_ops.ResourceScatterSub(resource=var.handle, indices=grad.indices,
                                              updates=rows)
-    if needs_square(info):
+    if optimizer_squares_gradient(info):
         if grad_square is None:
             grad_square = square_gradient(grad, shape)
         grad_square = tf.cast(grad_square, var.dtype)

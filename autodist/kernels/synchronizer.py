@@ -27,11 +27,12 @@ import dataclasses
 
 import tensorflow as tf
 
+from autodist.ir.graph_item import optimizer_squares_gradient
 from autodist.ir.strategy import Strategy
 from autodist.kernels import all_reduce_synchronizer as ar
 from autodist.kernels import ps_synchronizer as ps
 from autodist.kernels.optimizers import (Slots, apply_update, check_supported, dense_gradient,
-                                         hyperparameter_tensors, needs_square)
+                                         hyperparameter_tensors)
 from autodist.kernels.partitioner import split_gradient
 from autodist.kernels.program import Program, Stage
 from autodist.kernels.replicator import get_slots, get_storage
@@ -128,7 +129,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                      if s.name in scaled[replica.index]},
                     ar.CollectiveConfig(len(strategy.replicas), options.timeout_s,
                                         options.version), step_value,
-                    squares=needs_square(gi.optimizer))
+                    squares=optimizer_squares_gradient(gi.optimizer))
                 ar_results += [(replica, s, reduced.gradients[s.name], reduced.squares.get(s.name))
                                for s in ar_shards if s.name in reduced.gradients]
         with tf.control_dependencies(_ops_of([g for _, _, g, _ in ar_results])
@@ -162,7 +163,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             acc = ps.accumulator(shard, version=options.version)
             # Keras squares each occurrence of a sparse row: accumulate those too.
             square_acc = ps.accumulator(shard, "square", options.version) \
-                if shard.sparse and needs_square(gi.optimizer) else None
+                if shard.sparse and optimizer_squares_gradient(gi.optimizer) else None
             shard_pushes = []
             for r in replicas_with_grad:
                 grad = scaled[r.index][shard.name]

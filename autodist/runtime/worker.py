@@ -399,13 +399,14 @@ class Trainer:
                 fetches = dict(fetches, monitor=self._monitor)
             start = time.perf_counter()
             result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
+            loss = float(result["loss"])
             if config.on_failure == "continue":
                 # Kept beside the job: the driver sums them if the run fails. Written
                 # before waiting for the chief's update (a worker killed while it waits
                 # has still computed this step's loss); the driver reads only the
                 # losses of steps that completed.
                 with open(self.job.file(f"losses_{self.task_index}.jsonl"), "a") as f:
-                    f.write(json.dumps({"index": index, "loss": float(result["loss"])}) + "\n")
+                    f.write(json.dumps({"index": index, "loss": loss}) + "\n")
             if watch:
                 monitored.append(self._monitor_record(index, parts, result["monitor"]))
             if ps_op is not None:
@@ -417,7 +418,7 @@ class Trainer:
             self.next_index = index + 1
             if self._checkpoint_due(done, last_of_epoch=step == epoch_steps - 1):
                 self.save_checkpoint(done)
-            losses.append(float(result["loss"]))
+            losses.append(loss)
             monitor = {k: v for k, v in monitored[-1].items() if k != "step"} if watch else None
             if isinstance(follower, ChiefFollower):
                 follower.record(index, losses[-1], times[-1], monitor)

@@ -375,7 +375,7 @@ class SearchSpace:
                 for start in range(len(devices) if n < len(devices) else 1)]
 
     def _dense_all_reduce(self, var: VariableInfo) -> list[strategy_pb2.Synchronizer]:
-        """All-reduce synchronizers for a dense variable: every compressor and fusion slot."""
+        """All-reduce synchronizers (spec AUTO) for every compressor and fusion slot."""
         floating = var.dtype.startswith("float")
         return [strategy_pb2.Synchronizer(all_reduce=AllReduceSynchronizer(
                     spec=AllReduceSynchronizer.AUTO, compressor=_COMPRESSORS[name], group=slot))
