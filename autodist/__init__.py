@@ -31,8 +31,8 @@ _LAZY = {
     "models": ("autodist.models", None),
     "restore_keras_weights": ("autodist.runtime.checkpoint", "restore_keras_weights"),
     "load_checkpoint": ("autodist.runtime.checkpoint", "load"),
-    "policies": ("autodist.runtime.policy", None),
-    "autoscaler": ("autodist.runtime.autoscaler", None),
+    "policies": ("autodist.adapt.policies", None),
+    "autoscaler": ("autodist.adapt.autoscaler", None),
 }
 
 __all__ = ["AutodistError", "CaptureError", "GraphItem", "ResourceSpec", "ResourceSpecError",

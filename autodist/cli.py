@@ -226,33 +226,36 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import subprocess  # pylint: disable=import-outside-toplevel
     import time  # pylint: disable=import-outside-toplevel
 
-    from autodist.runtime import remote, task  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from autodist.launch import tf_config
+    from autodist.launch.errors import EXIT_NO_JOB, EXIT_PORT_IN_USE
+    from autodist.runtime.entry import TASK_MODULE
 
     if args.tf_config == bool(args.cluster):
         raise AutodistError("serve needs exactly one of --tf-config and --cluster FILE --task "
                             "JOB:INDEX")
     # Check the cluster and the task here, so a mistake is reported before any process starts.
     if args.tf_config:
-        remote.task_from_tf_config()
+        tf_config.task_from_tf_config()
         where = ["--tf-config"]
     else:
-        remote.task_from_spec_file(args.cluster, args.task)
+        tf_config.task_from_spec_file(args.cluster, args.task)
         where = ["--cluster", args.cluster, "--task", args.task]
     idle_timeout = args.idle_timeout if args.idle_timeout is not None else args.job_timeout
     jobs, port_retries, code = 0, 0, 0
     while not args.max_jobs or jobs < args.max_jobs:
-        command = [sys.executable, "-m", "autodist.runtime.task", *where,
+        command = [sys.executable, "-m", TASK_MODULE, *where,
                    "--job-timeout", str(args.job_timeout if jobs == 0 else idle_timeout),
                    "--parent-pid", str(os.getpid())]
         if args.work_dir:
             command += ["--work-dir", args.work_dir]
         code = subprocess.call(command, stdin=subprocess.DEVNULL)
-        if code == task.EXIT_NO_JOB:
+        if code == EXIT_NO_JOB:
             if jobs == 0:
                 return 1
             print(f"autodist: no further job within {idle_timeout:g}s; served {jobs}", flush=True)
             return 0
-        if code == task.EXIT_PORT_IN_USE:  # the previous job's process may still hold it
+        if code == EXIT_PORT_IN_USE:  # the previous job's process may still hold it
             port_retries += 1
             if port_retries > 5:
                 raise AutodistError("this task's port stayed taken; is another server running "

@@ -15,8 +15,8 @@ import time
 
 
 def find_task_pid(job_dir: str, job: str, task: int) -> int | None:
-    """The pid of a running `autodist.runtime.task` process of `job_dir`, or None."""
-    wanted = ["autodist.runtime.task", "--job-dir", str(job_dir), "--job", job, "--task",
+    """The pid of a running `autodist.runtime.entry` process of `job_dir`, or None."""
+    wanted = ["autodist.runtime.entry", "--job-dir", str(job_dir), "--job", job, "--task",
               str(task)]
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

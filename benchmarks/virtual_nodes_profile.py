@@ -26,7 +26,7 @@ def main() -> int:
 
     import autodist
     from autodist import models
-    from autodist.runtime import data as batching
+    from autodist.runtime import batching
     from autodist.runtime import worker
 
     parser = argparse.ArgumentParser(description=__doc__)

@@ -3,7 +3,7 @@
 The driver runs the callbacks; the steps run in the worker tasks. The
 driver and the chief share the job directory (the driver starts the chief on
 its own host, locally or in a multi-host run); the chief and the other
-workers talk through mailboxes (`autodist.runtime.mailbox`), so no other
+workers talk through mailboxes (`autodist.launch.mailbox`), so no other
 task needs the directory.
 
 * Step reports. Every worker sends the chief its weighted loss of each step;
@@ -46,11 +46,11 @@ from typing import Any, Sequence
 
 from autodist.ir.atomic import atomic_write
 from autodist.ir.strategy import Strategy
-from autodist.runtime import mailbox
-from autodist.runtime.data import EpochSchedule
+from autodist.launch import mailbox
+from autodist.runtime.batching import EpochSchedule
 from autodist.runtime.elastic import Segment
-from autodist.runtime.job import JobDir, RunConfig
-from autodist.runtime.mailbox import Mailboxes, Task
+from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.mailbox import Mailboxes, Task
 
 CONTINUE = "continue"
 STOP = "stop"

@@ -30,7 +30,7 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.proto import resource_spec_pb2
 from autodist.runtime.elastic import replica_task
-from autodist.runtime.job import JobDir
+from autodist.launch.job import JobDir
 
 # In the recovery file: the run step to resume at (see worker.save_recovery).
 NEXT_STEP = "autodist/next_step"

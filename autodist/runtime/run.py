@@ -18,14 +18,16 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.kernels import monitoring
 from autodist.kernels.optimizers import check_supported as check_optimizer
-from autodist.runtime import checkpoint, datasets
-from autodist.runtime import data as batching
-from autodist.runtime import follow, recovery
+from autodist.adapt.driver import PolicyDriver
+from autodist.adapt.policy import Control, Policy, Replanner
+from autodist.launch.errors import TaskFailedError
+from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.local import LocalCluster, check_local
+from autodist.launch.remote import RemoteCluster
+from autodist.launch.tf_config import check_this_is_the_chief
+from autodist.runtime import batching, checkpoint, datasets, follow, recovery
 from autodist.runtime.elastic import check_elastic, check_switch, segments
-from autodist.runtime.policy import Control, Policy, PolicyDriver, Replanner
-from autodist.runtime.job import JobDir, RunConfig
-from autodist.runtime.launcher import LocalCluster, TaskFailedError, check_local
-from autodist.runtime.remote import RemoteCluster, check_this_is_the_chief
+from autodist.runtime.entry import TASK_MODULE
 
 LAUNCH_MODES = ("local", "remote")
 _HOOKS = ("set_model", "set_params", "on_train_begin", "on_epoch_begin", "on_train_batch_begin",
@@ -219,7 +221,7 @@ class DistributedRun:
                 says), so a synchronous run keeps the weights it would have
                 had without the switch. Strategies must be synchronous,
                 on the same replicas, with the same virtual nodes.
-            policies: Adaptation policies (`autodist.runtime.policy`) run by
+            policies: Adaptation policies (`autodist.adapt.policy`) run by
                 the driver on every step's metrics; they may resize,
                 re-plan, change a compressor or stop. Implies
                 `elastic=True`; their actions are in `History.actions`.
@@ -566,8 +568,10 @@ class DistributedRun:
         chief time to save its state (it learns of the failure within a step's
         timeout) before the cluster is torn down."""
         spec = spec or self.resource_spec
-        cluster = (LocalCluster(job, spec) if self.launch == "local" else
-                   RemoteCluster(job, spec, startup_timeout_s=self.startup_timeout_s))
+        cluster = (LocalCluster(job, spec, task_module=TASK_MODULE) if self.launch == "local"
+                   else RemoteCluster(job, spec, task_module=TASK_MODULE,
+                                      worker_rows=lambda task: _rows_read_by(job, task),
+                                      startup_timeout_s=self.startup_timeout_s))
         with cluster:
             cluster.wait_ready(self.startup_timeout_s)
             try:
@@ -651,6 +655,19 @@ class DistributedRun:
                        max_lead=[int(r.get("max_lead", 0)) for r in results],
                        resizes=results[0].get("resizes", []),
                        noise_scale=_noise_scale(results))
+
+
+def _rows_read_by(job: JobDir, task_index: int) -> np.ndarray:
+    """The rows of the job's data that worker task `task_index` reads over the run."""
+    config = job.config()
+    num_examples, _ = job.shard()
+    devices = job.strategy().virtual_node_devices
+    prefix = f"/job:worker/task:{task_index}/"
+    mine = [i for i, d in enumerate(devices) if d.startswith(prefix)]
+    steps = batching.steps_per_epoch(num_examples, config.global_batch_size,
+                                     config.steps_per_epoch)
+    return batching.rows_read(num_examples, config.global_batch_size, steps, config.epochs,
+                              config.shuffle, config.seed, len(devices), mine)
 
 
 def _noise_scale(results: list[dict[str, Any]]) -> list[dict[str, float]]:

@@ -28,30 +28,23 @@ from autodist.ir.strategy import Strategy
 from autodist.kernels import monitoring, partitioner, replicator, synchronizer
 from autodist.kernels.program import Program
 from autodist.kernels.variables import StorageVariable
+from autodist.launch.server import server_config
 from autodist.runtime import checkpoint
-from autodist.runtime import data as batching
+from autodist.runtime import batching
 from autodist.runtime import elastic as elastic_
 from autodist.runtime import recovery
-from autodist.runtime import mailbox
+from autodist.launch import mailbox
 from autodist.runtime.follow import ChiefFollower, WorkerFollower
-from autodist.runtime.job import JobDir, RunConfig
-from autodist.runtime.mailbox import Mailboxes
+from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.mailbox import Mailboxes
 
 logger = logging.getLogger(__name__)
 
-COLLECTIVE_LEADER = "/job:worker/replica:0/task:0"
 CHIEF = ("worker", 0)
 
 
 class WorkerError(RuntimeError):
     """A worker could not start or finish its part of the job."""
-
-
-def server_config() -> tf.compat.v1.ConfigProto:
-    """Config of every task's server (the same for any strategy: set before the job is known)."""
-    config = tf.compat.v1.ConfigProto(allow_soft_placement=False)
-    config.experimental.collective_group_leader = COLLECTIVE_LEADER
-    return config
 
 
 def session_config(strategy: Strategy, task_index: int,

@@ -14,7 +14,7 @@ import tensorflow as tf
 import autodist
 from autodist.kernels import partitioner, replicator
 from autodist.kernels.program import Program
-from autodist.runtime import data as batching
+from autodist.runtime import batching
 from autodist.search import builders
 
 W0 = "/job:worker/task:0/device:CPU:0"

@@ -26,7 +26,7 @@ from autodist import models
 from autodist.ir.errors import AutodistError
 from autodist.runtime import recovery
 from autodist.search import builders
-from tests.runtime import small_mlp
+from tests import small_mlp
 
 TOLERANCE = 2e-5
 EXAMPLES, BATCH, EPOCHS = 96, 32, 3

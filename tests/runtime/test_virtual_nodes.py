@@ -19,7 +19,7 @@ import autodist
 from autodist import models
 from autodist.runtime.run import AutodistError
 from autodist.search import builders
-from tests.runtime import small_mlp
+from tests import small_mlp
 from autodist.search.virtual_nodes import balance
 
 TOLERANCE = 2e-5

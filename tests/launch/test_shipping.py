@@ -11,9 +11,9 @@ import pytest
 
 import autodist
 from autodist.ir.errors import AutodistError, ResourceSpecError
-from autodist.runtime import data as batching
-from autodist.runtime import remote
-from autodist.runtime.job import JobDir, RunConfig
+from autodist.runtime import batching
+from autodist.launch import tf_config
+from autodist.launch.job import JobDir, RunConfig
 from autodist.runtime.run import DistributedRun
 
 
@@ -95,25 +95,25 @@ def test_tf_config_task_names_map_to_spec_tasks():
     cluster = {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p:1"]}
 
     def task(kind, index):
-        return remote.task_from_tf_config({"cluster": cluster,
+        return tf_config.task_from_tf_config({"cluster": cluster,
                                            "task": {"type": kind, "index": index}})[1]
 
     assert task("chief", 0) == ("worker", 0)
     assert task("worker", 0) == ("worker", 1)  # the chief is worker task 0 in the spec
     assert task("worker", 1) == ("worker", 2)
     assert task("ps", 0) == ("ps", 0)
-    spec, own = remote.task_from_tf_config(json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+    spec, own = tf_config.task_from_tf_config(json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
                                                        "task": {"type": "worker", "index": 1}}))
     assert own == ("worker", 1) and spec.cluster_def() == {"worker": ["a:1", "b:1"]}
     with pytest.raises(ResourceSpecError, match="must name this process's task"):
-        remote.task_from_tf_config({"cluster": cluster, "task": {"type": "ps", "index": 1}})
+        tf_config.task_from_tf_config({"cluster": cluster, "task": {"type": "ps", "index": 1}})
     with pytest.raises(ResourceSpecError, match="must name this process's task"):
-        remote.task_from_tf_config({"cluster": cluster})
+        tf_config.task_from_tf_config({"cluster": cluster})
 
 
 def test_only_the_chief_drives_a_remote_cluster(monkeypatch, mlp_item):
     cluster = {"worker": ["a:1", "b:1"]}
-    spec = remote.task_from_tf_config({"cluster": cluster, "task": {"type": "worker",
+    spec = tf_config.task_from_tf_config({"cluster": cluster, "task": {"type": "worker",
                                                                     "index": 0}})[0]
     strategy = autodist.builders.AllReduce().build(mlp_item, spec)
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,

@@ -17,26 +17,12 @@ from typing import Callable, Sequence
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
-from autodist.runtime.job import JobDir
-from autodist.runtime.task import EXIT_PORT_IN_USE
+from autodist.launch.errors import EXIT_PORT_IN_USE, TaskFailedError
+from autodist.launch.job import JobDir
 
 _LOG_TAIL_LINES = 30
 # How long a peer error waits for the task that caused it (see _raise_if_failed).
 _ROOT_CAUSE_GRACE_S = 0.5
-
-
-class TaskFailedError(AutodistError, RuntimeError):
-    """A task of the cluster died or stopped answering.
-
-    Attributes:
-        task: "job:index" of the task.
-        log: Path of its log.
-    """
-
-    def __init__(self, message: str, task: str, log: str) -> None:
-        super().__init__(message)
-        self.task = task
-        self.log = log
 
 
 def free_ports(count: int) -> list[int]:
@@ -70,24 +56,28 @@ class LocalCluster:
 
     Use as a context manager so the processes are always stopped:
 
-        with LocalCluster(job, spec) as cluster:
+        with LocalCluster(job, spec, task_module="autodist.runtime.entry") as cluster:
             cluster.wait_ready(timeout_s=60)
             cluster.wait_workers(timeout_s=600)
 
     Args:
         job: The job directory the tasks read.
         spec: The cluster.
+        task_module: The module each task process runs (``python -m
+            MODULE``): a command line of `autodist.launch.task` that gives
+            it the work of a worker (`autodist.runtime.entry`).
         nodes: Indices of the nodes to start here (default: every node, which
             must then all be local). A multi-host run starts only its chief.
         port_retries: Restarts on new ports when a task finds its port taken
             (only ports the spec leaves open are chosen anew).
     """
 
-    def __init__(self, job: JobDir, spec: ResourceSpec, *, nodes: Sequence[int] | None = None,
-                 port_retries: int = 3) -> None:
+    def __init__(self, job: JobDir, spec: ResourceSpec, *, task_module: str,
+                 nodes: Sequence[int] | None = None, port_retries: int = 3) -> None:
         if nodes is None:
             check_local(spec)
         self.job = job
+        self.task_module = task_module
         self.spec = spec
         self.nodes = list(range(len(spec.nodes))) if nodes is None else list(nodes)
         self.port_retries = port_retries
@@ -113,7 +103,7 @@ class LocalCluster:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "ab") as log:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "autodist.runtime.task", "--job-dir",
+                    [sys.executable, "-m", self.task_module, "--job-dir",
                      str(self.job.path), "--job", job, "--task", str(index),
                      "--parent-pid", str(os.getpid())],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

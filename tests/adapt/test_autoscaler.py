@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from autodist.ir.errors import AutodistError
-from autodist.runtime.autoscaler import (Autoscaler, AutoscalerError, CostUtility, Decision,
+from autodist.adapt.autoscaler import (Autoscaler, AutoscalerError, CostUtility, Decision,
                                          Heuristic, Observation, ScalingCurve,
                                          ScalingEfficiency, StragglerReplacement, settle,
                                          simulator_predictor, smoothed_worker_throughput)
@@ -406,7 +406,7 @@ def test_simulator_predictor_with_a_cost_model():
 
 def test_module_imports_no_tensorflow():
     import subprocess
-    code = ("import sys, autodist.runtime.autoscaler; "
+    code = ("import sys, autodist.adapt.autoscaler; "
             "print('tensorflow' in sys.modules, 'autodist.search.simulator' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60)

@@ -19,7 +19,8 @@ import pytest
 import keras
 import autodist
 from autodist import models
-from autodist.runtime.launcher import TaskFailedError, free_ports
+from autodist.launch.errors import TaskFailedError
+from autodist.launch.local import free_ports
 from autodist.search import builders
 
 pytestmark = pytest.mark.cluster

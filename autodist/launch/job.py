@@ -4,7 +4,7 @@ Workers never run the user's script: they read the GraphItem, Strategy and
 ResourceSpec protobufs, the initial values and the training data from here.
 Local clusters share the driver's job directory; a task on another host gets
 its own copy, packed into one archive (`JobDir.pack`) and shipped to it over
-TensorFlow (see `autodist.runtime.remote`), with only the rows of the data its
+TensorFlow (see `autodist.launch.remote`), with only the rows of the data its
 replicas read. Only the chief writes outputs, into the driver's directory
 (which it shares in both cases, being started by the driver).
 

@@ -20,9 +20,9 @@ import autodist
 from autodist import models
 from autodist.ir.errors import AutodistError, StrategyError
 from autodist.kernels import monitoring
-from autodist.runtime import autoscaler, policy
+from autodist.adapt import autoscaler, driver, policies
 from autodist.search import builders
-from tests.runtime import small_mlp
+from tests import small_mlp
 
 
 class _Run:
@@ -40,7 +40,7 @@ class _Run:
 
 
 def _metrics(step, examples_per_s, workers=2, plan=0):
-    return policy.StepMetrics(step=step, epoch=0, loss=1.0, seconds=64 / examples_per_s,
+    return policies.StepMetrics(step=step, epoch=0, loss=1.0, seconds=64 / examples_per_s,
                               examples_per_s=examples_per_s, workers=workers, plan=plan)
 
 
@@ -48,11 +48,11 @@ def _metrics(step, examples_per_s, workers=2, plan=0):
 def control(mlp_item):
     spec = autodist.ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=1.0)
     run = _Run(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
-    return policy.Control(run, 64)
+    return policies.Control(run, 64)
 
 
 def test_scheduled_resize(control):
-    resize = policy.ScheduledResize({5: 1, 9: 2})
+    resize = policies.ScheduledResize({5: 1, 9: 2})
     for step in range(12):
         control.metrics.append(_metrics(step, 1000.0, workers=control.workers))
         resize.on_step_end(control.metrics[-1], control)
@@ -60,7 +60,7 @@ def test_scheduled_resize(control):
     assert control.run.requests == [("resize", 1), ("resize", 2)]
     assert [(a["step"], a["workers"]) for a in control.actions] == [(4, 1), (8, 2)]
     with pytest.raises(AutodistError, match="ScheduledResize needs"):
-        policy.ScheduledResize({3: 0})
+        policies.ScheduledResize({3: 0})
 
 
 def test_throughput_replan_triggers_on_a_drop_only(control):
@@ -71,7 +71,7 @@ def test_throughput_replan_triggers_on_a_drop_only(control):
         return builders.PS().build(graph_item, spec)
 
     control.replanner = replanner
-    watch = policy.ThroughputReplan(fraction=0.7, window=3, warmup=2)
+    watch = policies.ThroughputReplan(fraction=0.7, window=3, warmup=2)
     speeds = [500, 900, 1000, 1000, 1000, 1000, 950, 1050, 1000, 400, 400, 400, 400]
     for step, speed in enumerate(speeds):
         control.metrics.append(_metrics(step, float(speed)))
@@ -88,7 +88,7 @@ def test_throughput_replan_triggers_on_a_drop_only(control):
         watch.on_step_end(control.metrics[-1], control)
     assert watch.replans == 1 and watch.reference == 400
     with pytest.raises(AutodistError, match=r"fraction must be in \(0, 1\). Received: 1.5"):
-        policy.ThroughputReplan(fraction=1.5)
+        policies.ThroughputReplan(fraction=1.5)
 
 
 def test_replan_to_the_same_distribution_does_nothing(control):
@@ -111,21 +111,21 @@ def test_set_compressor(control, mlp_item):
 
 def test_scaled_bandwidth():
     spec = autodist.ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=10.0)
-    assert [n.network_bandwidth_gbps for n in policy.scaled_bandwidth(spec, 0.5).nodes] == \
+    assert [n.network_bandwidth_gbps for n in policies.scaled_bandwidth(spec, 0.5).nodes] == \
         [5.0, 5.0, 5.0]
     with pytest.raises(AutodistError, match="bandwidth_scale must be a positive number"):
-        policy.scaled_bandwidth(spec, 0.0)
+        policies.scaled_bandwidth(spec, 0.0)
 
 
 def test_driver_turns_records_into_metrics(control):
     got = []
 
-    class Watch(policy.Policy):
+    class Watch(policies.Policy):
         def on_step_end(self, metrics, control):
             got.append(metrics)
 
-    driver = policy.PolicyDriver(control, [Watch()], steps_per_epoch=4)
-    driver.step({"epoch": 1, "step": 2, "loss": 0.5, "time": 0.032, "workers": 2, "plan": 1,
+    policy_driver = driver.PolicyDriver(control, [Watch()], steps_per_epoch=4)
+    policy_driver.step({"epoch": 1, "step": 2, "loss": 0.5, "time": 0.032, "workers": 2, "plan": 1,
                  "monitor": {"batches": [8, 8, 16], "sq_norms": [3.0, 5.0, 2.5]}})
     metrics = got[0]
     assert (metrics.step, metrics.epoch, metrics.workers, metrics.plan) == (6, 1, 2, 1)
@@ -134,10 +134,10 @@ def test_driver_turns_records_into_metrics(control):
     assert metrics.gradient_variance == pytest.approx(expected.trace_sigma)
     assert metrics.noise_scale.noise_scale == pytest.approx(expected.noise_scale)
     with pytest.raises(AutodistError, match="policies must be autodist Policy objects"):
-        policy.PolicyDriver(control, [object()], 4)
+        driver.PolicyDriver(control, [object()], 4)
 
 
-class _SlowWorkerAfter(policy.Policy):
+class _SlowWorkerAfter(policies.Policy):
     """Test harness: from step `step` on, worker 1 runs `fraction` of the time."""
 
     def __init__(self, job_dir, step, fraction):
@@ -176,7 +176,7 @@ def test_throughput_replan_on_a_slowed_worker(tmp_path):
     job_dir = str(tmp_path / "job")
     run = autodist.distribute(model, start, spec, graph_item=item, job_dir=job_dir)
     slow = _SlowWorkerAfter(job_dir, step=10, fraction=0.2)
-    watch = policy.ThroughputReplan(fraction=0.5, window=3, warmup=2, max_replans=1)
+    watch = policies.ThroughputReplan(fraction=0.5, window=3, warmup=2, max_replans=1)
     history = run.fit(x, y, batch_size=128, epochs=3, verbose=0,
                       policies=[slow, watch], replanner=replanner)
     for got, want in zip(model.get_weights(), expected):
@@ -206,9 +206,9 @@ def test_autoscale_settles_where_the_autoscaler_does(mlp_item):
         curve, start=1)
     for predict in (None, lambda n: 900.0 * n / (n + 6)):
         run = _Run(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
-        control = policy.Control(run, 64)
+        control = policies.Control(run, 64)
         control.workers = 1
-        scale = policy.Autoscale(
+        scale = policies.Autoscale(
             autoscaler.Autoscaler(autoscaler.ScalingEfficiency(theta=0.6), 1, 6), predict,
             window=3, warmup=1)
         _drive(scale, control, curve, 60)
@@ -226,18 +226,18 @@ def test_autoscale_settles_where_the_autoscaler_does(mlp_item):
 def test_autoscale_reports_a_search_error(mlp_item):
     spec = autodist.ResourceSpec.local(workers=4, ps=1)
     run = _Run(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
-    control = policy.Control(run, 64)
-    scale = policy.Autoscale(autoscaler.Autoscaler(autoscaler.ScalingEfficiency(), 1, 4),
+    control = policies.Control(run, 64)
+    scale = policies.Autoscale(autoscaler.Autoscaler(autoscaler.ScalingEfficiency(), 1, 4),
                              predict=lambda n: float("nan"), window=2)
     _drive(scale, control, lambda n: 100.0 * n, 10)
     assert isinstance(scale.error, AutodistError)
     assert control.actions[-1]["action"] == "autoscale_failed"
     with pytest.raises(AutodistError, match="up to 8 workers; the spec has 4"):
-        policy.Autoscale(autoscaler.Autoscaler(autoscaler.ScalingEfficiency(), 1, 8)) \
+        policies.Autoscale(autoscaler.Autoscaler(autoscaler.ScalingEfficiency(), 1, 8)) \
             .on_train_begin(control)
 
 
-class _SetBatchAfterFirstEpoch(policy.Policy):
+class _SetBatchAfterFirstEpoch(policies.Policy):
     def __init__(self, batch):
         self.batch = batch
 
@@ -281,7 +281,7 @@ def test_adaptive_batch_size_follows_the_noise_scale(control, mlp_item):
     spec = control.run.resource_spec
     control.run.strategy = control.strategy = builders.AllReduce().build(
         mlp_item, spec).with_virtual_nodes(64, 4)
-    adapt = policy.AdaptiveBatchSize(min_batch=32, max_batch=256, factor=1.5)
+    adapt = policies.AdaptiveBatchSize(min_batch=32, max_batch=256, factor=1.5)
     noise = monitoring.NoiseScale(gradient_sq=1.0, trace_sigma=150.0, noise_scale=150.0)
     adapt.on_step_end(dataclasses.replace(_metrics(0, 1000.0), noise_scale=noise), control)
     adapt.on_epoch_end(0, {}, control)
@@ -305,7 +305,7 @@ def test_adaptive_batch_size_follows_the_noise_scale(control, mlp_item):
 
 
 def test_epoch_schedule_with_a_batch_change():
-    from autodist.runtime.data import EpochSchedule  # pylint: disable=C0415
+    from autodist.runtime.batching import EpochSchedule  # pylint: disable=C0415
 
     # 100 examples: batch 32 for epoch 0 (4 steps), 48 from step 4 (3 steps each).
     schedule = EpochSchedule(100, 3, None, lambda step: 32 if step < 4 else 48)

@@ -1,17 +1,20 @@
-"""Entry point of one task process: ``python -m autodist.runtime.task``.
+"""What one task process does around its work: server, job, watchdogs, exit codes.
 
-Two ways to start a task:
+`main(argv, run_worker)` is the whole life of a task process; the process's
+module (``python -m autodist.runtime.entry``, see `autodist.runtime.entry`)
+calls it with the worker loop, so this layer starts servers and moves jobs
+without knowing how training works. Two ways to start a task:
 
     # A task of a local cluster, or the chief of a multi-host run: the driver
     # starts it on its own host with the job directory it wrote.
-    python -m autodist.runtime.task --job-dir DIR --job worker --task 0
+    python -m autodist.runtime.entry --job-dir DIR --job worker --task 0
 
     # A task on another host (what `autodist serve` runs, once per job): reads
     # the cluster and its own task from TF_CONFIG (or a resource-spec file),
     # starts its server, and waits for the chief to ship it the job over
     # TensorFlow. It needs neither the user's script nor a shared filesystem.
-    python -m autodist.runtime.task --tf-config [--job-timeout 600] [--work-dir DIR]
-    python -m autodist.runtime.task --cluster cluster.yml --task worker:1
+    python -m autodist.runtime.entry --tf-config [--job-timeout 600] [--work-dir DIR]
+    python -m autodist.runtime.entry --cluster cluster.yml --task worker:1
 
 A worker trains; a parameter-server task serves until the launcher stops it
 (local cluster) or the chief says the job is done (shipped job). Exit codes:
@@ -30,10 +33,13 @@ import tempfile
 import threading
 import time
 import traceback
+from typing import Callable
 
-EXIT_FAILED = 1
-EXIT_PORT_IN_USE = 3
-EXIT_NO_JOB = 4
+from autodist.launch.errors import EXIT_FAILED, EXIT_NO_JOB, EXIT_PORT_IN_USE
+from autodist.launch.job import JobDir
+
+# The work of a worker task: (its job, its task index, its server's target).
+RunWorker = Callable[[JobDir, int, str], None]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None, run_worker: RunWorker) -> int:
+    """Runs one task process to its end; returns its exit code.
+
+    Args:
+        argv: The command line (see `build_parser`); None reads `sys.argv`.
+        run_worker: What a worker task does once its server is up and its
+            job is here.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     serving = args.tf_config or args.cluster
@@ -71,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        return _serve(args) if serving else _run_local(args)
+        return _serve(args, run_worker) if serving else _run_local(args, run_worker)
     except Exception:  # pylint: disable=broad-except
         traceback.print_exc()
         sys.stdout.flush()
@@ -81,15 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(EXIT_FAILED)  # pylint: disable=protected-access
 
 
-def _run_local(args: argparse.Namespace) -> int:
+def _run_local(args: argparse.Namespace, run_worker: RunWorker) -> int:
     """A task whose job directory the driver wrote on this host."""
-    from autodist.runtime.job import JobDir  # pylint: disable=import-outside-toplevel
-    from autodist.runtime.worker import run_worker  # pylint: disable=import-outside-toplevel
+    from autodist.launch.server import start_server  # pylint: disable=import-outside-toplevel
 
     job = JobDir(args.job_dir)
     task = int(args.task)
     spec = job.resource_spec()
-    server = _start_server(spec.cluster_def(job.ports()), args.job, task)
+    server = start_server(spec.cluster_def(job.ports()), args.job, task)
     if server is None:
         return EXIT_PORT_IN_USE
     job.ready_flag(args.job, task).write_text(str(os.getpid()))
@@ -100,17 +112,16 @@ def _run_local(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
     """A task on its own host: waits for the chief to ship the job, then runs it."""
     # pylint: disable=import-outside-toplevel
-    from autodist.runtime import mailbox, remote
-    from autodist.runtime.job import JobDir
-    from autodist.runtime.worker import run_worker
+    from autodist.launch import mailbox, tf_config
+    from autodist.launch.server import start_server
 
-    spec, (job_name, task) = (remote.task_from_tf_config() if args.tf_config else
-                              remote.task_from_spec_file(args.cluster, args.task))
+    spec, (job_name, task) = (tf_config.task_from_tf_config() if args.tf_config else
+                              tf_config.task_from_spec_file(args.cluster, args.task))
     cluster = spec.cluster_def()
-    server = _start_server(cluster, job_name, task)
+    server = start_server(cluster, job_name, task)
     if server is None:
         return EXIT_PORT_IN_USE
     mail = mailbox.Mailboxes(cluster)
@@ -156,7 +167,7 @@ def _exit_on_abort(cluster: dict[str, list[str]], own: tuple[str, int], job_id: 
     So a failed job frees the task (and its port) for the next one at once,
     instead of when its own timeouts expire.
     """
-    from autodist.runtime import mailbox  # pylint: disable=import-outside-toplevel
+    from autodist.launch import mailbox  # pylint: disable=import-outside-toplevel
 
     def watch() -> None:
         mail = mailbox.Mailboxes(cluster, job_id=job_id)  # its own sessions: not thread-shared
@@ -171,25 +182,6 @@ def _exit_on_abort(cluster: dict[str, list[str]], own: tuple[str, int], job_id: 
     threading.Thread(target=watch, name="abort-watch", daemon=True).start()
 
 
-def _start_server(cluster: dict[str, list[str]], job: str, task: int):
-    """This task's TensorFlow server, or None when its port is taken."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    from autodist.runtime.worker import server_config  # pylint: disable=C0415
-
-    try:
-        return tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=task,
-                                    config=server_config(), start=True)
-    except (tf.errors.UnknownError, tf.errors.InternalError) as e:
-        # gRPC reports a taken port as "Could not start gRPC server".
-        message = str(e).lower()
-        if any(m in message for m in ("address already in use", "failed to bind",
-                                      "could not start grpc server")):
-            print(f"port taken: {cluster[job][task]}: {e}", file=sys.stderr)
-            return None
-        raise
-
-
 def _exit_with_parent(parent_pid: int, period_s: float = 1.0) -> None:
     """Ends this task if the launcher dies without stopping it (e.g. SIGKILL)."""
 
@@ -200,7 +192,3 @@ def _exit_with_parent(parent_pid: int, period_s: float = 1.0) -> None:
             time.sleep(period_s)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

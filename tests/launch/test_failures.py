@@ -11,8 +11,10 @@ import pytest
 
 import autodist
 from autodist import models
-from autodist.runtime.job import JobDir, RunConfig
-from autodist.runtime.launcher import LocalCluster, TaskFailedError
+from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.errors import TaskFailedError
+from autodist.launch.local import LocalCluster
+from autodist.runtime.entry import TASK_MODULE
 
 pytestmark = pytest.mark.cluster
 
@@ -43,7 +45,7 @@ def _wait_for_progress(job: JobDir, timeout_s: float = 120.0) -> None:
 def test_killed_worker_is_reported_quickly(tmp_path):
     spec = autodist.ResourceSpec.local(workers=2)
     job = _long_job(tmp_path, spec)
-    with LocalCluster(job, spec) as cluster:
+    with LocalCluster(job, spec, task_module=TASK_MODULE) as cluster:
         cluster.wait_ready(120)
         _wait_for_progress(job)
         victim = next(t for t in cluster.tasks if t.name == "worker:1")
@@ -61,7 +63,7 @@ def test_killed_worker_is_reported_quickly(tmp_path):
 def test_unresponsive_worker_times_out(tmp_path):
     spec = autodist.ResourceSpec.local(workers=2)
     job = _long_job(tmp_path, spec, step_timeout_s=5.0)
-    with LocalCluster(job, spec) as cluster:
+    with LocalCluster(job, spec, task_module=TASK_MODULE) as cluster:
         cluster.wait_ready(120)
         _wait_for_progress(job)
         victim = next(t for t in cluster.tasks if t.name == "worker:1")
@@ -85,7 +87,7 @@ def test_taken_port_is_reported(tmp_path):
         spec = autodist.ResourceSpec.from_dict({"nodes": [
             {"address": "localhost", "port": port, "chief": True}]})
         job = _long_job(tmp_path, spec)
-        with LocalCluster(job, spec, port_retries=0) as cluster:
+        with LocalCluster(job, spec, task_module=TASK_MODULE, port_retries=0) as cluster:
             with pytest.raises(TaskFailedError, match="worker:0 found its port taken"):
                 cluster.wait_ready(120)
 
@@ -93,7 +95,7 @@ def test_taken_port_is_reported(tmp_path):
 def test_local_cluster_rejects_remote_addresses(tmp_path):
     spec = autodist.ResourceSpec.from_dict({"nodes": [{"address": "10.1.2.3", "chief": True}]})
     with pytest.raises(autodist.AutodistError, match="this machine only"):
-        LocalCluster(JobDir(tmp_path), spec)
+        LocalCluster(JobDir(tmp_path), spec, task_module=TASK_MODULE)
 
 
 def test_tasks_exit_when_the_launcher_dies(tmp_path):
@@ -105,10 +107,10 @@ def test_tasks_exit_when_the_launcher_dies(tmp_path):
     script.write_text(f"""
 import os, sys, time
 import autodist
-from autodist.runtime.job import JobDir
-from autodist.runtime.launcher import LocalCluster
+from autodist.launch.job import JobDir
+from autodist.launch.local import LocalCluster
 spec = autodist.ResourceSpec.local(workers=1, ps=1)
-cluster = LocalCluster(JobDir({str(tmp_path / 'job')!r}), spec)
+cluster = LocalCluster(JobDir({str(tmp_path / 'job')!r}), spec, task_module='autodist.runtime.entry')
 cluster.start()
 print(" ".join(str(t.process.pid) for t in cluster.tasks), flush=True)
 time.sleep(600)
