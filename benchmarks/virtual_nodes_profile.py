@@ -51,20 +51,20 @@ def main() -> int:
         program = worker.build_program(item, strategy, spec, 0, 60.0)
         session = tf.compat.v1.Session(server.target, graph=program.graph,
                                        config=worker.session_config(strategy, 0))
-        session.run([program.extras["step"].initializer]
+        session.run([program.outputs.step.initializer]
                     + [var.initializer for var in program.storage.values()])
         (replica,) = program.replicas
         parts = batching.virtual_node_rows(np.arange(args.batch), strategy.num_virtual_nodes)
         mine = [parts[vn.index] for vn in replica.virtual_nodes]
         rows = np.concatenate(mine)
-        feed = {program.extras["scales"][replica.index]: 1.0}
+        feed = {program.outputs.scales[replica.index]: 1.0}
         sizes = [len(m) for m in mine]
         if replica.sizes is not None and sizes != getattr(replica, "default_sizes", None):
             feed[replica.sizes] = np.asarray(sizes, np.int32)
         for info, array in zip([i for i in item.inputs if i.role != "y"], [x]):
             feed[replica.inputs[info.name]] = np.asarray(array[rows])
         feed[replica.inputs[next(i.name for i in item.inputs if i.role == "y")]] = y[rows]
-        fetches = {"loss": program.extras["weighted_loss"], "train": program.extras["train_op"]}
+        fetches = {"loss": program.outputs.weighted_loss, "train": program.outputs.train_op}
         for _ in range(10):
             session.run(fetches, feed)
         ops = collections.Counter(node.op for node in program.graph.as_graph_def().node)

@@ -22,7 +22,7 @@ import dataclasses
 import tensorflow as tf
 
 from autodist.ir.strategy import is_gathered
-from autodist.kernels.program import Program, Replica, Shard
+from autodist.kernels.program import Program, Replica, Shard, StorageRole
 from autodist.proto import strategy_pb2
 
 ARSync = strategy_pb2.AllReduceSynchronizer
@@ -208,6 +208,7 @@ def error_feedback_residual(program: Program, replica: Replica, group: int, flat
             program.storage[name] = tf.compat.v1.Variable(
                 tf.zeros([flat.shape.num_elements()], flat.dtype), name=name, trainable=False,
                 use_resource=True)
+        program.roles[name] = StorageRole("internal", replica=replica.index)
     return program.storage[name]
 
 

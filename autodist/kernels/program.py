@@ -130,6 +130,72 @@ class Replica:
 
 
 @dataclasses.dataclass
+class SyncOutputs:
+    """What the synchronizer pass builds for a task to run (set at SYNCHRONIZED).
+
+    Attributes:
+        train_op: Runs one step of the task's replicas (and, in one phase,
+            their parameter-server work).
+        ps_op: With two phases (a step that all-reduces and pushes to
+            parameter servers), the PS work to run after `train_op`; else None.
+        after_step: A non-chief task's wait for the chief's synchronous PS
+            update (and the refresh of its local copies); else None.
+        scales: Replica index -> a float placeholder: its share of the
+            global batch.
+        weighted_loss: This task's part of the global loss (its replicas'
+            mean losses times their shares).
+        step: The number of updates applied (a shared int64 variable).
+        ssp: Asynchronous PS: (tick op, clocks read, staleness bound); else None.
+        asynchronous: Some shard applies each replica's update on its own.
+        refresh: Copies the PS values into this task's local copies (run
+            once the PS is initialized); None without local copies.
+    """
+
+    train_op: Any
+    ps_op: Any
+    after_step: Any
+    scales: dict[int, Any]
+    weighted_loss: Any
+    step: Any
+    ssp: tuple[Any, Any, int] | None
+    asynchronous: bool
+    refresh: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageRole:
+    """What a storage variable holds, so no one parses its name.
+
+    Attributes:
+        kind: "variable" (a shard of a trainable variable), "slot" (an
+            optimizer slot of one), "local_copy" (a task's copy of a PS
+            shard), "state" (a virtual node's copy of a state variable),
+            "shared" (a scalar every task shares: counters, flags), or
+            "internal" (compressor residuals, stashes: start at their
+            initial value).
+        shard: The shard's storage name ("variable", "slot", "local_copy").
+        slot: The slot's name ("slot").
+        state: The state variable's name ("state").
+        replica: The replica whose mirrored copy this is (None: one copy
+            shared by every task, i.e. on a parameter server).
+        virtual_node: The virtual node of a "state" copy.
+    """
+
+    kind: str
+    shard: str | None = None
+    slot: str | None = None
+    state: str | None = None
+    replica: int | None = None
+    virtual_node: int | None = None
+
+    @property
+    def on_parameter_server(self) -> bool:
+        """One variable for the whole job (the chief initializes it)."""
+        return self.kind == "shared" or (self.kind in ("variable", "slot")
+                                         and self.replica is None)
+
+
+@dataclasses.dataclass
 class Program:
     """The distributed program of one task, built by the kernel passes.
 
@@ -145,7 +211,8 @@ class Program:
         local_copies: Shard name -> this task's local copy of a PS shard with
             `local_replication` (what its replicas read; set by the replicator).
         replicas: Replicas on this task (set by the replicator).
-        extras: Pass-specific results (train op, scale placeholder, ...).
+        roles: Storage name -> what it holds (see `StorageRole`).
+        outputs: What a task runs (set by the synchronizer).
     """
 
     graph_item: GraphItem
@@ -158,7 +225,8 @@ class Program:
     storage: dict[str, Any] = dataclasses.field(default_factory=dict)
     local_copies: dict[str, Any] = dataclasses.field(default_factory=dict)
     replicas: list[Replica] = dataclasses.field(default_factory=list)
-    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+    roles: dict[str, StorageRole] = dataclasses.field(default_factory=dict)
+    outputs: SyncOutputs | None = None
 
     def require(self, stage: Stage, pass_name: str) -> None:
         """Raises StageError unless the program is at `stage`."""

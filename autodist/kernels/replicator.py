@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from autodist.ir.strategy import Strategy
 from autodist.kernels.optimizers import slot_initial_value
-from autodist.kernels.program import Program, Replica, Shard, Stage, VirtualNode
+from autodist.kernels.program import Program, Replica, Shard, Stage, StorageRole, VirtualNode
 from autodist.kernels.variables import StorageVariable, VariableSpec, create_variables
 
 SCOPE = "autodist"
@@ -108,22 +108,28 @@ def _storage_specs(program: Program, shard: Shard, replica: Replica) -> list[Var
     device = storage_device(shard, replica.device)
     dtype = tf.as_dtype(shard.dtype)
     shape = tuple(shard.shape)
-    specs = [VariableSpec(key, shape, dtype, device)]
+    mirror = None if shard.kind == "ps" else replica.index
+    specs = [VariableSpec(key, shape, dtype, device,
+                          role=StorageRole("variable", shard=shard.name, replica=mirror))]
     optimizer = program.graph_item.optimizer
     for slot in program.graph_item.variable(shard.var_name).slots:
         specs.append(VariableSpec(f"{key}/slot/{slot}", shape, dtype, device,
-                                  slot_initial_value(optimizer, slot)))
+                                  slot_initial_value(optimizer, slot),
+                                  role=StorageRole("slot", shard=shard.name, slot=slot,
+                                                   replica=mirror)))
     return specs
 
 
 def _local_copy_spec(program: Program, shard: Shard) -> VariableSpec:
     return VariableSpec(local_copy_name(shard), tuple(shard.shape), tf.as_dtype(shard.dtype),
-                        f"{program.task_prefix}device:CPU:0")
+                        f"{program.task_prefix}device:CPU:0",
+                        role=StorageRole("local_copy", shard=shard.name))
 
 
 def _state_spec(state, vn_index: int, device: str) -> VariableSpec:
     return VariableSpec(state_storage_name(state.name, vn_index), tuple(state.shape),
-                        tf.as_dtype(state.dtype), device)
+                        tf.as_dtype(state.dtype), device,
+                        role=StorageRole("state", state=state.name, virtual_node=vn_index))
 
 
 def _create_storage(program: Program, strategy: Strategy, replicas: list[Replica]) -> None:
@@ -160,6 +166,7 @@ def _create(program: Program, specs: list[VariableSpec]) -> None:
     """Creates variables into `program.storage`, by name."""
     for spec, var in zip(specs, create_variables(program.graph, specs)):
         program.storage[spec.name] = var
+        program.roles[spec.name] = spec.role
 
 
 def _import_replica(program: Program, strategy: Strategy, index: int,

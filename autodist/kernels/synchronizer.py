@@ -6,11 +6,10 @@ the global batch, so uneven batches weigh correctly), split per shard, then
 per shard either the PS protocol (`ps_synchronizer`) or collective reduction
 (`all_reduce_synchronizer`), then the optimizer update (`optimizers`).
 
-Results land in `program.extras`: ``train_op``, ``scales`` (placeholder per
-local replica), ``weighted_loss`` (this task's part of the global loss),
-``step`` (updates applied so far), ``after_step`` (what a non-chief task
-runs to wait for the chief) and ``refresh`` (copies the PS values into this
-task's local copies; run once the PS is initialized).
+The results are `program.outputs` (`program.SyncOutputs`): the train op,
+the scale placeholders, this task's part of the global loss, the update
+count, what a non-chief task runs to wait for the chief, and the refresh of
+this task's local copies.
 
 Local copies (`local_replication`) are refreshed from the PS once the step's
 update of their shard is applied: synchronous shards by the chief right
@@ -34,7 +33,7 @@ from autodist.kernels import ps_synchronizer as ps
 from autodist.kernels.optimizers import (Slots, apply_update, check_supported, dense_gradient,
                                          hyperparameter_tensors)
 from autodist.kernels.partitioner import split_gradient
-from autodist.kernels.program import Program, Stage
+from autodist.kernels.program import Program, Stage, StorageRole, SyncOutputs
 from autodist.kernels.replicator import get_slots, get_storage
 from autodist.kernels.variables import StorageVariable, VariableSpec, create_variable
 
@@ -235,9 +234,10 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         all_local = [s for s in all_shards if s.name in program.local_copies]
         refresh = tf.group(_refresh(program, all_local, after=[]), name="autodist/refresh") \
             if all_local else None
-        program.extras.update(train_op=train_op, ps_op=ps_op, scales=scales, step=step,
-                              weighted_loss=tf.add_n(weighted_losses), after_step=after_step,
-                              ssp=ssp, asynchronous=bool(async_ps), refresh=refresh)
+        program.outputs = SyncOutputs(
+            train_op=train_op, ps_op=ps_op, after_step=after_step, scales=scales,
+            weighted_loss=tf.add_n(weighted_losses), step=step, ssp=ssp,
+            asynchronous=bool(async_ps), refresh=refresh)
     program.stage = Stage.SYNCHRONIZED
     return program
 
@@ -253,8 +253,10 @@ def shared_variable(program: Program, name: str, initial: int | float, dtype: tf
     """A scalar variable every task shares by name; the chief initializes it."""
     key = f"autodist/shared/{name}"
     if key not in program.storage:
-        program.storage[key] = create_variable(program.graph,
-                                               VariableSpec(key, (), dtype, device, initial))
+        program.storage[key] = create_variable(
+            program.graph, VariableSpec(key, (), dtype, device, initial,
+                                        role=StorageRole("shared")))
+        program.roles[key] = StorageRole("shared")
     return program.storage[key]
 
 
@@ -374,6 +376,7 @@ def _stash_variable(program: Program, name: str, dtype: tf.DType) -> StorageVari
     var = create_variable(program.graph, VariableSpec(name, None, dtype, "", 0,
                                                       initial_shape=(0,)))
     program.storage[name] = var
+    program.roles[name] = StorageRole("internal")
     return var
 
 

@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
+from autodist.kernels.program import StorageRole
+
 
 @dataclasses.dataclass(frozen=True)
 class VariableSpec:
@@ -37,6 +39,8 @@ class VariableSpec:
             within the caller's device scope).
         initial: The value every element starts at.
         initial_shape: Shape of the initial value of a variable of any shape.
+        role: What it holds (recorded in `Program.roles` by the pass that
+            creates it).
     """
 
     name: str
@@ -45,6 +49,7 @@ class VariableSpec:
     device: str
     initial: float | int | bool = 0
     initial_shape: tuple[int, ...] = ()
+    role: StorageRole | None = None
 
     def __post_init__(self) -> None:
         if self.shape is not None and any(d is None or d < 0 for d in self.shape):

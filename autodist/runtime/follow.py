@@ -40,17 +40,18 @@ worker completed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 from autodist.ir.atomic import atomic_write
 from autodist.ir.strategy import Strategy
 from autodist.launch import mailbox
-from autodist.runtime.batching import EpochSchedule
-from autodist.runtime.elastic import Segment
 from autodist.launch.job import JobDir, RunConfig
 from autodist.launch.mailbox import Mailboxes, Task
+from autodist.runtime.batching import EpochSchedule
+from autodist.runtime.elastic import Segment
+from autodist.runtime.records import (ChangeRequest, MonitoredStep, MonitorSample,
+                                      ProgressRecord, RunLimit, StepReport)
 
 CONTINUE = "continue"
 STOP = "stop"
@@ -84,8 +85,7 @@ def request_change(job: JobDir, sequence: int, workers: int | None = None,
     """
     job.resize_request().parent.mkdir(parents=True, exist_ok=True)
     atomic_write(job.resize_request(),
-                 json.dumps({"workers": workers, "strategy": strategy_text,
-                             "sequence": sequence}).encode())
+                 ChangeRequest(sequence, workers, strategy_text).to_json())
 
 
 def first_limit(steps_per_epoch: int, epochs: int) -> int:
@@ -129,7 +129,7 @@ class ChiefFollower:
         self.final = False
         self._losses: dict[int, dict[int, float]] = {}
         self._times: dict[int, float] = {}
-        self._monitors: dict[int, list[dict[str, list]]] = {}
+        self._monitors: dict[int, list[MonitorSample]] = {}
         self._written = 0  # steps whose record is in progress.jsonl
         self._progress = job.file("progress.jsonl")
 
@@ -162,7 +162,7 @@ class ChiefFollower:
             self._set(done, True)
 
     def record(self, step: int, loss: float, seconds: float,
-               monitor: dict[str, list] | None = None) -> None:
+               monitor: MonitorSample | None = None) -> None:
         """The chief's own loss of `step`; writes every record now complete.
 
         `monitor`: the chief's squared gradient norms of a monitored step
@@ -192,19 +192,18 @@ class ChiefFollower:
             self._write_complete()
 
     def finish(self, losses_by_task: Sequence[Sequence[float]], times: Sequence[float],
-               monitors_by_task: Sequence[Sequence[dict[str, Any]]] = ()) -> None:
+               monitors_by_task: Sequence[Sequence[MonitoredStep]] = ()) -> None:
         """After the run: records for the steps not yet written, from the results.
 
-        `monitors_by_task`: each task's monitored-step records (the reports
-        of the last steps may not have reached the chief yet).
+        `monitors_by_task`: each task's monitored steps (the reports of the
+        last steps may not have reached the chief yet).
         """
         done = min(len(losses) for losses in losses_by_task)
-        unwritten: dict[int, list[dict[str, Any]]] = {}
+        unwritten: dict[int, list[MonitorSample]] = {}
         for records in monitors_by_task:
             for record in records:
-                if int(record["step"]) >= self._written:
-                    unwritten.setdefault(int(record["step"]), []).append(
-                        {k: v for k, v in record.items() if k != "step"})
+                if record.step >= self._written:
+                    unwritten.setdefault(record.step, []).append(record.sample)
         self._monitors.update(unwritten)
         with open(self._progress, "a") as f:
             for step in range(self._written, done):
@@ -215,10 +214,7 @@ class ChiefFollower:
     # ------------------------------------------------------------ internals
     def _set(self, limit: int, final: bool) -> None:
         self.limit, self.final = limit, final
-        message = json.dumps({"limit": limit, "final": final,
-                              "segments": [[s.start, s.end, s.workers, s.plan]
-                                           for s in self.segments],
-                              "plans": self.plans}).encode()
+        message = RunLimit(limit, final, tuple(self.segments), tuple(self.plans)).to_json()
         for peer in self.peers:
             self.mail.send(peer, mailbox.LIMIT, message, self.config.step_timeout_s)
 
@@ -233,24 +229,24 @@ class ChiefFollower:
         path = self.job.resize_request()
         if self.final or not path.exists():
             return
-        request = json.loads(path.read_text())
-        if int(request["sequence"]) <= self._resize_sequence:
+        request = ChangeRequest.from_json(path.read_bytes())
+        if request.sequence <= self._resize_sequence:
             return
         members = self.members_at(step)
         boundary = step + 1 if members > 1 and not at_limit else step
         # An announced segment is never changed: idle workers may be joining it.
         boundary = max(boundary, self.segments[-1].start + 1)
         total = self.segments[-1].end
-        text = request.get("strategy")
+        text = request.strategy
         batch = None if text is None else \
             Strategy.from_text(text).global_batch_size or self.config.global_batch_size
         if batch is not None and batch != self.schedule.batch_at(step) and boundary != step:
             return  # a new global batch starts with an epoch: kept for the epoch's end
-        self._resize_sequence = int(request["sequence"])
+        self._resize_sequence = request.sequence
         if boundary >= total:
             return
         current = self.segments[-1]
-        workers = current.workers if request.get("workers") is None else int(request["workers"])
+        workers = current.workers if request.workers is None else request.workers
         plan = current.plan
         if text is not None:
             if self._base_text is None:
@@ -285,11 +281,10 @@ class ChiefFollower:
 
     def _absorb(self, messages: list[bytes]) -> None:
         for raw in messages:
-            report = json.loads(raw)
-            self._losses.setdefault(int(report["step"]), {})[int(report["task"])] = \
-                float(report["loss"])
-            if report.get("monitor") is not None:
-                self._monitors.setdefault(int(report["step"]), []).append(report["monitor"])
+            report = StepReport.from_json(raw)
+            self._losses.setdefault(report.step, {})[report.task] = report.loss
+            if report.monitor is not None:
+                self._monitors.setdefault(report.step, []).append(report.monitor)
 
     def _write_complete(self) -> None:
         lines = []
@@ -307,15 +302,13 @@ class ChiefFollower:
         epoch, in_epoch, _, epoch_steps = self.schedule.locate(step)
         segment = next((s for s in self.segments if s.start <= step < s.end),
                        self.segments[-1])
-        record = {"epoch": epoch, "step": in_epoch, "loss": loss, "time": seconds,
-                  "workers": segment.workers, "plan": segment.plan,
-                  "examples": self.schedule.examples(step),
-                  "last": in_epoch == epoch_steps - 1}
         monitors = self._monitors.pop(step, None)
-        if monitors:
-            record["monitor"] = {key: [v for m in monitors for v in m[key]]
-                                 for key in monitors[0]}
-        return json.dumps(record) + "\n"
+        return ProgressRecord(step=step, epoch=epoch, epoch_step=in_epoch, loss=loss,
+                              seconds=seconds, examples=self.schedule.examples(step),
+                              last_of_epoch=in_epoch == epoch_steps - 1,
+                              workers=segment.workers, plan=segment.plan,
+                              monitor=MonitorSample.merge(monitors) if monitors else None
+                              ).to_json()
 
 
 class WorkerFollower:
@@ -377,18 +370,14 @@ class WorkerFollower:
         except mailbox.MailboxTimeout:
             pass
 
-    def record(self, step: int, loss: float, monitor: dict[str, list] | None = None) -> None:
+    def record(self, step: int, loss: float, monitor: MonitorSample | None = None) -> None:
         """Reports this worker's loss of `step` (and its gradient norms if monitored)."""
-        report = {"task": self.task[1], "step": step, "loss": loss, "monitor": monitor}
-        self.mail.send(CHIEF, mailbox.STEPS, json.dumps(report).encode(),
+        self.mail.send(CHIEF, mailbox.STEPS, StepReport(self.task[1], step, loss, monitor).to_json(),
                        self.config.step_timeout_s)
 
     def _absorb(self, messages: list[bytes]) -> None:
         for raw in messages:
-            message: dict[str, Any] = json.loads(raw)
-            self.limit, self.final = int(message["limit"]), bool(message["final"])
-            if "segments" in message:
-                self.segments[:] = [Segment(v, start, end, workers, plan)
-                                    for v, (start, end, workers, plan)
-                                    in enumerate(message["segments"])]
-                self.plans[:] = message.get("plans", [])
+            message = RunLimit.from_json(raw)
+            self.limit, self.final = message.limit, message.final
+            self.segments[:] = message.segments
+            self.plans[:] = message.plans

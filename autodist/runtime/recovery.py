@@ -20,17 +20,21 @@ variables: the original error is raised.
 """
 from __future__ import annotations
 
-import json
-from typing import Any
+
+import dataclasses
+import uuid
+from typing import Any, Callable
 
 import numpy as np
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
+from autodist.launch.errors import TaskFailedError
+from autodist.launch.job import JobDir, RunConfig
 from autodist.proto import resource_spec_pb2
 from autodist.runtime.elastic import replica_task
-from autodist.launch.job import JobDir
+from autodist.runtime.records import LossRecord, ProgressRecord
 
 # In the recovery file: the run step to resume at (see worker.save_recovery).
 NEXT_STEP = "autodist/next_step"
@@ -118,18 +122,100 @@ def completed_losses(job: JobDir, workers: int, first: int,
             continue
         for line in path.read_text().splitlines():
             if line.strip():
-                record = json.loads(line)
-                parts.setdefault(int(record["index"]), []).append(float(record["loss"]))
-    progress: list[dict[str, Any]] = []
+                record = LossRecord.from_json(line)
+                parts.setdefault(record.step, []).append(record.loss)
+    progress: list[ProgressRecord] = []
     path = job.file("progress.jsonl")
     if path.exists():
-        progress = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        progress = [ProgressRecord.from_json(line) for line in path.read_text().splitlines()
+                    if line.strip()]
     losses, estimated = [], []
     for k in range(steps):
         found = parts.get(first + k, [])
         if len(found) == workers:
             losses.append(sum(found))
         else:
-            losses.append(float(progress[k]["loss"]))
+            losses.append(progress[k].loss)
             estimated.append(first + k)
-    return losses, [float(r["time"]) for r in progress[:steps]], estimated
+    return losses, [r.seconds for r in progress[:steps]], estimated
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How a run ended, through its recoveries.
+
+    Attributes:
+        job: The job that finished (the last recovery's, or the first).
+        spec: Its cluster (without the workers that died).
+        earlier_losses: Global losses of the steps completed before the
+            last recovery.
+        earlier_times: The chief's times of those steps.
+        recoveries: Per failure, {"step": the step the job resumed at,
+            "failed_task": the dead worker's task index at that time,
+            "workers": workers after it, "estimated_loss_steps": steps whose
+            global loss is the chief's estimate}.
+    """
+
+    job: JobDir
+    spec: ResourceSpec
+    earlier_losses: list[float] = dataclasses.field(default_factory=list)
+    earlier_times: list[float] = dataclasses.field(default_factory=list)
+    recoveries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+def run_recovering(job: JobDir, strategy: Strategy, spec: ResourceSpec, *,
+                   run_cluster: Callable[[JobDir, ResourceSpec], None],
+                   write_job: Callable[[JobDir, Strategy, ResourceSpec, RunConfig,
+                                        dict[str, np.ndarray]], None],
+                   on_new_job: Callable[[JobDir], None]) -> Outcome:
+    """Runs a job to its end, going on without each non-chief worker that dies.
+
+    After a failure the chief has saved the state after the last completed
+    step (`resume_point`); a new job, in ``recovery-<k>`` under the first
+    job's directory, resumes there on the surviving workers with the
+    strategy's replicas of the dead worker removed.
+
+    Args:
+        job: The first job.
+        strategy: Its strategy.
+        spec: Its cluster.
+        run_cluster: Runs a job on a cluster to its end (raises TaskFailedError).
+        write_job: Writes a recovery job: (its directory, strategy, spec,
+            config, initial values).
+        on_new_job: Called with each recovery job before it runs.
+
+    Raises:
+        TaskFailedError: the chief or a parameter server died, the dead
+            worker held parameter-server variables, or nothing was saved.
+    """
+    outcome = Outcome(job, spec)
+    config = job.config()
+    while True:
+        try:
+            run_cluster(outcome.job, outcome.spec)
+            return outcome
+        except TaskFailedError as error:
+            dead = dead_worker(error.task)
+            resumed = resume_point(outcome.job) if dead is not None else None
+            if resumed is None:
+                raise
+            values, next_step = resumed
+            try:
+                strategy = strategy_without(strategy, dead)
+            except AutodistError as e:
+                raise error from e
+            losses, times, estimated = completed_losses(
+                outcome.job, outcome.spec.num_worker_tasks, config.start_step,
+                next_step - config.start_step)
+            outcome.spec = without_worker(outcome.spec, dead)
+            outcome.earlier_losses += losses
+            outcome.earlier_times += times
+            outcome.recoveries.append({"step": next_step, "failed_task": dead,
+                                       "workers": outcome.spec.num_worker_tasks,
+                                       "estimated_loss_steps": estimated})
+            config = dataclasses.replace(config, start_step=next_step, job_id=uuid.uuid4().hex)
+            path = job.path / f"recovery-{len(outcome.recoveries)}"
+            path.mkdir(parents=True, exist_ok=True)
+            outcome.job = JobDir(path)
+            write_job(outcome.job, strategy, outcome.spec, config, values)
+            on_new_job(outcome.job)

@@ -1,25 +1,21 @@
 """DistributedRun: train a Keras model with a Strategy on a cluster, Keras-like."""
 from __future__ import annotations
 
-import dataclasses
-import json
 import pathlib
 import shutil
-import sys
 import tempfile
 import uuid
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from autodist.adapt.driver import PolicyDriver
+from autodist.adapt.policy import Control, Policy, Replanner
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
-from autodist.kernels import monitoring
 from autodist.kernels.optimizers import check_supported as check_optimizer
-from autodist.adapt.driver import PolicyDriver
-from autodist.adapt.policy import Control, Policy, Replanner
 from autodist.launch.errors import TaskFailedError
 from autodist.launch.job import JobDir, RunConfig
 from autodist.launch.local import LocalCluster, check_local
@@ -28,55 +24,12 @@ from autodist.launch.tf_config import check_this_is_the_chief
 from autodist.runtime import batching, checkpoint, datasets, follow, recovery
 from autodist.runtime.elastic import check_elastic, check_switch, segments
 from autodist.runtime.entry import TASK_MODULE
+from autodist.runtime.history import History, read_history
+from autodist.runtime.options import FitOptions
+from autodist.runtime.progress import Progress
+from autodist.runtime.records import WorkerResult
 
 LAUNCH_MODES = ("local", "remote")
-_HOOKS = ("set_model", "set_params", "on_train_begin", "on_epoch_begin", "on_train_batch_begin",
-          "on_train_batch_end", "on_epoch_end", "on_train_end")
-
-
-@dataclasses.dataclass
-class History:
-    """What `fit` returns.
-
-    Attributes:
-        history: {"loss": [mean loss of each epoch, over examples]}, as Keras' History
-            (an epoch cut short by a stop request counts with the steps it ran).
-        step_losses: The global loss of every step (weighted over replicas).
-        step_times: The chief's time of every step, in seconds.
-        epoch: Epoch indices.
-        max_lead: Per worker task, the most steps it started ahead of the
-            slowest task (asynchronous and bounded-staleness runs; 0 otherwise).
-        resizes: Elastic runs and strategy switches: per membership change,
-            {"step": first step of the new membership, "workers": its size,
-            "plan": its strategy (0: the run's, k: the k-th switched to), "seconds": the
-            chief's time from the end of the previous step to the start of
-            that step (state hand-over, new program and session)}.
-        noise_scale: Runs with `monitor_every`: per monitored step, {"step",
-            "gradient_sq" (|G|²), "trace_sigma" (tr Σ, the per-example
-            gradient variance), "noise_scale" (their ratio), "smoothed" (the
-            ratio of their moving averages, decay 0.9), "compute_s" (the
-            slowest task's local forward and backward, timed in the graph)
-            and "communication_s" (the rest of the chief's step time)}.
-        actions: Runs with policies: each action a policy asked for,
-            {"step": the last step the driver had seen, "action": "resize",
-            "replan" or "stop", and its details and reason}.
-        recoveries: Runs with `on_failure="continue"`: per failure, {"step":
-            the step the job resumed at, "failed_task": the dead worker's
-            task index at that time, "workers": workers after it,
-            "estimated_loss_steps": steps whose global loss is the chief's
-            estimate (its replicas' mean loss), because the dead worker
-            completed them but died before recording its loss}.
-    """
-
-    history: dict[str, list[float]]
-    step_losses: list[float]
-    step_times: list[float]
-    epoch: list[int]
-    max_lead: list[int] = dataclasses.field(default_factory=list)
-    resizes: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    recoveries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    noise_scale: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    actions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 class DistributedRun:
@@ -244,78 +197,38 @@ class DistributedRun:
         Returns:
             A History with per-step and per-epoch losses.
         """
-        if policies:
-            elastic = True
-            callbacks = list(callbacks or [])
-        for callback in callbacks or []:
-            if not all(hasattr(callback, hook) for hook in _HOOKS):
-                raise AutodistError("callbacks must be keras.callbacks.Callback objects. "
-                                    f"Received: {callback!r}")
-        inputs, targets, batch_size = self._arrays(x, y, batch_size)
+        options = FitOptions(
+            batch_size=batch_size, epochs=epochs, steps_per_epoch=steps_per_epoch,
+            shuffle=shuffle, seed=seed, verbose=verbose, timeout_s=timeout_s,
+            checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
+            checkpoint_every_steps=checkpoint_every_steps,
+            initial_checkpoint=initial_checkpoint, callbacks=callbacks or (),
+            resize_at=resize_at, elastic=elastic, switch_at=switch_at,
+            policies=policies or (), replanner=replanner, on_failure=on_failure,
+            monitor_every=monitor_every)
+        self._resizable = options.check(self.strategy, self.graph_item, self.resource_spec,
+                                        self.launch)
+        inputs, targets, batch_size = self._arrays(x, y, options.batch_size)
         n = len(targets)
-        if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
-            raise AutodistError("checkpoint_every_steps must be >= 1. "
-                                f"Received: {checkpoint_every_steps}")
         steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
         sizes = [len(batching.batch_rows(np.arange(n), s, batch_size)) for s in range(steps)]
         self._check_batches(sizes, n, batch_size)
-        if not isinstance(monitor_every, int) or monitor_every < 0:
-            raise AutodistError(f"monitor_every must be an integer >= 0. Received: "
-                                f"{monitor_every!r}")
-        if monitor_every and self.strategy.num_virtual_nodes <= len(self.strategy.replicas):
-            raise AutodistError(
-                "monitor_every estimates the noise scale from two batch sizes: the virtual "
-                "nodes' and their replica's. It needs a replica with two or more virtual "
-                f"nodes; the strategy has {self.strategy.num_virtual_nodes} virtual nodes on "
-                f"{len(self.strategy.replicas)} replicas")
-        if on_failure not in ("stop", "continue"):
-            raise AutodistError(f"on_failure must be 'stop' or 'continue'. Received: "
-                                f"{on_failure!r}")
-        if on_failure == "continue":
-            self._check_recoverable(callbacks, resize_at or switch_at)
-        self._resizable = None
-        if resize_at or elastic:
-            if callbacks and resize_at and set(map(int, resize_at)) != {0}:
-                raise AutodistError("with callbacks, resize_at may only give the starting size "
-                                    "(step 0); resize later with run.resize(n) from a callback")
-            if elastic and not (callbacks or policies):
-                raise AutodistError("elastic=True resizes on request from a callback "
-                                    "(run.resize(n)); without callbacks use resize_at")
-            try:
-                check_elastic(self.strategy, self.resource_spec)
-            except AutodistError as e:
-                if resize_at:
-                    raise
-                self._resizable = e  # replan works; resize(n) raises this
-        plans: list[str] = []
-        switch_plans: dict[str, int] = {}
-        for step, new in sorted((switch_at or {}).items()):
-            if not isinstance(new, Strategy):
-                raise AutodistError(f"switch_at[{step}] must be a Strategy. Received: {new!r}")
-            check_switch(self.strategy, new, self.graph_item, self.resource_spec)
-            if resize_at:
-                check_elastic(new, self.resource_spec)
-            if new.to_text() not in plans:
-                plans.append(new.to_text())
-            switch_plans[str(int(step))] = plans.index(new.to_text()) + 1
-        if switch_at and (callbacks or policies):
-            raise AutodistError("with callbacks, switch strategies with run.replan(strategy) "
-                                "from a callback (fit(..., elastic=True)), not switch_at")
-        if resize_at or elastic or switch_at:
+        plans, switch_plans = options.switch_plans()
+        if options.membership_may_change:
             segments(steps * epochs, self.resource_spec.num_worker_tasks, resize_at,
                      switch_plans)
         config = RunConfig(global_batch_size=batch_size, epochs=epochs,
                            steps_per_epoch=steps_per_epoch, shuffle=shuffle, seed=seed,
                            step_timeout_s=self.step_timeout_s,
                            startup_timeout_s=self.startup_timeout_s,
-                           checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
+                           checkpoint_dir=options.checkpoint_dir,
                            checkpoint_every_steps=checkpoint_every_steps,
                            task_step_delay_s=self.task_step_delay_s or None,
-                           follow_steps=bool(callbacks or policies), job_timeout_s=timeout_s,
+                           follow_steps=options.followed, job_timeout_s=timeout_s,
                            job_id=uuid.uuid4().hex,
                            resize_at={str(k): v for k, v in resize_at.items()}
                            if resize_at else None, on_failure=on_failure,
-                           elastic=bool(elastic or resize_at or switch_at),
+                           elastic=options.membership_may_change,
                            monitor_every=monitor_every, switch_at=switch_plans or None,
                            plans=plans or None)
         init_values = self._initial_values()
@@ -324,60 +237,37 @@ class DistributedRun:
         path, job = self._new_job(config, init_values, inputs, targets)
         control = None
         driver = None
-        if policies:
+        if options.policies:
             control = Control(self, batch_size, replanner)
             control.workers = int({int(k): v for k, v in (resize_at or {}).items()}.get(
                 0, control.workers))
-            driver = PolicyDriver(control, policies, len(sizes))
-        progress = _Progress(job, sizes, epochs, verbose, self.model, list(callbacks or []),
-                             driver)
-        self._following = (job, config) if callbacks or policies else None
+            driver = PolicyDriver(control, options.policies)
+        progress = Progress(job, sizes, epochs, verbose, self.model, options.callbacks, driver)
+        self._following = (job, config) if options.followed else None
         self._requested_workers = self._requested_strategy = None
         self._requested_batch, self._num_examples = batch_size, n
         try:
             progress.begin()
-            spec, strategy = self.resource_spec, self.strategy
-            earlier_losses: list[float] = []
-            earlier_times: list[float] = []
-            recoveries: list[dict[str, Any]] = []
-            while True:
-                try:
-                    self._run_cluster(job, timeout_s, progress.update, spec,
-                                      wait_for_chief=on_failure == "continue")
-                    break
-                except TaskFailedError as error:
-                    dead = recovery.dead_worker(error.task) if on_failure == "continue" else None
-                    resumed = recovery.resume_point(job) if dead is not None else None
-                    if resumed is None:
-                        raise
-                    values, next_step = resumed
-                    try:
-                        strategy = recovery.strategy_without(strategy, dead)
-                    except AutodistError as e:
-                        raise error from e
-                    done = next_step - config.start_step
-                    losses, times, estimated = recovery.completed_losses(
-                        job, spec.num_worker_tasks, config.start_step, done)
-                    spec = recovery.without_worker(spec, dead)
-                    earlier_losses += losses
-                    earlier_times += times
-                    recoveries.append({"step": next_step, "failed_task": dead,
-                                       "workers": spec.num_worker_tasks,
-                                       "estimated_loss_steps": estimated})
-                    config = dataclasses.replace(config, start_step=next_step,
-                                                 job_id=uuid.uuid4().hex)
-                    path_k = path / f"recovery-{len(recoveries)}"
-                    path_k.mkdir(parents=True, exist_ok=True)
-                    job = JobDir(path_k)
-                    job.write(self.graph_item, strategy, spec, config, values, inputs, targets)
-                    progress.follow(job)
+            if on_failure == "continue":
+                outcome = recovery.run_recovering(
+                    job, self.strategy, self.resource_spec,
+                    run_cluster=lambda job_k, spec_k: self._run_cluster(
+                        job_k, timeout_s, progress.update, spec_k, wait_for_chief=True),
+                    write_job=lambda job_k, strategy_k, spec_k, config_k, values: job_k.write(
+                        self.graph_item, strategy_k, spec_k, config_k, values, inputs,
+                        targets),
+                    on_new_job=progress.follow)
+            else:
+                self._run_cluster(job, timeout_s, progress.update)
+                outcome = recovery.Outcome(job, self.resource_spec)
             progress.finish()
         finally:
             self._following = None
-        history = self._history(job, sizes, epochs, spec, earlier_losses, earlier_times)
-        history.recoveries = recoveries
+        history = read_history(outcome.job, sizes, epochs, outcome.spec,
+                               outcome.earlier_losses, outcome.earlier_times)
+        history.recoveries = outcome.recoveries
         history.actions = control.actions if control is not None else []
-        self._write_back(job)
+        self._write_back(outcome.job)
         if self.job_dir is None:
             shutil.rmtree(path, ignore_errors=True)
         return history
@@ -462,23 +352,6 @@ class DistributedRun:
         follow.request_change(self._following[0], self._resize_sequence,
                               self._requested_workers, self._requested_strategy)
 
-    def _check_recoverable(self, callbacks, schedule) -> None:
-        if callbacks or schedule or self.launch != "local":
-            raise AutodistError("on_failure='continue' needs a local launch without "
-                                "callbacks, resize_at or switch_at")
-        kinds = set()
-        for config in self.strategy.variables:
-            for i, sync in enumerate(config.shards):
-                kinds.add(sync.WhichOneof("kind"))
-                if sync.WhichOneof("kind") == "ps" and (not sync.ps.sync or sync.ps.staleness):
-                    raise AutodistError(
-                        f"on_failure='continue' needs synchronous training; variable "
-                        f"{config.var_name!r} shard {i} is updated asynchronously")
-        if kinds == {"ps", "all_reduce"}:
-            raise AutodistError("on_failure='continue' needs a strategy that is all "
-                                "parameter-server or all all-reduce (a mixed step runs in "
-                                "two parts, which a failure could split)")
-
     def measure_throughput(self, x: Any, y: Any = None, *, batch_size: int | None = None,
                            steps: int = 3, timeout_s: float = 600.0) -> dict[str, float]:
         """Measures each replica's speed on the cluster, without training.
@@ -510,8 +383,8 @@ class DistributedRun:
         self._run_cluster(job, timeout_s, lambda: None)
         throughputs = {}
         for i in range(self.resource_spec.num_worker_tasks):
-            for device, probe in json.loads(job.result(i).read_text())["probe"].items():
-                throughputs[device] = probe["examples"] / float(np.median(probe["seconds"]))
+            for device, probe in WorkerResult.from_json(job.result(i).read_bytes()).probe.items():
+                throughputs[device] = probe.examples / float(np.median(probe.seconds))
         if self.job_dir is None:
             shutil.rmtree(path, ignore_errors=True)
         return throughputs
@@ -624,39 +497,6 @@ class DistributedRun:
                 if name in weights.files:
                     var.assign(weights[name])
 
-    def _history(self, job: JobDir, batch_sizes: list[int], epochs: int,
-                 spec: ResourceSpec | None = None, earlier_losses: Sequence[float] = (),
-                 earlier_times: Sequence[float] = ()) -> History:
-        spec = spec or self.resource_spec
-        results = [json.loads(job.result(i).read_text())
-                   for i in range(spec.num_worker_tasks)
-                   if job.result(i).exists()]
-        # Every worker ran the same steps, except asynchronous ones stopped early.
-        done = min(len(r["losses"]) for r in results)
-        losses = list(earlier_losses) + np.sum([r["losses"][:done] for r in results],
-                                               axis=0).tolist()
-        done += len(earlier_losses)
-        steps = len(batch_sizes)
-        # The chief's epochs (their batch may have changed with the strategy).
-        starts = results[0].get("epoch_starts") or [e * steps for e in range(epochs + 1)]
-        examples = list(results[0].get("step_examples") or [])
-        examples = examples if len(examples) >= done else \
-            [batch_sizes[i % steps] for i in range(done)]
-        # As Keras: the epoch loss is the mean over examples (batches weighted by size).
-        ran = sum(1 for start in starts[:epochs] if start < done)
-        epoch_losses = []
-        for e in range(ran):
-            end = min(starts[e + 1], done)
-            epoch_losses.append(float(np.average(losses[starts[e]:end],
-                                                 weights=examples[starts[e]:end])))
-        return History(history={"loss": epoch_losses}, step_losses=losses,
-                       step_times=list(earlier_times) + results[0]["step_times"][:done],
-                       epoch=list(range(ran)),
-                       max_lead=[int(r.get("max_lead", 0)) for r in results],
-                       resizes=results[0].get("resizes", []),
-                       noise_scale=_noise_scale(results))
-
-
 def _rows_read_by(job: JobDir, task_index: int) -> np.ndarray:
     """The rows of the job's data that worker task `task_index` reads over the run."""
     config = job.config()
@@ -669,163 +509,4 @@ def _rows_read_by(job: JobDir, task_index: int) -> np.ndarray:
     return batching.rows_read(num_examples, config.global_batch_size, steps, config.epochs,
                               config.shuffle, config.seed, len(devices), mine)
 
-
-def _noise_scale(results: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Noise-scale estimates and the step's split per monitored step, from every worker."""
-    by_step: dict[int, tuple[list[float], list[float], list[float]]] = {}
-    for result in results:
-        for record in result.get("monitor", []):
-            batches, norms, compute = by_step.setdefault(int(record["step"]), ([], [], []))
-            batches += record["batches"]
-            norms += record["sq_norms"]
-            compute += record.get("compute_s", [])
-    times = results[0]["step_times"] if results else []
-    smooth = monitoring.SmoothedNoiseScale(decay=0.9)
-    out = []
-    for step in sorted(by_step):
-        batches, norms, compute = by_step[step]
-        estimate = monitoring.noise_scale_fit(batches, norms)
-        if estimate is None:
-            continue
-        record = {"step": step, "gradient_sq": estimate.gradient_sq,
-                  "trace_sigma": estimate.trace_sigma, "noise_scale": estimate.noise_scale,
-                  "smoothed": smooth.update(estimate).noise_scale}
-        if compute and step < len(times):
-            record["compute_s"] = max(compute)
-            record["communication_s"] = max(0.0, times[step] - max(compute))
-        out.append(record)
-    return out
-
-
-class _Progress:
-    """Follows the chief's progress file: the progress line and the callbacks.
-
-    The chief appends one JSON line per step. Without callbacks its loss is
-    the chief's own estimate; with callbacks (a followed run) it is the
-    global loss, and this object also writes the driver's decisions back
-    (`autodist.runtime.follow`).
-    """
-
-    def __init__(self, job: JobDir, batch_sizes: list[int], epochs: int, verbose: int,
-                 model, callbacks: list[Any], policies: PolicyDriver | None = None) -> None:
-        self.job = job
-        self.path = job.file("progress.jsonl")
-        self.sizes = batch_sizes
-        self.epochs = epochs
-        self.total = len(batch_sizes) * epochs
-        self.verbose = verbose
-        self.model = model
-        self.callbacks = callbacks
-        self.policies = policies
-        self.followed = bool(callbacks) or policies is not None
-        self.seen = 0
-        self._offset = 0
-        self._last: dict[str, Any] | None = None
-        self._epoch_open: int | None = None
-        self._sum = 0.0
-        self._count = 0
-        self._logs: dict[str, float] = {}
-        self._stop_sent = False
-
-    def begin(self) -> None:
-        if not self.followed:
-            return
-        self.model.stop_training = False
-        params = {"epochs": self.epochs, "steps": len(self.sizes), "verbose": self.verbose}
-        for callback in self.callbacks:
-            callback.set_model(self.model)
-            callback.set_params(params)
-        self._call("on_train_begin", {})
-        if self.policies is not None:
-            self.policies.begin()
-            self._check_stop()
-
-    def update(self) -> None:
-        """Reads the records written since the last call; shows and dispatches them."""
-        records = self._read_new()
-        if not records:
-            return
-        self._last = records[-1]
-        if self.followed:
-            for record in records:
-                self._step(record)
-        if self.verbose:
-            width = 30
-            done = int(width * self.seen / max(self.total, 1))
-            sys.stdout.write(f"\r{self.seen}/{self.total} [{'=' * done}{'.' * (width - done)}] "
-                             f"- loss: {self._last['loss']:.4f} - "
-                             f"{self._last['time'] * 1e3:.1f} ms/step")
-            sys.stdout.flush()
-
-    def finish(self) -> None:
-        self.update()
-        if self.followed:
-            if self._epoch_open is not None:  # stopped inside an epoch: Keras still ends it
-                self._end_epoch(self._epoch_open)
-            self._call("on_train_end", dict(self._logs))
-            if self.policies is not None:
-                self.policies.end()
-        if self.verbose:
-            sys.stdout.write("\n")
-
-    def follow(self, job: JobDir) -> None:
-        """Reads the progress of `job` from now on (a job resumed after a failure)."""
-        self.update()
-        self.job = job
-        self.path = job.file("progress.jsonl")
-        self._offset = 0
-
-    def _read_new(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1  # only whole lines: the chief may be mid-write
-        self._offset += end
-        records = [json.loads(line) for line in chunk[:end].splitlines() if line.strip()]
-        self.seen += len(records)
-        return records
-
-    def _step(self, record: dict[str, Any]) -> None:
-        epoch, step = int(record["epoch"]), int(record["step"])
-        if self._epoch_open != epoch:
-            self._epoch_open, self._sum, self._count = epoch, 0.0, 0
-            self._call("on_epoch_begin", epoch, {})
-        # Keras' batch logs hold the running mean of the epoch, batches weighted by size.
-        examples = int(record.get("examples", self.sizes[step]))
-        self._sum += float(record["loss"]) * examples
-        self._count += examples
-        self._call("on_train_batch_begin", step, {})
-        self._call("on_train_batch_end", step, {"loss": self._sum / self._count})
-        if self.policies is not None:
-            self.policies.step(record)
-            self._check_stop()
-        if record.get("last", step == len(self.sizes) - 1):
-            self._end_epoch(epoch)
-
-    def _end_epoch(self, epoch: int) -> None:
-        self._logs = {"loss": self._sum / max(self._count, 1)}
-        self._epoch_open = None
-        self._call("on_epoch_end", epoch, dict(self._logs))
-        if self.policies is not None:
-            self.policies.epoch_end(epoch, dict(self._logs))
-            self._check_stop()
-        if epoch < self.epochs - 1:
-            follow.write_decision(self.job, epoch, stop=bool(self.model.stop_training))
-
-    def _check_stop(self) -> None:
-        if self.policies.control.stop_requested:
-            self.model.stop_training = True
-        self._send_stop_if_asked()
-
-    def _call(self, hook: str, *args) -> None:
-        for callback in self.callbacks:
-            getattr(callback, hook)(*args)
-        self._send_stop_if_asked()
-
-    def _send_stop_if_asked(self) -> None:
-        if self.model.stop_training and not self._stop_sent:
-            follow.request_stop(self.job)
-            self._stop_sent = True
 

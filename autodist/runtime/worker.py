@@ -10,7 +10,6 @@ done. All waits are bounded by the RunConfig's timeouts.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import pathlib
@@ -28,15 +27,17 @@ from autodist.ir.strategy import Strategy
 from autodist.kernels import monitoring, partitioner, replicator, synchronizer
 from autodist.kernels.program import Program
 from autodist.kernels.variables import StorageVariable
+from autodist.launch import mailbox
+from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.mailbox import Mailboxes
 from autodist.launch.server import server_config
 from autodist.runtime import checkpoint
 from autodist.runtime import batching
 from autodist.runtime import elastic as elastic_
 from autodist.runtime import recovery
-from autodist.launch import mailbox
 from autodist.runtime.follow import ChiefFollower, WorkerFollower
-from autodist.launch.job import JobDir, RunConfig
-from autodist.launch.mailbox import Mailboxes
+from autodist.runtime.records import (LossRecord, MonitoredStep, MonitorSample, Probe,
+                                      ProgressRecord, ResizeEvent, WorkerMessage, WorkerResult)
 
 logger = logging.getLogger(__name__)
 
@@ -94,21 +95,6 @@ def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
         if elastic else spec.num_worker_tasks, task_index=task_index,
         timeout_s=timeout_s, version=version, elastic=elastic, atomic=atomic))
     return program
-
-
-def _strip_replica(key: str) -> str:
-    head, sep, tail = key.rpartition("/replica_")
-    return head if sep and tail.isdigit() else key
-
-
-def is_shared(storage_key: str) -> bool:
-    """True for PS storage (and its slots), which the chief initializes."""
-    if storage_key.startswith("autodist/shared/"):
-        return True
-    if not storage_key.startswith("autodist/vars/"):
-        return False
-    var_key = storage_key.split("/slot/")[0]
-    return _strip_replica(var_key) == var_key
 
 
 class Trainer:
@@ -206,7 +192,7 @@ class Trainer:
                     "norms": {r.index: monitoring.gradient_sq_norms(r)
                               for r in self.program.replicas},
                     "times": monitoring.step_timestamps(self.program.replicas,
-                                                        self.program.extras["train_op"])}
+                                                        self.program.outputs.train_op)}
 
     # ---------------------------------------------------------- initialize
     def initialize(self, values: dict[str, np.ndarray] | None = None) -> None:
@@ -233,8 +219,10 @@ class Trainer:
             ready = self._ready_flag()
             local, shared = [], []
             for name, var in program.storage.items():
-                (shared if is_shared(name) else local).append((name, var))
-            step = program.extras["step"]
+                role = program.roles.get(name)
+                (shared if role is not None and role.on_parameter_server else local).append(
+                    (name, var))
+            step = program.outputs.step
             inits = [step.initializer] + [v.initializer for _, v in local]
             if self.is_chief and init_shared:
                 inits += [v.initializer for _, v in shared]
@@ -252,8 +240,8 @@ class Trainer:
             self.session.run(ready.initializer, options=self.run_options)
         else:
             self._wait_for(ready)
-        if program.extras["refresh"] is not None:  # local copies start at the PS values
-            self.session.run(program.extras["refresh"], options=self.run_options)
+        if program.outputs.refresh is not None:  # local copies start at the PS values
+            self.session.run(program.outputs.refresh, options=self.run_options)
 
     def _ready_flag(self) -> tf.Variable:
         """Set by the chief once it initialized this membership version's variables."""
@@ -284,14 +272,13 @@ class Trainer:
     def _initial_value(self, name: str, values: dict[str, np.ndarray], shards) -> Any:
         if name in values:  # a storage variable's own value (elastic state transfer)
             return values[name]
-        if name.startswith("autodist/state/"):
-            state = name[len("autodist/state/"):].rsplit("/vn_", 1)[0]
-            return values.get(state)
-        if not name.startswith("autodist/vars/"):
+        role = self.program.roles.get(name)
+        if role is not None and role.kind == "state":
+            return values.get(role.state)
+        if role is None or role.kind not in ("variable", "slot"):
             return None  # steps, stashes and residuals start at their initializers
-        var_key, _, slot = name[len("autodist/vars/"):].partition("/slot/")
-        shard = shards[_strip_replica(var_key)]
-        key = checkpoint.slot_key(shard.var_name, slot) if slot else shard.var_name
+        shard = shards[role.shard]
+        key = checkpoint.slot_key(shard.var_name, role.slot) if role.slot else shard.var_name
         if key not in values:
             return None  # a slot not in the checkpoint starts at its initial value
         full = values[key]
@@ -317,7 +304,7 @@ class Trainer:
             time.sleep(0.05)
 
     # --------------------------------------------------------------- train
-    def train(self) -> dict[str, Any]:
+    def train(self) -> WorkerResult:
         """Runs every step; returns this task's per-step weighted losses and times.
 
         In a followed run (`RunConfig.follow_steps`) the run limit may end it
@@ -370,11 +357,9 @@ class Trainer:
                     self.segment = segment
                     continue
                 self._enter(segment, resizes)
-            extras = self.program.extras
-            fetches = {"loss": extras["weighted_loss"], "train": extras["train_op"]}
-            ps_op = extras["ps_op"]
-            after = extras["after_step"]
-            ssp = extras["ssp"]
+            outputs = self.program.outputs
+            fetches = {"loss": outputs.weighted_loss, "train": outputs.train_op}
+            ps_op, after, ssp = outputs.ps_op, outputs.after_step, outputs.ssp
             epoch, step, batch, epoch_steps = self.schedule.locate(index)
             if step == 0 or order is None:
                 order = batching.epoch_order(num_examples, epoch, config.shuffle, config.seed)
@@ -399,7 +384,7 @@ class Trainer:
                 # has still computed this step's loss); the driver reads only the
                 # losses of steps that completed.
                 with open(self.job.file(f"losses_{self.task_index}.jsonl"), "a") as f:
-                    f.write(json.dumps({"index": index, "loss": loss}) + "\n")
+                    f.write(LossRecord(index, loss).to_json())
             if watch:
                 monitored.append(self._monitor_record(index, parts, result["monitor"]))
             if ps_op is not None:
@@ -412,7 +397,7 @@ class Trainer:
             if self._checkpoint_due(done, last_of_epoch=step == epoch_steps - 1):
                 self.save_checkpoint(done)
             losses.append(loss)
-            monitor = {k: v for k, v in monitored[-1].items() if k != "step"} if watch else None
+            monitor = monitored[-1].sample if watch else None
             if isinstance(follower, ChiefFollower):
                 follower.record(index, losses[-1], times[-1], monitor)
             elif isinstance(follower, WorkerFollower):
@@ -421,20 +406,24 @@ class Trainer:
                 # This task's replicas' mean loss: an estimate of the global loss.
                 share = sum(len(parts[vn.index]) for r in self.program.replicas
                             for vn in r.virtual_nodes) / len(rows)
+                record = ProgressRecord(
+                    step=index, epoch=epoch, epoch_step=step,
+                    loss=losses[-1] / max(share, 1e-12), seconds=times[-1],
+                    examples=len(rows), last_of_epoch=step == epoch_steps - 1,
+                    workers=self.segment.workers, plan=self.segment.plan, estimate=True)
                 with open(progress, "a") as f:
-                    f.write(json.dumps({"epoch": epoch, "step": step,
-                                        "loss": losses[-1] / max(share, 1e-12),
-                                        "time": times[-1]}) + "\n")
+                    f.write(record.to_json())
             index += 1
         if isinstance(follower, ChiefFollower):
             follower.end(index)  # releases idle workers
-        return {"losses": losses, "step_times": times, "steps_per_epoch": steps,
-                "epoch_starts": self.schedule.starts(),
-                "step_examples": [self.schedule.examples(config.start_step + i)
-                                  for i in range(len(losses))],
-                "max_lead": max_lead, "resizes": resizes, "monitor": monitored}
+        return WorkerResult(
+            losses=tuple(losses), step_times=tuple(times), steps_per_epoch=steps,
+            epoch_starts=tuple(self.schedule.starts()),
+            step_examples=tuple(self.schedule.examples(config.start_step + i)
+                                for i in range(len(losses))),
+            max_lead=max_lead, resizes=tuple(resizes), monitor=tuple(monitored))
 
-    def _monitor_record(self, index: int, parts, values) -> dict[str, Any]:
+    def _monitor_record(self, index: int, parts, values) -> MonitoredStep:
         """This task's squared gradient norms of a step (with their batch sizes),
         and its local compute time and the rest of its step."""
         batches, norms = [], []
@@ -447,18 +436,18 @@ class Trainer:
             batches.append(sum(sizes))
             norms.append(float(stats["replica"]))
         times = values["times"]
-        return {"step": index, "batches": batches, "sq_norms": norms,
-                "compute_s": [float(times["gradients"] - times["start"])],
-                "communication_s": [float(times["end"] - times["gradients"])]}
+        return MonitoredStep(index, MonitorSample(
+            batches=tuple(batches), sq_norms=tuple(norms),
+            compute_s=(float(times["gradients"] - times["start"]),),
+            communication_s=(float(times["end"] - times["gradients"]),)))
 
     def _enter(self, segment: elastic_.Segment, resizes: list) -> None:
         """Joins `segment`: new program and session, state from the chief."""
         self._build(segment)
         self.initialize(self._snapshot if self.is_chief else None)
         if self.is_chief:
-            resizes.append({"step": segment.start, "workers": segment.workers,
-                            "plan": segment.plan,
-                            "seconds": time.perf_counter() - self._handover_start})
+            resizes.append(ResizeEvent(segment.start, segment.workers, segment.plan,
+                                       time.perf_counter() - self._handover_start))
 
     def save_recovery(self) -> None:
         """Chief, after a failed step: the state after the last completed step.
@@ -498,7 +487,7 @@ class Trainer:
         if self.graph_item.state_variables:
             with self.program.graph.as_default():
                 reads = {name: var.read_value() for name, var in self.program.storage.items()
-                         if name.startswith("autodist/state/")}
+                         if self.program.roles[name].kind == "state"}
             own_state = self.session.run(reads, options=self.run_options)
         if not self.is_chief:
             self.mail.send(CHIEF, mailbox.STATE_UP, _pack(own_state), timeout_s)
@@ -545,11 +534,11 @@ class Trainer:
             feed[replica.inputs[name]] = np.asarray(array[rows])
         if y_name is not None:
             feed[replica.inputs[y_name]] = np.asarray(targets[rows])
-        feed[self.program.extras["scales"][replica.index]] = len(rows) / sum(map(len, parts))
+        feed[self.program.outputs.scales[replica.index]] = len(rows) / sum(map(len, parts))
         return feed
 
     def _probe(self, inputs, targets, num_examples: int,
-               held_rows: np.ndarray | None) -> dict[str, Any]:
+               held_rows: np.ndarray | None) -> WorkerResult:
         """Times each local replica's forward and backward passes; no update.
 
         Runs the first `probe_steps + 1` global batches of the schedule; the
@@ -557,8 +546,7 @@ class Trainer:
         (one after the other) and its reads of the variables.
 
         Returns:
-            A result with no losses and ``probe``: replica device ->
-            {"examples": examples per step, "seconds": [time per step]}.
+            A result with no losses and a probe per replica device.
         """
         config = self.config
         order = batching.epoch_order(num_examples, 0, config.shuffle, config.seed)
@@ -578,9 +566,8 @@ class Trainer:
                 if index:
                     seconds.append(time.perf_counter() - start)
                 examples = sum(len(parts[vn.index]) for vn in replica.virtual_nodes)
-            probe[replica.device] = {"examples": examples, "seconds": seconds}
-        return {"losses": [], "step_times": [], "steps_per_epoch": steps, "max_lead": 0,
-                "probe": probe}
+            probe[replica.device] = Probe(examples, tuple(seconds))
+        return WorkerResult(steps_per_epoch=steps, probe=probe)
 
     def _wait_for_stragglers(self, ssp, done: int) -> int:
         """Bounded staleness: waits until no task is more than `s` steps behind.
@@ -639,7 +626,7 @@ class Trainer:
                                                     replica.virtual_nodes[0].index)
                 tensors[state.name] = program.storage[key].read_value()
             if with_optimizer:
-                tensors[checkpoint.ITERATIONS] = program.extras["step"].read_value()
+                tensors[checkpoint.ITERATIONS] = program.outputs.step.read_value()
         return tensors
 
     def final_weights(self) -> dict[str, np.ndarray]:
@@ -649,7 +636,7 @@ class Trainer:
 
     def finish_barrier(self) -> None:
         """Asynchronous jobs: the chief waits until every worker has finished."""
-        if self.program is None or not self.program.extras["asynchronous"]:
+        if self.program is None or not self.program.outputs.asynchronous:
             return
         with self.program.graph.as_default():
             counter = self._finished_counter()
@@ -668,19 +655,20 @@ class Trainer:
     def _finished_counter(self) -> StorageVariable:
         return self.program.storage["autodist/shared/finished"]
 
-    def collect_results(self, own: dict[str, Any]) -> list[dict[str, Any]]:
+    def collect_results(self, own: WorkerResult) -> list[WorkerResult]:
         """Chief: every worker's result, by task index (the others' from the mailbox)."""
-        results: dict[int, dict[str, Any]] = {0: own}
+        results: dict[int, WorkerResult] = {0: own}
         timeout_s = self.config.step_timeout_s + self.config.startup_timeout_s
         while len(results) < self.spec.num_worker_tasks:
             try:
-                message = json.loads(self.mail.receive(CHIEF, mailbox.RESULTS, timeout_s))
+                message = WorkerMessage.from_json(
+                    self.mail.receive(CHIEF, mailbox.RESULTS, timeout_s))
             except mailbox.MailboxTimeout as e:
                 missing = [t for t in range(self.spec.num_worker_tasks) if t not in results]
                 raise WorkerError(f"workers {missing} sent no result within {timeout_s:g}s "
                                   "of the chief's end") from e
             _raise_if_error(message)
-            results[int(message["task"])] = message["result"]
+            results[message.task] = message.result
         return [results[t] for t in range(self.spec.num_worker_tasks)]
 
     def _checkpoint_due(self, done: int, last_of_epoch: bool) -> bool:
@@ -746,8 +734,7 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
             raise WorkerError(f"the chief stopped because {failure}") from e
         raise
     if not is_chief:
-        message = {"task": task_index, "result": result}
-        mail.send(CHIEF, mailbox.RESULTS, json.dumps(message).encode(),
+        mail.send(CHIEF, mailbox.RESULTS, WorkerMessage(task_index, result=result).to_json(),
                   config.step_timeout_s + config.startup_timeout_s)
         mail.receive(("worker", task_index), mailbox.DONE,
                      config.step_timeout_s + config.startup_timeout_s)
@@ -757,13 +744,13 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
     weights = trainer.final_weights()
     results = trainer.collect_results(result)
     if isinstance(trainer.follower, ChiefFollower):
-        trainer.follower.finish([r["losses"] for r in results], result["step_times"],
-                                [r.get("monitor", []) for r in results])
+        trainer.follower.finish([r.losses for r in results], result.step_times,
+                                [r.monitor for r in results])
     tmp = job.file("final_weights.tmp.npz")
     np.savez(tmp, **weights)
     tmp.replace(job.file("final_weights.npz"))
     for index, worker_result in enumerate(results):
-        atomic_write(job.result(index), json.dumps(worker_result).encode())
+        atomic_write(job.result(index), worker_result.to_json())
     for task in mail.tasks:
         if task != CHIEF:
             try:
@@ -786,9 +773,9 @@ def _unpack(data: bytes) -> dict[str, np.ndarray]:
 
 
 def _report_failure(mail: Mailboxes, task_index: int) -> None:
-    message = {"task": task_index, "error": traceback.format_exc(limit=8)}
+    message = WorkerMessage(task_index, error=traceback.format_exc(limit=8))
     try:
-        mail.send(CHIEF, mailbox.RESULTS, json.dumps(message).encode(), timeout_s=5.0)
+        mail.send(CHIEF, mailbox.RESULTS, message.to_json(), timeout_s=5.0)
     except Exception:  # pylint: disable=broad-except
         logger.warning("could not tell the chief that this worker failed")
 
@@ -799,12 +786,14 @@ def _safe_peer_failure(mail: Mailboxes) -> str | None:
     except Exception:  # pylint: disable=broad-except
         return None
     for raw in messages:
-        message = json.loads(raw)
-        if "error" in message:
-            return f"worker {message['task']} failed:\n{message['error']}"
+        message = WorkerMessage.from_json(raw)
+        if message.error is not None:
+            return f"worker {message.task} failed:\n{message.error}"
     return None
 
 
-def _raise_if_error(message: dict[str, Any]) -> None:
-    if "error" in message:
-        raise WorkerError(f"worker {message['task']} failed:\n{message['error']}")
+def _raise_if_error(message: WorkerMessage) -> None:
+    if message.error is not None:
+        raise WorkerError(f"worker {message.task} failed:\n{message.error}")
+    if message.result is None:
+        raise WorkerError(f"worker {message.task} sent neither a result nor an error")

@@ -21,6 +21,8 @@ from autodist import models
 from autodist.ir.errors import AutodistError, StrategyError
 from autodist.kernels import monitoring
 from autodist.adapt import autoscaler, driver, policies
+from autodist.runtime.records import MonitorSample, ProgressRecord
+from autodist.runtime.progress import step_metrics
 from autodist.search import builders
 from tests import small_mlp
 
@@ -117,24 +119,29 @@ def test_scaled_bandwidth():
         policies.scaled_bandwidth(spec, 0.0)
 
 
-def test_driver_turns_records_into_metrics(control):
+def test_step_records_become_metrics_with_the_global_step(control):
+    """A policy sees the record's global step (not one re-derived from epoch lengths)."""
     got = []
 
     class Watch(policies.Policy):
         def on_step_end(self, metrics, control):
             got.append(metrics)
 
-    policy_driver = driver.PolicyDriver(control, [Watch()], steps_per_epoch=4)
-    policy_driver.step({"epoch": 1, "step": 2, "loss": 0.5, "time": 0.032, "workers": 2, "plan": 1,
-                 "monitor": {"batches": [8, 8, 16], "sq_norms": [3.0, 5.0, 2.5]}})
+    policy_driver = driver.PolicyDriver(control, [Watch()])
+    record = ProgressRecord(
+        step=9, epoch=1, epoch_step=2, loss=0.5, seconds=0.032, examples=64,
+        last_of_epoch=False, workers=2, plan=1,
+        monitor=MonitorSample(batches=(8, 8, 16), sq_norms=(3.0, 5.0, 2.5)))
+    policy_driver.step(step_metrics(record, monitoring.SmoothedNoiseScale(0.9)))
     metrics = got[0]
-    assert (metrics.step, metrics.epoch, metrics.workers, metrics.plan) == (6, 1, 2, 1)
+    assert (metrics.step, metrics.epoch, metrics.workers, metrics.plan) == (9, 1, 2, 1)
     assert metrics.examples_per_s == pytest.approx(2000.0)
     expected = monitoring.noise_scale_fit([8, 8, 16], [3.0, 5.0, 2.5])
     assert metrics.gradient_variance == pytest.approx(expected.trace_sigma)
     assert metrics.noise_scale.noise_scale == pytest.approx(expected.noise_scale)
+    assert control.metrics == [metrics]
     with pytest.raises(AutodistError, match="policies must be autodist Policy objects"):
-        driver.PolicyDriver(control, [object()], 4)
+        driver.PolicyDriver(control, [object()])
 
 
 class _SlowWorkerAfter(policies.Policy):

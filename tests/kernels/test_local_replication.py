@@ -92,7 +92,7 @@ def test_replicas_read_local_copies_only(ncf_item):
 def test_sync_chief_refreshes_after_its_update(ncf_item):
     program = _program(ncf_item, builders.PartitionedPS(local_replication=True,
                                                         min_shard_bytes=64), 0)
-    step = _ancestors(program.extras["train_op"])
+    step = _ancestors(program.outputs.train_op)
     for shard in _ps_shards(program):
         refresh = _refresh_of(program, shard, step)
         before = _ancestors(refresh)
@@ -110,8 +110,8 @@ def test_sync_chief_refreshes_after_its_update(ncf_item):
 
 def test_sync_worker_refreshes_after_its_token(ncf_item):
     program = _program(ncf_item, builders.PS(local_replication=True), 1)
-    step = _ancestors(program.extras["train_op"])
-    after = _ancestors(program.extras["after_step"])
+    step = _ancestors(program.outputs.train_op)
+    after = _ancestors(program.outputs.after_step)
     for shard in _ps_shards(program):
         assert not [op for op in program.local_copies[shard.name].handle.consumers()
                     if op in step and op.type not in READS]
@@ -126,8 +126,8 @@ def test_sync_worker_refreshes_after_its_token(ncf_item):
                          ids=["async", "staleness"])
 def test_async_refreshes_after_own_update(ncf_item, builder):
     program = _program(ncf_item, builder, 1)
-    step = _ancestors(program.extras["train_op"])
-    assert program.extras["after_step"] is None
+    step = _ancestors(program.outputs.train_op)
+    assert program.outputs.after_step is None
     for shard in _ps_shards(program):
         updates = _ps_writes(program, shard, step)
         assert updates and set(updates) <= _ancestors(_refresh_of(program, shard, step))
@@ -138,8 +138,8 @@ def test_two_phase_refreshes_in_the_ps_run(ncf_item):
     program = _program(ncf_item, builders.Parallax(local_replication=True,
                                                    min_shard_bytes=64), 0)
     assert program.local_copies
-    train = _ancestors(program.extras["train_op"])
-    ps_run = _ancestors(program.extras["ps_op"])
+    train = _ancestors(program.outputs.train_op)
+    ps_run = _ancestors(program.outputs.ps_op)
     assert not any(op.name.startswith(REPLICA_SCOPE) for op in ps_run)
     for shard in _ps_shards(program):
         refresh = _refresh_of(program, shard, ps_run)
@@ -149,7 +149,7 @@ def test_two_phase_refreshes_in_the_ps_run(ncf_item):
 
 def test_without_local_replication_replicas_read_the_ps(ncf_item):
     program = _program(ncf_item, builders.PS(), 0)
-    assert program.local_copies == {} and program.extras["refresh"] is None
+    assert program.local_copies == {} and program.outputs.refresh is None
     for shard in _ps_shards(program):
         assert any(op.name.startswith(REPLICA_SCOPE)
                    for op in _ps_variable(program, shard).handle.consumers())

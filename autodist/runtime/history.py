@@ -1,0 +1,125 @@
+"""What `fit` returns: `History`, read from the workers' results."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.kernels import monitoring
+from autodist.launch.job import JobDir
+from autodist.runtime.records import MonitorSample, WorkerResult
+
+# Smoothing of the gradient noise scale (History.noise_scale and policies).
+NOISE_DECAY = 0.9
+
+
+@dataclasses.dataclass
+class History:
+    """What `fit` returns.
+
+    Attributes:
+        history: {"loss": [mean loss of each epoch, over examples]}, as Keras' History
+            (an epoch cut short by a stop request counts with the steps it ran).
+        step_losses: The global loss of every step (weighted over replicas).
+        step_times: The chief's time of every step, in seconds.
+        epoch: Epoch indices.
+        max_lead: Per worker task, the most steps it started ahead of the
+            slowest task (asynchronous and bounded-staleness runs; 0 otherwise).
+        resizes: Elastic runs and strategy switches: per membership change,
+            {"step": first step of the new membership, "workers": its size,
+            "plan": its strategy (0: the run's, k: the k-th switched to), "seconds": the
+            chief's time from the end of the previous step to the start of
+            that step (state hand-over, new program and session)}.
+        noise_scale: Runs with `monitor_every`: per monitored step, {"step",
+            "gradient_sq" (|G|²), "trace_sigma" (tr Σ, the per-example
+            gradient variance), "noise_scale" (their ratio), "smoothed" (the
+            ratio of their moving averages, decay 0.9), "compute_s" (the
+            slowest task's local forward and backward, timed in the graph)
+            and "communication_s" (the rest of the chief's step time)}.
+        actions: Runs with policies: each action a policy asked for,
+            {"step": the last step the driver had seen, "action": "resize",
+            "replan" or "stop", and its details and reason}.
+        recoveries: Runs with `on_failure="continue"`: per failure, {"step":
+            the step the job resumed at, "failed_task": the dead worker's
+            task index at that time, "workers": workers after it,
+            "estimated_loss_steps": steps whose global loss is the chief's
+            estimate (its replicas' mean loss), because the dead worker
+            completed them but died before recording its loss}.
+    """
+
+    history: dict[str, list[float]]
+    step_losses: list[float]
+    step_times: list[float]
+    epoch: list[int]
+    max_lead: list[int] = dataclasses.field(default_factory=list)
+    resizes: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    recoveries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    noise_scale: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    actions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+def read_history(job: JobDir, batch_sizes: list[int], epochs: int, spec: ResourceSpec,
+             earlier_losses: Sequence[float] = (),
+             earlier_times: Sequence[float] = ()) -> History:
+    """The History of a finished job, from every worker's result.
+
+    Args:
+    job: The (last) job.
+    batch_sizes: The examples of each step of the first epoch.
+    epochs: Epochs asked for.
+    spec: The job's cluster.
+    earlier_losses, earlier_times: Steps completed before a recovery.
+    """
+    results = [WorkerResult.from_json(job.result(i).read_bytes())
+               for i in range(spec.num_worker_tasks)
+               if job.result(i).exists()]
+    # Every worker ran the same steps, except asynchronous ones stopped early.
+    done = min(len(r.losses) for r in results)
+    losses = list(earlier_losses) + np.sum([r.losses[:done] for r in results],
+                                           axis=0).tolist()
+    done += len(earlier_losses)
+    steps = len(batch_sizes)
+    # The chief's epochs (their batch may have changed with the strategy).
+    starts = list(results[0].epoch_starts) or [e * steps for e in range(epochs + 1)]
+    examples = list(results[0].step_examples)
+    examples = examples if len(examples) >= done else \
+        [batch_sizes[i % steps] for i in range(done)]
+    # As Keras: the epoch loss is the mean over examples (batches weighted by size).
+    ran = sum(1 for start in starts[:epochs] if start < done)
+    epoch_losses = []
+    for e in range(ran):
+        end = min(starts[e + 1], done)
+        epoch_losses.append(float(np.average(losses[starts[e]:end],
+                                             weights=examples[starts[e]:end])))
+    return History(history={"loss": epoch_losses}, step_losses=losses,
+                   step_times=list(earlier_times) + list(results[0].step_times[:done]),
+                   epoch=list(range(ran)),
+                   max_lead=[r.max_lead for r in results],
+                   resizes=[dataclasses.asdict(r) for r in results[0].resizes],
+                   noise_scale=_noise_scale(results))
+
+
+def _noise_scale(results: list[WorkerResult]) -> list[dict[str, float]]:
+    """Noise-scale estimates and the step's split per monitored step, from every worker."""
+    by_step: dict[int, list[MonitorSample]] = {}
+    for result in results:
+        for record in result.monitor:
+            by_step.setdefault(record.step, []).append(record.sample)
+    times = results[0].step_times if results else ()
+    smooth = monitoring.SmoothedNoiseScale(decay=NOISE_DECAY)
+    out = []
+    for step in sorted(by_step):
+        sample = MonitorSample.merge(by_step[step])
+        estimate = monitoring.noise_scale_fit(sample.batches, sample.sq_norms)
+        if estimate is None:
+            continue
+        record = {"step": step, "gradient_sq": estimate.gradient_sq,
+                  "trace_sigma": estimate.trace_sigma, "noise_scale": estimate.noise_scale,
+                  "smoothed": smooth.update(estimate).noise_scale}
+        if sample.compute_s and step < len(times):
+            record["compute_s"] = max(sample.compute_s)
+            record["communication_s"] = max(0.0, times[step] - max(sample.compute_s))
+        out.append(record)
+    return out

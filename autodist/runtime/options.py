@@ -1,0 +1,156 @@
+"""`FitOptions`: every option of `DistributedRun.fit`, and every check of them.
+
+`fit` takes its keyword arguments into one `FitOptions`, which checks them
+against the strategy and the cluster before anything starts (`check`), so a
+bad option is an error naming it and what was received, never a cluster that
+starts and then fails or trains something else. What the options imply for
+the run (who follows it, whether membership may change, which strategies
+are switched to) is derived here too.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+from autodist.adapt.policy import Policy, Replanner
+from autodist.ir.errors import AutodistError
+from autodist.ir.graph_item import GraphItem
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.ir.strategy import Strategy
+from autodist.runtime.elastic import check_elastic, check_switch
+
+ON_FAILURE = ("stop", "continue")
+_HOOKS = ("set_model", "set_params", "on_train_begin", "on_epoch_begin", "on_train_batch_begin",
+          "on_train_batch_end", "on_epoch_end", "on_train_end")
+
+
+@dataclasses.dataclass
+class FitOptions:
+    """The options of one `fit` (see `DistributedRun.fit` for each one's meaning)."""
+
+    batch_size: int | None = None
+    epochs: int = 1
+    steps_per_epoch: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    verbose: int = 1
+    timeout_s: float = 3600.0
+    checkpoint_dir: str | None = None
+    checkpoint_every_steps: int | None = None
+    initial_checkpoint: str | None = None
+    callbacks: Sequence[Any] = ()
+    resize_at: Mapping[int, int] | None = None
+    elastic: bool = False
+    switch_at: Mapping[int, Strategy] | None = None
+    policies: Sequence[Policy] = ()
+    replanner: Replanner | None = None
+    on_failure: str = "stop"
+    monitor_every: int = 0
+
+    def __post_init__(self) -> None:
+        self.callbacks = list(self.callbacks or [])
+        self.policies = list(self.policies or [])
+        if self.policies:
+            self.elastic = True
+
+    @property
+    def followed(self) -> bool:
+        """The driver follows every step (callbacks or policies run)."""
+        return bool(self.callbacks or self.policies)
+
+    @property
+    def membership_may_change(self) -> bool:
+        """Workers or strategies may change during the run."""
+        return bool(self.elastic or self.resize_at or self.switch_at)
+
+    def switch_plans(self) -> tuple[list[str], dict[str, int]]:
+        """The strategies switched to (as text, in order of first use) and step -> plan."""
+        plans: list[str] = []
+        by_step: dict[str, int] = {}
+        for step, new in sorted((self.switch_at or {}).items()):
+            text = new.to_text()
+            if text not in plans:
+                plans.append(text)
+            by_step[str(int(step))] = plans.index(text) + 1
+        return plans, by_step
+
+    def check(self, strategy: Strategy, graph_item: GraphItem, spec: ResourceSpec,
+              launch: str) -> AutodistError | None:
+        """Raises AutodistError naming the first bad option.
+
+        Returns:
+            Why `resize(n)` cannot work in this run (a replan still can), or
+            None when it can or the run is not elastic.
+        """
+        self._check_values()
+        for callback in self.callbacks:
+            if not all(hasattr(callback, hook) for hook in _HOOKS):
+                raise AutodistError("callbacks must be keras.callbacks.Callback objects. "
+                                    f"Received: {callback!r}")
+        if self.monitor_every and strategy.num_virtual_nodes <= len(strategy.replicas):
+            raise AutodistError(
+                "monitor_every estimates the noise scale from two batch sizes: the virtual "
+                "nodes' and their replica's. It needs a replica with two or more virtual "
+                f"nodes; the strategy has {strategy.num_virtual_nodes} virtual nodes on "
+                f"{len(strategy.replicas)} replicas")
+        if self.on_failure == "continue":
+            self._check_recoverable(strategy, launch)
+        not_resizable = None
+        if self.resize_at or self.elastic:
+            if self.callbacks and self.resize_at and set(map(int, self.resize_at)) != {0}:
+                raise AutodistError("with callbacks, resize_at may only give the starting size "
+                                    "(step 0); resize later with run.resize(n) from a callback")
+            if self.elastic and not self.followed:
+                raise AutodistError("elastic=True resizes on request from a callback "
+                                    "(run.resize(n)); without callbacks use resize_at")
+            try:
+                check_elastic(strategy, spec)
+            except AutodistError as e:
+                if self.resize_at:
+                    raise
+                not_resizable = e  # replan works; resize(n) raises this
+        for step, new in sorted((self.switch_at or {}).items()):
+            if not isinstance(new, Strategy):
+                raise AutodistError(f"switch_at[{step}] must be a Strategy. Received: {new!r}")
+            check_switch(strategy, new, graph_item, spec)
+            if self.resize_at:
+                check_elastic(new, spec)
+        if self.switch_at and self.followed:
+            raise AutodistError("with callbacks, switch strategies with run.replan(strategy) "
+                                "from a callback (fit(..., elastic=True)), not switch_at")
+        return not_resizable
+
+    def _check_values(self) -> None:
+        if not isinstance(self.epochs, int) or isinstance(self.epochs, bool) or self.epochs < 1:
+            raise AutodistError(f"epochs must be an integer >= 1. Received: {self.epochs!r}")
+        if self.checkpoint_every_steps is not None and (
+                not isinstance(self.checkpoint_every_steps, int)
+                or self.checkpoint_every_steps < 1):
+            raise AutodistError("checkpoint_every_steps must be an integer >= 1. "
+                                f"Received: {self.checkpoint_every_steps!r}")
+        if not isinstance(self.monitor_every, int) or self.monitor_every < 0:
+            raise AutodistError(f"monitor_every must be an integer >= 0. Received: "
+                                f"{self.monitor_every!r}")
+        if self.on_failure not in ON_FAILURE:
+            raise AutodistError(f"on_failure must be 'stop' or 'continue'. Received: "
+                                f"{self.on_failure!r}")
+        if not self.timeout_s > 0:
+            raise AutodistError(f"timeout_s must be a positive number of seconds. Received: "
+                                f"{self.timeout_s!r}")
+
+    def _check_recoverable(self, strategy: Strategy, launch: str) -> None:
+        if self.callbacks or self.resize_at or self.switch_at or launch != "local":
+            raise AutodistError("on_failure='continue' needs a local launch without "
+                                "callbacks, resize_at or switch_at")
+        kinds = set()
+        for config in strategy.variables:
+            for i, sync in enumerate(config.shards):
+                kinds.add(sync.WhichOneof("kind"))
+                if sync.WhichOneof("kind") == "ps" and (not sync.ps.sync or sync.ps.staleness):
+                    raise AutodistError(
+                        f"on_failure='continue' needs synchronous training; variable "
+                        f"{config.var_name!r} shard {i} is updated asynchronously")
+        if kinds == {"ps", "all_reduce"}:
+            raise AutodistError("on_failure='continue' needs a strategy that is all "
+                                "parameter-server or all all-reduce (a mixed step runs in "
+                                "two parts, which a failure could split)")

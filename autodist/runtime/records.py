@@ -1,0 +1,468 @@
+"""Typed records that cross process boundaries during a run, with their JSON form.
+
+Every message between the driver and the workers of a run is one of these,
+so each side reads fields, never keys of a dict that the other side happened
+to write, and a malformed message is a `RecordError` naming the field:
+
+* `StepReport`: a non-chief worker -> the chief, per step of a followed run
+  (its part of the step's loss, and its gradient norms on monitored steps).
+* `ProgressRecord`: the chief -> the driver, one line of ``progress.jsonl``
+  per step, carrying the step's global index.
+* `RunLimit`: the chief -> the other workers: how far the run may go, and
+  who runs which steps with which strategy (`elastic.Segment`).
+* `WorkerResult`: each worker -> the chief -> the driver
+  (``results/worker_<i>.json``): its per-step losses and times, resizes,
+  monitored steps, or its probe of throughputs.
+* `WorkerMessage`: what a worker sends the chief at its end, a result or
+  the error it failed with.
+* `LossRecord`: one worker's loss of one step, kept beside the job by
+  recoverable runs.
+* `ChangeRequest`: the driver -> the chief: the membership to run next
+  (`DistributedRun.resize` / `replan`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+from autodist.ir.errors import AutodistError
+from autodist.runtime.elastic import Segment
+
+_T = TypeVar("_T")
+_REPR_LIMIT = 200
+
+
+class RecordError(AutodistError, ValueError):
+    """A record between the processes of a run is malformed (names the field)."""
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _REPR_LIMIT else text[:_REPR_LIMIT] + "..."
+
+
+def _field(data: Mapping[str, Any], kind: str, name: str, check: Callable[[Any], _T],
+           default: Any = dataclasses.MISSING) -> _T:
+    if not isinstance(data, Mapping):
+        raise RecordError(f"a {kind} must be a JSON object. Received: {_short(data)}")
+    if name not in data:
+        if default is dataclasses.MISSING:
+            raise RecordError(f"a {kind} needs the field {name!r}. Received: {_short(data)}")
+        return default
+    try:
+        return check(data[name])
+    except (TypeError, ValueError) as e:
+        raise RecordError(f"{kind} field {name!r} is malformed: {e}. Received: "
+                          f"{_short(data[name])}") from None
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("expected an integer")
+    return value
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError("expected a number")
+    return float(value)
+
+
+def _finite(value: Any) -> float:
+    number = _float(value)
+    if not math.isfinite(number):
+        raise ValueError("expected a finite number")
+    return number
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError("expected true or false")
+    return value
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("expected a string")
+    return value
+
+
+def _list_of(check: Callable[[Any], _T]) -> Callable[[Any], list[_T]]:
+    def convert(value: Any) -> list[_T]:
+        if not isinstance(value, list):
+            raise TypeError("expected a list")
+        return [check(v) for v in value]
+    return convert
+
+
+def _optional(check: Callable[[Any], _T]) -> Callable[[Any], _T | None]:
+    return lambda value: None if value is None else check(value)
+
+
+def _loads(raw: bytes | str, kind: str) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RecordError(f"a {kind} is not JSON: {e}. Received: {_short(raw)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorSample:
+    """Squared gradient norms of a monitored step (one task's, or every task's merged).
+
+    Attributes:
+        batches: The batch size of each norm: each virtual node's (when a
+            replica has several) and each replica's.
+        sq_norms: The squared gradient norms, in the order of `batches`.
+        compute_s: Per task, its local forward and backward, timed in the graph.
+        communication_s: Per task, the rest of its step.
+    """
+
+    batches: tuple[int, ...]
+    sq_norms: tuple[float, ...]
+    compute_s: tuple[float, ...] = ()
+    communication_s: tuple[float, ...] = ()
+
+    @staticmethod
+    def merge(samples: Sequence[MonitorSample]) -> MonitorSample:
+        """Every task's sample of one step as one."""
+        return MonitorSample(
+            batches=tuple(b for s in samples for b in s.batches),
+            sq_norms=tuple(n for s in samples for n in s.sq_norms),
+            compute_s=tuple(c for s in samples for c in s.compute_s),
+            communication_s=tuple(c for s in samples for c in s.communication_s))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batches": list(self.batches), "sq_norms": list(self.sq_norms),
+                "compute_s": list(self.compute_s), "communication_s": list(self.communication_s)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MonitorSample:
+        kind = "monitor sample"
+        sample = cls(batches=tuple(_field(data, kind, "batches", _list_of(_int))),
+                     sq_norms=tuple(_field(data, kind, "sq_norms", _list_of(_float))),
+                     compute_s=tuple(_field(data, kind, "compute_s", _list_of(_float), [])),
+                     communication_s=tuple(_field(data, kind, "communication_s",
+                                                  _list_of(_float), [])))
+        if len(sample.batches) != len(sample.sq_norms):
+            raise RecordError(f"a monitor sample needs one norm per batch. Received "
+                              f"{len(sample.batches)} batches, {len(sample.sq_norms)} norms")
+        return sample
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    """A non-chief worker's part of one step (followed runs).
+
+    Attributes:
+        task: The worker's task index.
+        step: The step's global index (over the whole run, from 0).
+        loss: The worker's weighted loss: the global loss is the sum over workers.
+        monitor: Its gradient norms on a monitored step, else None.
+    """
+
+    task: int
+    step: int
+    loss: float
+    monitor: MonitorSample | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps({"task": self.task, "step": self.step, "loss": self.loss,
+                           "monitor": None if self.monitor is None
+                           else self.monitor.to_dict()}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> StepReport:
+        data, kind = _loads(raw, "step report"), "step report"
+        return cls(task=_field(data, kind, "task", _int), step=_field(data, kind, "step", _int),
+                   loss=_field(data, kind, "loss", _float),
+                   monitor=_field(data, kind, "monitor",
+                                  _optional(MonitorSample.from_dict), None))
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressRecord:
+    """One step as the driver sees it (a line of ``progress.jsonl``).
+
+    Attributes:
+        step: The step's global index over the whole run (from 0), whatever
+            the epochs' lengths.
+        epoch: Its epoch.
+        epoch_step: Its index within the epoch.
+        loss: The step's global loss; with `estimate`, the chief's estimate
+            (its replicas' mean loss), as in a run nobody follows.
+        seconds: The chief's time of the step.
+        examples: Examples in the step's global batch.
+        last_of_epoch: The epoch's last step.
+        workers: Workers that ran it.
+        plan: The strategy that ran it (0: the run's; k: the k-th switched to).
+        monitor: Every worker's gradient norms on a monitored step, else None.
+        estimate: `loss` is the chief's estimate, not the sum of every worker's.
+    """
+
+    step: int
+    epoch: int
+    epoch_step: int
+    loss: float
+    seconds: float
+    examples: int
+    last_of_epoch: bool
+    workers: int
+    plan: int = 0
+    monitor: MonitorSample | None = None
+    estimate: bool = False
+
+    def to_json(self) -> str:
+        """One line of JSON, newline included."""
+        data = dataclasses.asdict(self)
+        data["monitor"] = None if self.monitor is None else self.monitor.to_dict()
+        return json.dumps(data) + "\n"
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> ProgressRecord:
+        data, kind = _loads(raw, "progress record"), "progress record"
+        return cls(step=_field(data, kind, "step", _int),
+                   epoch=_field(data, kind, "epoch", _int),
+                   epoch_step=_field(data, kind, "epoch_step", _int),
+                   loss=_field(data, kind, "loss", _float),
+                   seconds=_field(data, kind, "seconds", _float),
+                   examples=_field(data, kind, "examples", _int),
+                   last_of_epoch=_field(data, kind, "last_of_epoch", _bool),
+                   workers=_field(data, kind, "workers", _int),
+                   plan=_field(data, kind, "plan", _int, 0),
+                   monitor=_field(data, kind, "monitor", _optional(MonitorSample.from_dict),
+                                  None),
+                   estimate=_field(data, kind, "estimate", _bool, False))
+
+
+def _segment(value: Any) -> Segment:
+    if not isinstance(value, list) or len(value) != 5:
+        raise TypeError("expected [version, start, end, workers, plan]")
+    version, start, end, workers, plan = (_int(v) for v in value)
+    return Segment(version, start, end, workers, plan)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunLimit:
+    """The chief's word on how far the run goes (followed runs).
+
+    Attributes:
+        limit: Workers may start step i (a global index) only while i < limit.
+        final: The limit is the run's end (else: an epoch's end, extended
+            after the driver's decision).
+        segments: Who runs which steps, with which strategy.
+        plans: The strategies switched to, as text (plan k is plans[k-1]).
+    """
+
+    limit: int
+    final: bool
+    segments: tuple[Segment, ...] = ()
+    plans: tuple[str, ...] = ()
+
+    def to_json(self) -> bytes:
+        return json.dumps({"limit": self.limit, "final": self.final,
+                           "segments": [[s.version, s.start, s.end, s.workers, s.plan]
+                                        for s in self.segments],
+                           "plans": list(self.plans)}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> RunLimit:
+        data, kind = _loads(raw, "run limit"), "run limit"
+        return cls(limit=_field(data, kind, "limit", _int),
+                   final=_field(data, kind, "final", _bool),
+                   segments=tuple(_field(data, kind, "segments", _list_of(_segment), [])),
+                   plans=tuple(_field(data, kind, "plans", _list_of(_str), [])))
+
+
+@dataclasses.dataclass(frozen=True)
+class ResizeEvent:
+    """A membership change as the chief saw it.
+
+    Attributes:
+        step: First step of the new membership.
+        workers: Its size.
+        plan: Its strategy (0: the run's, k: the k-th switched to).
+        seconds: The chief's time from the end of the previous step to the
+            start of this one (state hand-over, new program and session).
+    """
+
+    step: int
+    workers: int
+    plan: int
+    seconds: float
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ResizeEvent:
+        kind = "resize event"
+        return cls(step=_field(data, kind, "step", _int),
+                   workers=_field(data, kind, "workers", _int),
+                   plan=_field(data, kind, "plan", _int, 0),
+                   seconds=_field(data, kind, "seconds", _float))
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitoredStep:
+    """One task's gradient norms of one monitored step."""
+
+    step: int
+    sample: MonitorSample
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, **self.sample.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MonitoredStep:
+        return cls(step=_field(data, "monitored step", "step", _int),
+                   sample=MonitorSample.from_dict(data))
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A replica's measured forward and backward passes (`measure_throughput`)."""
+
+    examples: int
+    seconds: tuple[float, ...]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Probe:
+        return cls(examples=_field(data, "probe", "examples", _int),
+                   seconds=tuple(_field(data, "probe", "seconds", _list_of(_finite))))
+
+
+def _probes(value: Any) -> dict[str, Probe]:
+    if not isinstance(value, dict):
+        raise TypeError("expected an object of device -> probe")
+    return {_str(k): Probe.from_dict(v) for k, v in value.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerResult:
+    """What one worker did over the run.
+
+    Attributes:
+        losses: Its weighted loss of each step it ran (0.0 while idle).
+        step_times: Its time of each step.
+        steps_per_epoch: Steps of the first epoch.
+        epoch_starts: The global index of each epoch's first step (and the
+            run's end); epochs may differ in length after a batch change.
+        step_examples: Examples in each step's global batch.
+        max_lead: Asynchronous runs: the most steps it started ahead of the slowest.
+        resizes: The chief's: every membership change.
+        monitor: Its gradient norms of every monitored step.
+        probe: `measure_throughput` runs: replica device -> its probe.
+    """
+
+    losses: tuple[float, ...] = ()
+    step_times: tuple[float, ...] = ()
+    steps_per_epoch: int = 0
+    epoch_starts: tuple[int, ...] = ()
+    step_examples: tuple[int, ...] = ()
+    max_lead: int = 0
+    resizes: tuple[ResizeEvent, ...] = ()
+    monitor: tuple[MonitoredStep, ...] = ()
+    probe: dict[str, Probe] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"losses": list(self.losses), "step_times": list(self.step_times),
+                "steps_per_epoch": self.steps_per_epoch,
+                "epoch_starts": list(self.epoch_starts),
+                "step_examples": list(self.step_examples), "max_lead": self.max_lead,
+                "resizes": [dataclasses.asdict(r) for r in self.resizes],
+                "monitor": [m.to_dict() for m in self.monitor],
+                "probe": {d: {"examples": p.examples, "seconds": list(p.seconds)}
+                          for d, p in self.probe.items()}}
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict()).encode()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> WorkerResult:
+        kind = "worker result"
+        return cls(losses=tuple(_field(data, kind, "losses", _list_of(_float))),
+                   step_times=tuple(_field(data, kind, "step_times", _list_of(_float))),
+                   steps_per_epoch=_field(data, kind, "steps_per_epoch", _int),
+                   epoch_starts=tuple(_field(data, kind, "epoch_starts", _list_of(_int), [])),
+                   step_examples=tuple(_field(data, kind, "step_examples", _list_of(_int),
+                                              [])),
+                   max_lead=_field(data, kind, "max_lead", _int, 0),
+                   resizes=tuple(ResizeEvent.from_dict(r) for r in
+                                 _field(data, kind, "resizes", _list_of(dict), [])),
+                   monitor=tuple(MonitoredStep.from_dict(m) for m in
+                                 _field(data, kind, "monitor", _list_of(dict), [])),
+                   probe=_field(data, kind, "probe", _probes, {}))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> WorkerResult:
+        return cls.from_dict(_loads(raw, "worker result"))
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerMessage:
+    """A worker's last word to the chief: its result, or why it failed."""
+
+    task: int
+    result: WorkerResult | None = None
+    error: str | None = None
+
+    def to_json(self) -> bytes:
+        data: dict[str, Any] = {"task": self.task}
+        if self.result is not None:
+            data["result"] = self.result.to_dict()
+        if self.error is not None:
+            data["error"] = self.error
+        return json.dumps(data).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> WorkerMessage:
+        data, kind = _loads(raw, "worker message"), "worker message"
+        return cls(task=_field(data, kind, "task", _int),
+                   result=_field(data, kind, "result", _optional(WorkerResult.from_dict), None),
+                   error=_field(data, kind, "error", _optional(_str), None))
+
+
+@dataclasses.dataclass(frozen=True)
+class LossRecord:
+    """One worker's weighted loss of one step (recoverable runs keep these beside the job)."""
+
+    step: int
+    loss: float
+
+    def to_json(self) -> str:
+        """One line of JSON, newline included."""
+        return json.dumps({"step": self.step, "loss": self.loss}) + "\n"
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> LossRecord:
+        data, kind = _loads(raw, "loss record"), "loss record"
+        return cls(step=_field(data, kind, "step", _int), loss=_field(data, kind, "loss", _float))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChangeRequest:
+    """The driver's latest request for a membership: a size, a strategy, or both.
+
+    The request holds the whole target (None: unchanged), so a later request
+    never loses an earlier one the chief has not read yet.
+
+    Attributes:
+        sequence: Increases with every request of the fit.
+        workers: Worker tasks 0..workers-1, or None.
+        strategy: The strategy to switch to, as text, or None.
+    """
+
+    sequence: int
+    workers: int | None = None
+    strategy: str | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps({"sequence": self.sequence, "workers": self.workers,
+                           "strategy": self.strategy}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> ChangeRequest:
+        data, kind = _loads(raw, "change request"), "change request"
+        return cls(sequence=_field(data, kind, "sequence", _int),
+                   workers=_field(data, kind, "workers", _optional(_int), None),
+                   strategy=_field(data, kind, "strategy", _optional(_str), None))
