@@ -86,6 +86,12 @@ class RunConfig:
             index of the strategy (0: the job's, k: `plans[k - 1]`).
         plans: Strategies (text format) the run switches to, from
             `switch_at` or from `DistributedRun.replan` requests.
+        epoch_weights: Followed runs with callbacks: at each epoch's end
+            (but the last) the chief writes the trained weights for the
+            driver, before it waits for the driver's decision.
+        first_epoch: The index of the job's first epoch (`fit(initial_epoch=)`):
+            shuffling orders the examples of job epoch e as epoch
+            `first_epoch + e`.
     """
 
     global_batch_size: int
@@ -109,6 +115,8 @@ class RunConfig:
     monitor_every: int = 0
     switch_at: dict[str, int] | None = None
     plans: list[str] | None = None
+    epoch_weights: bool = False
+    first_epoch: int = 0
 
 
 # Files an archive may hold (anything else in one is refused).

@@ -40,10 +40,12 @@ worker completed.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from autodist.ir.atomic import atomic_write
+from autodist.ir.errors import AutodistError
 from autodist.ir.strategy import Strategy
 from autodist.launch import mailbox
 from autodist.launch.job import JobDir, RunConfig
@@ -59,8 +61,13 @@ CHIEF: Task = ("worker", 0)
 _POLL_S = 0.005
 
 
-class FollowError(RuntimeError):
-    """A report, decision or limit did not arrive within its bound."""
+class FollowError(AutodistError, RuntimeError):
+    """A report, decision, limit or the weights did not arrive within its bound."""
+
+
+def epoch_weights_path(job: JobDir, epoch: int) -> pathlib.Path:
+    """Where the chief puts the trained weights after `epoch` (followed runs with callbacks)."""
+    return job.file(f"weights/epoch-{epoch}.npz")
 
 
 def write_decision(job: JobDir, epoch: int, stop: bool) -> None:
@@ -110,8 +117,10 @@ class ChiefFollower:
     def __init__(self, job: JobDir, mail: Mailboxes, num_workers: int, steps_per_epoch: int,
                  config: RunConfig, segments: list[Segment] | None = None,
                  plans: list[str] | None = None,
-                 schedule: EpochSchedule | None = None) -> None:
+                 schedule: EpochSchedule | None = None,
+                 epoch_end: Callable[[int], None] | None = None) -> None:
         self.job = job
+        self.epoch_end = epoch_end
         self.mail = mail
         self.num_workers = num_workers
         self.segments = segments if segments is not None else [
@@ -138,6 +147,8 @@ class ChiefFollower:
         if not self.final and step == self.limit:  # a non-final limit is an epoch's end
             self.flush(step)
             epoch, _, _, _ = self.schedule.locate(step)
+            if self.epoch_end is not None:
+                self.epoch_end(epoch - 1)
             decision = self._decision(epoch - 1)
             stop = decision == STOP or self.job.stop_request().exists()
             # Nobody has started `step`: a resize asked for at the epoch's end
@@ -270,12 +281,12 @@ class ChiefFollower:
 
     def _decision(self, epoch: int) -> str:
         path = self.job.epoch_decision(epoch)
-        deadline = time.monotonic() + self.config.step_timeout_s
+        # The driver's callbacks and validation run meanwhile: bounded by the job's time.
+        deadline = time.monotonic() + self.config.job_timeout_s
         while not path.exists():
             if time.monotonic() > deadline:
                 raise FollowError(f"the driver did not decide how to go on after epoch {epoch} "
-                                  f"within {self.config.step_timeout_s:g}s (its callbacks' "
-                                  "on_epoch_end may be too slow for step_timeout_s)")
+                                  f"within the job's {self.config.job_timeout_s:g}s")
             time.sleep(_POLL_S)
         return path.read_text().strip()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+import keras
 import numpy as np
 
 from autodist.ir.resource_spec import ResourceSpec
@@ -15,16 +16,19 @@ from autodist.runtime.records import MonitorSample, WorkerResult
 NOISE_DECAY = 0.9
 
 
-@dataclasses.dataclass
-class History:
-    """What `fit` returns.
+class History(keras.callbacks.History):
+    """What `fit` returns: Keras' History, with what a distributed run adds.
+
+    It is a `keras.callbacks.History`, driven by the fit's callbacks like
+    Keras' own: `history` holds the per-epoch logs (the loss, the compiled
+    metrics, and the `val_*` ones), `epoch` the epoch indices, `params` the
+    fit's parameters, and the fit sets `model.history` to it. Per-epoch values
+    are exact (every worker's examples); they replace, at the end of the run,
+    the chief's estimates that a run without callbacks shows while it goes.
 
     Attributes:
-        history: {"loss": [mean loss of each epoch, over examples]}, as Keras' History
-            (an epoch cut short by a stop request counts with the steps it ran).
         step_losses: The global loss of every step (weighted over replicas).
         step_times: The chief's time of every step, in seconds.
-        epoch: Epoch indices.
         max_lead: Per worker task, the most steps it started ahead of the
             slowest task (asynchronous and bounded-staleness runs; 0 otherwise).
         resizes: Elastic runs and strategy switches: per membership change,
@@ -49,28 +53,34 @@ class History:
             completed them but died before recording its loss}.
     """
 
-    history: dict[str, list[float]]
-    step_losses: list[float]
-    step_times: list[float]
-    epoch: list[int]
-    max_lead: list[int] = dataclasses.field(default_factory=list)
-    resizes: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    recoveries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    noise_scale: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    actions: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch: list[int] = []
+        self.step_losses: list[float] = []
+        self.step_times: list[float] = []
+        self.max_lead: list[int] = []
+        self.resizes: list[dict[str, Any]] = []
+        self.recoveries: list[dict[str, Any]] = []
+        self.noise_scale: list[dict[str, float]] = []
+        self.actions: list[dict[str, Any]] = []
 
 
-def read_history(job: JobDir, batch_sizes: list[int], epochs: int, spec: ResourceSpec,
-             earlier_losses: Sequence[float] = (),
-             earlier_times: Sequence[float] = ()) -> History:
-    """The History of a finished job, from every worker's result.
+def read_results(history: History, job: JobDir, batch_sizes: list[int], epochs: int,
+                 spec: ResourceSpec, earlier_losses: Sequence[float] = (),
+                 earlier_times: Sequence[float] = (), initial_epoch: int = 0) -> None:
+    """Fills `history` from every worker's result of a finished job.
+
+    Sets the per-step fields and the exact per-epoch losses (replacing what
+    the callbacks recorded while the run went).
 
     Args:
-    job: The (last) job.
-    batch_sizes: The examples of each step of the first epoch.
-    epochs: Epochs asked for.
-    spec: The job's cluster.
-    earlier_losses, earlier_times: Steps completed before a recovery.
+        history: The fit's History.
+        job: The (last) job.
+        batch_sizes: The examples of each step of the first epoch.
+        epochs: Epochs the job ran (at most).
+        spec: The job's cluster.
+        earlier_losses, earlier_times: Steps completed before a recovery.
+        initial_epoch: The index of the job's first epoch.
     """
     results = [WorkerResult.from_json(job.result(i).read_bytes())
                for i in range(spec.num_worker_tasks)
@@ -93,12 +103,15 @@ def read_history(job: JobDir, batch_sizes: list[int], epochs: int, spec: Resourc
         end = min(starts[e + 1], done)
         epoch_losses.append(float(np.average(losses[starts[e]:end],
                                              weights=examples[starts[e]:end])))
-    return History(history={"loss": epoch_losses}, step_losses=losses,
-                   step_times=list(earlier_times) + list(results[0].step_times[:done]),
-                   epoch=list(range(ran)),
-                   max_lead=[r.max_lead for r in results],
-                   resizes=[dataclasses.asdict(r) for r in results[0].resizes],
-                   noise_scale=_noise_scale(results))
+    history.history["loss"] = epoch_losses
+    for key, values in history.history.items():  # logs of epochs that did not run
+        del values[ran:]
+    history.epoch = list(range(initial_epoch, initial_epoch + ran))
+    history.step_losses = losses
+    history.step_times = list(earlier_times) + list(results[0].step_times[:done])
+    history.max_lead = [r.max_lead for r in results]
+    history.resizes = [dataclasses.asdict(r) for r in results[0].resizes]
+    history.noise_scale = _noise_scale(results)
 
 
 def _noise_scale(results: list[WorkerResult]) -> list[dict[str, float]]:

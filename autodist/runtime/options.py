@@ -46,6 +46,12 @@ class FitOptions:
     replanner: Replanner | None = None
     on_failure: str = "stop"
     monitor_every: int = 0
+    validation_data: Any = None
+    validation_split: float = 0.0
+    validation_batch_size: int | None = None
+    validation_steps: int | None = None
+    validation_freq: int | Sequence[int] = 1
+    initial_epoch: int = 0
 
     def __post_init__(self) -> None:
         self.callbacks = list(self.callbacks or [])
@@ -54,9 +60,26 @@ class FitOptions:
             self.elastic = True
 
     @property
+    def validates(self) -> bool:
+        return self.validation_data is not None or bool(self.validation_split)
+
+    @property
     def followed(self) -> bool:
-        """The driver follows every step (callbacks or policies run)."""
-        return bool(self.callbacks or self.policies)
+        """The driver follows every step (callbacks, policies or validation run)."""
+        return bool(self.callbacks or self.policies or self.validates)
+
+    @property
+    def job_epochs(self) -> int:
+        """Epochs the job runs: from `initial_epoch` to `epochs`."""
+        return self.epochs - self.initial_epoch
+
+    def should_validate(self, epoch: int) -> bool:
+        """Whether epoch `epoch` (0-based, counted as Keras does) ends with validation."""
+        if not self.validates:
+            return False
+        if isinstance(self.validation_freq, int):
+            return (epoch + 1) % self.validation_freq == 0
+        return epoch + 1 in self.validation_freq
 
     @property
     def membership_may_change(self) -> bool:
@@ -95,6 +118,7 @@ class FitOptions:
                 f"{len(strategy.replicas)} replicas")
         if self.on_failure == "continue":
             self._check_recoverable(strategy, launch)
+        self._check_validation()
         not_resizable = None
         if self.resize_at or self.elastic:
             if self.callbacks and self.resize_at and set(map(int, self.resize_at)) != {0}:
@@ -137,6 +161,27 @@ class FitOptions:
         if not self.timeout_s > 0:
             raise AutodistError(f"timeout_s must be a positive number of seconds. Received: "
                                 f"{self.timeout_s!r}")
+        if not isinstance(self.initial_epoch, int) or not 0 <= self.initial_epoch < self.epochs:
+            raise AutodistError(f"initial_epoch must be an integer in [0, epochs={self.epochs}). "
+                                f"Received: {self.initial_epoch!r}")
+
+    def _check_validation(self) -> None:
+        split = self.validation_split
+        if isinstance(split, bool) or not isinstance(split, (int, float)) or \
+                not 0.0 <= split < 1.0:
+            raise AutodistError(f"validation_split must be a number in [0, 1). Received: "
+                                f"{split!r}")
+        if split and self.validation_data is not None:
+            raise AutodistError("give validation_data or validation_split, not both")
+        freq = self.validation_freq
+        if isinstance(freq, bool) or not (isinstance(freq, int) and freq >= 1 or
+                                          isinstance(freq, (list, tuple)) and
+                                          all(isinstance(e, int) for e in freq)):
+            raise AutodistError(f"validation_freq must be an integer >= 1 or a list of epochs "
+                                f"(1-based). Received: {freq!r}")
+        if self.validates and self.on_failure == "continue":
+            raise AutodistError("on_failure='continue' does not support validation "
+                                "(validation_data / validation_split)")
 
     def _check_recoverable(self, strategy: Strategy, launch: str) -> None:
         if self.callbacks or self.resize_at or self.switch_at or launch != "local":

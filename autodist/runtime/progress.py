@@ -1,96 +1,129 @@
-"""The driver's side of a running fit: the progress line, the callbacks and the policies.
+"""The driver's side of a running fit: Keras' callbacks and progress bar, and the policies.
 
 The chief appends one `ProgressRecord` per step to ``progress.jsonl``; the
-driver tails it (`Progress.update`, polled while the cluster runs), shows the
-progress line, calls the Keras callbacks with Keras' hooks and logs, feeds
-the policies each step's metrics, and writes its decisions back for the
-chief (`autodist.runtime.follow`).
+driver tails it (`Progress.update`, polled while the cluster runs) and drives
+a `keras.callbacks.CallbackList` with Keras' hooks and logs: the user's
+callbacks, the fit's `History` and, with `verbose`, Keras' own progress bar.
+It feeds the policies each step's metrics, and in a followed run (the user's
+callbacks, policies or validation) writes its decisions back for the chief
+(`autodist.runtime.follow`).
+
+In a followed run the records hold the global loss. Before a callback sees
+an epoch's end, the model gets that epoch's trained weights (the chief sends
+them), so `ModelCheckpoint`, `EarlyStopping(restore_best_weights=True)` or
+a validation pass see what Keras would show them. The last epoch's end waits
+for the run's final weights. Without followers the records hold the chief's
+estimate of the loss (its replicas' mean): the progress bar shows it, and the
+History gets the exact values when the run ends.
 """
 from __future__ import annotations
 
-import sys
-from typing import Any
+import time
+from typing import Any, Callable, Sequence
+
+import keras
+import numpy as np
 
 from autodist.adapt.driver import PolicyDriver
 from autodist.adapt.policy import StepMetrics
 from autodist.kernels import monitoring
 from autodist.launch.job import JobDir
 from autodist.runtime import follow
-from autodist.runtime.history import NOISE_DECAY
+from autodist.runtime.history import NOISE_DECAY, History
 from autodist.runtime.records import ProgressRecord
+
+_POLL_S = 0.01
 
 
 class Progress:
-    """Follows the chief's progress file: the progress line and the callbacks.
+    """Follows the chief's progress records; calls the callbacks and policies.
 
-    The chief appends one JSON line per step. Without callbacks its loss is
-    the chief's own estimate; with callbacks (a followed run) it is the
-    global loss, and this object also writes the driver's decisions back
-    (`autodist.runtime.follow`).
+    Args:
+        job: The job directory the chief writes to.
+        epochs: Epochs the job runs.
+        steps_per_epoch: Steps of its first epoch (the progress bar's target).
+        verbose: 0 silent, 1 Keras' progress bar, 2 one line per epoch.
+        model: The user's model (the callbacks' `model`).
+        callbacks: The user's Keras callbacks.
+        history: The fit's History (a callback too).
+        policies: The policies' driver, or None.
+        followed: The chief waits for the driver's decision at each epoch's end.
+        epoch_weights: The chief sends each epoch's trained weights (to load
+            into the model before `on_epoch_end`).
+        load_weights: Puts a file of trained weights (by variable name) into
+            the model.
+        validate: Epoch -> its validation logs (``val_*``), run with the
+            model holding that epoch's weights; None without validation.
+        initial_epoch: The index of the job's first epoch (`fit(initial_epoch=)`).
+        wait_s: Bound on waiting for an epoch's weights.
     """
 
-    def __init__(self, job: JobDir, batch_sizes: list[int], epochs: int, verbose: int,
-                 model, callbacks: list[Any], policies: PolicyDriver | None = None) -> None:
+    def __init__(self, job: JobDir, *, epochs: int, steps_per_epoch: int, verbose: int, model,
+                 callbacks: Sequence[Any], history: History,
+                 policies: PolicyDriver | None = None, followed: bool = False,
+                 epoch_weights: bool = False,
+                 load_weights: Callable[[Any], None] | None = None,
+                 validate: Callable[[int], dict[str, float]] | None = None,
+                 initial_epoch: int = 0, wait_s: float = 60.0) -> None:
         self.job = job
         self.path = job.file("progress.jsonl")
-        self.sizes = batch_sizes
         self.epochs = epochs
-        self.total = len(batch_sizes) * epochs
-        self.verbose = verbose
+        self.initial_epoch = initial_epoch
         self.model = model
-        self.callbacks = callbacks
+        self.history = history
+        self.callbacks = keras.callbacks.CallbackList(
+            list(callbacks) + [history], add_progbar=verbose != 0, model=model,
+            verbose=verbose, epochs=initial_epoch + epochs, steps=steps_per_epoch)
         self.policies = policies
-        self.followed = bool(callbacks) or policies is not None
+        self.followed = followed
+        self.epoch_weights = epoch_weights
+        self.load_weights = load_weights
+        self.validate = validate
+        self.wait_s = wait_s
         self.seen = 0
         self._offset = 0
-        self._last: ProgressRecord | None = None
         self._noise = monitoring.SmoothedNoiseScale(NOISE_DECAY)
-        self._epoch_open: int | None = None
+        self._epoch_open: int | None = None  # the job's epoch index
         self._sum = 0.0
         self._count = 0
+        self._pending: tuple[int, dict[str, float]] | None = None  # an end left to `finish`
         self._logs: dict[str, float] = {}
         self._stop_sent = False
 
+    # ------------------------------------------------------------ the fit
     def begin(self) -> None:
-        if not self.followed:
-            return
         self.model.stop_training = False
-        params = {"epochs": self.epochs, "steps": len(self.sizes), "verbose": self.verbose}
-        for callback in self.callbacks:
-            callback.set_model(self.model)
-            callback.set_params(params)
-        self._call("on_train_begin", {})
+        self.callbacks.on_train_begin()
+        self._send_stop_if_asked()
         if self.policies is not None:
             self.policies.begin()
             self._check_stop()
 
     def update(self) -> None:
-        """Reads the records written since the last call; shows and dispatches them."""
-        records = self._read_new()
-        if not records:
-            return
-        self._last = records[-1]
-        if self.followed:
-            for record in records:
-                self._step(record)
-        if self.verbose:
-            width = 30
-            done = int(width * self.seen / max(self.total, 1))
-            sys.stdout.write(f"\r{self.seen}/{self.total} [{'=' * done}{'.' * (width - done)}] "
-                             f"- loss: {self._last.loss:.4f} - "
-                             f"{self._last.seconds * 1e3:.1f} ms/step")
-            sys.stdout.flush()
+        """Reads the records written since the last call and dispatches them."""
+        for record in self._read_new():
+            self._step(record)
+
+    def finish_epochs(self) -> None:
+        """After the job: the records left, and an epoch the run stopped inside.
+
+        The end of an epoch that needs the final weights (the last one, or
+        one cut short) is left to `finish`.
+        """
+        self.update()
+        if self._epoch_open is not None:  # stopped inside an epoch: Keras still ends it
+            self._pending = (self._epoch_open, self._epoch_logs())
+            self._epoch_open = None
 
     def finish(self) -> None:
-        self.update()
-        if self.followed:
-            if self._epoch_open is not None:  # stopped inside an epoch: Keras still ends it
-                self._end_epoch(self._epoch_open)
-            self._call("on_train_end", dict(self._logs))
-            if self.policies is not None:
-                self.policies.end()
-        if self.verbose:
-            sys.stdout.write("\n")
+        """With the final weights in the model: the last epoch's end, then the train end."""
+        if self._pending is not None:
+            epoch, logs = self._pending
+            self._pending = None
+            self._close_epoch(epoch, logs)
+        self.callbacks.on_train_end(dict(self._logs))
+        if self.policies is not None:
+            self.policies.end()
 
     def follow(self, job: JobDir) -> None:
         """Reads the progress of `job` from now on (a job resumed after a failure)."""
@@ -99,6 +132,7 @@ class Progress:
         self.path = job.file("progress.jsonl")
         self._offset = 0
 
+    # ----------------------------------------------------------- records
     def _read_new(self) -> list[ProgressRecord]:
         if not self.path.exists():
             return []
@@ -116,36 +150,59 @@ class Progress:
         epoch, step = record.epoch, record.epoch_step
         if self._epoch_open != epoch:
             self._epoch_open, self._sum, self._count = epoch, 0.0, 0
-            self._call("on_epoch_begin", epoch, {})
+            self.callbacks.on_epoch_begin(self.initial_epoch + epoch, {})
         # Keras' batch logs hold the running mean of the epoch, batches weighted by size.
         self._sum += record.loss * record.examples
         self._count += record.examples
-        self._call("on_train_batch_begin", step, {})
-        self._call("on_train_batch_end", step, {"loss": self._sum / self._count})
+        self.callbacks.on_train_batch_begin(step, {})
+        self.callbacks.on_train_batch_end(step, self._epoch_logs())
+        self._send_stop_if_asked()
         if self.policies is not None:
             self.policies.step(step_metrics(record, self._noise))
             self._check_stop()
         if record.last_of_epoch:
-            self._end_epoch(epoch)
+            self._epoch_open = None
+            if epoch == self.epochs - 1:
+                self._pending = (epoch, self._epoch_logs())  # needs the final weights
+                return
+            if self.epoch_weights:
+                self._load_epoch_weights(epoch)
+            self._close_epoch(epoch, self._epoch_logs())
+            if self.followed:
+                follow.write_decision(self.job, epoch, stop=bool(self.model.stop_training))
 
-    def _end_epoch(self, epoch: int) -> None:
-        self._logs = {"loss": self._sum / max(self._count, 1)}
-        self._epoch_open = None
-        self._call("on_epoch_end", epoch, dict(self._logs))
+    def _epoch_logs(self) -> dict[str, float]:
+        return {"loss": self._sum / max(self._count, 1)}
+
+    def _close_epoch(self, epoch: int, logs: dict[str, float]) -> None:
+        """`on_epoch_end` of the job's epoch `epoch`, validation logs included."""
+        index = self.initial_epoch + epoch
+        if self.validate is not None:
+            logs = {**logs, **self.validate(index)}
+        self._logs = logs
+        self.callbacks.on_epoch_end(index, dict(logs))
+        self._send_stop_if_asked()
         if self.policies is not None:
-            self.policies.epoch_end(epoch, dict(self._logs))
+            self.policies.epoch_end(index, dict(logs))
             self._check_stop()
-        if epoch < self.epochs - 1:
-            follow.write_decision(self.job, epoch, stop=bool(self.model.stop_training))
+
+    def _load_epoch_weights(self, epoch: int) -> None:
+        """Waits (bounded) for the chief's weights after `epoch`, puts them into the model."""
+        path = follow.epoch_weights_path(self.job, epoch)
+        deadline = time.monotonic() + self.wait_s
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise follow.FollowError(
+                    f"the chief did not send the weights after epoch {epoch} within "
+                    f"{self.wait_s:g}s (log: {self.job.log('worker', 0)})")
+            time.sleep(_POLL_S)
+        with np.load(path) as weights:
+            self.load_weights(weights)
+        path.unlink()
 
     def _check_stop(self) -> None:
         if self.policies.control.stop_requested:
             self.model.stop_training = True
-        self._send_stop_if_asked()
-
-    def _call(self, hook: str, *args) -> None:
-        for callback in self.callbacks:
-            getattr(callback, hook)(*args)
         self._send_stop_if_asked()
 
     def _send_stop_if_asked(self) -> None:

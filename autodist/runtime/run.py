@@ -1,11 +1,14 @@
 """DistributedRun: train a Keras model with a Strategy on a cluster, Keras-like."""
 from __future__ import annotations
 
+import math
 import pathlib
 import shutil
+import sys
 import tempfile
+import time
 import uuid
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -24,7 +27,7 @@ from autodist.launch.tf_config import check_this_is_the_chief
 from autodist.runtime import batching, checkpoint, datasets, follow, recovery
 from autodist.runtime.elastic import check_elastic, check_switch, segments
 from autodist.runtime.entry import TASK_MODULE
-from autodist.runtime.history import History, read_history
+from autodist.runtime.history import History, read_results
 from autodist.runtime.options import FitOptions
 from autodist.runtime.progress import Progress
 from autodist.runtime.records import WorkerResult
@@ -104,28 +107,44 @@ class DistributedRun:
             policies: Sequence[Policy] | None = None,
             replanner: Replanner | None = None,
             on_failure: str = "stop",
-            monitor_every: int = 0) -> History:
+            monitor_every: int = 0,
+            validation_data: Any = None,
+            validation_split: float = 0.0,
+            validation_batch_size: int | None = None,
+            validation_steps: int | None = None,
+            validation_freq: int | Sequence[int] = 1,
+            initial_epoch: int = 0) -> History:
         """Trains on the cluster and writes the trained weights into the model.
 
-        Callbacks (`keras.callbacks.Callback`) run here, in the driver, with
-        Keras' hooks and logs: `set_model(model)`, `set_params({"epochs",
-        "steps", "verbose"})`, `on_train_begin`, `on_epoch_begin(epoch)`,
-        `on_train_batch_begin(batch)` and `on_train_batch_end(batch, {"loss":
-        running mean of the epoch})` (both once the step has run on the
-        workers: the driver learns of a step after it ran), `on_epoch_end(epoch,
-        {"loss": epoch mean})` and `on_train_end`. Setting
-        `model.stop_training = True` (e.g. `keras.callbacks.EarlyStopping(
-        monitor="loss")`) stops every worker cleanly: in `on_epoch_end`, at
-        that epoch's end exactly (the workers wait for it); inside an epoch,
-        some steps later (the driver learns of steps after they ran, polling
-        every 0.1 s, and the workers then stop at the next step boundary
-        they can all meet). History covers the steps that ran and the
-        weights written back are those after the last of them.
+        Callbacks (`keras.callbacks.Callback`) run here, in the driver, in a
+        `keras.callbacks.CallbackList` with Keras' hooks and logs, Keras'
+        own progress bar (`verbose`) and the fit's `History`:
+        `on_train_begin`, `on_epoch_begin(epoch)`, `on_train_batch_begin` and
+        `on_train_batch_end(batch, {"loss": running mean of the epoch})`
+        (once the step has run on the workers: the driver learns of a step
+        after it ran), `on_epoch_end(epoch, logs)` and `on_train_end`.
+        Before `on_epoch_end` the model holds that epoch's trained weights
+        (the chief sends them), so `ModelCheckpoint` saves them and
+        `EarlyStopping(restore_best_weights=True)` keeps and restores the
+        best; the final weights are in the model before the last epoch's
+        `on_epoch_end` and `on_train_end`. Inside an epoch the model keeps
+        the weights of the epoch's start. Setting `model.stop_training =
+        True` stops every worker cleanly: in `on_epoch_end`, at that
+        epoch's end exactly (the workers wait for it); inside an epoch,
+        some steps later (the driver learns of steps after they ran,
+        polling every 0.1 s, and the workers then stop at the next step
+        boundary they can all meet). History covers the steps that ran and
+        the weights written back are those after the last of them.
 
-        The model's weights are not updated during the run (they come back
-        at the end), so callbacks that read them mid-run, such as
-        `ModelCheckpoint` or `EarlyStopping(restore_best_weights=True)`, see
-        the initial weights: use `checkpoint_dir=` for checkpoints instead.
+        Validation runs in the driver, as Keras' `fit` runs it: at the end
+        of each epoch `validation_freq` selects, `model.evaluate` on the
+        validation data with the model holding that epoch's weights; its
+        results join the epoch's logs as ``val_*``.
+
+        Ctrl-C (KeyboardInterrupt) stops the run as Keras does, keeping the
+        progress: the chief stops at its next step and the model gets the
+        weights trained so far (when the chief sends them within
+        `step_timeout_s`); then the interrupt goes on.
 
         Args:
             x: Input array, a list of arrays for a multi-input model, or a
@@ -180,6 +199,18 @@ class DistributedRun:
                 `elastic=True`; their actions are in `History.actions`.
             replanner: How a policy's `control.replan()` finds a strategy
                 (default: the search, `policy.search_replanner`).
+            validation_data: (x, y), (x, y, sample_weight) or a dataset,
+                evaluated at epochs' ends (see above).
+            validation_split: The last fraction of the examples (before any
+                shuffling) held out for validation, as in Keras (arrays only).
+            validation_batch_size: Batch of the validation pass (default
+                `batch_size`).
+            validation_steps: Batches of the validation pass (default all).
+            validation_freq: Validate every this many epochs, or at these
+                (1-based) epochs.
+            initial_epoch: The epoch to start at (as Keras: epochs
+                `initial_epoch`..`epochs - 1` run; shuffling uses their
+                indices).
             monitor_every: Every this many steps, measure the gradient noise
                 scale inside the step (no extra communication): each
                 replica's and virtual node's squared gradient norm, fitted
@@ -195,7 +226,8 @@ class DistributedRun:
                 Synchronous strategies, local launch, no callbacks.
 
         Returns:
-            A History with per-step and per-epoch losses.
+            The History (a `keras.callbacks.History`, also set as
+            `model.history`), with per-epoch logs and per-step losses and times.
         """
         options = FitOptions(
             batch_size=batch_size, epochs=epochs, steps_per_epoch=steps_per_epoch,
@@ -205,19 +237,28 @@ class DistributedRun:
             initial_checkpoint=initial_checkpoint, callbacks=callbacks or (),
             resize_at=resize_at, elastic=elastic, switch_at=switch_at,
             policies=policies or (), replanner=replanner, on_failure=on_failure,
-            monitor_every=monitor_every)
+            monitor_every=monitor_every, validation_data=validation_data,
+            validation_split=validation_split, validation_batch_size=validation_batch_size,
+            validation_steps=validation_steps, validation_freq=validation_freq,
+            initial_epoch=initial_epoch)
         self._resizable = options.check(self.strategy, self.graph_item, self.resource_spec,
                                         self.launch)
+        if options.validation_split:
+            if datasets.is_dataset(x):
+                raise AutodistError("validation_split needs arrays; with a dataset, pass "
+                                    "validation_data")
+            x, y, options.validation_data = _split_validation(x, y, options.validation_split)
         inputs, targets, batch_size = self._arrays(x, y, options.batch_size)
         n = len(targets)
+        job_epochs = options.job_epochs
         steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
         sizes = [len(batching.batch_rows(np.arange(n), s, batch_size)) for s in range(steps)]
         self._check_batches(sizes, n, batch_size)
         plans, switch_plans = options.switch_plans()
         if options.membership_may_change:
-            segments(steps * epochs, self.resource_spec.num_worker_tasks, resize_at,
+            segments(steps * job_epochs, self.resource_spec.num_worker_tasks, resize_at,
                      switch_plans)
-        config = RunConfig(global_batch_size=batch_size, epochs=epochs,
+        config = RunConfig(global_batch_size=batch_size, epochs=job_epochs,
                            steps_per_epoch=steps_per_epoch, shuffle=shuffle, seed=seed,
                            step_timeout_s=self.step_timeout_s,
                            startup_timeout_s=self.startup_timeout_s,
@@ -230,7 +271,9 @@ class DistributedRun:
                            if resize_at else None, on_failure=on_failure,
                            elastic=options.membership_may_change,
                            monitor_every=monitor_every, switch_at=switch_plans or None,
-                           plans=plans or None)
+                           plans=plans or None,
+                           epoch_weights=bool(options.callbacks or options.validates),
+                           first_epoch=options.initial_epoch)
         init_values = self._initial_values()
         if initial_checkpoint:
             init_values.update(checkpoint.load(initial_checkpoint))
@@ -242,10 +285,20 @@ class DistributedRun:
             control.workers = int({int(k): v for k, v in (resize_at or {}).items()}.get(
                 0, control.workers))
             driver = PolicyDriver(control, options.policies)
-        progress = Progress(job, sizes, epochs, verbose, self.model, options.callbacks, driver)
+        history = History()
+        progress = Progress(
+            job, epochs=job_epochs, steps_per_epoch=steps, verbose=verbose, model=self.model,
+            callbacks=options.callbacks, history=history, policies=driver,
+            followed=options.followed, epoch_weights=config.epoch_weights,
+            load_weights=self._load_weights,
+            validate=self._validator(options, batch_size, lambda: progress.callbacks)
+            if options.validates else None,
+            initial_epoch=options.initial_epoch,
+            wait_s=self.step_timeout_s + self.startup_timeout_s)
         self._following = (job, config) if options.followed else None
         self._requested_workers = self._requested_strategy = None
         self._requested_batch, self._num_examples = batch_size, n
+        finished = False
         try:
             progress.begin()
             if on_failure == "continue":
@@ -260,14 +313,21 @@ class DistributedRun:
             else:
                 self._run_cluster(job, timeout_s, progress.update)
                 outcome = recovery.Outcome(job, self.resource_spec)
+            progress.finish_epochs()
+            self._write_back(outcome.job)
             progress.finish()
+            finished = True
+        except KeyboardInterrupt:
+            self._keep_interrupted_weights(job)
+            raise
         finally:
             self._following = None
-        history = read_history(outcome.job, sizes, epochs, outcome.spec,
-                               outcome.earlier_losses, outcome.earlier_times)
+            if self.job_dir is None and not finished:
+                _discard(path)
+        read_results(history, outcome.job, sizes, job_epochs, outcome.spec,
+                     outcome.earlier_losses, outcome.earlier_times, options.initial_epoch)
         history.recoveries = outcome.recoveries
         history.actions = control.actions if control is not None else []
-        self._write_back(outcome.job)
         if self.job_dir is None:
             shutil.rmtree(path, ignore_errors=True)
         return history
@@ -453,6 +513,19 @@ class DistributedRun:
                 if wait_for_chief and recovery.dead_worker(error.task) is not None:
                     cluster.wait_exit("worker", 0, self.step_timeout_s + 30.0)
                 raise
+            except KeyboardInterrupt:
+                # As Keras keeps the weights trained so far: the chief stops at its
+                # next step and writes them (bounded; a second Ctrl-C gives up).
+                follow.request_stop(job)
+                deadline = time.monotonic() + self.step_timeout_s
+                try:
+                    while not job.file("final_weights.npz").exists() and \
+                            time.monotonic() < deadline and \
+                            cluster.wait_exit("worker", 0, 0.05) is None:
+                        pass
+                except KeyboardInterrupt:
+                    pass
+                raise
 
     def _x_infos(self):
         return [i for i in self.graph_item.inputs if i.role != "y"]
@@ -487,15 +560,91 @@ class DistributedRun:
         return values
 
     def _write_back(self, job: JobDir) -> None:
+        with np.load(job.file("final_weights.npz")) as weights:
+            self._load_weights(weights)
+
+    def _load_weights(self, weights) -> None:
+        """Puts trained values (by variable name: an .npz or a dict) into the model."""
         from autodist.ir.capture import keras_variable_names  # pylint: disable=C0415
 
         trainable, state = keras_variable_names(self.model)
         non_trainable = [v for v in self.model.variables if not v.trainable]
-        with np.load(job.file("final_weights.npz")) as weights:
-            for name, var in list(zip(trainable, self.model.trainable_variables)) + \
-                    list(zip(state, non_trainable)):
-                if name in weights.files:
-                    var.assign(weights[name])
+        names = set(weights.files if hasattr(weights, "files") else weights)
+        for name, var in list(zip(trainable, self.model.trainable_variables)) + \
+                list(zip(state, non_trainable)):
+            if name in names:
+                var.assign(weights[name])
+
+    def _keep_interrupted_weights(self, job: JobDir) -> None:
+        """After Ctrl-C: the weights the chief trained so far go into the model, if it
+        wrote them in time."""
+        if job.file("final_weights.npz").exists():
+            self._write_back(job)
+            print("autodist: interrupted; the model holds the weights trained so far",
+                  file=sys.stderr, flush=True)
+        else:
+            print("autodist: interrupted before the chief could send its weights; the model "
+                  "is unchanged", file=sys.stderr, flush=True)
+
+    def _validator(self, options: FitOptions, batch_size: int,
+                   callbacks: Callable[[], Any]) -> Callable[[int], dict[str, float]]:
+        """Epoch -> its ``val_*`` logs: Keras' `evaluate` in this process, on the model
+        holding that epoch's weights (as Keras' `fit` runs it), or {} when
+        `validation_freq` skips the epoch."""
+        val_x, val_y, val_weight = _unpack_validation(options.validation_data)
+
+        def validate(epoch: int) -> dict[str, float]:
+            if not options.should_validate(epoch):
+                return {}
+            logs = self.model.evaluate(
+                val_x, val_y, sample_weight=val_weight,
+                batch_size=None if datasets.is_dataset(val_x) else
+                options.validation_batch_size or batch_size,
+                steps=options.validation_steps, callbacks=callbacks(), verbose=0,
+                return_dict=True)
+            return {f"val_{name}": float(value) for name, value in logs.items()}
+
+        return validate
+
+def _split_validation(x: Any, y: Any, fraction: float) -> tuple[Any, Any, tuple[Any, Any]]:
+    """Keras' `validation_split`: the last `fraction` of the examples, before any shuffling.
+
+    Returns:
+        (training x, training y, (validation x, validation y)).
+    """
+    arrays = list(x) if isinstance(x, (list, tuple)) else [x]
+    n = len(y)
+    split_at = int(math.floor(n * (1.0 - fraction)))
+    if split_at in (0, n):
+        raise AutodistError(f"validation_split={fraction} leaves no examples for training or "
+                            f"for validation ({n} examples)")
+    train = [a[:split_at] for a in arrays]
+    val = [a[split_at:] for a in arrays]
+    if not isinstance(x, (list, tuple)):
+        return train[0], y[:split_at], (val[0], y[split_at:])
+    return train, y[:split_at], (val, y[split_at:])
+
+
+def _unpack_validation(data: Any) -> tuple[Any, Any, Any]:
+    """(x, y, sample_weight) of `validation_data`, as Keras unpacks it."""
+    if datasets.is_dataset(data):
+        return data, None, None
+    if isinstance(data, tuple) and len(data) in (2, 3):
+        return data[0], data[1], data[2] if len(data) == 3 else None
+    raise AutodistError("validation_data must be (x, y), (x, y, sample_weight) or a "
+                        f"tf.data.Dataset. Received: {type(data).__name__}"
+                        + (f" of {len(data)} items" if isinstance(data, (tuple, list)) else ""))
+
+
+def _discard(path: pathlib.Path) -> None:
+    """A temporary job directory after a failure: its copy of the data goes, its logs stay."""
+    for name in ("data", "init.npz", "final_weights.npz", "weights", "recovery.npz"):
+        target = path / name
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        elif target.exists():
+            target.unlink()
+
 
 def _rows_read_by(job: JobDir, task_index: int) -> np.ndarray:
     """The rows of the job's data that worker task `task_index` reads over the run."""

@@ -34,6 +34,7 @@ from autodist.launch.server import server_config
 from autodist.runtime import checkpoint
 from autodist.runtime import batching
 from autodist.runtime import elastic as elastic_
+from autodist.runtime import follow
 from autodist.runtime import recovery
 from autodist.runtime.follow import ChiefFollower, WorkerFollower
 from autodist.runtime.records import (LossRecord, MonitoredStep, MonitorSample, Probe,
@@ -319,7 +320,9 @@ class Trainer:
         if config.follow_steps:
             self.follower = (ChiefFollower(self.job, self.mail, self.spec.num_worker_tasks,
                                            steps, config, self.segments, self.plans,
-                                           self.schedule)
+                                           self.schedule,
+                                           epoch_end=self._write_epoch_weights
+                                           if config.epoch_weights else None)
                              if self.is_chief else
                              WorkerFollower(self.mail, self.task_index, steps, config,
                                             self.segments, self.plans))
@@ -350,6 +353,10 @@ class Trainer:
                 continue
             if follower is not None and not follower.may_start(index):
                 break
+            if follower is None and self.is_chief and self.job.stop_request().exists():
+                # The driver was interrupted: it takes the weights so far and ends the job.
+                logger.info("stop requested by the driver before step %d", index)
+                break
             segment = self._segment_at(index)
             if segment.version != self.segment.version:
                 self._hand_over(self.segment, segment)
@@ -362,7 +369,8 @@ class Trainer:
             ps_op, after, ssp = outputs.ps_op, outputs.after_step, outputs.ssp
             epoch, step, batch, epoch_steps = self.schedule.locate(index)
             if step == 0 or order is None:
-                order = batching.epoch_order(num_examples, epoch, config.shuffle, config.seed)
+                order = batching.epoch_order(num_examples, config.first_epoch + epoch,
+                                             config.shuffle, config.seed)
             rows = batching.batch_rows(order, step, batch)
             parts = batching.virtual_node_rows(rows, self.strategy.num_virtual_nodes)
             feed = {}
@@ -634,6 +642,12 @@ class Trainer:
         return self.session.run(self._full_tensors(with_optimizer=False),
                                 options=self.run_options)
 
+    def _write_epoch_weights(self, epoch: int) -> None:
+        """Chief: the weights after `epoch`, for the driver's callbacks."""
+        path = follow.epoch_weights_path(self.job, epoch)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_weights(path, self.final_weights())
+
     def finish_barrier(self) -> None:
         """Asynchronous jobs: the chief waits until every worker has finished."""
         if self.program is None or not self.program.outputs.asynchronous:
@@ -741,14 +755,12 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
         trainer.close()
         mail.close()
         return
-    weights = trainer.final_weights()
+    # First, so that a driver that stopped the job early gets them at once.
+    write_weights(job.file("final_weights.npz"), trainer.final_weights())
     results = trainer.collect_results(result)
     if isinstance(trainer.follower, ChiefFollower):
         trainer.follower.finish([r.losses for r in results], result.step_times,
                                 [r.monitor for r in results])
-    tmp = job.file("final_weights.tmp.npz")
-    np.savez(tmp, **weights)
-    tmp.replace(job.file("final_weights.npz"))
     for index, worker_result in enumerate(results):
         atomic_write(job.result(index), worker_result.to_json())
     for task in mail.tasks:
@@ -759,6 +771,11 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
                 logger.warning("could not tell %s:%d the job is done: %s", *task, e)
     trainer.close()
     mail.close()
+
+
+def write_weights(path: pathlib.Path, values: dict[str, np.ndarray]) -> None:
+    """Writes weights by variable name to `path` (.npz) atomically."""
+    atomic_write(path, _pack(values))
 
 
 def _pack(values: dict[str, np.ndarray]) -> bytes:
