@@ -110,6 +110,11 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
         raise CaptureError(f"model {model.name!r} was compiled without a loss")
     _check_keras_train_step(model)
     x_spec = _keras_input_spec(model, x)
+    if not model.built and x is not None and not any(
+            isinstance(v, tf.TensorSpec) for v in tf.nest.flatten(x)):
+        # As Keras' fit does: build the model by calling it on the example batch.
+        model(tf.nest.map_structure(lambda v: tf.convert_to_tensor(
+            np.asarray(v)[:1], _spec_of(v).dtype), x))
     if not model.built:
         raise CaptureError(f"model {model.name!r} is not built: call it on a batch, or pass "
                            "capture(model, x=example_batch)")
@@ -248,7 +253,10 @@ def _target_spec_for(output, loss) -> tf.TensorSpec:
     shape = _batch_free(output.shape)
     if _is_sparse_categorical(loss):
         return tf.TensorSpec(shape[:-1], tf.int32)
-    return tf.TensorSpec(shape, tf.as_dtype(output.dtype))
+    dtype = tf.as_dtype(output.dtype)
+    if dtype in (tf.float16, tf.bfloat16):
+        dtype = tf.float32  # targets stay float32 under mixed precision, as Keras' losses take them
+    return tf.TensorSpec(shape, dtype)
 
 
 def _output_names(model, count: int) -> list[str]:
@@ -392,7 +400,9 @@ def _from_concrete_function(concrete, trainable, names, state, state_names, inpu
     known_handles = set(handle_of.values())
 
     graph_def = graph.as_graph_def()
-    _inline_constant_captures(graph, graph_def, known_handles)
+    dropped = _drop_foreign_state(graph, graph_def, known_handles,
+                                  [loss] + [g for g in grads if g is not None])
+    _inline_constant_captures(graph, graph_def, known_handles | dropped)
 
     num_inputs = len(input_infos)
     inputs = []
@@ -412,7 +422,74 @@ def _from_concrete_function(concrete, trainable, names, state, state_names, inpu
         updates = _update_ops(graph, node)
         states.append(_state_info(var_name, node, tf.as_dtype(v.dtype), list(v.shape), updates))
     return _assemble(graph, graph_def, source, name, inputs, loss, traced, states,
-                     optimizer_info, batch_size)
+                     optimizer_info, batch_size, dropped)
+
+
+def _drop_foreign_state(graph, graph_def, variable_handles: set[str], outputs) -> set[str]:
+    """Removes what the step does to resources that are not the model's variables.
+
+    Keras' loss of a model with several outputs updates a loss-tracking
+    metric per output while it computes the loss; the updates are side
+    effects (control inputs of the step's outputs), not part of the loss or
+    the gradients, and they would read resources the distributed program does
+    not have. They are removed, with every op fed by such a resource.
+
+    Returns:
+        The names of the removed nodes.
+
+    Raises:
+        CaptureError: the loss or a gradient depends on such a resource.
+    """
+    foreign = {internal.op.name for _, internal in graph.captures
+               if internal.dtype == tf.resource and internal.op.name not in variable_handles}
+    if not foreign:
+        return set()
+    consumers: dict[str, list[str]] = {}
+    for node in graph_def.node:
+        for inp in node.input:
+            if not inp.startswith("^"):
+                consumers.setdefault(inp.split(":")[0], []).append(node.name)
+    dropped = set(foreign)
+    stack = list(foreign)
+    while stack:
+        for consumer in consumers.get(stack.pop(), []):
+            if consumer not in dropped:
+                dropped.add(consumer)
+                stack.append(consumer)
+    needed = _data_ancestors(graph_def, [t.op.name for t in _flat_tensors(outputs)])
+    reached = sorted(needed & foreign)
+    if reached:
+        raise CaptureError(f"the loss or a gradient reads {reached[0]!r}, a resource that is "
+                           "not one of the model's variables; only variables may be read")
+    kept = [n for n in graph_def.node if n.name not in dropped]
+    for node in kept:
+        inputs = [i for i in node.input if not (i.startswith("^") and i[1:] in dropped)]
+        del node.input[:]
+        node.input.extend(inputs)
+    del graph_def.node[:]
+    graph_def.node.extend(kept)
+    return dropped
+
+
+def _flat_tensors(values) -> list:
+    out = []
+    for v in values:
+        out += [v.values, v.indices] if isinstance(v, tf.IndexedSlices) else [v]
+    return out
+
+
+def _data_ancestors(graph_def, names: list[str]) -> set[str]:
+    """Nodes the given nodes read data from, through data edges only (and themselves)."""
+    by_name = {n.name: n for n in graph_def.node}
+    seen: set[str] = set()
+    stack = list(names)
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        stack.extend(i.split(":")[0] for i in by_name[name].input if not i.startswith("^"))
+    return seen
 
 
 def _inline_constant_captures(graph, graph_def, variable_handles: set[str]) -> None:
@@ -492,7 +569,7 @@ def _capture_v1(loss, optimizer, variables, name, batch_size) -> GraphItem:
 
 # ------------------------------------------------------------------- shared
 def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, optimizer_info,
-              batch_size) -> GraphItem:
+              batch_size, dropped: set[str] = frozenset()) -> GraphItem:
     order = {op.name: i for i, op in enumerate(graph.get_operations())}
     fetches = [loss.op] + [op for s in states for op in map(graph.get_operation_by_name,
                                                               s.update_ops)]
@@ -521,7 +598,7 @@ def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, opti
         info.slots.extend(_slot_names(optimizer_info, t.name))
         variables.append(info)
 
-    ops = estimate_ops(graph, batch_size, _producer(loss.op).name, keep=_ancestors(fetches))
+    ops = estimate_ops(graph, batch_size, _producer(loss.op).name, keep=_ancestors(fetches) - dropped)
     _count_sparse_rows(graph_def, inputs, variables, ops, batch_size)
     proto = graph_item_pb2.GraphItem(
         graph_def=graph_def.SerializeToString(deterministic=True), source=source, name=name,

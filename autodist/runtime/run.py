@@ -19,6 +19,7 @@ from autodist.ir.strategy import Strategy
 from autodist.kernels import monitoring
 from autodist.kernels.optimizers import check_supported as check_optimizer
 from autodist.runtime import checkpoint, datasets
+from autodist.runtime import targets as targets_
 from autodist.runtime import data as batching
 from autodist.runtime import follow, recovery
 from autodist.runtime.elastic import check_elastic, check_switch, segments
@@ -534,7 +535,7 @@ class DistributedRun:
                 f"{batch_size}. Leave batch_size out or change the strategy's virtual nodes")
         batch_size = (fixed or 32) if batch_size is None else batch_size
         inputs = self._inputs(x)
-        targets = self._cast(np.asarray(y), self._target_info())
+        targets = targets_.pack(y, self._target_infos(), self._cast)
         n = len(targets)
         if any(len(a) != n for a in inputs):
             raise AutodistError(f"x and y have different numbers of examples: "
@@ -580,8 +581,8 @@ class DistributedRun:
     def _x_infos(self):
         return [i for i in self.graph_item.inputs if i.role != "y"]
 
-    def _target_info(self):
-        return next(i for i in self.graph_item.inputs if i.role == "y")
+    def _target_infos(self):
+        return [i for i in self.graph_item.inputs if i.role == "y"]
 
     def _inputs(self, x) -> list[np.ndarray]:
         arrays = list(x) if isinstance(x, (list, tuple)) else [x]
