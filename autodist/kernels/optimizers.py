@@ -340,16 +340,20 @@ def _is_plain_sgd(info: graph_item_pb2.OptimizerInfo, slots: Slots,
 
 
 # ---------------------------------------------------------------- Keras 3
-def _keras_weight_decay(var, hp):
-    if "weight_decay" in hp:
+def _keras_weight_decay(var, grad, hp):
+    """Keras decays the variable after its gradient is computed, before the update."""
+    if "weight_decay" not in hp:
+        return []
+    # After the gradient: it waits for every read of the variable in this step
+    # (a PS variable's aggregated gradient waits for every worker's pass).
+    with tf.control_dependencies([grad]):
         return [var.assign_sub(var.read_value() * hp["weight_decay"] * hp["learning_rate"],
                                read_value=False)]
-    return []
 
 
 def _keras_sgd(var, grad, grad_square, slots, step, hp, flags):
     lr = hp["learning_rate"]
-    deps = _keras_weight_decay(var, hp)
+    deps = _keras_weight_decay(var, grad, hp)
     with tf.control_dependencies(deps):
         if flags.get("momentum", 0.0) == 0.0:
             return var.assign_sub(grad * lr, read_value=False)
@@ -368,7 +372,7 @@ def _keras_adam(var, grad, grad_square, slots, step, hp, flags):
     beta_1, beta_2, epsilon = hp["beta_1"], hp["beta_2"], hp["epsilon"]
     t = tf.cast(step + 1, var.dtype)
     alpha = lr * tf.sqrt(1 - tf.pow(beta_2, t)) / (1 - tf.pow(beta_1, t))
-    deps = _keras_weight_decay(var, hp)
+    deps = _keras_weight_decay(var, grad, hp)
     with tf.control_dependencies(deps):
         m = slots["momentum"]
         v = slots["velocity"]
@@ -382,7 +386,7 @@ def _keras_adam(var, grad, grad_square, slots, step, hp, flags):
 
 def _keras_adagrad(var, grad, grad_square, slots, step, hp, flags):
     lr, epsilon = hp["learning_rate"], hp["epsilon"]
-    deps = _keras_weight_decay(var, hp)
+    deps = _keras_weight_decay(var, grad, hp)
     with tf.control_dependencies(deps):
         acc = slots["accumulator"].assign_add(grad_square)
         return var.assign_sub(lr * grad / tf.sqrt(acc + epsilon), read_value=False)
@@ -390,7 +394,7 @@ def _keras_adagrad(var, grad, grad_square, slots, step, hp, flags):
 
 def _keras_rmsprop(var, grad, grad_square, slots, step, hp, flags):
     lr, rho, epsilon = hp["learning_rate"], hp["rho"], hp["epsilon"]
-    deps = _keras_weight_decay(var, hp)
+    deps = _keras_weight_decay(var, grad, hp)
     with tf.control_dependencies(deps):
         velocity = slots["velocity"].assign(rho * slots["velocity"].read_value() +
                                             (1 - rho) * grad_square)
