@@ -250,6 +250,7 @@ class DistributedRun:
             if not all(hasattr(callback, hook) for hook in _HOOKS):
                 raise AutodistError("callbacks must be keras.callbacks.Callback objects. "
                                     f"Received: {callback!r}")
+        self._check_learning_rate()
         inputs, targets, batch_size = self._arrays(x, y, batch_size)
         n = len(targets)
         if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
@@ -516,6 +517,18 @@ class DistributedRun:
         return throughputs
 
     # ------------------------------------------------------------ helpers
+    def _check_learning_rate(self) -> None:
+        """The model's learning rate must still be the captured one (or overridden)."""
+        captured = self.graph_item.optimizer.hyperparameters.get("learning_rate")
+        current = learning_rate_of(self.model)
+        if captured is None or current is None or "learning_rate" in self.strategy.hyperparameters:
+            return
+        if not np.isclose(current, captured, rtol=1e-6, atol=0.0):
+            raise AutodistError(
+                f"the model's learning rate is {current:g} but it was {captured:g} when the "
+                "model was captured, and the cluster trains with the captured one: capture "
+                "again, or set it with strategy.with_hyperparameters(learning_rate=...)")
+
     def _arrays(self, x, y, batch_size: int | None):
         """(inputs, targets, global batch) from fit's arguments, checked."""
         if datasets.is_dataset(x):
@@ -681,6 +694,19 @@ def _noise_scale(results: list[dict[str, Any]]) -> list[dict[str, float]]:
     return out
 
 
+def learning_rate_of(model) -> float | None:
+    """The value of a Keras model's fixed learning rate (None: a schedule, or no optimizer)."""
+    optimizer = getattr(model, "optimizer", None)
+    rate = getattr(optimizer, "_learning_rate", None)
+    if rate is None or callable(rate) or not hasattr(rate, "numpy"):
+        return None
+    return float(np.asarray(rate.numpy()))
+
+
+def _rate_text(rate: float | None) -> str:
+    return "a schedule" if rate is None else f"{rate:g}"
+
+
 class _Progress:
     """Follows the chief's progress file: the progress line and the callbacks.
 
@@ -805,7 +831,17 @@ class _Progress:
 
     def _call(self, hook: str, *args) -> None:
         for callback in self.callbacks:
+            rate = learning_rate_of(self.model)
             getattr(callback, hook)(*args)
+            if learning_rate_of(self.model) != rate:
+                # The workers ran ahead with the captured rate; Keras would change it now.
+                raise AutodistError(
+                    f"callback {type(callback).__name__} changed the optimizer's learning "
+                    f"rate in {hook} (from {_rate_text(rate)} to "
+                    f"{_rate_text(learning_rate_of(self.model))}); "
+                    "a distributed run trains with the rate it was launched with. Use a "
+                    "keras.optimizers.schedules.LearningRateSchedule, or a policy that "
+                    "re-plans with strategy.with_hyperparameters(learning_rate=...)")
         self._send_stop_if_asked()
 
     def _send_stop_if_asked(self) -> None:

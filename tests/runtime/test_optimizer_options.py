@@ -198,3 +198,16 @@ def test_subclassed_model_via_optimize_with_an_example_equals_single_device(tmp_
     for got, want in zip(model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
     np.testing.assert_allclose(history.history["loss"], keras_losses, rtol=1e-4)
+
+
+def test_a_callback_that_changes_the_learning_rate_stops_the_run(tmp_path):
+    x, y = _mlp_data()
+    model = models.mlp(input_dim=20, hidden=(32,), optimizer=keras.optimizers.SGD(0.1))
+    spec = autodist.ResourceSpec.local(workers=2, ps=0)
+    run = autodist.distribute(model, builders.AllReduce().build(autodist.capture(model), spec),
+                              spec, job_dir=str(tmp_path / "job"))
+    decay = keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.1 / (1 + epoch))
+    with pytest.raises(autodist.AutodistError, match="callback LearningRateScheduler changed "
+                                                     "the optimizer's learning rate in "
+                                                     "on_epoch_begin \\(from 0.1 to 0.05"):
+        run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0, callbacks=[decay])
