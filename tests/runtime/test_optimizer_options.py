@@ -211,3 +211,27 @@ def test_a_callback_that_changes_the_learning_rate_stops_the_run(tmp_path):
                                                      "the optimizer's learning rate in "
                                                      "on_epoch_begin \\(from 0.1 to 0.05"):
         run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0, callbacks=[decay])
+
+
+def test_a_schedule_continues_from_a_checkpoints_step(tmp_path):
+    """The schedule's step is the update count, restored with the checkpoint."""
+    def make():
+        return models.embedding_model(
+            num_users=50, num_items=71, dim=8, optimizer=keras.optimizers.Adam(
+                keras.optimizers.schedules.PiecewiseConstantDecay([3], [0.05, 0.005]),
+                epsilon=EPSILON))
+
+    x, y = _ncf_data()
+    expected, _ = _keras_fit(make, x, y)
+    model = make()
+    spec = autodist.ResourceSpec.local(workers=2, ps=1)
+    graph_item = autodist.capture(model)
+    strategy = builders.PS().build(graph_item, spec)
+    ckpt = str(tmp_path / "ckpt")
+    autodist.distribute(model, strategy, spec, graph_item=graph_item).fit(
+        x, y, batch_size=BATCH, epochs=1, verbose=0, checkpoint_dir=ckpt)
+    resumed = make()
+    autodist.distribute(resumed, strategy, spec, graph_item=graph_item).fit(
+        x, y, batch_size=BATCH, epochs=1, verbose=0, initial_checkpoint=ckpt)
+    for got, want in zip(resumed.get_weights(), expected):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
