@@ -8,7 +8,8 @@ from autodist.runtime.run import DistributedRun
 
 
 def distribute(model, strategy: Strategy, resource_spec: ResourceSpec, *,
-               graph_item: GraphItem | None = None, **options) -> DistributedRun:
+               graph_item: GraphItem | None = None, x=None, y=None,
+               **options) -> DistributedRun:
     """Prepares `model` to train with `strategy` on `resource_spec`.
 
     Args:
@@ -16,6 +17,9 @@ def distribute(model, strategy: Strategy, resource_spec: ResourceSpec, *,
         strategy: From a builder, a file, or the search.
         resource_spec: The cluster.
         graph_item: The model's capture, if already made.
+        x, y: Example inputs and targets for capturing the model where it
+            needs them (a subclassed model; several outputs), as in
+            `capture(model, x=..., y=...)`. Ignored with `graph_item`.
         **options: Passed to `DistributedRun` (job_dir, step_timeout_s, launch, ...).
             `launch="remote"` runs on a multi-host cluster whose other tasks
             already run `autodist serve` (see the README, "Multi-host /
@@ -32,6 +36,10 @@ def distribute(model, strategy: Strategy, resource_spec: ResourceSpec, *,
         >>> spec = autodist.ResourceSpec.from_tf_config()
         >>> run = autodist.distribute(model, s, spec, launch="remote")
     """
+    if graph_item is None and (x is not None or y is not None):
+        from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
+
+        graph_item = capture(model, x=x, y=y)
     return DistributedRun(model, strategy, resource_spec, graph_item=graph_item, **options)
 
 
@@ -84,7 +92,7 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
              measure: bool = False, cost_model=None, batch_size: int | None = None,
              database=None, space_options=None, search_budget: int = 4000, seed: int = 0,
              progress: bool = False, graph_item: GraphItem | None = None,
-             calibration=None) -> Plan:
+             calibration=None, x=None, y=None) -> Plan:
     """Finds a strategy for `model` on `spec` with the search and cost model.
 
     Args:
@@ -110,6 +118,9 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         calibration: The simulator's machine constants: a `Calibration`,
             "measure" (TensorFlow micro-benchmarks on this machine, about a
             second), or None for the defaults.
+        x, y: Example inputs and targets for capturing the model where it
+            needs them (a subclassed model; several outputs), as in
+            `capture(model, x=..., y=...)`. Ignored with `graph_item`.
 
     Returns:
         A Plan: `.strategy`, `.predicted_step_time`, `.explain()`, `.fit(...)`.
@@ -129,7 +140,7 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
                          f"budget={budget!r}")
     trials = (3 if budget is None else budget) if measure else 0
     spec = spec or ResourceSpec.local(workers=2, ps=1)
-    graph_item = graph_item or capture(model)
+    graph_item = graph_item or capture(model, x=x, y=y)
     if cost_model is None:
         cost_model = default_cost_model()
     elif isinstance(cost_model, str) and cost_model == "simulator":

@@ -196,6 +196,12 @@ class Control:
         devices = current.virtual_node_devices if nodes == current.num_virtual_nodes else None
         strategy = current.with_virtual_nodes(global_batch_size, nodes, devices)
         base = self.run.graph_item.optimizer.hyperparameters.get("learning_rate")
+        schedule = self.run.graph_item.optimizer.learning_rate_schedule.class_name
+        if schedule and learning_rate_rule != "none":
+            raise AutodistError(f"learning_rate_rule={learning_rate_rule!r} scales a fixed "
+                                f"learning rate, but the optimizer's is a schedule ({schedule}); "
+                                "pass learning_rate_rule='none' or build the batch growth "
+                                "into the schedule")
         if base is not None:
             factor = rules[learning_rate_rule](global_batch_size / self.initial_batch_size)
             strategy = strategy.with_hyperparameters(learning_rate=base * factor)

@@ -108,7 +108,13 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
                            "model.compile(optimizer=..., loss=...) before capture")
     if getattr(model, "loss", None) is None:
         raise CaptureError(f"model {model.name!r} was compiled without a loss")
+    _check_keras_train_step(model)
     x_spec = _keras_input_spec(model, x)
+    if not model.built and x is not None and not any(
+            isinstance(v, tf.TensorSpec) for v in tf.nest.flatten(x)):
+        # As Keras' fit does: build the model by calling it on the example batch.
+        model(tf.nest.map_structure(lambda v: tf.convert_to_tensor(
+            np.asarray(v)[:1], _spec_of(v).dtype), x))
     if not model.built:
         raise CaptureError(f"model {model.name!r} is not built: call it on a batch, or pass "
                            "capture(model, x=example_batch)")
@@ -116,11 +122,17 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
     trainable = list(model.trainable_variables)
     if not trainable:
         raise CaptureError(f"model {model.name!r} has no trainable variables")
+    _check_keras_losses(model)
+    _check_keras_constraints(model, trainable)
 
     def step(inputs, targets):
+        # Keras' TensorFlow train step, without the optimizer.
         with tf.GradientTape() as tape:
-            predictions = model(inputs, training=True)
-            loss = model.compute_loss(x=inputs, y=targets, y_pred=predictions, training=True)
+            if getattr(model, "_call_has_training_arg", True):
+                predictions = model(inputs, training=True)
+            else:
+                predictions = model(inputs)
+            loss = _keras_compute_loss(model, inputs, targets, predictions)
         grads = tape.gradient(loss, [v.value for v in trainable])
         return loss, grads
 
@@ -128,11 +140,64 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
     names = _unique_names([v.path for v in trainable])
     state = [v for v in model.variables if not v.trainable]
     input_names = _keras_input_names(model, x_spec)
-    input_infos = [(n, "x") for n in input_names] + [("y", "y")]
+    input_infos = [(n, "x") for n in input_names] + \
+        [(n, "y") for n in _keras_target_names(model, y_spec)]
     return _from_concrete_function(
         concrete, trainable, names, state, _unique_names([v.path for v in state]),
-        input_infos, _optimizer_info(model.optimizer, trainable),
+        input_infos, _optimizer_info(model.optimizer, trainable, names),
         "keras", name or model.name, batch_size)
+
+
+def _keras_compute_loss(model, inputs, targets, predictions):
+    """The loss as Keras' train step computes it (a `compute_loss` override included)."""
+    if hasattr(model, "_compute_loss"):  # handles overrides without a `training` argument
+        return model._compute_loss(x=inputs, y=targets, y_pred=predictions,  # pylint: disable=W0212
+                                   sample_weight=None, training=True)
+    return model.compute_loss(x=inputs, y=targets, y_pred=predictions, training=True)
+
+
+def _check_keras_train_step(model) -> None:
+    """A `train_step` of the user's own is not the step capture traces: refuse it."""
+    for klass in type(model).__mro__:
+        if "train_step" in vars(klass):
+            if not klass.__module__.startswith("keras."):
+                raise CaptureError(
+                    f"model {model.name!r} overrides train_step (in {klass.__qualname__}); "
+                    "autodist captures Keras' standard step (forward pass, compute_loss, "
+                    "gradients, optimizer) and cannot reproduce a custom one. Move the loss "
+                    "into compute_loss (or add_loss) and keep Keras' train_step")
+            return
+
+
+def _check_keras_losses(model) -> None:
+    """Refuses losses summed over the batch: a data-parallel step needs batch means.
+
+    Each replica's loss is weighted by its share of the global batch, which
+    reproduces a mean over the batch exactly, not a sum.
+    """
+    losses = model.loss
+    if isinstance(losses, dict):
+        losses = list(losses.values())
+    elif not isinstance(losses, (list, tuple)):
+        losses = [losses]
+    for loss in losses:
+        reduction = getattr(loss, "reduction", None)
+        if reduction == "sum":
+            raise CaptureError(
+                f"loss {getattr(loss, 'name', type(loss).__name__)!r} of model {model.name!r} "
+                f"uses reduction={reduction!r}; distributed training weights each replica's "
+                "loss by its share of the batch, which equals Keras only for a mean over the "
+                "batch: use reduction='sum_over_batch_size' (the default)")
+
+
+def _check_keras_constraints(model, trainable) -> None:
+    for v in trainable:
+        constraint = getattr(v, "constraint", None)
+        if constraint is not None:
+            raise CaptureError(
+                f"variable {v.path!r} of model {model.name!r} has a constraint "
+                f"({type(constraint).__name__}), which Keras applies after each update; the "
+                "distributed runtime does not apply constraints: remove it")
 
 
 def keras_variable_names(model) -> tuple[list[str], list[str]]:
@@ -165,20 +230,67 @@ def _keras_input_names(model, x_spec) -> list[str]:
 
 def _keras_target_spec(model, x_spec, y):
     if y is not None:
-        return tf.nest.map_structure(_spec_of, y)
+        spec = tf.nest.map_structure(_spec_of, y)
+        if isinstance(spec, tuple):
+            spec = list(spec)
+        return spec
     try:
         out = model.compute_output_spec(
             tf.nest.map_structure(lambda s: _symbolic(s), x_spec))
     except Exception as e:  # Keras raises many types here
         raise CaptureError(f"cannot infer the output of model {model.name!r} ({e}); "
                            "pass capture(model, x=..., y=example_targets)") from e
-    if isinstance(out, (list, tuple, dict)):
-        raise CaptureError(f"model {model.name!r} has several outputs; pass y= with "
-                           "example targets or TensorSpecs")
-    shape = _batch_free(out.shape)
-    if _is_sparse_categorical(model.loss):
-        return tf.TensorSpec(shape[:-1], tf.int32, name="y")
-    return tf.TensorSpec(shape, tf.as_dtype(out.dtype), name="y")
+    if isinstance(out, dict):
+        return {key: _target_spec_for(out[key], _loss_of(model, key, None)) for key in out}
+    if isinstance(out, (list, tuple)):
+        names = _output_names(model, len(out))
+        return [_target_spec_for(o, _loss_of(model, n, i))
+                for i, (o, n) in enumerate(zip(out, names))]
+    return _target_spec_for(out, model.loss)
+
+
+def _target_spec_for(output, loss) -> tf.TensorSpec:
+    shape = _batch_free(output.shape)
+    if _is_sparse_categorical(loss):
+        return tf.TensorSpec(shape[:-1], tf.int32)
+    dtype = tf.as_dtype(output.dtype)
+    if dtype in (tf.float16, tf.bfloat16):
+        dtype = tf.float32  # targets stay float32 under mixed precision, as Keras' losses take them
+    return tf.TensorSpec(shape, dtype)
+
+
+def _output_names(model, count: int) -> list[str]:
+    names = list(getattr(model, "output_names", None) or [])
+    return names if len(names) == count else [f"output_{i}" for i in range(count)]
+
+
+def _loss_of(model, output_name: str, index: int | None):
+    """The loss compiled for one output (a single loss applies to every output)."""
+    loss = model.loss
+    if isinstance(loss, dict):
+        if output_name not in loss:
+            raise CaptureError(f"model {model.name!r} has no loss for output "
+                               f"{output_name!r} (losses for {sorted(loss)}); pass y=")
+        return loss[output_name]
+    if isinstance(loss, (list, tuple)):
+        if index is None or index >= len(loss):
+            raise CaptureError(f"cannot match the {len(loss)} losses of model "
+                               f"{model.name!r} to its outputs; pass y=")
+        return loss[index]
+    return loss
+
+
+def _keras_target_names(model, y_spec) -> list[str]:
+    """Names of the targets, in the step's input order: "y", or "y/<output>" per output."""
+    if isinstance(y_spec, tf.TensorSpec):
+        return ["y"]
+    if isinstance(y_spec, dict):
+        names = [str(k) for k in sorted(y_spec)]
+    else:
+        flat = tf.nest.flatten(y_spec)
+        names = _output_names(model, len(flat)) if len(flat) == len(y_spec) else \
+            [f"output_{i}" for i in range(len(flat))]
+    return _unique_names([f"y/{_clean(n)}" for n in names])
 
 
 def _symbolic(spec: tf.TensorSpec):
@@ -243,7 +355,8 @@ def _capture_function(fn, variables, input_signature, optimizer, name, batch_siz
     names = _unique_names([_variable_name(v) for v in variables])
     input_infos = [(s.name or f"input_{i}", "") for i, s in enumerate(specs)]
     return _from_concrete_function(
-        concrete, variables, names, [], [], input_infos, _optimizer_info(optimizer, variables),
+        concrete, variables, names, [], [], input_infos,
+        _optimizer_info(optimizer, variables, names),
         "function", name or getattr(python_fn, "__name__", "step"), batch_size)
 
 
@@ -287,7 +400,9 @@ def _from_concrete_function(concrete, trainable, names, state, state_names, inpu
     known_handles = set(handle_of.values())
 
     graph_def = graph.as_graph_def()
-    _inline_constant_captures(graph, graph_def, known_handles)
+    dropped = _drop_foreign_state(graph, graph_def, known_handles,
+                                  [loss] + [g for g in grads if g is not None])
+    _inline_constant_captures(graph, graph_def, known_handles | dropped)
 
     num_inputs = len(input_infos)
     inputs = []
@@ -307,7 +422,74 @@ def _from_concrete_function(concrete, trainable, names, state, state_names, inpu
         updates = _update_ops(graph, node)
         states.append(_state_info(var_name, node, tf.as_dtype(v.dtype), list(v.shape), updates))
     return _assemble(graph, graph_def, source, name, inputs, loss, traced, states,
-                     optimizer_info, batch_size)
+                     optimizer_info, batch_size, dropped)
+
+
+def _drop_foreign_state(graph, graph_def, variable_handles: set[str], outputs) -> set[str]:
+    """Removes what the step does to resources that are not the model's variables.
+
+    Keras' loss of a model with several outputs updates a loss-tracking
+    metric per output while it computes the loss; the updates are side
+    effects (control inputs of the step's outputs), not part of the loss or
+    the gradients, and they would read resources the distributed program does
+    not have. They are removed, with every op fed by such a resource.
+
+    Returns:
+        The names of the removed nodes.
+
+    Raises:
+        CaptureError: the loss or a gradient depends on such a resource.
+    """
+    foreign = {internal.op.name for _, internal in graph.captures
+               if internal.dtype == tf.resource and internal.op.name not in variable_handles}
+    if not foreign:
+        return set()
+    consumers: dict[str, list[str]] = {}
+    for node in graph_def.node:
+        for inp in node.input:
+            if not inp.startswith("^"):
+                consumers.setdefault(inp.split(":")[0], []).append(node.name)
+    dropped = set(foreign)
+    stack = list(foreign)
+    while stack:
+        for consumer in consumers.get(stack.pop(), []):
+            if consumer not in dropped:
+                dropped.add(consumer)
+                stack.append(consumer)
+    needed = _data_ancestors(graph_def, [t.op.name for t in _flat_tensors(outputs)])
+    reached = sorted(needed & foreign)
+    if reached:
+        raise CaptureError(f"the loss or a gradient reads {reached[0]!r}, a resource that is "
+                           "not one of the model's variables; only variables may be read")
+    kept = [n for n in graph_def.node if n.name not in dropped]
+    for node in kept:
+        inputs = [i for i in node.input if not (i.startswith("^") and i[1:] in dropped)]
+        del node.input[:]
+        node.input.extend(inputs)
+    del graph_def.node[:]
+    graph_def.node.extend(kept)
+    return dropped
+
+
+def _flat_tensors(values) -> list:
+    out = []
+    for v in values:
+        out += [v.values, v.indices] if isinstance(v, tf.IndexedSlices) else [v]
+    return out
+
+
+def _data_ancestors(graph_def, names: list[str]) -> set[str]:
+    """Nodes the given nodes read data from, through data edges only (and themselves)."""
+    by_name = {n.name: n for n in graph_def.node}
+    seen: set[str] = set()
+    stack = list(names)
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        stack.extend(i.split(":")[0] for i in by_name[name].input if not i.startswith("^"))
+    return seen
 
 
 def _inline_constant_captures(graph, graph_def, variable_handles: set[str]) -> None:
@@ -387,7 +569,7 @@ def _capture_v1(loss, optimizer, variables, name, batch_size) -> GraphItem:
 
 # ------------------------------------------------------------------- shared
 def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, optimizer_info,
-              batch_size) -> GraphItem:
+              batch_size, dropped: set[str] = frozenset()) -> GraphItem:
     order = {op.name: i for i, op in enumerate(graph.get_operations())}
     fetches = [loss.op] + [op for s in states for op in map(graph.get_operation_by_name,
                                                               s.update_ops)]
@@ -416,7 +598,7 @@ def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, opti
         info.slots.extend(_slot_names(optimizer_info, t.name))
         variables.append(info)
 
-    ops = estimate_ops(graph, batch_size, _producer(loss.op).name, keep=_ancestors(fetches))
+    ops = estimate_ops(graph, batch_size, _producer(loss.op).name, keep=_ancestors(fetches) - dropped)
     _count_sparse_rows(graph_def, inputs, variables, ops, batch_size)
     proto = graph_item_pb2.GraphItem(
         graph_def=graph_def.SerializeToString(deterministic=True), source=source, name=name,
@@ -527,7 +709,15 @@ _V1_HYPERPARAMETERS = {"_learning_rate": "learning_rate", "_lr": "learning_rate"
                        "initial_accumulator_value", "_decay": "rho", "_centered": "centered"}
 
 
-def _optimizer_info(optimizer, variables) -> graph_item_pb2.OptimizerInfo:
+def _optimizer_info(optimizer, variables,
+                    names: Sequence[str] | None = None) -> graph_item_pb2.OptimizerInfo:
+    """The optimizer as data.
+
+    Args:
+        optimizer: A Keras 3 or tf.compat.v1 optimizer.
+        variables: The trainable variables it updates.
+        names: Their names in the GraphItem (for Keras' weight-decay exclusions).
+    """
     import keras  # pylint: disable=import-outside-toplevel
 
     class_name = type(optimizer).__name__
@@ -551,26 +741,123 @@ def _optimizer_info(optimizer, variables) -> graph_item_pb2.OptimizerInfo:
                                             class_name=class_name, hyperparameters=hyper,
                                             config_json=json.dumps(config, sort_keys=True))
     if isinstance(optimizer, keras.optimizers.Optimizer):
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            raise CaptureError(
+                f"the optimizer is a LossScaleOptimizer (around "
+                f"{type(optimizer.inner_optimizer).__name__}), as Keras makes under the "
+                "'mixed_float16' dtype policy; autodist does not reproduce dynamic loss "
+                "scaling: train in float32 or with the 'mixed_bfloat16' policy (no loss "
+                "scaling)")
         algorithm = _KERAS_ALGORITHMS.get(class_name)
         if algorithm is None:
             raise CaptureError(f"unsupported Keras optimizer {class_name}; supported: "
                                f"{sorted(_KERAS_ALGORITHMS)}")
-        config = optimizer.get_config()
+        config = _keras_optimizer_config(optimizer)
         hyper = {}
         for key, value in config.items():
             if isinstance(value, bool):
                 hyper[key] = float(value)
             elif isinstance(value, (int, float)) and value is not None:
                 hyper[key] = float(value)
-        lr = optimizer.learning_rate
-        if "learning_rate" not in hyper:
-            hyper["learning_rate"] = float(np.asarray(lr))
-        serialized = keras.optimizers.serialize(optimizer)
-        return graph_item_pb2.OptimizerInfo(
-            algorithm=algorithm, family="keras", class_name=class_name, hyperparameters=hyper,
-            config_json=json.dumps(serialized, sort_keys=True, default=str))
+        info = graph_item_pb2.OptimizerInfo(algorithm=algorithm, family="keras",
+                                            class_name=class_name)
+        rate = optimizer._learning_rate  # pylint: disable=protected-access
+        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+            hyper.pop("learning_rate", None)
+            info.learning_rate_schedule.CopyFrom(_trace_schedule(rate))
+        elif callable(rate) and not isinstance(rate, keras.Variable):
+            raise CaptureError(
+                f"the learning rate of {class_name} is a callable ({_describe(rate)}), which "
+                "Keras calls with no arguments before every update; autodist cannot "
+                "evaluate it on the cluster. Use a keras.optimizers.schedules."
+                "LearningRateSchedule (a function of the step) or a number")
+        elif "learning_rate" not in hyper:
+            hyper["learning_rate"] = float(np.asarray(optimizer.learning_rate))
+        info.hyperparameters.update(hyper)
+        if config.get("weight_decay") is not None and names is not None:
+            info.weight_decay_excluded.extend(
+                n for v, n in zip(variables, names)
+                if not optimizer._use_weight_decay(v))  # pylint: disable=protected-access
+        try:
+            serialized = keras.optimizers.serialize(optimizer)
+        except NotImplementedError:  # a schedule without get_config
+            serialized = {"class_name": class_name, "config": config}
+        info.config_json = json.dumps(serialized, sort_keys=True, default=str)
+        return info
     raise CaptureError("optimizer must be a keras.optimizers.Optimizer or a "
                        f"tf.compat.v1.train.Optimizer. Received: {class_name}")
+
+
+def _keras_optimizer_config(optimizer) -> dict[str, Any]:
+    """`get_config()`, or, where a schedule without `get_config` makes it fail,
+    the constructor's arguments read from the optimizer's attributes of the same
+    name (as Keras optimizers keep them)."""
+    import inspect  # pylint: disable=import-outside-toplevel
+
+    try:
+        return optimizer.get_config()
+    except NotImplementedError:
+        parameters = inspect.signature(type(optimizer).__init__).parameters
+        return {key: getattr(optimizer, key) for key in parameters
+                if key not in ("self", "learning_rate", "name", "kwargs")
+                and hasattr(optimizer, key)}
+
+
+# Steps at which a traced schedule must equal the schedule itself.
+_SCHEDULE_CHECK_STEPS = (0, 1, 2, 3, 7, 10, 99, 100, 101, 1000, 12345, 1000000)
+
+
+def _trace_schedule(schedule) -> graph_item_pb2.LearningRateSchedule:
+    """Traces a Keras LearningRateSchedule into a graph of the step.
+
+    The graph is checked against the schedule at a few steps, so a schedule
+    whose value depends on Python state rather than on the step is refused.
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+
+    name = type(schedule).__name__
+    try:
+        concrete = tf.function(lambda step: tf.convert_to_tensor(schedule(step)),
+                               autograph=True).get_concrete_function(
+                                   tf.TensorSpec([], tf.int64, name="step"))
+    except Exception as e:  # whatever the user's schedule raises
+        raise CaptureError(f"the learning-rate schedule {name} cannot be traced as a "
+                           f"TensorFlow function of the step: {_short(e)}") from e
+    rate = concrete.structured_outputs
+    if rate.shape.rank != 0 or not rate.dtype.is_floating:
+        raise CaptureError(f"the learning-rate schedule {name} must return a float scalar. "
+                           f"Received: {rate.dtype.name} of shape {rate.shape}")
+    graph = concrete.graph
+    if any(internal.dtype == tf.resource for _, internal in graph.captures):
+        raise CaptureError(f"the learning-rate schedule {name} reads a variable; its changes "
+                           "would not reach the cluster. Make it a function of the step only")
+    graph_def = graph.as_graph_def()
+    _inline_constant_captures(graph, graph_def, set())
+    for step in _SCHEDULE_CHECK_STEPS:
+        want = float(np.asarray(schedule(tf.constant(step, tf.int64))))
+        got = float(concrete(tf.constant(step, tf.int64)))
+        if not math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12):
+            raise CaptureError(f"the learning-rate schedule {name} gives {want!r} at step "
+                               f"{step} but its traced graph gives {got!r}: it depends on "
+                               "something other than the step")
+    try:
+        config = json.dumps(keras.optimizers.schedules.serialize(schedule), sort_keys=True,
+                            default=str)
+    except Exception:  # a custom schedule without get_config
+        config = ""
+    return graph_item_pb2.LearningRateSchedule(
+        class_name=name, config_json=config,
+        graph_def=graph_def.SerializeToString(deterministic=True),
+        step_tensor=concrete.inputs[0].name, learning_rate_tensor=rate.name)
+
+
+def _describe(value) -> str:
+    return getattr(value, "__qualname__", None) or type(value).__name__
+
+
+def _short(error: Exception, limit: int = 300) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def _slot_names(info: graph_item_pb2.OptimizerInfo, var_name: str) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import networkx as nx
 from google.protobuf import text_format
@@ -196,6 +196,8 @@ class GraphItem:
         lines.insert(1, "  ".join("-" * w for w in widths))
         opt = self._proto.optimizer
         hp = ", ".join(f"{k}={v:g}" for k, v in sorted(opt.hyperparameters.items()))
+        if opt.HasField("learning_rate_schedule"):
+            hp = f"learning_rate={opt.learning_rate_schedule.class_name}(step), " + hp
         phases: dict[str, int] = {}
         for op in self._proto.ops:
             phases[op.phase] = phases.get(op.phase, 0) + 1
@@ -233,10 +235,33 @@ class GraphItem:
                 f"parameters={self.num_parameters:,}, ops={len(self._proto.ops)})")
 
 
+# Keras' gradient clipping options, in the order Keras checks them.
+CLIPPING_OPTIONS = ("clipnorm", "global_clipnorm", "clipvalue")
+
+
 def optimizer_squares_gradient(info: graph_item_pb2.OptimizerInfo) -> bool:
-    """Whether the optimizer's update uses the squared gradient.
+    """Whether the update needs the squared gradient of a sparse gradient.
 
     For a sparse gradient Keras squares each looked-up row before summing
-    repeats, so whoever aggregates such a gradient must carry those squares.
+    repeats (in Adam-like updates, and in the norm `clipnorm` and
+    `global_clipnorm` clip by), so whoever aggregates such a gradient must
+    carry those squares.
     """
-    return info.family == "keras" and info.algorithm in ("adam", "adamw", "adagrad", "rmsprop")
+    if info.family != "keras":
+        return False
+    clipping = gradient_clipping(info.hyperparameters)
+    return info.algorithm in ("adam", "adamw", "adagrad", "rmsprop") or \
+        (clipping is not None and clipping[0] != "clipvalue")
+
+
+def gradient_clipping(hyperparameters: Mapping[str, float]) -> tuple[str, float] | None:
+    """The clipping Keras applies with these hyper-parameters: (option, value) or None.
+
+    As in Keras, an option counts only when it is positive, and `clipnorm`
+    wins over `global_clipnorm`, which wins over `clipvalue`.
+    """
+    for option in CLIPPING_OPTIONS:
+        value = hyperparameters.get(option, 0.0)
+        if value and value > 0:
+            return option, float(value)
+    return None

@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 from autodist.ir.atomic import atomic_write
 from autodist.ir.errors import StrategyError
-from autodist.ir.graph_item import GraphItem
+from autodist.ir.graph_item import GraphItem, gradient_clipping
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.proto import strategy_pb2
 
@@ -329,6 +329,14 @@ class Strategy:
         _Validator(self._proto, graph_item, resource_spec).run(check_fingerprints)
 
 
+def _update_group(sync: Synchronizer) -> str:
+    """Where a shard's update runs: its clipping group (see _check_gradient_clipping)."""
+    if sync.WhichOneof("kind") == "ps":
+        synchronous = sync.ps.sync and not sync.ps.staleness
+        return "synchronous PS" if synchronous else "asynchronous PS"
+    return "all-reduce"
+
+
 def describe_synchronizer(sync: Synchronizer) -> str:
     """One line for a synchronizer, e.g. "PS(/job:ps/task:0/device:CPU:0, sync)"."""
     kind = sync.WhichOneof("kind")
@@ -381,16 +389,61 @@ class _Validator:
         self._check_virtual_nodes(replicas)
         self._check_variables(replicas)
         self._check_hyperparameters()
+        self._check_gradient_clipping()
 
     def _check_hyperparameters(self) -> None:
         known = self.gi.optimizer.hyperparameters
+        schedule = self.gi.optimizer.learning_rate_schedule.class_name
         for key, value in self.proto.graph_config.hyperparameters.items():
+            if key == "learning_rate" and schedule:
+                raise StrategyError(
+                    f"graph_config.hyperparameters overrides learning_rate, but the optimizer's "
+                    f"learning rate is a schedule ({schedule}), which a fixed rate would "
+                    "replace; change the schedule in the model instead",
+                    field="graph_config.hyperparameters['learning_rate']", received=value)
             if key in STRUCTURAL_HYPERPARAMETERS or key not in known:
                 tunable = sorted(k for k in known if k not in STRUCTURAL_HYPERPARAMETERS)
                 raise StrategyError(
                     f"graph_config.hyperparameters overrides {key!r}, which is not a tunable "
                     f"hyper-parameter of the optimizer (tunable: {tunable})",
                     field=f"graph_config.hyperparameters[{key!r}]", received=value)
+
+    def _check_gradient_clipping(self) -> None:
+        """A clipping norm must be computed in one update: within one task's run.
+
+        The chief updates every synchronous PS shard in one run, each replica
+        its all-reduced shards in another, and asynchronous shards are updated
+        per replica; a norm cannot combine gradients of two of these groups.
+        """
+        values = dict(self.gi.optimizer.hyperparameters)
+        values.update(self.proto.graph_config.hyperparameters)
+        clipping = gradient_clipping(values)
+        if clipping is None or clipping[0] == "clipvalue":
+            return
+        option, limit = clipping
+        groups: dict[str, set[str]] = {}
+        for config in self.proto.variables:
+            var = self.gi.variable(config.var_name)
+            if var.gradient.dense or var.gradient.values:
+                groups[config.var_name] = {_update_group(s) for s in config.shards}
+        if option == "clipnorm":
+            for name, kinds in groups.items():
+                if len(kinds) > 1:
+                    raise StrategyError(
+                        f"the optimizer clips each variable's gradient by its norm "
+                        f"(clipnorm={limit:g}), but variable {name!r} has shards updated "
+                        f"by {' and '.join(sorted(kinds))}, whose norms no update sees "
+                        "together; give all its shards one kind of synchronizer",
+                        variable=name, field="shards", received=sorted(kinds))
+            return
+        kinds = set().union(*groups.values()) if groups else set()
+        if len(kinds) > 1:
+            raise StrategyError(
+                f"the optimizer clips by the global norm of all gradients "
+                f"(global_clipnorm={limit:g}), but the strategy updates variables by "
+                f"{' and '.join(sorted(kinds))}, whose norms no update sees together; use one "
+                "kind of synchronizer for every variable (all parameter servers, or all "
+                "all-reduce)", field="shards", received=sorted(kinds))
 
     def _check_fingerprints(self) -> None:
         for field, actual in (("graph_item_fingerprint", self.gi.fingerprint),

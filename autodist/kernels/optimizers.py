@@ -15,21 +15,37 @@ densifying it, so where a row occurs several times in a batch its "squared
 gradient" is the sum of the squares of its occurrences, not the square of
 their sum; `apply_update` takes that sum (`grad_square`) to match Keras
 exactly.
+
+Keras clips the gradient before the update (`clipnorm`, `global_clipnorm`,
+`clipvalue`); here `clip_gradients` clips the aggregated gradients of one
+update group (all the shards a task updates in one run), so a variable's or
+the model's norm is taken over the global gradient, never a replica's part.
+Keras measures a sparse gradient's norm over its looked-up rows (the sum of
+`grad_square`), and `global_clipnorm` makes it dense; `clipvalue` clips each
+looked-up row, so a sparse gradient is clipped per replica before it is
+aggregated (`clip_occurrences`). A learning-rate schedule is evaluated at the
+update's step, the number of updates applied before it, as Keras evaluates
+`schedule(optimizer.iterations)` before incrementing it.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import tensorflow as tf
 
 from autodist.ir.errors import StrategyError
-from autodist.ir.graph_item import optimizer_squares_gradient
+from autodist.ir.graph_item import gradient_clipping, optimizer_squares_gradient
 from autodist.proto import graph_item_pb2
 
-# Keras options that change the update in ways not implemented yet.
-_UNSUPPORTED_KERAS_OPTIONS = ("clipnorm", "clipvalue", "global_clipnorm",
-                              "gradient_accumulation_steps", "loss_scale_factor")
+# Keras options that change the update in ways not implemented, and why.
+_UNSUPPORTED_KERAS_OPTIONS = {
+    "gradient_accumulation_steps": "it applies an update only every few steps",
+    "loss_scale_factor": "it scales the loss inside Keras' train step",
+}
+# Flags and options that are not numbers the update computes with.
+_NON_TENSOR_HYPERPARAMETERS = ("nesterov", "amsgrad", "centered", "use_ema", "clipnorm",
+                               "global_clipnorm", "clipvalue")
 
 
 @dataclasses.dataclass
@@ -57,14 +73,17 @@ def slot_initial_value(info: graph_item_pb2.OptimizerInfo, slot: str) -> float:
 def check_supported(info: graph_item_pb2.OptimizerInfo) -> None:
     """Raises StrategyError for optimizer options the runtime cannot reproduce."""
     hp = info.hyperparameters
-    for option in _UNSUPPORTED_KERAS_OPTIONS:
+    for option, why in _UNSUPPORTED_KERAS_OPTIONS.items():
         if hp.get(option):
             raise StrategyError(f"optimizer {info.class_name} uses {option}={hp[option]:g}, "
-                                "which the distributed runtime does not support yet",
+                                f"which the distributed runtime does not support ({why}); "
+                                f"compile the model without {option}",
                                 field=f"optimizer.{option}", received=hp[option])
     if hp.get("use_ema"):
         raise StrategyError(f"optimizer {info.class_name} uses use_ema=True, which the "
-                            "distributed runtime does not support yet",
+                            "distributed runtime does not support (Keras keeps a moving "
+                            "average of the weights and writes it into the model when fit "
+                            "ends); compile the model without use_ema",
                             field="optimizer.use_ema", received=True)
     if info.family == "v1" and info.algorithm not in ("sgd", "adam"):
         raise StrategyError(f"tf.compat.v1 optimizer {info.class_name} is not supported by "
@@ -87,20 +106,182 @@ def square_gradient(grad, shape: list[int]) -> tf.Tensor:
 
 
 def hyperparameter_tensors(info: graph_item_pb2.OptimizerInfo, dtype: tf.DType,
-                           overrides: Mapping[str, float] | None = None) -> dict[str, tf.Tensor]:
-    """The numeric hyper-parameters as constants of `dtype` (build once, share).
+                           overrides: Mapping[str, float] | None = None,
+                           step: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+    """The numeric hyper-parameters as tensors of `dtype` (build once per step, share).
 
-    `overrides` (a strategy's `hyperparameters`) replace the captured values.
+    Args:
+        info: The captured optimizer.
+        dtype: The dtype of the variables they update.
+        overrides: A strategy's `hyperparameters`; they replace the captured values.
+        step: The number of updates applied before this one (int64 scalar); a
+            learning-rate schedule is evaluated at it.
+
+    Raises:
+        StrategyError: a scheduled learning rate without a step.
     """
     values = dict(info.hyperparameters)
     values.update(overrides or {})
-    return {k: tf.constant(v, dtype) for k, v in values.items()
-            if k not in ("nesterov", "amsgrad", "centered", "use_ema")}
+    tensors = {k: tf.constant(v, dtype) for k, v in values.items()
+               if k not in _NON_TENSOR_HYPERPARAMETERS}
+    if "learning_rate" not in tensors and info.HasField("learning_rate_schedule"):
+        if step is None:
+            raise StrategyError(f"the learning rate of {info.class_name} is a schedule, so "
+                                "its value needs the step", field="optimizer.learning_rate",
+                                received=info.learning_rate_schedule.class_name)
+        tensors["learning_rate"] = tf.cast(scheduled_learning_rate(
+            info.learning_rate_schedule, step), dtype)
+    return tensors
+
+
+def scheduled_learning_rate(schedule: graph_item_pb2.LearningRateSchedule,
+                            step: tf.Tensor) -> tf.Tensor:
+    """The captured schedule's learning rate at `step` (imported into the default graph)."""
+    from tensorflow.core.framework import graph_pb2  # pylint: disable=import-outside-toplevel
+
+    graph_def = graph_pb2.GraphDef()
+    graph_def.ParseFromString(schedule.graph_def)
+    [rate] = tf.import_graph_def(
+        graph_def, input_map={schedule.step_tensor: tf.cast(step, tf.int64)},
+        return_elements=[schedule.learning_rate_tensor], name="autodist/learning_rate")
+    return rate
+
+
+def uses_weight_decay(info: graph_item_pb2.OptimizerInfo, variable: str) -> bool:
+    """Whether Keras decays `variable` (a weight decay is set and does not exclude it)."""
+    return "weight_decay" in info.hyperparameters and \
+        variable not in info.weight_decay_excluded
+
+
+@dataclasses.dataclass
+class ReducedGradient:
+    """The aggregated gradient of one variable or shard, as its update takes it.
+
+    Attributes:
+        variable: The trainable variable it belongs to (shards share it).
+        grad: Dense, or IndexedSlices.
+        square: Keras' squared gradient of a sparse gradient (see the module
+            doc), or None to derive it from `grad`.
+        sparse: The variable's gradient is sparse (looked-up rows), even if
+            its aggregation made `grad` dense.
+    """
+
+    variable: str
+    grad: Any
+    square: Any = None
+    sparse: bool = False
+
+
+def clip_gradients(info: graph_item_pb2.OptimizerInfo, gradients: Sequence[ReducedGradient],
+                   overrides: Mapping[str, float] | None = None, *,
+                   occurrences: bool = False) -> list[ReducedGradient]:
+    """Keras' gradient clipping of one update group, as `Optimizer._clip_gradients`.
+
+    Args:
+        info: The captured optimizer.
+        gradients: Every aggregated gradient of the group: all shards of each
+            variable in it (`clipnorm`), and every variable (`global_clipnorm`);
+            the strategy's validation makes sure no variable or norm spans
+            two groups.
+        overrides: A strategy's `hyperparameters`.
+        occurrences: The sparse gradients' values are single lookups (a
+            replica's own gradient), so `clipvalue` clips them here. Otherwise
+            they are sums, and each replica's lookups were clipped before the
+            aggregation (`clip_occurrences`).
+
+    Returns:
+        The clipped gradients, in order.
+    """
+    values = dict(info.hyperparameters)
+    values.update(overrides or {})
+    clipping = gradient_clipping(values) if info.family == "keras" else None
+    if clipping is None or not gradients:
+        return list(gradients)
+    option, limit = clipping
+    if option == "clipvalue":
+        return [g if g.sparse and not occurrences else
+                dataclasses.replace(g, grad=_clip_values(g.grad, limit)) for g in gradients]
+    sums = [_squared_sum(g) for g in gradients]
+    if option == "clipnorm":
+        scales = {}
+        for name in dict.fromkeys(g.variable for g in gradients):
+            total = tf.add_n([s for g, s in zip(gradients, sums) if g.variable == name])
+            scales[name] = limit / tf.maximum(_safe_sqrt(total), limit)
+        return [_scaled(g, scales[g.variable], dense=False) for g in gradients]
+    # global_clipnorm: clip_by_global_norm, NaN or infinite norm making NaN.
+    norm = tf.sqrt(tf.add_n(sums))
+    scale = limit * tf.minimum(1.0 / norm, 1.0 / limit) + (norm - norm)
+    return [_scaled(g, scale, dense=True) for g in gradients]
+
+
+def clip_occurrences(info: graph_item_pb2.OptimizerInfo, grad,
+                     overrides: Mapping[str, float] | None = None):
+    """`clipvalue` on each looked-up row of one replica's sparse gradient.
+
+    Keras clips a sparse gradient's rows one by one, before repeats are
+    summed; so the rows are clipped where they are computed, before the
+    replicas' gradients are aggregated. Other gradients pass unchanged.
+    """
+    values = dict(info.hyperparameters)
+    values.update(overrides or {})
+    clipping = gradient_clipping(values) if info.family == "keras" else None
+    if clipping is None or clipping[0] != "clipvalue" or not isinstance(grad, tf.IndexedSlices):
+        return grad
+    return _clip_values(grad, clipping[1])
+
+
+def _clip_values(grad, limit: float):
+    if isinstance(grad, tf.IndexedSlices):
+        values = tf.clip_by_value(grad.values, -limit, limit)
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    return tf.clip_by_value(grad, -limit, limit)
+
+
+def _squared_sum(gradient: ReducedGradient) -> tf.Tensor:
+    """The gradient's squared L2 norm as Keras takes it (float32): over looked-up rows."""
+    grad = gradient.grad
+    with tf.device(_device(grad)):
+        if gradient.square is not None:
+            return tf.cast(tf.reduce_sum(gradient.square), tf.float32)
+        values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+        return tf.cast(tf.reduce_sum(tf.square(values)), tf.float32)
+
+
+def _safe_sqrt(total: tf.Tensor) -> tf.Tensor:
+    # As tf.clip_by_norm: a zero gradient has norm 0 without a NaN gradient of sqrt.
+    positive = total > 0
+    return tf.where(positive, tf.sqrt(tf.where(positive, total, tf.ones_like(total))), total)
+
+
+def _scaled(gradient: ReducedGradient, scale: tf.Tensor, dense: bool) -> ReducedGradient:
+    """The gradient times `scale`; `dense`: a sparse gradient becomes dense, as Keras'
+    `global_clipnorm` makes it (its squared gradient is then the dense one's)."""
+    grad = gradient.grad
+    with tf.device(_device(grad)):
+        if isinstance(grad, tf.IndexedSlices):
+            factor = tf.cast(scale, grad.values.dtype)
+            if dense:
+                summed = tf.math.unsorted_segment_sum(grad.values, grad.indices,
+                                                      grad.dense_shape[0]) * factor
+                return ReducedGradient(gradient.variable, summed, None, gradient.sparse)
+            scaled = tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+        else:
+            scaled = grad * tf.cast(scale, grad.dtype)
+            if dense:
+                return ReducedGradient(gradient.variable, scaled, None, gradient.sparse)
+        square = None if gradient.square is None else \
+            gradient.square * tf.cast(scale * scale, gradient.square.dtype)
+        return ReducedGradient(gradient.variable, scaled, square, gradient.sparse)
+
+
+def _device(grad) -> str:
+    return (grad.values if isinstance(grad, tf.IndexedSlices) else grad).device
 
 
 def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slots: Slots,
                  step: tf.Tensor, grad_square=None,
-                 hyperparameters: dict[str, tf.Tensor] | None = None) -> tf.Operation:
+                 hyperparameters: dict[str, tf.Tensor] | None = None,
+                 variable: str = "") -> tf.Operation:
     """Builds one optimizer update of `var` with gradient `grad`.
 
     Args:
@@ -114,15 +295,19 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
         grad_square: The squared gradient as Keras computes it (see the module
             doc); by default derived from `grad`.
         hyperparameters: From `hyperparameter_tensors` for the variable's
-            dtype; pass them to share the constants between updates (made
-            here if absent).
+            dtype and this step; pass them to share the tensors between
+            updates (made here if absent).
+        variable: The trainable variable `var` is (a shard of), for Keras'
+            `exclude_from_weight_decay`.
 
     Returns:
         The update op.
     """
     shape = var.shape.as_list()
-    hp = hyperparameters if hyperparameters is not None else \
-        hyperparameter_tensors(info, var.dtype.base_dtype)
+    hp = dict(hyperparameters if hyperparameters is not None else
+              hyperparameter_tensors(info, var.dtype.base_dtype, step=step))
+    if not uses_weight_decay(info, variable):
+        hp.pop("weight_decay", None)
     if isinstance(grad, tf.IndexedSlices) and _is_plain_sgd(info, slots, hp):
         rows = tf.cast(grad.values, var.dtype) * hp["learning_rate"]
         return tf.raw_ops.ResourceScatterSub(resource=var.handle, indices=grad.indices,
@@ -155,16 +340,20 @@ def _is_plain_sgd(info: graph_item_pb2.OptimizerInfo, slots: Slots,
 
 
 # ---------------------------------------------------------------- Keras 3
-def _keras_weight_decay(var, hp):
-    if "weight_decay" in hp:
+def _keras_weight_decay(var, grad, hp):
+    """Keras decays the variable after its gradient is computed, before the update."""
+    if "weight_decay" not in hp:
+        return []
+    # After the gradient: it waits for every read of the variable in this step
+    # (a PS variable's aggregated gradient waits for every worker's pass).
+    with tf.control_dependencies([grad]):
         return [var.assign_sub(var.read_value() * hp["weight_decay"] * hp["learning_rate"],
                                read_value=False)]
-    return []
 
 
 def _keras_sgd(var, grad, grad_square, slots, step, hp, flags):
     lr = hp["learning_rate"]
-    deps = _keras_weight_decay(var, hp)
+    deps = _keras_weight_decay(var, grad, hp)
     with tf.control_dependencies(deps):
         if flags.get("momentum", 0.0) == 0.0:
             return var.assign_sub(grad * lr, read_value=False)
@@ -183,7 +372,7 @@ def _keras_adam(var, grad, grad_square, slots, step, hp, flags):
     beta_1, beta_2, epsilon = hp["beta_1"], hp["beta_2"], hp["epsilon"]
     t = tf.cast(step + 1, var.dtype)
     alpha = lr * tf.sqrt(1 - tf.pow(beta_2, t)) / (1 - tf.pow(beta_1, t))
-    deps = _keras_weight_decay(var, hp)
+    deps = _keras_weight_decay(var, grad, hp)
     with tf.control_dependencies(deps):
         m = slots["momentum"]
         v = slots["velocity"]
@@ -197,7 +386,7 @@ def _keras_adam(var, grad, grad_square, slots, step, hp, flags):
 
 def _keras_adagrad(var, grad, grad_square, slots, step, hp, flags):
     lr, epsilon = hp["learning_rate"], hp["epsilon"]
-    deps = _keras_weight_decay(var, hp)
+    deps = _keras_weight_decay(var, grad, hp)
     with tf.control_dependencies(deps):
         acc = slots["accumulator"].assign_add(grad_square)
         return var.assign_sub(lr * grad / tf.sqrt(acc + epsilon), read_value=False)
@@ -205,7 +394,7 @@ def _keras_adagrad(var, grad, grad_square, slots, step, hp, flags):
 
 def _keras_rmsprop(var, grad, grad_square, slots, step, hp, flags):
     lr, rho, epsilon = hp["learning_rate"], hp["rho"], hp["epsilon"]
-    deps = _keras_weight_decay(var, hp)
+    deps = _keras_weight_decay(var, grad, hp)
     with tf.control_dependencies(deps):
         velocity = slots["velocity"].assign(rho * slots["velocity"].read_value() +
                                             (1 - rho) * grad_square)

@@ -30,7 +30,8 @@ from autodist.ir.graph_item import optimizer_squares_gradient
 from autodist.ir.strategy import Strategy
 from autodist.kernels import all_reduce_synchronizer as ar
 from autodist.kernels import ps_synchronizer as ps
-from autodist.kernels.optimizers import (Slots, apply_update, check_supported, dense_gradient,
+from autodist.kernels.optimizers import (ReducedGradient, Slots, apply_update, check_supported,
+                                         clip_gradients, clip_occurrences, dense_gradient,
                                          hyperparameter_tensors)
 from autodist.kernels.partitioner import split_gradient
 from autodist.kernels.program import Program, Stage, StorageRole, SyncOutputs
@@ -75,7 +76,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
     all_shards = [s for var in gi.variables for s in program.shards[var.name]]
     ar_shards = [s for s in all_shards if s.kind == "all_reduce"]
     with program.graph.as_default():
-        hyper_cache: dict[tf.DType, dict[str, tf.Tensor]] = {}
+        hyper_cache: dict[tuple[tf.DType, str], dict[str, tf.Tensor]] = {}
         counts: dict[str, tf.Tensor] = {}
 
         def replica_count(device):
@@ -85,15 +86,20 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                     counts[device] = tf.constant(len(strategy.replicas), tf.int32)
             return counts[device]
 
-        def update(var, grad, slots, grad_square=None, step=None):
+        def update(var, gradient: ReducedGradient, slots, step=None):
             dtype = var.dtype.base_dtype
-            if dtype not in hyper_cache:
+            step = step_value if step is None else step
+            key = (dtype, step.name)
+            if key not in hyper_cache:
                 with tf.device(None), tf.control_dependencies(None):
-                    hyper_cache[dtype] = hyperparameter_tensors(gi.optimizer, dtype,
-                                                                strategy.hyperparameters)
-            return apply_update(gi.optimizer, var, grad, slots,
-                                step_value if step is None else step, grad_square,
-                                hyper_cache[dtype])
+                    hyper_cache[key] = hyperparameter_tensors(gi.optimizer, dtype,
+                                                              strategy.hyperparameters, step)
+            return apply_update(gi.optimizer, var, gradient.grad, slots, step, gradient.square,
+                                hyper_cache[key], gradient.variable)
+
+        def clip(gradients, occurrences=False):
+            return clip_gradients(gi.optimizer, gradients, strategy.hyperparameters,
+                                  occurrences=occurrences)
 
         first_device = program.replicas[0].device
         step = create_variable(program.graph, VariableSpec("autodist/step", (), tf.int64,
@@ -114,7 +120,11 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                         continue
                     for shard, part in zip(program.shards[var.name],
                                            split_gradient(grad, program.shards[var.name])):
-                        per_shard[shard.name] = _scale(part, scale)
+                        part = _scale(part, scale)
+                        if not (shard.kind == "ps" and is_async(shard)):
+                            part = clip_occurrences(gi.optimizer, part,
+                                                    strategy.hyperparameters)
+                        per_shard[shard.name] = part
                 scaled[replica.index] = per_shard
         updates = []
         pushes = []
@@ -129,15 +139,19 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                     ar.CollectiveConfig(len(strategy.replicas), options.timeout_s,
                                         options.version), step_value,
                     squares=optimizer_squares_gradient(gi.optimizer))
-                ar_results += [(replica, s, reduced.gradients[s.name], reduced.squares.get(s.name))
-                               for s in ar_shards if s.name in reduced.gradients]
-        with tf.control_dependencies(_ops_of([g for _, _, g, _ in ar_results])
+                mine = [s for s in ar_shards if s.name in reduced.gradients]
+                # Clipped per replica: each holds every all-reduced gradient.
+                clipped = clip([ReducedGradient(s.var_name, reduced.gradients[s.name],
+                                                reduced.squares.get(s.name), s.sparse)
+                                for s in mine])
+                ar_results += [(replica, s, g) for s, g in zip(mine, clipped)]
+        with tf.control_dependencies(_ops_of([g.grad for _, _, g in ar_results])
                                      if options.atomic else None):
-            for replica, shard, grad, square in ar_results:
+            for replica, shard, gradient in ar_results:
                 with tf.device(replica.device):
                     var = get_storage(program, shard, replica)
-                    updates.append(update(var, grad, Slots(get_slots(program, shard, replica)),
-                                          square))
+                    updates.append(update(var, gradient,
+                                          Slots(get_slots(program, shard, replica))))
         # PS shards. With collectives in the step, TensorFlow gives every worker's
         # step the same step id (collective graphs are coordinated); two workers'
         # steps with one id on a shared PS task abort each other ("Cleanup
@@ -180,14 +194,18 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                     total = ps.take(acc, shard, num_required)
                     total_square = None if square_acc is None else dense_gradient(
                         ps.take(square_acc, shard, num_required), shard.shape)
-                ps_takes.append((destination, var, total, slots, total_square))
-        takes_done = _ops_of([t for _, _, total, _, square in ps_takes
-                              for t in (total, square) if t is not None])
+                ps_takes.append((destination, var, slots,
+                                 ReducedGradient(shard.var_name, total, total_square,
+                                                 shard.sparse)))
+        takes_done = _ops_of([t for _, _, _, g in ps_takes
+                              for t in (g.grad, g.square) if t is not None])
+        # The chief takes every synchronous shard's gradient: one clipping group.
+        clipped = clip([g for _, _, _, g in ps_takes])
         with tf.control_dependencies(takes_done if options.atomic else None):
-            for destination, var, total, slots, total_square in ps_takes:
+            for (destination, var, slots, _), gradient in zip(ps_takes, clipped):
                 with tf.device(destination):
-                    ps_sync_updates.append(update(var, total, slots, total_square))
-        async_updates = _async_updates(program, strategy, async_ps, scaled, update)
+                    ps_sync_updates.append(update(var, gradient, slots))
+        async_updates = _async_updates(program, strategy, async_ps, scaled, update, clip)
         # In one run with the forward pass, a refresh must also wait for its reads.
         forward = [] if two_phase else _forward_ops(program)
         local_sync = [s for s in sync_ps if s.name in program.local_copies]
@@ -260,7 +278,7 @@ def shared_variable(program: Program, name: str, initial: int | float, dtype: tf
     return program.storage[key]
 
 
-def _async_updates(program: Program, strategy: Strategy, shards, scaled, update) -> list:
+def _async_updates(program: Program, strategy: Strategy, shards, scaled, update, clip) -> list:
     """Each replica applies its own gradient to the PS shards as soon as it has it.
 
     A replica's update is a full step on its part of the batch: its gradient
@@ -279,12 +297,16 @@ def _async_updates(program: Program, strategy: Strategy, shards, scaled, update)
             continue
         with tf.device(shards[0].synchronizer.ps.reduction_destination):
             taken = counter.assign_add(1, read_value=True) - 1
-        for shard in mine:
+        # A replica's own update: its gradients are one clipping group.
+        own = clip([ReducedGradient(s.var_name,
+                                    _scale(scaled[r.index][s.name], float(len(strategy.replicas))),
+                                    sparse=s.sparse)
+                    for s in mine], occurrences=True)
+        for shard, gradient in zip(mine, own):
             var = get_storage(program, shard, program.replicas[0])
             slots = Slots(get_slots(program, shard, program.replicas[0]))
-            grad = _scale(scaled[r.index][shard.name], float(len(strategy.replicas)))
             with tf.device(shard.synchronizer.ps.reduction_destination):
-                updates.append(update(var, grad, slots, step=taken))
+                updates.append(update(var, gradient, slots, step=taken))
     return updates
 
 

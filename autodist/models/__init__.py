@@ -211,8 +211,10 @@ def single_device_twin(model):
 
     twin = keras.models.clone_model(model)
     twin.set_weights(model.get_weights())
+    compiled = getattr(model, "_compile_config", None)
+    loss_weights = compiled.config.get("loss_weights") if compiled is not None else None
     twin.compile(optimizer=model.optimizer.__class__.from_config(model.optimizer.get_config()),
-                 loss=model.loss)
+                 loss=model.loss, loss_weights=loss_weights)
     return twin
 
 

@@ -22,8 +22,11 @@ def is_dataset(x: Any) -> bool:
 
 
 def dataset_arrays(dataset, input_names: Sequence[str],
-                   max_batches: int = 1_000_000) -> tuple[list[np.ndarray], np.ndarray, int]:
-    """Reads a finite dataset of (x, y) batches into (x arrays, y array, batch size).
+                   max_batches: int = 1_000_000) -> tuple[list[np.ndarray], Any, int]:
+    """Reads a finite dataset of (x, y) batches into (x arrays, y, batch size).
+
+    y is one array, or a list / dict of arrays where the dataset's y is a
+    tuple / dict (a model with several outputs).
 
     Args:
         dataset: Yields `(x, y)`: x a tensor, a tuple/list of tensors (one per
@@ -52,8 +55,8 @@ def dataset_arrays(dataset, input_names: Sequence[str],
         x, y = element
         arrays = _x_arrays(x, input_names)
         xs.append(arrays)
-        ys.append(np.asarray(y))
-        sizes.append(len(ys[-1]))
+        ys.append(_y_arrays(y))
+        sizes.append(len(_first(ys[-1])))
     if not sizes:
         raise AutodistError("the dataset is empty")
     batch = sizes[0]
@@ -62,7 +65,30 @@ def dataset_arrays(dataset, input_names: Sequence[str],
                             f"one (as `.batch(n)` makes); received sizes {sizes[:10]}"
                             f"{' ...' if len(sizes) > 10 else ''}")
     inputs = [np.concatenate([b[j] for b in xs]) for j in range(len(input_names))]
-    return inputs, np.concatenate(ys), batch
+    return inputs, _concatenate_y(ys), batch
+
+
+def _y_arrays(y) -> Any:
+    """A batch's targets: one array, or a list / dict of arrays (one per output)."""
+    if isinstance(y, dict):
+        return {k: np.asarray(v) for k, v in y.items()}
+    if isinstance(y, (tuple, list)):
+        return [np.asarray(v) for v in y]
+    return np.asarray(y)
+
+
+def _first(y) -> np.ndarray:
+    if isinstance(y, dict):
+        return next(iter(y.values()))
+    return y[0] if isinstance(y, list) else y
+
+
+def _concatenate_y(ys: list) -> Any:
+    if isinstance(ys[0], dict):
+        return {k: np.concatenate([b[k] for b in ys]) for k in ys[0]}
+    if isinstance(ys[0], list):
+        return [np.concatenate([b[j] for b in ys]) for j in range(len(ys[0]))]
+    return np.concatenate(ys)
 
 
 def _x_arrays(x, input_names: Sequence[str]) -> list[np.ndarray]:

@@ -26,6 +26,7 @@ import numpy as np
 
 from autodist.adapt.driver import PolicyDriver
 from autodist.adapt.policy import StepMetrics
+from autodist.ir.errors import AutodistError
 from autodist.kernels import monitoring
 from autodist.launch.job import JobDir
 from autodist.runtime import follow
@@ -93,8 +94,7 @@ class Progress:
     # ------------------------------------------------------------ the fit
     def begin(self) -> None:
         self.model.stop_training = False
-        self.callbacks.on_train_begin()
-        self._send_stop_if_asked()
+        self._dispatch("on_train_begin")
         if self.policies is not None:
             self.policies.begin()
             self._check_stop()
@@ -121,7 +121,7 @@ class Progress:
             epoch, logs = self._pending
             self._pending = None
             self._close_epoch(epoch, logs)
-        self.callbacks.on_train_end(dict(self._logs))
+        self._dispatch("on_train_end", dict(self._logs))
         if self.policies is not None:
             self.policies.end()
 
@@ -150,13 +150,12 @@ class Progress:
         epoch, step = record.epoch, record.epoch_step
         if self._epoch_open != epoch:
             self._epoch_open, self._sum, self._count = epoch, 0.0, 0
-            self.callbacks.on_epoch_begin(self.initial_epoch + epoch, {})
+            self._dispatch("on_epoch_begin", self.initial_epoch + epoch, {})
         # Keras' batch logs hold the running mean of the epoch, batches weighted by size.
         self._sum += record.loss * record.examples
         self._count += record.examples
-        self.callbacks.on_train_batch_begin(step, {})
-        self.callbacks.on_train_batch_end(step, self._epoch_logs())
-        self._send_stop_if_asked()
+        self._dispatch("on_train_batch_begin", step, {})
+        self._dispatch("on_train_batch_end", step, self._epoch_logs())
         if self.policies is not None:
             self.policies.step(step_metrics(record, self._noise))
             self._check_stop()
@@ -180,8 +179,7 @@ class Progress:
         if self.validate is not None:
             logs = {**logs, **self.validate(index)}
         self._logs = logs
-        self.callbacks.on_epoch_end(index, dict(logs))
-        self._send_stop_if_asked()
+        self._dispatch("on_epoch_end", index, dict(logs))
         if self.policies is not None:
             self.policies.epoch_end(index, dict(logs))
             self._check_stop()
@@ -200,6 +198,25 @@ class Progress:
             self.load_weights(weights)
         path.unlink()
 
+    def _dispatch(self, hook: str, *args) -> None:
+        """Calls `hook` on every callback; a callback may not change the learning rate."""
+        rate = learning_rate_of(self.model)
+        getattr(self.callbacks, hook)(*args)
+        changed = learning_rate_of(self.model)
+        if changed != rate:
+            # The workers ran ahead with the captured rate; Keras would change it now.
+            # The callbacks that implement this hook (Keras' base class does nothing).
+            names = sorted({type(c).__name__ for c in self.callbacks.callbacks
+                            if getattr(type(c), hook) is not getattr(keras.callbacks.Callback,
+                                                                     hook)})
+            raise AutodistError(
+                f"callback {' or '.join(names)} changed the optimizer's learning rate in "
+                f"{hook} (from {_rate_text(rate)} to {_rate_text(changed)}); a distributed "
+                "run trains with the rate it was launched with. Use a "
+                "keras.optimizers.schedules.LearningRateSchedule, or a policy that re-plans "
+                "with strategy.with_hyperparameters(learning_rate=...)")
+        self._send_stop_if_asked()
+
     def _check_stop(self) -> None:
         if self.policies.control.stop_requested:
             self.model.stop_training = True
@@ -209,6 +226,19 @@ class Progress:
         if self.model.stop_training and not self._stop_sent:
             follow.request_stop(self.job)
             self._stop_sent = True
+
+
+def learning_rate_of(model) -> float | None:
+    """The value of a Keras model's fixed learning rate (None: a schedule, or no optimizer)."""
+    optimizer = getattr(model, "optimizer", None)
+    rate = getattr(optimizer, "_learning_rate", None)
+    if rate is None or callable(rate) or not hasattr(rate, "numpy"):
+        return None
+    return float(np.asarray(rate.numpy()))
+
+
+def _rate_text(rate: float | None) -> str:
+    return "a schedule" if rate is None else f"{rate:g}"
 
 
 def step_metrics(record: ProgressRecord,

@@ -25,11 +25,12 @@ from autodist.launch.local import LocalCluster, check_local
 from autodist.launch.remote import RemoteCluster
 from autodist.launch.tf_config import check_this_is_the_chief
 from autodist.runtime import batching, checkpoint, datasets, follow, recovery
+from autodist.runtime import targets as targets_
 from autodist.runtime.elastic import check_elastic, check_switch, segments
 from autodist.runtime.entry import TASK_MODULE
 from autodist.runtime.history import History, read_results
 from autodist.runtime.options import FitOptions
-from autodist.runtime.progress import Progress
+from autodist.runtime.progress import Progress, learning_rate_of
 from autodist.runtime.records import WorkerResult
 
 LAUNCH_MODES = ("local", "remote")
@@ -243,6 +244,7 @@ class DistributedRun:
             initial_epoch=initial_epoch)
         self._resizable = options.check(self.strategy, self.graph_item, self.resource_spec,
                                         self.launch)
+        self._check_learning_rate()
         if options.validation_split:
             if datasets.is_dataset(x):
                 raise AutodistError("validation_split needs arrays; with a dataset, pass "
@@ -450,6 +452,18 @@ class DistributedRun:
         return throughputs
 
     # ------------------------------------------------------------ helpers
+    def _check_learning_rate(self) -> None:
+        """The model's learning rate must still be the captured one (or overridden)."""
+        captured = self.graph_item.optimizer.hyperparameters.get("learning_rate")
+        current = learning_rate_of(self.model)
+        if captured is None or current is None or "learning_rate" in self.strategy.hyperparameters:
+            return
+        if not np.isclose(current, captured, rtol=1e-6, atol=0.0):
+            raise AutodistError(
+                f"the model's learning rate is {current:g} but it was {captured:g} when the "
+                "model was captured, and the cluster trains with the captured one: capture "
+                "again, or set it with strategy.with_hyperparameters(learning_rate=...)")
+
     def _arrays(self, x, y, batch_size: int | None):
         """(inputs, targets, global batch) from fit's arguments, checked."""
         if datasets.is_dataset(x):
@@ -469,7 +483,7 @@ class DistributedRun:
                 f"{batch_size}. Leave batch_size out or change the strategy's virtual nodes")
         batch_size = (fixed or 32) if batch_size is None else batch_size
         inputs = self._inputs(x)
-        targets = self._cast(np.asarray(y), self._target_info())
+        targets = targets_.pack(y, self._target_infos(), self._cast)
         n = len(targets)
         if any(len(a) != n for a in inputs):
             raise AutodistError(f"x and y have different numbers of examples: "
@@ -530,8 +544,8 @@ class DistributedRun:
     def _x_infos(self):
         return [i for i in self.graph_item.inputs if i.role != "y"]
 
-    def _target_info(self):
-        return next(i for i in self.graph_item.inputs if i.role == "y")
+    def _target_infos(self):
+        return [i for i in self.graph_item.inputs if i.role == "y"]
 
     def _inputs(self, x) -> list[np.ndarray]:
         arrays = list(x) if isinstance(x, (list, tuple)) else [x]

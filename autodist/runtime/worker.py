@@ -36,6 +36,7 @@ from autodist.runtime import batching
 from autodist.runtime import elastic as elastic_
 from autodist.runtime import follow
 from autodist.runtime import recovery
+from autodist.runtime import targets as targets_
 from autodist.runtime.follow import ChiefFollower, WorkerFollower
 from autodist.runtime.records import (LossRecord, MonitoredStep, MonitorSample, Probe,
                                       ProgressRecord, ResizeEvent, WorkerMessage, WorkerResult)
@@ -529,7 +530,7 @@ class Trainer:
             held_rows: The rows this task holds (a shipped shard), or None.
         """
         x_names = [info.name for info in self.graph_item.inputs if info.role != "y"]
-        y_name = next((info.name for info in self.graph_item.inputs if info.role == "y"), None)
+        y_names = targets_.target_names(self.graph_item)
         feed = {}
         mine = [parts[vn.index] for vn in replica.virtual_nodes]
         rows = np.concatenate(mine) if len(mine) > 1 else mine[0]
@@ -540,8 +541,9 @@ class Trainer:
             rows = np.searchsorted(held_rows, rows)
         for name, array in zip(x_names, inputs):
             feed[replica.inputs[name]] = np.asarray(array[rows])
-        if y_name is not None:
-            feed[replica.inputs[y_name]] = np.asarray(targets[rows])
+        if y_names:
+            for name, array in zip(y_names, targets_.unpack(targets[rows], len(y_names))):
+                feed[replica.inputs[name]] = array
         feed[self.program.outputs.scales[replica.index]] = len(rows) / sum(map(len, parts))
         return feed
 

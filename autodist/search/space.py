@@ -43,7 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
-from autodist.ir.graph_item import GraphItem, VariableInfo
+from autodist.ir.graph_item import GraphItem, VariableInfo, gradient_clipping
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy, is_gathered
 from autodist.proto import strategy_pb2
@@ -172,6 +172,13 @@ class SearchSpace:
                              "to distribute")
         self.consistencies = [Consistency.parse(c) for c in self.config.consistency]
         self.ps_devices = list(resource_spec.ps_devices) if self.config.allow_ps else []
+        # A clipping norm is computed within one update group (Strategy.validate):
+        # clipnorm keeps each variable on one kind of synchronizer, global_clipnorm
+        # every variable (all-reduce where allowed).
+        clipping = gradient_clipping(graph_item.optimizer.hyperparameters)
+        self.clipping = clipping[0] if clipping and clipping[0] != "clipvalue" else None
+        if self.clipping == "global_clipnorm" and self.config.allow_all_reduce:
+            self.ps_devices = []
         self.replicas_per_node = _replicas_per_node(resource_spec)
         self.lookups_per_example = lookups_per_example(graph_item)
         self.options: list[list[strategy_pb2.VariableConfig]] = [
@@ -290,6 +297,16 @@ class SearchSpace:
             ids[(v, k)] = gid
         return ids
 
+    def admits(self, strategy: Strategy) -> bool:
+        """Whether `strategy`'s choices may join the space (seeds): with a clipping
+        norm, only choices that keep every candidate valid."""
+        kinds = [{s.WhichOneof("kind") for s in c.shards} for c in strategy.proto.variables]
+        if self.clipping == "clipnorm":
+            return all(len(k) == 1 for k in kinds)
+        if self.clipping == "global_clipnorm":
+            return set().union(*kinds) <= ({"ps"} if self.ps_devices else {"all_reduce"})
+        return True
+
     def encode(self, strategy: Strategy) -> np.ndarray:
         """The candidate of `strategy`, adding its choices as options when missing.
 
@@ -334,7 +351,7 @@ class SearchSpace:
         options = self._ps_options(var)
         if self.config.allow_all_reduce:
             options += self._all_reduce_options(var)
-            if self.config.allow_hybrid:
+            if self.config.allow_hybrid and self.clipping is None:
                 options += self._hybrid_options(var)
         if not options:
             raise ValueError(f"variable {var.name!r} has no option in this space: no PS "

@@ -117,7 +117,8 @@ class Tuner:
         self.seed = seed
         self.progress = progress
         self.workload = workload_key(graph_item.fingerprint, resource_spec.fingerprint)
-        self.builder_strategies = self._builder_strategies()
+        self.builder_strategies = {name: s for name, s in self._builder_strategies().items()
+                                   if self.space.admits(s)}
         self.seeds = {name: self.space.encode(s) for name, s in self.builder_strategies.items()}
 
     # -------------------------------------------------------------- scoring

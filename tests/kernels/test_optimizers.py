@@ -80,6 +80,13 @@ def test_update_equals_keras(name, sparse):
 
 
 def test_unsupported_options_are_named():
-    info = _optimizer_info(keras.optimizers.SGD(0.1, clipnorm=1.0), [])
-    with pytest.raises(StrategyError, match="uses clipnorm=1, which the distributed runtime"):
+    info = _optimizer_info(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2), [])
+    with pytest.raises(StrategyError, match="uses gradient_accumulation_steps=2, which the "
+                                            "distributed runtime does not support"):
+        check_supported(info)
+    info = _optimizer_info(keras.optimizers.SGD(0.1, loss_scale_factor=128.0), [])
+    with pytest.raises(StrategyError, match="loss_scale_factor=128"):
+        check_supported(info)
+    info = _optimizer_info(keras.optimizers.Adam(0.1, use_ema=True), [])
+    with pytest.raises(StrategyError, match="use_ema=True.*moving average"):
         check_supported(info)

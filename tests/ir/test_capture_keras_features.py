@@ -1,0 +1,225 @@
+"""Capture of Keras features beyond one output and a plain loss: each trains as Keras does,
+or is refused with a message that names it.
+
+The reference is Keras' own train step: the models are compiled with
+SGD(learning_rate=1), so one `train_on_batch` moves every weight by minus its
+gradient, which must equal the captured step's gradient.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras
+import autodist
+from autodist.ir.capture import capture
+from autodist.ir.errors import CaptureError, StrategyError
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.search import builders
+from autodist.search.space import SearchSpace
+
+from tests.ir.test_capture import _run_captured_step
+
+BATCH = 16
+
+
+def _keras_step_gradients(model, x, y) -> tuple[float, dict]:
+    """Keras' gradients of one train step (SGD with rate 1), by variable path."""
+    before = {v.path: v.numpy().copy() for v in model.trainable_variables}
+    loss = model.train_on_batch(x, y)
+    after = {v.path: v.numpy() for v in model.trainable_variables}
+    for v in model.trainable_variables:  # restore
+        v.assign(before[v.path])
+    total = np.asarray(loss).reshape(-1)[0]  # several outputs: [total, per-output losses]
+    return float(total), {k: before[k] - after[k] for k in before}
+
+
+def _check_equals_keras_step(model, inputs, targets, feeds, **capture_args):
+    gi = capture(model, **capture_args)
+    got = _run_captured_step(gi, feeds, {v.path: v.value for v in model.trainable_variables})
+    loss, expected = _keras_step_gradients(model, inputs, targets)
+    assert got["loss"] == pytest.approx(loss, rel=1e-5)
+    for name, grad in expected.items():
+        np.testing.assert_allclose(got[name], grad, rtol=1e-4, atol=1e-6, err_msg=name)
+    return gi
+
+
+def _rng_data(rng, classes=5):
+    x = rng.normal(size=(BATCH, 12)).astype(np.float32)
+    return x, rng.integers(0, classes, BATCH).astype(np.int32), \
+        rng.normal(size=(BATCH, 2)).astype(np.float32)
+
+
+def _two_outputs(as_dict: bool):
+    inputs = keras.Input((12,), name="features")
+    hidden = keras.layers.Dense(16, activation="relu", name="hidden",
+                                kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
+    cls = keras.layers.Dense(5, name="cls")(hidden)
+    reg = keras.layers.Dense(2, name="reg")(hidden)
+    outputs = {"cls": cls, "reg": reg} if as_dict else [cls, reg]
+    model = keras.Model(inputs, outputs)
+    losses = [keras.losses.SparseCategoricalCrossentropy(from_logits=True), "mse"]
+    weights = [1.0, 0.5]
+    if as_dict:
+        losses, weights = dict(zip(["cls", "reg"], losses)), dict(zip(["cls", "reg"], weights))
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss=losses, loss_weights=weights)
+    return model
+
+
+@pytest.mark.parametrize("as_dict", [False, True], ids=["list", "dict"])
+def test_multi_output_model_equals_keras_step(as_dict):
+    model = _two_outputs(as_dict)
+    x, labels, values = _rng_data(np.random.default_rng(0))
+    y = {"cls": labels, "reg": values} if as_dict else [labels, values]
+    gi = _check_equals_keras_step(model, x, y,
+                                  {"features": x, "y/cls": labels, "y/reg": values})
+    targets = [(i.name, i.dtype, list(i.shape)) for i in gi.inputs if i.role == "y"]
+    assert targets == [("y/cls", "int32", [-1]), ("y/reg", "float32", [-1, 2])]
+
+
+def test_compute_loss_override_and_added_losses_equal_keras_step():
+    class Weighted(keras.Model):
+        # A compute_loss of the user's own, without the `training` argument.
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
+            loss = super().compute_loss(x, y, y_pred, sample_weight)
+            return 2.0 * loss + 0.1 * tf.reduce_mean(tf.square(y_pred))
+
+    inputs = keras.Input((12,), name="features")
+    hidden = keras.layers.Dense(16, activation="tanh",
+                                kernel_regularizer=keras.regularizers.L1L2(0.01, 0.02),
+                                activity_regularizer=keras.regularizers.L2(0.05))(inputs)
+    model = Weighted(inputs, keras.layers.Dense(2)(hidden))
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")
+    x, _, values = _rng_data(np.random.default_rng(1))
+    _check_equals_keras_step(model, x, values, {"features": x, "y": values})
+
+
+class Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(16, activation="relu")
+        self.out = keras.layers.Dense(5)
+
+    def call(self, x, training=None):
+        return self.out(self.hidden(x))
+
+
+def test_subclassed_model_is_built_from_the_example_and_equals_keras_step():
+    model = Subclassed()
+    model.compile(optimizer=keras.optimizers.SGD(1.0),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, labels, _ = _rng_data(np.random.default_rng(2))
+    gi = _check_equals_keras_step(model, x, labels, {"input_0": x, "y": labels}, x=x, y=labels)
+    assert [list(v.shape) for v in gi.variables] == [[12, 16], [16], [16, 5], [5]]
+
+
+def test_mixed_bfloat16_equals_keras_step():
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = keras.Sequential([keras.Input((12,), name="features"),
+                                  keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(2)])
+        model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")
+    finally:
+        keras.config.set_dtype_policy(previous)
+    x, _, values = _rng_data(np.random.default_rng(3))
+    gi = _check_equals_keras_step(model, x, values, {"features": x, "y": values})
+    assert [i.dtype for i in gi.inputs] == ["float32", "float32"]
+
+
+def test_mixed_float16_is_refused():
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(2)])
+        model.compile(optimizer="adam", loss="mse")
+    finally:
+        keras.config.set_dtype_policy(previous)
+    with pytest.raises(CaptureError, match="LossScaleOptimizer \\(around Adam\\).*mixed_float16"):
+        capture(model)
+
+
+def test_custom_train_step_is_refused():
+    class Custom(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    inputs = keras.Input((12,))
+    model = Custom(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(CaptureError, match="overrides train_step \\(in .*Custom\\).*"
+                                           "compute_loss"):
+        capture(model)
+
+
+def test_sum_reduction_is_refused():
+    inputs = keras.Input((12,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer="sgd", loss=keras.losses.MeanSquaredError(reduction="sum"))
+    with pytest.raises(CaptureError, match="reduction='sum'.*sum_over_batch_size"):
+        capture(model)
+
+
+def test_constraint_is_refused():
+    inputs = keras.Input((12,))
+    dense = keras.layers.Dense(2, kernel_constraint=keras.constraints.MaxNorm(1.0))
+    model = keras.Model(inputs, dense(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(CaptureError, match="kernel.* has a constraint \\(MaxNorm\\)"):
+        capture(model)
+
+
+def _mlp(optimizer):
+    return autodist.models.mlp(input_dim=20, hidden=(64,), optimizer=optimizer)
+
+
+def test_learning_rate_override_of_a_schedule_is_refused():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    gi = capture(_mlp(keras.optimizers.SGD(schedule)))
+    spec = ResourceSpec.local(workers=2, ps=0)
+    strategy = builders.AllReduce().build(gi, spec).with_hyperparameters(learning_rate=0.2)
+    with pytest.raises(StrategyError, match="learning rate is a schedule \\(ExponentialDecay\\)"):
+        strategy.validate(gi, spec)
+
+
+def test_clipnorm_refuses_a_variable_split_between_ps_and_all_reduce():
+    gi = capture(_mlp(keras.optimizers.SGD(0.1, clipnorm=1.0)))
+    spec = ResourceSpec.local(workers=2, ps=2)
+    space = SearchSpace(gi, spec)
+    assert space.clipping == "clipnorm"
+    assert all(len({s.WhichOneof("kind") for s in option.shards}) == 1
+               for options in space.options for option in options)
+    from tests.runtime.test_distributed_training import _Hybrid  # pylint: disable=C0415
+
+    plain = capture(_mlp(keras.optimizers.SGD(0.1)))
+    hybrid = _Hybrid().build(plain, spec)
+    with pytest.raises(StrategyError, match="clipnorm=1.*has shards updated by all-reduce "
+                                            "and synchronous PS"):
+        hybrid.validate(gi, spec)
+
+
+def test_global_clipnorm_needs_one_kind_of_synchronizer():
+    gi = capture(autodist.models.embedding_model(
+        num_users=50, num_items=71, dim=8,
+        optimizer=keras.optimizers.Adam(0.01, global_clipnorm=1.0)))
+    spec = ResourceSpec.local(workers=2, ps=1)
+    with pytest.raises(StrategyError, match="global_clipnorm=1.*all-reduce and synchronous PS"):
+        builders.Parallax().build(gi, spec)  # embeddings on the PS, dense all-reduced
+    builders.PS().build(gi, spec)
+    builders.AllReduce().build(gi, spec)
+    plan = autodist.optimize(None, spec, graph_item=gi, cost_model="simulator",
+                             search_budget=200)
+    kinds = {s.WhichOneof("kind") for v in plan.strategy.proto.variables for s in v.shards}
+    assert kinds == {"all_reduce"}
+
+
+def test_optimize_captures_a_subclassed_model_from_an_example():
+    model = Subclassed()
+    model.compile(optimizer="adam",
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, labels, _ = _rng_data(np.random.default_rng(4))
+    plan = autodist.optimize(model, ResourceSpec.local(workers=2, ps=1), x=x, y=labels,
+                             cost_model="simulator", search_budget=200)
+    assert plan.graph_item.variable_names == [v.path for v in model.trainable_variables]
