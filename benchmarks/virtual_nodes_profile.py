@@ -61,9 +61,9 @@ def main() -> int:
         sizes = [len(m) for m in mine]
         if replica.sizes is not None and sizes != getattr(replica, "default_sizes", None):
             feed[replica.sizes] = np.asarray(sizes, np.int32)
-        for info, array in zip([i for i in item.inputs if i.role != "y"], [x]):
+        for info, array in zip(item.model_inputs, [x]):
             feed[replica.inputs[info.name]] = np.asarray(array[rows])
-        feed[replica.inputs[next(i.name for i in item.inputs if i.role == "y")]] = y[rows]
+        feed[replica.inputs[item.target_inputs[0].name]] = y[rows]
         fetches = {"loss": program.outputs.weighted_loss, "train": program.outputs.train_op}
         for _ in range(10):
             session.run(fetches, feed)

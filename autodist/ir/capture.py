@@ -125,35 +125,145 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
     _check_keras_losses(model)
     _check_keras_constraints(model, trainable)
 
-    def step(inputs, targets):
+    _build_keras_metrics(model, x_spec, y_spec)
+    metric_variables = keras_metric_variables(model)
+
+    def step(inputs, targets, sample_weight):
         # Keras' TensorFlow train step, without the optimizer.
         with tf.GradientTape() as tape:
             if getattr(model, "_call_has_training_arg", True):
                 predictions = model(inputs, training=True)
             else:
                 predictions = model(inputs)
-            loss = _keras_compute_loss(model, inputs, targets, predictions)
+            loss = _keras_compute_loss(model, inputs, targets, predictions, sample_weight)
         grads = tape.gradient(loss, [v.value for v in trainable])
-        return loss, grads
+        return loss, grads, _metric_contributions(model, metric_variables, inputs, targets,
+                                                  predictions, sample_weight, loss)
 
-    concrete = tf.function(step, autograph=False).get_concrete_function(x_spec, y_spec)
-    names = _unique_names([v.path for v in trainable])
+    weight_spec = tf.TensorSpec([None], tf.float32, name="sample_weight")
+    concrete = tf.function(step, autograph=False).get_concrete_function(x_spec, y_spec,
+                                                                         weight_spec)
+    names = unique_names([v.path for v in trainable])
     state = [v for v in model.variables if not v.trainable]
     input_names = _keras_input_names(model, x_spec)
     input_infos = [(n, "x") for n in input_names] + \
-        [(n, "y") for n in _keras_target_names(model, y_spec)]
+        [(n, "y") for n in _keras_target_names(model, y_spec)] + \
+        [("sample_weight", "sample_weight")]
     return _from_concrete_function(
-        concrete, trainable, names, state, _unique_names([v.path for v in state]),
+        concrete, trainable, names, state, unique_names([v.path for v in state]),
         input_infos, _optimizer_info(model.optimizer, trainable, names),
-        "keras", name or model.name, batch_size)
+        "keras", name or model.name, batch_size,
+        metric_names=unique_names([v.path for v in metric_variables]))
 
 
-def _keras_compute_loss(model, inputs, targets, predictions):
+def _build_keras_metrics(model, x_spec, y_spec) -> None:
+    """Builds the compiled metrics (as Keras' fit does) and checks they can be summed.
+
+    The distributed step returns each batch's contribution to every metric's
+    state, and the run sums them over replicas and steps. That is exact for
+    state that is a sum over examples, as it is for every Keras metric (sums
+    and counts, confusion counts); a metric of another kind is refused.
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+
+    compiled = model._compile_metrics  # pylint: disable=protected-access
+    if compiled is not None and not compiled.built:
+        model._symbolic_build(data_batch=(x_spec, y_spec))  # pylint: disable=protected-access
+    known = [model._loss_tracker, compiled]  # pylint: disable=protected-access
+    compile_loss = model._compile_loss  # pylint: disable=protected-access
+    known += list(compile_loss.metrics) if compile_loss is not None else []
+    for metric in model.metrics:
+        if not any(metric is k for k in known):
+            raise CaptureError(
+                f"model {model.name!r} has metric {metric.name!r} ({type(metric).__name__}) "
+                "outside compile(metrics=...): a layer's or the model's own metric is updated "
+                "where the distributed step cannot gather it. Pass it to compile(metrics=...)")
+    for metric in compiled.metrics if compiled is not None else []:
+        if not type(metric).__module__.startswith("keras.") and \
+                not isinstance(metric, (keras.metrics.Mean, keras.metrics.Sum)):
+            _check_additive(metric, model.name)
+
+
+def _check_additive(metric, model_name: str) -> None:
+    """Refuses a metric whose state on two batches is not the sum of its state on each.
+
+    Checked on random values of the metric's own shapes (as built by compile).
+    """
+    variables = metric.variables
+    if any(np.any(np.asarray(v.numpy()) != 0) for v in variables):
+        metric.reset_state()
+    rng = np.random.default_rng(0)
+    zeros = [tf.zeros(v.shape, v.dtype) for v in variables]
+
+    def contribution(y_true, y_pred):
+        return [np.asarray(t) for t in metric.stateless_update_state(zeros, y_true, y_pred)]
+
+    try:
+        y_pred = rng.uniform(0.05, 0.95, size=(8, 4)).astype("float32")
+        y_true = rng.integers(0, 2, size=(8, 4)).astype("float32")
+        both = contribution(y_true, y_pred)
+        halves = [contribution(y_true[:4], y_pred[:4]), contribution(y_true[4:], y_pred[4:])]
+    except Exception as e:  # pylint: disable=broad-except
+        raise CaptureError(
+            f"cannot check that metric {metric.name!r} ({type(metric).__name__}) of model "
+            f"{model_name!r} sums over batches ({type(e).__name__}: {e}); the distributed run "
+            "sums each batch's metric state over replicas and steps") from e
+    for a, b, whole in zip(*halves, both):
+        if not np.allclose(a + b, whole, rtol=1e-5, atol=1e-6):
+            raise CaptureError(
+                f"metric {metric.name!r} ({type(metric).__name__}) of model {model_name!r} "
+                "keeps state that is not a sum over examples; the distributed run sums each "
+                "batch's metric state over replicas and steps, which would report another "
+                "value. Use a metric whose state is sums and counts (e.g. a "
+                "keras.metrics.Mean subclass)")
+
+
+def _metric_contributions(model, metric_variables, inputs, targets, predictions,
+                          sample_weight, loss) -> list:
+    """Each metric variable's contribution of the batch: the metrics updated from zero.
+
+    What Keras' train step updates (the loss tracker, the per-output loss
+    trackers of `compile(loss=...)`, the compiled metrics), in a stateless
+    scope where every metric variable starts at zero.
+    """
+    import keras  # pylint: disable=import-outside-toplevel
+
+    zeros = [tf.zeros(v.shape, v.dtype) for v in metric_variables]
+    # pylint: disable=protected-access
+    with keras.StatelessScope(state_mapping=list(zip(metric_variables, zeros))) as scope:
+        compile_loss = model._compile_loss
+        if compile_loss is not None and compile_loss.metrics:
+            compile_loss(targets, predictions, sample_weight)  # its per-output trackers
+        if model._loss_tracker is not None:
+            model._loss_tracker.update_state(
+                loss, sample_weight=tf.shape(tf.nest.flatten(inputs)[0])[0])
+        model.compute_metrics(inputs, targets, predictions, sample_weight=sample_weight)
+    states = []
+    for v, zero in zip(metric_variables, zeros):
+        value = scope.get_current_value(v)
+        states.append(tf.identity(zero if value is None else value))
+    return states
+
+
+def keras_metric_variables(model) -> list:
+    """The variables of `model.metrics` (loss tracker, compiled metrics, ...), in the order
+    of a capture's `metric_states`."""
+    seen, out = set(), []
+    for metric in model.metrics:
+        for v in metric.variables:
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+    return out
+
+
+def _keras_compute_loss(model, inputs, targets, predictions, sample_weight=None):
     """The loss as Keras' train step computes it (a `compute_loss` override included)."""
     if hasattr(model, "_compute_loss"):  # handles overrides without a `training` argument
         return model._compute_loss(x=inputs, y=targets, y_pred=predictions,  # pylint: disable=W0212
-                                   sample_weight=None, training=True)
-    return model.compute_loss(x=inputs, y=targets, y_pred=predictions, training=True)
+                                   sample_weight=sample_weight, training=True)
+    return model.compute_loss(x=inputs, y=targets, y_pred=predictions,
+                              sample_weight=sample_weight, training=True)
 
 
 def _check_keras_train_step(model) -> None:
@@ -202,8 +312,8 @@ def _check_keras_constraints(model, trainable) -> None:
 
 def keras_variable_names(model) -> tuple[list[str], list[str]]:
     """Names capture gives a Keras model's (trainable, non-trainable) variables, in order."""
-    return (_unique_names([v.path for v in model.trainable_variables]),
-            _unique_names([v.path for v in model.variables if not v.trainable]))
+    return (unique_names([v.path for v in model.trainable_variables]),
+            unique_names([v.path for v in model.variables if not v.trainable]))
 
 
 def _keras_input_spec(model, x):
@@ -225,7 +335,7 @@ def _keras_input_spec(model, x):
 def _keras_input_names(model, x_spec) -> list[str]:
     flat = tf.nest.flatten(x_spec)
     names = [s.name or f"input_{i}" for i, s in enumerate(flat)]
-    return _unique_names(names) if len(flat) > 1 else [names[0] or "x"]
+    return unique_names(names) if len(flat) > 1 else [names[0] or "x"]
 
 
 def _keras_target_spec(model, x_spec, y):
@@ -290,7 +400,7 @@ def _keras_target_names(model, y_spec) -> list[str]:
         flat = tf.nest.flatten(y_spec)
         names = _output_names(model, len(flat)) if len(flat) == len(y_spec) else \
             [f"output_{i}" for i in range(len(flat))]
-    return _unique_names([f"y/{_clean(n)}" for n in names])
+    return unique_names([f"y/{_clean(n)}" for n in names])
 
 
 def _symbolic(spec: tf.TensorSpec):
@@ -352,7 +462,7 @@ def _capture_function(fn, variables, input_signature, optimizer, name, batch_siz
         return loss, grads
 
     concrete = tf.function(step, autograph=True).get_concrete_function(*specs)
-    names = _unique_names([_variable_name(v) for v in variables])
+    names = unique_names([_variable_name(v) for v in variables])
     input_infos = [(s.name or f"input_{i}", "") for i, s in enumerate(specs)]
     return _from_concrete_function(
         concrete, variables, names, [], [], input_infos,
@@ -378,9 +488,11 @@ def _variable_name(v) -> str:
 
 
 def _from_concrete_function(concrete, trainable, names, state, state_names, input_infos,
-                            optimizer_info, source, name, batch_size) -> GraphItem:
+                            optimizer_info, source, name, batch_size,
+                            metric_names: Sequence[str] = ()) -> GraphItem:
     graph = concrete.graph
-    loss, grads = concrete.structured_outputs
+    loss, grads, *rest = concrete.structured_outputs
+    metric_states = list(rest[0]) if rest else []
     if loss.shape.rank not in (0, None):
         raise CaptureError(f"the loss must be a scalar. Received shape {loss.shape}")
     captured = {id(external): internal for external, internal in graph.captures}
@@ -401,7 +513,7 @@ def _from_concrete_function(concrete, trainable, names, state, state_names, inpu
 
     graph_def = graph.as_graph_def()
     dropped = _drop_foreign_state(graph, graph_def, known_handles,
-                                  [loss] + [g for g in grads if g is not None])
+                                  [loss] + [g for g in grads if g is not None] + metric_states)
     _inline_constant_captures(graph, graph_def, known_handles | dropped)
 
     num_inputs = len(input_infos)
@@ -421,8 +533,11 @@ def _from_concrete_function(concrete, trainable, names, state, state_names, inpu
             continue
         updates = _update_ops(graph, node)
         states.append(_state_info(var_name, node, tf.as_dtype(v.dtype), list(v.shape), updates))
+    metrics = [graph_item_pb2.TensorInfo(name=metric_name, tensor=t.name, dtype=t.dtype.name,
+                                         shape=_proto_shape(t.shape))
+               for metric_name, t in zip(metric_names, metric_states)]
     return _assemble(graph, graph_def, source, name, inputs, loss, traced, states,
-                     optimizer_info, batch_size, dropped)
+                     optimizer_info, batch_size, dropped, metrics)
 
 
 def _drop_foreign_state(graph, graph_def, variable_handles: set[str], outputs) -> set[str]:
@@ -545,7 +660,7 @@ def _capture_v1(loss, optimizer, variables, name, batch_size) -> GraphItem:
                     f"variable {getattr(v, 'name', v)!r} is a reference variable; create it "
                     "with use_resource=True (or tf.compat.v1.enable_resource_variables())")
         grads_and_vars = optimizer.compute_gradients(loss, var_list=var_list)
-    names = _unique_names([v.op.name for v in var_list])
+    names = unique_names([v.op.name for v in var_list])
     traced = [_TracedVariable(n, v.op.name, v.dtype.base_dtype, [int(d) for d in v.shape], g)
               for n, (g, v) in zip(names, grads_and_vars)]
     inputs = [graph_item_pb2.TensorInfo(name=op.name, tensor=op.outputs[0].name,
@@ -569,7 +684,8 @@ def _capture_v1(loss, optimizer, variables, name, batch_size) -> GraphItem:
 
 # ------------------------------------------------------------------- shared
 def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, optimizer_info,
-              batch_size, dropped: set[str] = frozenset()) -> GraphItem:
+              batch_size, dropped: set[str] = frozenset(),
+              metrics: Sequence[graph_item_pb2.TensorInfo] = ()) -> GraphItem:
     order = {op.name: i for i, op in enumerate(graph.get_operations())}
     fetches = [loss.op] + [op for s in states for op in map(graph.get_operation_by_name,
                                                               s.update_ops)]
@@ -603,7 +719,8 @@ def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, opti
     proto = graph_item_pb2.GraphItem(
         graph_def=graph_def.SerializeToString(deterministic=True), source=source, name=name,
         inputs=inputs, loss_tensor=loss.name, variables=variables, state_variables=states,
-        optimizer=optimizer_info, ops=ops, estimate_batch_size=batch_size)
+        optimizer=optimizer_info, ops=ops, estimate_batch_size=batch_size,
+        metric_states=metrics)
     return GraphItem(proto)
 
 
@@ -679,7 +796,7 @@ def _proto_shape(shape: tf.TensorShape) -> list[int]:
     return [-1 if d is None else int(d) for d in shape.as_list()]
 
 
-def _unique_names(names: Sequence[str]) -> list[str]:
+def unique_names(names: Sequence[str]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
     for n in names:

@@ -90,7 +90,28 @@ class GraphItem:
 
     @property
     def inputs(self) -> list[graph_item_pb2.TensorInfo]:
+        """Every input of the step (model inputs, targets, sample weights), in call order."""
         return list(self._proto.inputs)
+
+    @property
+    def model_inputs(self) -> list[graph_item_pb2.TensorInfo]:
+        """The model's inputs (role "x", or unknown for a function or v1 graph)."""
+        return [i for i in self._proto.inputs if i.role not in ("y", "sample_weight")]
+
+    @property
+    def target_inputs(self) -> list[graph_item_pb2.TensorInfo]:
+        """The targets (role "y"), one per model output."""
+        return [i for i in self._proto.inputs if i.role == "y"]
+
+    @property
+    def sample_weight_input(self) -> graph_item_pb2.TensorInfo | None:
+        """The per-example weights of the loss and metrics (Keras captures), or None."""
+        return next((i for i in self._proto.inputs if i.role == "sample_weight"), None)
+
+    @property
+    def metric_states(self) -> list[graph_item_pb2.TensorInfo]:
+        """Per metric variable, the tensor of a batch's contribution to its state."""
+        return list(self._proto.metric_states)
 
     @property
     def loss_tensor(self) -> str:

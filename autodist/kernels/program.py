@@ -86,6 +86,8 @@ class VirtualNode:
             when `weighted`.
         weighted: The weight seeded its backward pass, so `gradients` are
             those of its weighted loss (see `replicator.gradient_seed`).
+        metric_states: Per metric variable of the capture, its batch's
+            contribution to the metric's state.
     """
 
     index: int
@@ -94,6 +96,7 @@ class VirtualNode:
     loss: Any = None
     gradients: dict[str, Any] = dataclasses.field(default_factory=dict)
     weighted: bool = False
+    metric_states: list[Any] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -212,6 +215,8 @@ class Program:
             `local_replication` (what its replicas read; set by the replicator).
         replicas: Replicas on this task (set by the replicator).
         roles: Storage name -> what it holds (see `StorageRole`).
+        metric_states: Per metric variable of the capture, this task's
+            contribution to its state in a step (set by the replicator).
         outputs: What a task runs (set by the synchronizer).
     """
 
@@ -226,6 +231,7 @@ class Program:
     local_copies: dict[str, Any] = dataclasses.field(default_factory=dict)
     replicas: list[Replica] = dataclasses.field(default_factory=list)
     roles: dict[str, StorageRole] = dataclasses.field(default_factory=dict)
+    metric_states: list[Any] = dataclasses.field(default_factory=list)
     outputs: SyncOutputs | None = None
 
     def require(self, stage: Stage, pass_name: str) -> None:

@@ -68,6 +68,7 @@ def apply(program: Program, strategy: Strategy) -> Program:
     with program.graph.as_default():
         for index, device in local:
             program.replicas.append(_import_replica(program, strategy, index, device))
+        program.metric_states = _task_metric_states(program)
     program.stage = Stage.REPLICATED
     return program
 
@@ -190,6 +191,7 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
     for var in gi.variables:
         g = var.gradient
         fetches += [g.dense] if g.dense else [g.values, g.indices] if g.values else []
+    metric_fetches = [m.tensor for m in gi.metric_states]
     update_ops = [op for state in gi.state_variables for op in state.update_ops]
     graph_def = _strip_devices(program.graph_def)
     input_nodes = {node.name: node for node in graph_def.node}
@@ -201,9 +203,16 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
     with tf.device(device):
         for info in gi.inputs:
             node = input_nodes[info.tensor.split(":")[0]]
-            replica.inputs[info.name] = tf.compat.v1.placeholder(
-                tf.as_dtype(node.attr["dtype"].type), tf.TensorShape(node.attr["shape"].shape),
-                name=f"{SCOPE}/replica_{index}/input/{info.name}")
+            dtype = tf.as_dtype(node.attr["dtype"].type)
+            shape = tf.TensorShape(node.attr["shape"].shape)
+            name = f"{SCOPE}/replica_{index}/input/{info.name}"
+            if info.role == "sample_weight" and gi.model_inputs:
+                # Fed only when the data has weights: by default each example weighs 1.
+                examples = tf.shape(replica.inputs[gi.model_inputs[0].name])[0]
+                replica.inputs[info.name] = tf.compat.v1.placeholder_with_default(
+                    tf.ones([examples], dtype), shape, name=name)
+            else:
+                replica.inputs[info.name] = tf.compat.v1.placeholder(dtype, shape, name=name)
         if not single:
             # Fed only when a step's sizes differ (a smaller last batch): one
             # feed fewer per step.
@@ -243,7 +252,7 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
                 input_map[f"{state.handle_node}:0"] = program.storage[key].handle
             outputs = tf.graph_util.import_graph_def(
                 _seeded(graph_def, vn_index), input_map=input_map,
-                return_elements=fetches + update_ops, name=scope)
+                return_elements=fetches + metric_fetches + update_ops, name=scope)
         vn.loss = outputs[0]
         i = 1
         for var in gi.variables:
@@ -256,11 +265,25 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
                     outputs[i], outputs[i + 1],
                     tf.constant(list(var.shape), outputs[i + 1].dtype))
                 i += 2
+        vn.metric_states = list(outputs[i:i + len(metric_fetches)])
+        i += len(metric_fetches)
         replica.state_updates += list(outputs[i:])
         gate = _produced(vn)
         replica.virtual_nodes.append(vn)
     _accumulate(replica, single)
     return replica
+
+
+def _task_metric_states(program: Program) -> list:
+    """Per metric variable, this task's contribution to its state in a step: the sum
+    over its replicas' virtual nodes (each one's batch contribution)."""
+    vns = [vn for replica in program.replicas for vn in replica.virtual_nodes]
+    if not vns or not vns[0].metric_states:
+        return []
+    with tf.device(f"{program.task_prefix}device:CPU:0"):
+        return [tf.add_n([vn.metric_states[k] for vn in vns]) if len(vns) > 1
+                else tf.identity(vns[0].metric_states[k])
+                for k in range(len(vns[0].metric_states))]
 
 
 # What the capture's tape (``ones``, at the top level) and ``tf.gradients``

@@ -21,22 +21,24 @@ def is_dataset(x: Any) -> bool:
     return type(x).__module__.startswith("tensorflow") and hasattr(x, "element_spec")
 
 
-def dataset_arrays(dataset, input_names: Sequence[str],
-                   max_batches: int = 1_000_000) -> tuple[list[np.ndarray], Any, int]:
-    """Reads a finite dataset of (x, y) batches into (x arrays, y, batch size).
+def dataset_arrays(dataset, input_names: Sequence[str], max_batches: int = 1_000_000
+                   ) -> tuple[list[np.ndarray], Any, np.ndarray | None, int]:
+    """Reads a finite dataset of (x, y[, sample_weight]) batches into
+    (x arrays, y, sample weights or None, batch size).
 
     y is one array, or a list / dict of arrays where the dataset's y is a
     tuple / dict (a model with several outputs).
 
     Args:
-        dataset: Yields `(x, y)`: x a tensor, a tuple/list of tensors (one per
-            model input) or a dict keyed by the model's input names.
+        dataset: Yields `(x, y)` or `(x, y, sample_weight)`: x a tensor, a
+            tuple/list of tensors (one per model input) or a dict keyed by
+            the model's input names; sample_weight one weight per example.
         input_names: The model's input names, in order.
         max_batches: Bound on the batches read.
 
     Raises:
-        AutodistError: An infinite dataset, sample weights, batches of
-            uneven size, or x that does not match the model's inputs.
+        AutodistError: An infinite dataset, batches of uneven size, or x
+            that does not match the model's inputs.
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -45,17 +47,20 @@ def dataset_arrays(dataset, input_names: Sequence[str],
                             "received an infinite (repeated) dataset: drop .repeat()")
     xs: list[list[np.ndarray]] = []
     ys: list[np.ndarray] = []
+    weights: list[np.ndarray] = []
     sizes: list[int] = []
     for i, element in enumerate(dataset):
         if i >= max_batches:
             raise AutodistError(f"the dataset has more than {max_batches} batches")
-        if not isinstance(element, tuple) or len(element) != 2:
-            raise AutodistError("each dataset element must be an (x, y) batch; received "
-                                f"{_describe(element)} (sample weights are not supported)")
-        x, y = element
+        if not isinstance(element, tuple) or len(element) not in (2, 3):
+            raise AutodistError("each dataset element must be an (x, y) or (x, y, "
+                                f"sample_weight) batch; received {_describe(element)}")
+        x, y = element[:2]
         arrays = _x_arrays(x, input_names)
         xs.append(arrays)
         ys.append(_y_arrays(y))
+        if len(element) == 3:
+            weights.append(np.asarray(element[2], np.float32).reshape(-1))
         sizes.append(len(_first(ys[-1])))
     if not sizes:
         raise AutodistError("the dataset is empty")
@@ -65,7 +70,7 @@ def dataset_arrays(dataset, input_names: Sequence[str],
                             f"one (as `.batch(n)` makes); received sizes {sizes[:10]}"
                             f"{' ...' if len(sizes) > 10 else ''}")
     inputs = [np.concatenate([b[j] for b in xs]) for j in range(len(input_names))]
-    return inputs, _concatenate_y(ys), batch
+    return inputs, _concatenate_y(ys), np.concatenate(weights) if weights else None, batch
 
 
 def _y_arrays(y) -> Any:

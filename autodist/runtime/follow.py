@@ -53,7 +53,7 @@ from autodist.launch.mailbox import Mailboxes, Task
 from autodist.runtime.batching import EpochSchedule
 from autodist.runtime.elastic import Segment
 from autodist.runtime.records import (ChangeRequest, MonitoredStep, MonitorSample,
-                                      ProgressRecord, RunLimit, StepReport)
+                                      ProgressRecord, RunLimit, StepReport, add_states)
 
 CONTINUE = "continue"
 STOP = "stop"
@@ -139,6 +139,7 @@ class ChiefFollower:
         self._losses: dict[int, dict[int, float]] = {}
         self._times: dict[int, float] = {}
         self._monitors: dict[int, list[MonitorSample]] = {}
+        self._metrics: dict[int, tuple] = {}
         self._written = 0  # steps whose record is in progress.jsonl
         self._progress = job.file("progress.jsonl")
 
@@ -173,14 +174,17 @@ class ChiefFollower:
             self._set(done, True)
 
     def record(self, step: int, loss: float, seconds: float,
-               monitor: MonitorSample | None = None) -> None:
+               monitor: MonitorSample | None = None, metrics: Sequence = ()) -> None:
         """The chief's own loss of `step`; writes every record now complete.
 
         `monitor`: the chief's squared gradient norms of a monitored step
-        (batch sizes and norms); the record gets every member's.
+        (batch sizes and norms); the record gets every member's. `metrics`:
+        the chief's contribution to the metrics' state; the record gets the
+        sum over members.
         """
         self._losses.setdefault(step, {})[0] = loss
         self._times[step] = seconds
+        self._metrics[step] = add_states(self._metrics.get(step, ()), metrics)
         if monitor is not None:
             self._monitors.setdefault(step, []).append(monitor)
         if self.peers:
@@ -210,6 +214,10 @@ class ChiefFollower:
         last steps may not have reached the chief yet).
         """
         done = min(len(losses) for losses in losses_by_task)
+        if self.peers:  # reports still in the box (each came before its sender's result)
+            self._absorb(self.mail.receive_all(CHIEF, mailbox.STEPS,
+                                               self.config.step_timeout_s))
+            self._write_complete()
         unwritten: dict[int, list[MonitorSample]] = {}
         for records in monitors_by_task:
             for record in records:
@@ -294,6 +302,8 @@ class ChiefFollower:
         for raw in messages:
             report = StepReport.from_json(raw)
             self._losses.setdefault(report.step, {})[report.task] = report.loss
+            self._metrics[report.step] = add_states(self._metrics.get(report.step, ()),
+                                                    report.metrics)
             if report.monitor is not None:
                 self._monitors.setdefault(report.step, []).append(report.monitor)
 
@@ -318,8 +328,8 @@ class ChiefFollower:
                               seconds=seconds, examples=self.schedule.examples(step),
                               last_of_epoch=in_epoch == epoch_steps - 1,
                               workers=segment.workers, plan=segment.plan,
-                              monitor=MonitorSample.merge(monitors) if monitors else None
-                              ).to_json()
+                              monitor=MonitorSample.merge(monitors) if monitors else None,
+                              metrics=self._metrics.pop(step, ())).to_json()
 
 
 class WorkerFollower:
@@ -381,10 +391,12 @@ class WorkerFollower:
         except mailbox.MailboxTimeout:
             pass
 
-    def record(self, step: int, loss: float, monitor: MonitorSample | None = None) -> None:
-        """Reports this worker's loss of `step` (and its gradient norms if monitored)."""
-        self.mail.send(CHIEF, mailbox.STEPS, StepReport(self.task[1], step, loss, monitor).to_json(),
-                       self.config.step_timeout_s)
+    def record(self, step: int, loss: float, monitor: MonitorSample | None = None,
+               metrics: Sequence = ()) -> None:
+        """Reports this worker's loss of `step` (its gradient norms if monitored, its
+        contribution to the metrics' state)."""
+        report = StepReport(self.task[1], step, loss, monitor, tuple(metrics))
+        self.mail.send(CHIEF, mailbox.STEPS, report.to_json(), self.config.step_timeout_s)
 
     def _absorb(self, messages: list[bytes]) -> None:
         for raw in messages:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import keras
 import numpy as np
@@ -10,7 +10,7 @@ import numpy as np
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.kernels import monitoring
 from autodist.launch.job import JobDir
-from autodist.runtime.records import MonitorSample, WorkerResult
+from autodist.runtime.records import MonitorSample, WorkerResult, add_states
 
 # Smoothing of the gradient noise scale (History.noise_scale and policies).
 NOISE_DECAY = 0.9
@@ -67,7 +67,9 @@ class History(keras.callbacks.History):
 
 def read_results(history: History, job: JobDir, batch_sizes: list[int], epochs: int,
                  spec: ResourceSpec, earlier_losses: Sequence[float] = (),
-                 earlier_times: Sequence[float] = (), initial_epoch: int = 0) -> None:
+                 earlier_times: Sequence[float] = (), initial_epoch: int = 0,
+                 metric_logs: Callable[[Sequence[Any]], dict[str, float]] | None = None
+                 ) -> None:
     """Fills `history` from every worker's result of a finished job.
 
     Sets the per-step fields and the exact per-epoch losses (replacing what
@@ -81,6 +83,9 @@ def read_results(history: History, job: JobDir, batch_sizes: list[int], epochs: 
         spec: The job's cluster.
         earlier_losses, earlier_times: Steps completed before a recovery.
         initial_epoch: The index of the job's first epoch.
+        metric_logs: The compiled metrics' logs from their summed state
+            (their exact per-epoch values replace the logged ones); None
+            after a recovery, whose failed job's metric state is lost.
     """
     results = [WorkerResult.from_json(job.result(i).read_bytes())
                for i in range(spec.num_worker_tasks)
@@ -104,6 +109,15 @@ def read_results(history: History, job: JobDir, batch_sizes: list[int], epochs: 
         epoch_losses.append(float(np.average(losses[starts[e]:end],
                                              weights=examples[starts[e]:end])))
     history.history["loss"] = epoch_losses
+    if metric_logs is not None:
+        for e in range(ran):
+            states: tuple = ()
+            for result in results:
+                if e < len(result.epoch_metrics):
+                    states = add_states(states, result.epoch_metrics[e])
+            for key, value in metric_logs(states).items():
+                values = history.history.setdefault(key, [])
+                values[e:e + 1] = [value]
     for key, values in history.history.items():  # logs of epochs that did not run
         del values[ran:]
     history.epoch = list(range(initial_epoch, initial_epoch + ran))

@@ -31,7 +31,7 @@ from autodist.kernels import monitoring
 from autodist.launch.job import JobDir
 from autodist.runtime import follow
 from autodist.runtime.history import NOISE_DECAY, History
-from autodist.runtime.records import ProgressRecord
+from autodist.runtime.records import ProgressRecord, add_states
 
 _POLL_S = 0.01
 
@@ -55,6 +55,7 @@ class Progress:
             the model.
         validate: Epoch -> its validation logs (``val_*``), run with the
             model holding that epoch's weights; None without validation.
+        metric_logs: The compiled metrics' logs from their summed state.
         initial_epoch: The index of the job's first epoch (`fit(initial_epoch=)`).
         wait_s: Bound on waiting for an epoch's weights.
     """
@@ -65,6 +66,7 @@ class Progress:
                  epoch_weights: bool = False,
                  load_weights: Callable[[Any], None] | None = None,
                  validate: Callable[[int], dict[str, float]] | None = None,
+                 metric_logs: Callable[[Sequence[Any]], dict[str, float]] | None = None,
                  initial_epoch: int = 0, wait_s: float = 60.0) -> None:
         self.job = job
         self.path = job.file("progress.jsonl")
@@ -80,6 +82,7 @@ class Progress:
         self.epoch_weights = epoch_weights
         self.load_weights = load_weights
         self.validate = validate
+        self.metric_logs = metric_logs
         self.wait_s = wait_s
         self.seen = 0
         self._offset = 0
@@ -87,6 +90,7 @@ class Progress:
         self._epoch_open: int | None = None  # the job's epoch index
         self._sum = 0.0
         self._count = 0
+        self._metric_states: tuple = ()
         self._pending: tuple[int, dict[str, float]] | None = None  # an end left to `finish`
         self._logs: dict[str, float] = {}
         self._stop_sent = False
@@ -150,10 +154,13 @@ class Progress:
         epoch, step = record.epoch, record.epoch_step
         if self._epoch_open != epoch:
             self._epoch_open, self._sum, self._count = epoch, 0.0, 0
+            self._metric_states = ()
             self._dispatch("on_epoch_begin", self.initial_epoch + epoch, {})
-        # Keras' batch logs hold the running mean of the epoch, batches weighted by size.
+        # Keras' batch logs hold the running mean of the epoch, batches weighted by size,
+        # and the metrics over the epoch so far.
         self._sum += record.loss * record.examples
         self._count += record.examples
+        self._metric_states = add_states(self._metric_states, record.metrics)
         self._dispatch("on_train_batch_begin", step, {})
         self._dispatch("on_train_batch_end", step, self._epoch_logs())
         if self.policies is not None:
@@ -171,7 +178,10 @@ class Progress:
                 follow.write_decision(self.job, epoch, stop=bool(self.model.stop_training))
 
     def _epoch_logs(self) -> dict[str, float]:
-        return {"loss": self._sum / max(self._count, 1)}
+        logs = {"loss": self._sum / max(self._count, 1)}
+        if self.metric_logs is not None:
+            logs.update(self.metric_logs(self._metric_states))
+        return logs
 
     def _close_epoch(self, epoch: int, logs: dict[str, float]) -> None:
         """`on_epoch_end` of the job's epoch `epoch`, validation logs included."""

@@ -97,6 +97,37 @@ def _list_of(check: Callable[[Any], _T]) -> Callable[[Any], list[_T]]:
     return convert
 
 
+def _numbers(value: Any, depth: int = 0) -> Any:
+    """A number, or a (nested) list of numbers: one metric variable's state."""
+    if depth > 8:
+        raise ValueError("nested too deeply")
+    if isinstance(value, list):
+        return [_numbers(v, depth + 1) for v in value]
+    return _float(value)
+
+
+def _states(value: Any) -> tuple[Any, ...]:
+    if not isinstance(value, list):
+        raise TypeError("expected a list of metric states")
+    return tuple(_numbers(v) for v in value)
+
+
+def add_states(a: Sequence[Any], b: Sequence[Any]) -> tuple[Any, ...]:
+    """The element-wise sum of two metric states (per variable: a number or nested lists);
+    an empty state is zero."""
+    if not a:
+        return tuple(b)
+    if not b:
+        return tuple(a)
+    return tuple(_add(u, v) for u, v in zip(a, b))
+
+
+def _add(u: Any, v: Any) -> Any:
+    if isinstance(u, list):
+        return [_add(p, q) for p, q in zip(u, v)]
+    return u + v
+
+
 def _optional(check: Callable[[Any], _T]) -> Callable[[Any], _T | None]:
     return lambda value: None if value is None else check(value)
 
@@ -161,17 +192,21 @@ class StepReport:
         step: The step's global index (over the whole run, from 0).
         loss: The worker's weighted loss: the global loss is the sum over workers.
         monitor: Its gradient norms on a monitored step, else None.
+        metrics: Its contribution to every metric variable's state in the
+            step (in the capture's order; empty without metrics).
     """
 
     task: int
     step: int
     loss: float
     monitor: MonitorSample | None = None
+    metrics: tuple[Any, ...] = ()
 
     def to_json(self) -> bytes:
         return json.dumps({"task": self.task, "step": self.step, "loss": self.loss,
                            "monitor": None if self.monitor is None
-                           else self.monitor.to_dict()}).encode()
+                           else self.monitor.to_dict(),
+                           "metrics": list(self.metrics)}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> StepReport:
@@ -179,7 +214,8 @@ class StepReport:
         return cls(task=_field(data, kind, "task", _int), step=_field(data, kind, "step", _int),
                    loss=_field(data, kind, "loss", _float),
                    monitor=_field(data, kind, "monitor",
-                                  _optional(MonitorSample.from_dict), None))
+                                  _optional(MonitorSample.from_dict), None),
+                   metrics=_field(data, kind, "metrics", _states, ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +235,10 @@ class ProgressRecord:
         workers: Workers that ran it.
         plan: The strategy that ran it (0: the run's; k: the k-th switched to).
         monitor: Every worker's gradient norms on a monitored step, else None.
-        estimate: `loss` is the chief's estimate, not the sum of every worker's.
+        estimate: `loss` (and `metrics`) are the chief's estimate, not the sum
+            of every worker's.
+        metrics: The step's contribution to every metric variable's state
+            (summed over workers; empty without metrics).
     """
 
     step: int
@@ -213,11 +252,13 @@ class ProgressRecord:
     plan: int = 0
     monitor: MonitorSample | None = None
     estimate: bool = False
+    metrics: tuple[Any, ...] = ()
 
     def to_json(self) -> str:
         """One line of JSON, newline included."""
         data = dataclasses.asdict(self)
         data["monitor"] = None if self.monitor is None else self.monitor.to_dict()
+        data["metrics"] = list(self.metrics)
         return json.dumps(data) + "\n"
 
     @classmethod
@@ -234,7 +275,8 @@ class ProgressRecord:
                    plan=_field(data, kind, "plan", _int, 0),
                    monitor=_field(data, kind, "monitor", _optional(MonitorSample.from_dict),
                                   None),
-                   estimate=_field(data, kind, "estimate", _bool, False))
+                   estimate=_field(data, kind, "estimate", _bool, False),
+                   metrics=_field(data, kind, "metrics", _states, ()))
 
 
 def _segment(value: Any) -> Segment:
@@ -352,6 +394,8 @@ class WorkerResult:
         resizes: The chief's: every membership change.
         monitor: Its gradient norms of every monitored step.
         probe: `measure_throughput` runs: replica device -> its probe.
+        epoch_metrics: Per epoch it ran, its contribution to every metric
+            variable's state over the epoch (empty without metrics).
     """
 
     losses: tuple[float, ...] = ()
@@ -363,6 +407,7 @@ class WorkerResult:
     resizes: tuple[ResizeEvent, ...] = ()
     monitor: tuple[MonitoredStep, ...] = ()
     probe: dict[str, Probe] = dataclasses.field(default_factory=dict)
+    epoch_metrics: tuple[tuple[Any, ...], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"losses": list(self.losses), "step_times": list(self.step_times),
@@ -372,7 +417,8 @@ class WorkerResult:
                 "resizes": [dataclasses.asdict(r) for r in self.resizes],
                 "monitor": [m.to_dict() for m in self.monitor],
                 "probe": {d: {"examples": p.examples, "seconds": list(p.seconds)}
-                          for d, p in self.probe.items()}}
+                          for d, p in self.probe.items()},
+                "epoch_metrics": [list(e) for e in self.epoch_metrics]}
 
     def to_json(self) -> bytes:
         return json.dumps(self.to_dict()).encode()
@@ -391,7 +437,9 @@ class WorkerResult:
                                  _field(data, kind, "resizes", _list_of(dict), [])),
                    monitor=tuple(MonitoredStep.from_dict(m) for m in
                                  _field(data, kind, "monitor", _list_of(dict), [])),
-                   probe=_field(data, kind, "probe", _probes, {}))
+                   probe=_field(data, kind, "probe", _probes, {}),
+                   epoch_metrics=tuple(_field(data, kind, "epoch_metrics",
+                                              _list_of(_states), [])))
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> WorkerResult:

@@ -29,6 +29,7 @@ from autodist.runtime import targets as targets_
 from autodist.runtime.elastic import check_elastic, check_switch, segments
 from autodist.runtime.entry import TASK_MODULE
 from autodist.runtime.history import History, read_results
+from autodist.runtime.metric_logs import MetricLogs
 from autodist.runtime.options import FitOptions
 from autodist.runtime.progress import Progress, learning_rate_of
 from autodist.runtime.records import WorkerResult
@@ -114,7 +115,9 @@ class DistributedRun:
             validation_batch_size: int | None = None,
             validation_steps: int | None = None,
             validation_freq: int | Sequence[int] = 1,
-            initial_epoch: int = 0) -> History:
+            initial_epoch: int = 0,
+            sample_weight: Any = None,
+            class_weight: Mapping[int, float] | None = None) -> History:
         """Trains on the cluster and writes the trained weights into the model.
 
         Callbacks (`keras.callbacks.Callback`) run here, in the driver, in a
@@ -212,6 +215,10 @@ class DistributedRun:
             initial_epoch: The epoch to start at (as Keras: epochs
                 `initial_epoch`..`epochs - 1` run; shuffling uses their
                 indices).
+            sample_weight: Per-example weights of the loss and the weighted
+                metrics (one array, applied to every output), as in Keras.
+            class_weight: Class index -> weight: each example weighs its
+                class's weight, as Keras makes it (one output only).
             monitor_every: Every this many steps, measure the gradient noise
                 scale inside the step (no extra communication): each
                 replica's and virtual node's squared gradient norm, fitted
@@ -249,8 +256,10 @@ class DistributedRun:
             if datasets.is_dataset(x):
                 raise AutodistError("validation_split needs arrays; with a dataset, pass "
                                     "validation_data")
-            x, y, options.validation_data = _split_validation(x, y, options.validation_split)
-        inputs, targets, batch_size = self._arrays(x, y, options.batch_size)
+            x, y, sample_weight, options.validation_data = _split_validation(
+                x, y, sample_weight, options.validation_split)
+        inputs, targets, batch_size = self._arrays(x, y, options.batch_size, sample_weight,
+                                                   class_weight)
         n = len(targets)
         job_epochs = options.job_epochs
         steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
@@ -288,6 +297,7 @@ class DistributedRun:
                 0, control.workers))
             driver = PolicyDriver(control, options.policies)
         history = History()
+        metric_logs = MetricLogs(self.model, self.graph_item) or None
         progress = Progress(
             job, epochs=job_epochs, steps_per_epoch=steps, verbose=verbose, model=self.model,
             callbacks=options.callbacks, history=history, policies=driver,
@@ -295,7 +305,7 @@ class DistributedRun:
             load_weights=self._load_weights,
             validate=self._validator(options, batch_size, lambda: progress.callbacks)
             if options.validates else None,
-            initial_epoch=options.initial_epoch,
+            metric_logs=metric_logs, initial_epoch=options.initial_epoch,
             wait_s=self.step_timeout_s + self.startup_timeout_s)
         self._following = (job, config) if options.followed else None
         self._requested_workers = self._requested_strategy = None
@@ -327,8 +337,12 @@ class DistributedRun:
             if self.job_dir is None and not finished:
                 _discard(path)
         read_results(history, outcome.job, sizes, job_epochs, outcome.spec,
-                     outcome.earlier_losses, outcome.earlier_times, options.initial_epoch)
+                     outcome.earlier_losses, outcome.earlier_times, options.initial_epoch,
+                     None if outcome.recoveries else metric_logs)
         history.recoveries = outcome.recoveries
+        if outcome.recoveries:  # the failed jobs' metric states are lost: no estimates
+            for key in [k for k in history.history if k != "loss"]:
+                del history.history[key]
         history.actions = control.actions if control is not None else []
         if self.job_dir is None:
             shutil.rmtree(path, ignore_errors=True)
@@ -464,15 +478,18 @@ class DistributedRun:
                 "model was captured, and the cluster trains with the captured one: capture "
                 "again, or set it with strategy.with_hyperparameters(learning_rate=...)")
 
-    def _arrays(self, x, y, batch_size: int | None):
-        """(inputs, targets, global batch) from fit's arguments, checked."""
+    def _arrays(self, x, y, batch_size: int | None, sample_weight: Any = None,
+                class_weight: Any = None):
+        """(inputs, targets and sample weights as one array, global batch) from fit's
+        arguments, checked."""
         if datasets.is_dataset(x):
-            if y is not None or batch_size is not None:
-                raise AutodistError("with a dataset, pass neither y nor batch_size: the "
-                                    "dataset yields (x, y) batches. Received "
-                                    f"y={'an array' if y is not None else None}, "
-                                    f"batch_size={batch_size!r}")
-            x, y, batch_size = datasets.dataset_arrays(x, [i.name for i in self._x_infos()])
+            if y is not None or batch_size is not None or sample_weight is not None:
+                raise AutodistError("with a dataset, pass neither y, sample_weight nor "
+                                    "batch_size: the dataset yields (x, y[, sample_weight]) "
+                                    f"batches. Received y={'an array' if y is not None else None}"
+                                    f", batch_size={batch_size!r}")
+            x, y, sample_weight, batch_size = datasets.dataset_arrays(
+                x, [i.name for i in self.graph_item.model_inputs])
         if y is None:
             raise AutodistError("fit needs targets y (or a dataset of (x, y) batches)")
         fixed = self.strategy.global_batch_size
@@ -483,7 +500,12 @@ class DistributedRun:
                 f"{batch_size}. Leave batch_size out or change the strategy's virtual nodes")
         batch_size = (fixed or 32) if batch_size is None else batch_size
         inputs = self._inputs(x)
-        targets = targets_.pack(y, self._target_infos(), self._cast)
+        infos = self.graph_item.target_inputs
+        examples = len(inputs[0]) if inputs else 0
+        weights = targets_.sample_weights(sample_weight, class_weight, y, len(infos), examples)
+        if weights is not None:
+            self._check_weighted(weights)
+        targets = targets_.pack(y, infos, self._cast, weights)
         n = len(targets)
         if any(len(a) != n for a in inputs):
             raise AutodistError(f"x and y have different numbers of examples: "
@@ -491,6 +513,26 @@ class DistributedRun:
         if batch_size < 1:
             raise AutodistError(f"batch_size must be >= 1. Received: {batch_size}")
         return inputs, targets, batch_size
+
+    def _check_weighted(self, weights: np.ndarray) -> None:
+        """Sample weights need a step that takes them, and losses that average over the
+        batch (a replica's loss weighted by its share of the batch reproduces a mean
+        over the batch, not one over the weights' sum)."""
+        if self.graph_item.sample_weight_input is None:
+            raise AutodistError(f"the capture of {self.graph_item.name!r} takes no sample "
+                                "weights (a function or v1 graph, or an old capture): capture "
+                                "the Keras model again")
+        losses = getattr(self.model, "loss", None)
+        losses = list(losses.values()) if isinstance(losses, dict) else \
+            list(losses) if isinstance(losses, (list, tuple)) else [losses]
+        for loss in losses:
+            if getattr(loss, "reduction", None) == "mean_with_sample_weight" and \
+                    not np.all(weights == weights[0]):
+                raise AutodistError(
+                    f"loss {getattr(loss, 'name', type(loss).__name__)!r} divides by the sum "
+                    "of the sample weights (reduction='mean_with_sample_weight'), which a "
+                    "data-parallel step does not reproduce with uneven weights; use the "
+                    "default reduction 'sum_over_batch_size'")
 
     def _check_batches(self, sizes: list[int], n: int, batch_size: int) -> None:
         if min(sizes) < self.strategy.num_virtual_nodes:
@@ -541,15 +583,9 @@ class DistributedRun:
                     pass
                 raise
 
-    def _x_infos(self):
-        return [i for i in self.graph_item.inputs if i.role != "y"]
-
-    def _target_infos(self):
-        return [i for i in self.graph_item.inputs if i.role == "y"]
-
     def _inputs(self, x) -> list[np.ndarray]:
         arrays = list(x) if isinstance(x, (list, tuple)) else [x]
-        infos = self._x_infos()
+        infos = self.graph_item.model_inputs
         if len(arrays) != len(infos):
             raise AutodistError(f"the model takes {len(infos)} inputs "
                                 f"({[i.name for i in infos]}); received {len(arrays)}")
@@ -620,23 +656,35 @@ class DistributedRun:
 
         return validate
 
-def _split_validation(x: Any, y: Any, fraction: float) -> tuple[Any, Any, tuple[Any, Any]]:
+def _split_validation(x: Any, y: Any, sample_weight: Any, fraction: float
+                      ) -> tuple[Any, Any, Any, tuple[Any, ...]]:
     """Keras' `validation_split`: the last `fraction` of the examples, before any shuffling.
 
     Returns:
-        (training x, training y, (validation x, validation y)).
+        (training x, training y, training sample weights, validation data).
     """
-    arrays = list(x) if isinstance(x, (list, tuple)) else [x]
-    n = len(y)
+    def split(value, start, end):
+        if value is None:
+            return None
+        if isinstance(value, dict):
+            return {k: split(v, start, end) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [split(v, start, end) for v in value]
+        return value[start:end]
+
+    first = x
+    while isinstance(first, (list, tuple, dict)):
+        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+    n = len(first)
     split_at = int(math.floor(n * (1.0 - fraction)))
     if split_at in (0, n):
         raise AutodistError(f"validation_split={fraction} leaves no examples for training or "
                             f"for validation ({n} examples)")
-    train = [a[:split_at] for a in arrays]
-    val = [a[split_at:] for a in arrays]
-    if not isinstance(x, (list, tuple)):
-        return train[0], y[:split_at], (val[0], y[split_at:])
-    return train, y[:split_at], (val, y[split_at:])
+    validation = (split(x, split_at, n), split(y, split_at, n))
+    if sample_weight is not None:
+        validation += (split(sample_weight, split_at, n),)
+    return (split(x, 0, split_at), split(y, 0, split_at), split(sample_weight, 0, split_at),
+            validation)
 
 
 def _unpack_validation(data: Any) -> tuple[Any, Any, Any]:

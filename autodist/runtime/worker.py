@@ -39,7 +39,8 @@ from autodist.runtime import recovery
 from autodist.runtime import targets as targets_
 from autodist.runtime.follow import ChiefFollower, WorkerFollower
 from autodist.runtime.records import (LossRecord, MonitoredStep, MonitorSample, Probe,
-                                      ProgressRecord, ResizeEvent, WorkerMessage, WorkerResult)
+                                      ProgressRecord, ResizeEvent, WorkerMessage, WorkerResult,
+                                      add_states)
 
 logger = logging.getLogger(__name__)
 
@@ -335,6 +336,7 @@ class Trainer:
         order = None
         resizes = []
         monitored = []
+        epoch_metrics: dict[int, tuple] = {}
         index = config.start_step
         while index < self.total_steps:
             if self.session is None:
@@ -367,6 +369,8 @@ class Trainer:
                 self._enter(segment, resizes)
             outputs = self.program.outputs
             fetches = {"loss": outputs.weighted_loss, "train": outputs.train_op}
+            if self.program.metric_states:
+                fetches["metrics"] = self.program.metric_states
             ps_op, after, ssp = outputs.ps_op, outputs.after_step, outputs.ssp
             epoch, step, batch, epoch_steps = self.schedule.locate(index)
             if step == 0 or order is None:
@@ -407,10 +411,12 @@ class Trainer:
                 self.save_checkpoint(done)
             losses.append(loss)
             monitor = monitored[-1].sample if watch else None
+            metrics = tuple(np.asarray(v).tolist() for v in result.get("metrics", ()))
+            epoch_metrics[epoch] = add_states(epoch_metrics.get(epoch, ()), metrics)
             if isinstance(follower, ChiefFollower):
-                follower.record(index, losses[-1], times[-1], monitor)
+                follower.record(index, losses[-1], times[-1], monitor, metrics)
             elif isinstance(follower, WorkerFollower):
-                follower.record(index, losses[-1], monitor)
+                follower.record(index, losses[-1], monitor, metrics)
             elif progress is not None:
                 # This task's replicas' mean loss: an estimate of the global loss.
                 share = sum(len(parts[vn.index]) for r in self.program.replicas
@@ -419,7 +425,8 @@ class Trainer:
                     step=index, epoch=epoch, epoch_step=step,
                     loss=losses[-1] / max(share, 1e-12), seconds=times[-1],
                     examples=len(rows), last_of_epoch=step == epoch_steps - 1,
-                    workers=self.segment.workers, plan=self.segment.plan, estimate=True)
+                    workers=self.segment.workers, plan=self.segment.plan, estimate=True,
+                    metrics=metrics)
                 with open(progress, "a") as f:
                     f.write(record.to_json())
             index += 1
@@ -430,7 +437,9 @@ class Trainer:
             epoch_starts=tuple(self.schedule.starts()),
             step_examples=tuple(self.schedule.examples(config.start_step + i)
                                 for i in range(len(losses))),
-            max_lead=max_lead, resizes=tuple(resizes), monitor=tuple(monitored))
+            max_lead=max_lead, resizes=tuple(resizes), monitor=tuple(monitored),
+            epoch_metrics=tuple(epoch_metrics.get(e, ()) for e in range(
+                max(epoch_metrics) + 1 if epoch_metrics else 0)))
 
     def _monitor_record(self, index: int, parts, values) -> MonitoredStep:
         """This task's squared gradient norms of a step (with their batch sizes),
@@ -529,8 +538,9 @@ class Trainer:
             targets: The targets.
             held_rows: The rows this task holds (a shipped shard), or None.
         """
-        x_names = [info.name for info in self.graph_item.inputs if info.role != "y"]
-        y_names = targets_.target_names(self.graph_item)
+        x_names = [info.name for info in self.graph_item.model_inputs]
+        y_names = [info.name for info in self.graph_item.target_inputs]
+        weight_info = self.graph_item.sample_weight_input
         feed = {}
         mine = [parts[vn.index] for vn in replica.virtual_nodes]
         rows = np.concatenate(mine) if len(mine) > 1 else mine[0]
@@ -541,9 +551,12 @@ class Trainer:
             rows = np.searchsorted(held_rows, rows)
         for name, array in zip(x_names, inputs):
             feed[replica.inputs[name]] = np.asarray(array[rows])
-        if y_names:
-            for name, array in zip(y_names, targets_.unpack(targets[rows], len(y_names))):
+        if y_names or weight_info is not None:
+            arrays, weights = targets_.unpack(targets[rows], len(y_names))
+            for name, array in zip(y_names, arrays):
                 feed[replica.inputs[name]] = array
+            if weights is not None:
+                feed[replica.inputs[weight_info.name]] = weights
         feed[self.program.outputs.scales[replica.index]] = len(rows) / sum(map(len, parts))
         return feed
 

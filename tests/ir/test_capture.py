@@ -32,6 +32,11 @@ def _run_captured_step(graph_item: GraphItem, feeds: dict, variables: dict) -> d
         for state in graph_item.state_variables:
             input_map[f"{state.handle_node}:0"] = tf.identity(variables[state.name].handle)
         for info in graph_item.inputs:
+            if info.name not in feeds and info.role == "sample_weight":
+                # Unweighted: each example weighs 1.
+                batch = len(next(iter(feeds.values())))
+                input_map[info.tensor] = tf.ones([batch], tf.float32)
+                continue
             input_map[info.tensor] = tf.constant(feeds[info.name])
         return tf.graph_util.import_graph_def(graph_def, input_map=input_map,
                                               return_elements=fetch_names, name="step")
@@ -75,7 +80,8 @@ def test_mlp_variables_exact(mlp_item):
     assert list(kernel.partitionable_axes) == [0, 1]
     assert list(gi.variable("logits/bias").partitionable_axes) == [0]
     assert gi.num_parameters == 784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10
-    assert [i.name for i in gi.inputs] == ["features", "y"]
+    assert [i.name for i in gi.inputs] == ["features", "y", "sample_weight"]
+    assert [i.role for i in gi.inputs] == ["x", "y", "sample_weight"]
     assert list(gi.inputs[0].shape) == [-1, 784]
     assert gi.inputs[1].dtype == "int32"  # sparse categorical labels
     assert gi.optimizer.algorithm == "sgd"

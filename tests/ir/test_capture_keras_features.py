@@ -126,7 +126,7 @@ def test_mixed_bfloat16_equals_keras_step():
         keras.config.set_dtype_policy(previous)
     x, _, values = _rng_data(np.random.default_rng(3))
     gi = _check_equals_keras_step(model, x, values, {"features": x, "y": values})
-    assert [i.dtype for i in gi.inputs] == ["float32", "float32"]
+    assert [i.dtype for i in gi.inputs] == ["float32", "float32", "float32"]
 
 
 def test_mixed_float16_is_refused():
@@ -223,3 +223,75 @@ def test_optimize_captures_a_subclassed_model_from_an_example():
     plan = autodist.optimize(model, ResourceSpec.local(workers=2, ps=1), x=x, y=labels,
                              cost_model="simulator", search_budget=200)
     assert plan.graph_item.variable_names == [v.path for v in model.trainable_variables]
+
+
+class _MaxPrediction(keras.metrics.Metric):
+    """Keeps a maximum: not a sum over examples."""
+
+    def __init__(self, name="max_prediction"):
+        super().__init__(name=name)
+        self.best = self.add_variable(shape=(), initializer="zeros", name="best")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.best.assign(keras.ops.maximum(self.best, keras.ops.max(y_pred)))
+
+    def result(self):
+        return self.best
+
+
+class _MeanAbs(keras.metrics.Mean):
+    """A custom metric built on Keras' Mean: sums and counts."""
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        super().update_state(keras.ops.abs(y_pred), sample_weight=sample_weight)
+
+
+def test_metric_states_are_captured_and_unsummable_metrics_refused():
+    model = autodist.models.mlp(input_dim=12, hidden=(8,), optimizer=keras.optimizers.SGD(0.1))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy", _MeanAbs(name="mean_abs")])
+    gi = capture(model)
+    assert [t.name for t in gi.metric_states] == [
+        "loss/total", "loss/count", "accuracy/total", "accuracy/count", "mean_abs/total",
+        "mean_abs/count"]
+    assert gi.sample_weight_input.name == "sample_weight"
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+                  metrics=[_MaxPrediction()])
+    with pytest.raises(autodist.CaptureError, match="metric 'max_prediction' \\(_MaxPrediction\\)"
+                                                    " of model .* keeps state that is not a sum"):
+        capture(model)
+
+
+def test_a_metric_outside_compile_is_refused():
+    class WithOwnMetric(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+            self.tracker = keras.metrics.Mean(name="own")
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = WithOwnMetric()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.zeros((4, 5), np.float32)
+    with pytest.raises(autodist.CaptureError, match="metric 'own' \\(Mean\\) outside "
+                                                    "compile\\(metrics=...\\)"):
+        capture(model, x=x, y=np.zeros((4, 3), np.float32))
+
+
+def test_metric_logs_refuse_a_model_compiled_again_with_other_metrics():
+    from autodist.runtime.metric_logs import MetricLogs
+
+    model = autodist.models.mlp(input_dim=12, hidden=(8,), optimizer=keras.optimizers.SGD(0.1))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    gi = capture(model)
+    logs = MetricLogs(model, gi)
+    assert logs([6.0, 3.0, 2.0, 4.0]) == \
+        {"accuracy": 0.5}
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+                  metrics=["sparse_top_k_categorical_accuracy"])
+    model._symbolic_build(data_batch=(np.zeros((2, 12), np.float32), np.zeros(2, np.int32)))
+    with pytest.raises(autodist.AutodistError, match="not those it was captured with"):
+        MetricLogs(model, gi)

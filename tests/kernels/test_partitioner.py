@@ -30,6 +30,11 @@ def _run(graph_def, graph_item, shards, values, feeds):
     def run():
         input_map = {f"{name}:0": tf.identity(v.handle) for name, v in variables.items()}
         for info in graph_item.inputs:
+            if info.name not in feeds and info.role == "sample_weight":
+                # Unweighted: each example weighs 1.
+                batch = len(next(iter(feeds.values())))
+                input_map[info.tensor] = tf.ones([batch], tf.float32)
+                continue
             input_map[info.tensor] = tf.constant(feeds[info.name])
         return tf.graph_util.import_graph_def(graph_def, input_map=input_map,
                                               return_elements=fetches, name="step")

@@ -19,18 +19,22 @@ def test_batches_become_arrays_batched_the_same_way():
     x, y = _data()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
     assert is_dataset(ds) and not is_dataset(x)
-    inputs, targets, batch = dataset_arrays(ds, ["features"])
-    assert batch == 32
+    inputs, targets, weights, batch = dataset_arrays(ds, ["features"])
+    assert batch == 32 and weights is None
     np.testing.assert_array_equal(inputs[0], x)
     np.testing.assert_array_equal(targets, y)
     named = tf.data.Dataset.from_tensor_slices(({"b": x[:, :2], "a": x}, y)).batch(10)
-    inputs, _, batch = dataset_arrays(named, ["a", "b"])
+    inputs, _, _, batch = dataset_arrays(named, ["a", "b"])
     assert batch == 10 and inputs[0].shape == (70, 8) and inputs[1].shape == (70, 2)
+    weighted = tf.data.Dataset.from_tensor_slices((x, y, np.arange(70, dtype="float32")))
+    _, _, weights, _ = dataset_arrays(weighted.batch(32), ["features"])
+    np.testing.assert_array_equal(weights, np.arange(70))
 
 
 @pytest.mark.parametrize("make,message", [
     (lambda d: d.batch(32).repeat(), "must be finite"),
-    (lambda d: d.batch(32).map(lambda x, y: (x, y, y)), "sample weights are not supported"),
+    (lambda d: d.batch(32).map(lambda x, y: (x, y, y, y)), "\\(x, y, sample_weight\\) batch; "
+                                                           "received a tuple of 4"),
     (lambda d: d.take(10).batch(3).concatenate(d.skip(10).batch(20)), "one size except"),
     (lambda d: d.take(0).batch(4), "empty"),
 ])

@@ -1,0 +1,55 @@
+"""Keras' metric logs of a distributed run, from the metrics' summed state.
+
+Every step returns each metric variable's contribution of its batch (the
+metric updated from zero, see `GraphItem.metric_states`); summed over
+replicas and steps it is the state the metric would have after them. The
+driver puts such a sum into the model's own metric objects and asks Keras for
+their results, so the logs are Keras' own: the same names (per-output losses
+and metrics included) and the same formulas.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from autodist.ir.errors import AutodistError
+from autodist.ir.graph_item import GraphItem
+
+
+class MetricLogs:
+    """Summed metric states -> Keras' logs (without "loss", which the run computes).
+
+    Args:
+        model: The user's Keras model (its metrics as compiled).
+        graph_item: Its capture (which metric variables the states are for).
+
+    Raises:
+        AutodistError: the model's metrics are not those it was captured with.
+    """
+
+    def __init__(self, model, graph_item: GraphItem) -> None:
+        from autodist.ir.capture import (keras_metric_variables,  # pylint: disable=C0415
+                                         unique_names)
+
+        self.model = model
+        names = [t.name for t in graph_item.metric_states]
+        self.variables = keras_metric_variables(model) if names else []
+        found = unique_names([v.path for v in self.variables])
+        if found != names:
+            raise AutodistError(
+                f"the model's metrics ({found[:10]}) are not those it was captured with "
+                f"({names[:10]}): capture the model again after compile()")
+
+    def __bool__(self) -> bool:
+        return bool(self.variables)
+
+    def __call__(self, states: Sequence[Any]) -> dict[str, float]:
+        """The logs of metrics whose state is `states` (empty without metrics)."""
+        if not self.variables or not states:
+            return {}
+        for variable, state in zip(self.variables, states):
+            variable.assign(np.asarray(state, dtype=variable.dtype))
+        results = self.model.get_metrics_result()
+        return {name: float(np.asarray(value)) for name, value in results.items()
+                if name != "loss"}
