@@ -56,6 +56,8 @@ class Plan:
         builder_step_times: Builder name → predicted seconds per step.
         trials: Measured trials (with `measure=True`).
         search_time: Seconds the search took.
+        builder_errors: Builder name → why it could not build a strategy for
+            this model and cluster (such builders were no candidates).
     """
 
     def __init__(self, model, graph_item: GraphItem, resource_spec: ResourceSpec,
@@ -70,6 +72,7 @@ class Plan:
         self.trials = result.trials
         self.search_time: float = result.elapsed_s
         self.candidates_scored: int = result.candidates_scored
+        self.builder_errors: dict[str, str] = dict(result.builder_errors)
         self._explanation = result.explanation
 
     def explain(self) -> str:
@@ -103,10 +106,11 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
             `measure=True`; default 3 then).
         measure: Measure the best candidates on the cluster (a few seconds
             each) and pick the fastest measured one.
-        cost_model: A `CostModel`, a path to one, "simulator" for the
-            analytic simulator alone, or None for the shipped default
-            (`autodist/search/data/cost_model.txt`) when it exists, else the
-            simulator.
+        cost_model: What ranks candidates: a cost model object (a LightGBM
+            `CostModel`, `SimulatorCostModel()`, any `Predictor`), a path to a
+            saved one, "simulator" for the analytic simulator alone, or None
+            for the shipped default (`autodist/search/data/cost_model.txt`)
+            when it exists, else the simulator.
         batch_size: Global batch size the plan is for (default: 32 per replica).
         database: A `Database` or path where trials are recorded and resumed.
         space_options: `SpaceOptions` bounding the search space (compressors
@@ -131,7 +135,7 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         >>> history = plan.fit(x, y, batch_size=64)      # doctest: +SKIP
     """
     from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
-    from autodist.search.cost_model import CostModel  # pylint: disable=C0415
+    from autodist.search.cost_model import resolve_cost_model  # pylint: disable=C0415
     from autodist.search.database import Database  # pylint: disable=C0415
     from autodist.search.tuner import Tuner  # pylint: disable=import-outside-toplevel
 
@@ -141,20 +145,16 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
     trials = (3 if budget is None else budget) if measure else 0
     spec = spec or ResourceSpec.local(workers=2, ps=1)
     graph_item = graph_item or capture(model, x=x, y=y)
-    if cost_model is None:
-        cost_model = default_cost_model()
-    elif isinstance(cost_model, str) and cost_model == "simulator":
-        cost_model = None
-    elif not isinstance(cost_model, CostModel):
-        cost_model = CostModel.load(cost_model)
+    cost_model = resolve_cost_model(cost_model)
     if database is not None and not isinstance(database, Database):
         database = Database(database)
     runner = None
     if measure:
-        from autodist.runtime.trial_runner import LocalTrialRunner  # pylint: disable=C0415
+        from autodist.runtime.runner import LocalRunner  # pylint: disable=C0415
 
-        runner = LocalTrialRunner(model, spec, graph_item=graph_item,
-                                  batch_size=batch_size or 32 * len(spec.replica_devices))
+        # One launch per round of trials: its strategies are switched in place.
+        runner = LocalRunner(model, spec, graph_item=graph_item,
+                             batch_size=batch_size or 32 * len(spec.replica_devices))
     if isinstance(calibration, str):
         if calibration != "measure":
             raise ValueError(f"calibration must be a Calibration, 'measure' or None. "
@@ -170,10 +170,11 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
 
 
 def default_cost_model():
-    """The cost model shipped with the package, or None until one is trained."""
-    import pathlib  # pylint: disable=import-outside-toplevel
+    """The LightGBM cost model shipped with the package, or None while none is shipped.
 
-    from autodist.search.cost_model import CostModel  # pylint: disable=C0415
+    `optimize(cost_model=None)` ranks with it, or with the simulator
+    (`SimulatorCostModel`) when there is none.
+    """
+    from autodist.search.cost_model import shipped_cost_model  # pylint: disable=C0415
 
-    path = pathlib.Path(__file__).parent / "search" / "data" / "cost_model.txt"
-    return CostModel.load(path) if path.exists() else None
+    return shipped_cost_model()

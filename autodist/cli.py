@@ -10,7 +10,7 @@
     autodist serve --tf-config | --cluster cluster.yml --task worker:1
             [--job-timeout 600 --idle-timeout S --max-jobs N --work-dir DIR]
 
-MODEL is an example model name (see `autodist.models.BUILDERS`), a saved
+MODEL is an example model name (see `autodist.models.REGISTRY`), a saved
 `.keras` file, a GraphItem file (`.pb`), or `package.module:function`
 returning a compiled Keras model.
 """
@@ -43,7 +43,7 @@ def load_model(model: str, batch_size: int | None = None):
     from autodist import models  # pylint: disable=import-outside-toplevel
     from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
 
-    if model in models.BUILDERS:
+    if model in models.REGISTRY:
         keras_model = models.build(model)
     elif path.suffix == ".keras":
         if not path.exists():
@@ -59,7 +59,7 @@ def load_model(model: str, batch_size: int | None = None):
         keras_model = factory()
     else:
         raise AutodistError(
-            f"unknown model {model!r}: expected an example name ({', '.join(models.BUILDERS)}), "
+            f"unknown model {model!r}: expected an example name ({', '.join(models.REGISTRY)}), "
             "a .keras file, a GraphItem .pb file or package.module:function")
     kwargs = {"estimate_batch_size": batch_size} if batch_size else {}
     return keras_model, capture(keras_model, **kwargs)
@@ -115,9 +115,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
     from autodist.search import builders  # pylint: disable=import-outside-toplevel
 
-    if args.model not in models.BUILDERS:
+    if args.model not in models.REGISTRY:
         raise AutodistError(f"unknown example model {args.model!r}; known: "
-                            f"{sorted(models.BUILDERS)}")
+                            f"{sorted(models.REGISTRY)}")
     model = models.build(args.model)
     x, y = models.synthetic_data(model, args.examples, seed=0)
     reference = models.single_device_twin(model)
@@ -150,11 +150,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_search(args: argparse.Namespace) -> int:
     """Searches a strategy offline (optionally measuring trials on a local cluster)."""
-    from autodist.search.cost_model import CostModel  # pylint: disable=import-outside-toplevel
-    from autodist.search.database import Database  # pylint: disable=import-outside-toplevel
-    from autodist.search.space import SpaceOptions  # pylint: disable=import-outside-toplevel
-    from autodist.search.tuner import Tuner  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from autodist.search.cost_model import SimulatorCostModel, resolve_cost_model
+    from autodist.search.database import Database
+    from autodist.search.space import SpaceOptions
+    from autodist.search.tuner import Tuner
 
+    # pylint: enable=import-outside-toplevel
     model, graph_item = load_model(args.model)
     spec = _cluster(args.cluster)
     runner = None
@@ -162,17 +164,18 @@ def _cmd_search(args: argparse.Namespace) -> int:
         if model is None:
             raise AutodistError("--trials needs a runnable model (an example name, .keras "
                                 "file or module:function), not a GraphItem file")
-        from autodist.runtime.trial_runner import LocalTrialRunner  # pylint: disable=C0415
+        from autodist.runtime.runner import LocalRunner  # pylint: disable=C0415
 
-        runner = LocalTrialRunner(model, spec, graph_item=graph_item,
-                                  batch_size=args.batch_size or 32 * len(spec.replica_devices))
+        runner = LocalRunner(model, spec, graph_item=graph_item,
+                             batch_size=args.batch_size or 32 * len(spec.replica_devices))
     options = SpaceOptions(compressors=tuple(args.compressors.split(",")),
                            consistency=tuple(args.consistency.split(",")))
-    cost_model = CostModel.load(args.cost_model) if args.cost_model else None
-    if cost_model is None and not args.no_default_cost_model:
-        from autodist.api import default_cost_model  # pylint: disable=import-outside-toplevel
-
-        cost_model = default_cost_model()
+    if args.cost_model:
+        cost_model = resolve_cost_model(args.cost_model)
+    elif args.no_default_cost_model:
+        cost_model = SimulatorCostModel()
+    else:
+        cost_model = resolve_cost_model(None)   # the shipped model, else the simulator
     tuner = Tuner(graph_item, spec, space_options=options, batch_size=args.batch_size,
                   cost_model=cost_model,
                   database=Database(args.database) if args.database else None,
@@ -273,15 +276,17 @@ def bench_preset(args: argparse.Namespace):
     """The `Preset` that `autodist bench`'s arguments ask for."""
     import dataclasses  # pylint: disable=import-outside-toplevel
 
+    from autodist import models  # pylint: disable=import-outside-toplevel
     from autodist.bench import emulated  # pylint: disable=import-outside-toplevel
 
     preset = emulated.PRESETS[args.preset]
     changes: dict = {}
     if args.models:
         changes["models"] = emulated.parse_list(args.models, str, "--models")
-        unknown = [m for m in changes["models"] if m not in emulated.MODELS]
+        unknown = [m for m in changes["models"] if m not in models.BENCH_MODELS]
         if unknown:
-            raise AutodistError(f"--models: unknown {unknown}; known: {sorted(emulated.MODELS)}")
+            raise AutodistError(f"--models: unknown {unknown}; known: "
+                                f"{sorted(models.BENCH_MODELS)}")
     if args.mbits:
         changes["mbits"] = emulated.parse_list(args.mbits, float, "--mbits")
         if min(changes["mbits"]) <= 0:
@@ -391,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--budget", type=int, default=4000, help="candidates scored per round")
     search.add_argument("--batch-size", type=int, help="global batch size")
     search.add_argument("--database", help="trial database (JSON Lines) to record and resume")
-    search.add_argument("--cost-model", help="a trained cost model file")
+    search.add_argument("--cost-model", help="what ranks: a saved cost model file, or "
+                                             "'simulator' (default: the shipped model if any)")
     search.add_argument("--no-default-cost-model", action="store_true",
                         help="rank with the simulator even if a default cost model ships")
     search.add_argument("--compressors", default="none",
@@ -413,9 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
                                          "(root in `unshare -n`)")
     bench.add_argument("--preset", choices=("small", "full"), default="small",
                        help="small: mlp and ncf at 100 and 1000 Mbit/s, 4 builders (a few "
-                            "minutes); full: 5 models x 100/1000/10000 Mbit/s, 8 builders")
+                            "minutes); full: 6 models x 100/1000/10000 Mbit/s, 8 builders")
     bench.add_argument("--models", help="comma-separated, overrides the preset's "
-                                        "(mlp, cnn, ncf, lm, transformer)")
+                                        "(mlp, cnn, ncf, ctr, lm, transformer)")
     bench.add_argument("--mbits", help="comma-separated per-task caps in Mbit/s")
     bench.add_argument("--builders", help="comma-separated builder names, or 'all'")
     bench.add_argument("--workers", type=int, help="worker tasks (default 2)")

@@ -8,7 +8,9 @@ PartitionedPS and Parallax builders, the pick of a search ranked by a
 simulator whose traffic all overlaps (`ps_overlap=1`: it splits the large
 softmax kernel between the PS and all-reduce), and the pick of the default
 (phased) simulator. Prints each strategy's predicted step time under both
-simulators next to its measured median, and writes a markdown table.
+simulators next to its measured median, and writes a markdown table. The
+strategies are measured by the search's local runner (all in one launch,
+switched in place, then again in reverse order; the timed steps pooled).
 """
 from __future__ import annotations
 
@@ -42,15 +44,16 @@ def main() -> int:
               file=sys.stderr)
         return 2
 
-    from autodist import api, models  # pylint: disable=import-outside-toplevel
-    from autodist.bench.emulated import MODELS, slice_launch  # pylint: disable=C0415
-    from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
-    from autodist.search import builders  # pylint: disable=import-outside-toplevel
-    from autodist.search.simulator import Calibration, Simulator  # pylint: disable=C0415
-    from autodist.search.space import SearchSpace  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from autodist import api, models
+    from autodist.ir.capture import capture
+    from autodist.runtime.runner import LocalRunner
+    from autodist.search import builders
+    from autodist.search.simulator import Calibration, Simulator
+    from autodist.search.space import SearchSpace
 
-    kwargs = dict(MODELS[args.model])
-    model = models.build(kwargs.pop("name"), **kwargs)
+    # pylint: enable=import-outside-toplevel
+    model = models.build_bench(args.model)
     gi = capture(model)
     spec, _ = capped_spec(args.workers, args.ps, args.mbit)
     overlapped, phased = Calibration(ps_overlap=1.0), Calibration()
@@ -66,26 +69,19 @@ def main() -> int:
         for name, s in strategies.items():
             predicted.setdefault(name, []).append(
                 float(sim.predict_strategy(s).step_time_s[0]) * 1e3)
-    per = args.warmup + args.steps
-    todo = list(strategies.items())
-    x, y = models.synthetic_data(model, len(todo) * per * args.batch_size, seed=0)
-    timed: dict[str, list[float]] = {name: [] for name in strategies}
+    # Two launches, the second in reverse order; the timed steps are pooled.
+    runner = LocalRunner(model, spec, graph_item=gi, batch_size=args.batch_size,
+                         steps=args.steps, warmup_steps=args.warmup, orders=2, timeout_s=900,
+                         log=lambda line: print(line, file=sys.stderr, flush=True))
     try:
-        # Two launches, the second in reverse order; the timed steps are pooled.
-        for order in (todo, todo[::-1]):
-            weights = [np.array(w) for w in model.get_weights()]
-            run = api.distribute(model, order[0][1], spec, graph_item=gi, step_timeout_s=60,
-                                 startup_timeout_s=120)
-            history = run.fit(x, y, batch_size=args.batch_size, epochs=1,
-                              steps_per_epoch=len(order) * per, verbose=0, shuffle=False,
-                              timeout_s=900,
-                              switch_at={k * per: s for k, (_, s) in enumerate(order) if k})
-            model.set_weights(weights)
-            for (name, _), times in zip(order, slice_launch(history.step_times, len(order),
-                                                             args.warmup, args.steps)):
-                timed[name] += times
+        results = dict(zip(strategies, runner.run(list(strategies.values()))))
     finally:
         clear_lo()
+    failed = {name: r.error for name, r in results.items() if not r.ok}
+    if failed:
+        print(f"failed to measure: {failed}", file=sys.stderr)
+        return 1
+    timed = {name: list(r.step_times_s) for name, r in results.items()}
     command = "python benchmarks/split_variables.py " + shlex.join(sys.argv[1:])
     lines = [f"# Splitting variables between PS and all-reduce: {args.model}, "
              f"{args.workers} workers + {args.ps} PS at {args.mbit:g} Mbit/s",

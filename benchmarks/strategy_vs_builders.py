@@ -62,7 +62,7 @@ def main() -> int:
 
     import autodist
     from autodist import models
-    from autodist.runtime.trial_runner import LocalTrialRunner
+    from autodist.runtime.runner import LocalRunner
     from autodist.search import builders
 
     names = list(builders.BUILDERS) if args.builders == "all" else args.builders.split(",")
@@ -76,8 +76,9 @@ def main() -> int:
             start = time.perf_counter()
             plan = autodist.optimize(model, spec, graph_item=gi, batch_size=args.batch_size)
             search_s = time.perf_counter() - start
-            runner = LocalTrialRunner(model, spec, graph_item=gi, batch_size=args.batch_size,
-                                      steps=args.steps, warmup_steps=args.warmup)
+            # One launch per strategy (each measured from the same starting weights).
+            runner = LocalRunner(model, spec, graph_item=gi, batch_size=args.batch_size,
+                                 steps=args.steps, warmup_steps=args.warmup)
             candidates = {n: builders.get(n)().build(gi, spec) for n in names}
             candidates["optimize"] = plan.strategy
             if args.measure_budget:
@@ -91,13 +92,14 @@ def main() -> int:
                       file=sys.stderr)
             results = {}
             for label, strategy in candidates.items():
-                try:
-                    times = np.array(runner.measure(strategy))
+                (result,) = runner.run([strategy])
+                if result.ok:
+                    times = np.array(result.step_times_s)
                     results[label] = (float(np.median(times)), float(times.min()),
                                       float(times.max()))
-                except Exception as e:  # pylint: disable=broad-except
+                else:
                     results[label] = (float("nan"),) * 3
-                    print(f"{label}: failed: {e}", file=sys.stderr)
+                    print(f"{label}: failed: {result.error}", file=sys.stderr)
                 print(f"{model_key} {mbit:g} Mbit/s {label}: "
                       f"{results[label][0] * 1e3:.2f} ms", file=sys.stderr, flush=True)
             best_builder = min((k for k in results if not k.startswith("optimize")),

@@ -23,12 +23,13 @@ when it ranks held-out models at least about as well as the simulator
 (`--margin`) and its top-1 slowdown is no worse (what `optimize` trains is
 the strategy ranked first); otherwise nothing is shipped (and an old shipped file is
 removed), so `autodist.optimize` ranks with the simulator. The tables go to
-`benchmarks/results/cost_model.md`.
+`benchmarks/results/cost_model.md`. The library parts live in the package:
+`autodist.bench.trials` (reading, rescoring, rows), `autodist.bench.shipping`
+(leave-one-model-out, the rule) and `autodist.search.metrics`.
 """
 from __future__ import annotations
 
 import argparse
-import gzip
 import math
 import os
 import pathlib
@@ -40,224 +41,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from autodist.bench.shipping import PREDICTORS, choose, leave_one_model_out, mean_over_models
+from autodist.bench.trials import Rows, read_records, rescore
+from autodist.search.metrics import SIGNIFICANT
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_DATABASE = "benchmarks/data/trials.jsonl"
 DEFAULT_OUT = "autodist/search/data/cost_model.txt"
 DEFAULT_REPORT = "benchmarks/results/cost_model.md"
-PREDICTORS = ("regressor", "ranker", "simulator")
-# Pairs whose measured times differ by less than this factor are within the noise.
-SIGNIFICANT = 1.10
-
-
-def read_records(path: str | os.PathLike) -> tuple[list[Any], int]:
-    """The valid records of a trial database (plain or gzip-compressed JSON Lines).
-
-    Returns:
-        (records, number of skipped lines).
-    """
-    from autodist.search.database import Database, DatabaseError, decode_line  # noqa: PLC0415
-
-    path = pathlib.Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no trial database at {str(path)!r}; run "
-                                "benchmarks/collect_trials.py first")
-    if path.suffix != ".gz":
-        contents = Database(path).read()
-        return contents.records, len(contents.skipped)
-    records, skipped = [], 0
-    with gzip.open(path, "rb") as f:
-        for line in f.read().split(b"\n"):
-            if not line.strip():
-                continue
-            try:
-                records.append(decode_line(line))
-            except DatabaseError:
-                skipped += 1
-    return records, skipped
-
-
-class Rows:
-    """The training rows of the successful trials of a database."""
-
-    def __init__(self, records: Sequence[Any], feature_names: Sequence[str]) -> None:
-        usable = [r for r in records if r.ok and r.features]
-        missing = sorted({n for r in usable for n in feature_names if n not in r.features})
-        if missing:
-            raise ValueError(f"trial records lack features {missing}; recollect them with "
-                             "the current autodist")
-        self.records = usable
-        self.X = np.array([[r.features[n] for n in feature_names] for r in usable])
-        self.times = np.array([r.median_step_time_s for r in usable])
-        # Rankings compare strategies of one workload at one global batch size.
-        self.workloads = [f"{r.workload}@{r.graph_summary.get('batch_size', 0):g}"
-                          for r in usable]
-        self.models = [r.model_name for r in usable]
-        self.simulator = np.array([r.predicted_step_time_s if r.predicted_step_time_s
-                                   is not None else r.features["sim_step_time_s"]
-                                   for r in usable])
-
-
-def rescore(records: Sequence[Any]) -> list[Any]:
-    """The records with features and simulator predictions of the current code.
-
-    A trial's measured times do not change when the simulator or the features
-    do, but what a cost model learns from must be what `optimize` computes
-    now; each successful record's strategy is scored again on its workload
-    (the model rebuilt from `model_name` and `extra["model_kwargs"]`, the
-    stored resource spec, the stored global batch).
-    """
-    import dataclasses  # pylint: disable=import-outside-toplevel
-
-    import keras  # pylint: disable=import-outside-toplevel
-
-    from autodist import models  # pylint: disable=import-outside-toplevel
-    from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
-    from autodist.search.features import featurize_strategy  # pylint: disable=C0415
-    from autodist.search.simulator import Simulator  # pylint: disable=C0415
-    from autodist.search.space import SearchSpace  # pylint: disable=C0415
-
-    graph_items: dict[str, Any] = {}
-    simulators: dict[tuple[str, str, float], Any] = {}
-    out = []
-    for record in records:
-        if not record.ok:
-            out.append(record)
-            continue
-        kwargs = dict(record.extra.get("model_kwargs", {}))
-        key = f"{record.model_name}:{sorted(kwargs.items())}"
-        if key not in graph_items:
-            keras.backend.clear_session()  # layer names as in a fresh process
-            graph_items[key] = capture(models.build(record.model_name, **kwargs))
-        graph_item = graph_items[key]
-        if graph_item.fingerprint != record.graph_item_fingerprint and \
-                not _same_graph(graph_item, record):
-            raise ValueError(f"{record.model_name} {kwargs} captures to another graph "
-                             f"({graph_item.fingerprint}) than its trials "
-                             f"({record.graph_item_fingerprint}); use --stored-features")
-        batch = float(record.graph_summary.get("batch_size", 0)) or None
-        sim_key = (key, record.resource_spec_fingerprint, batch or 0.0)
-        if sim_key not in simulators:
-            spec = record.load_resource_spec()
-            simulators[sim_key] = Simulator(SearchSpace(graph_item, spec), None,
-                                            batch_size=int(batch) if batch else None)
-        features = featurize_strategy(simulators[sim_key], record.load_strategy())
-        out.append(dataclasses.replace(record, features=features,
-                                       predicted_step_time_s=features["sim_step_time_s"]))
-    return out
-
-
-def _same_graph(graph_item, record) -> bool:
-    """Whether a capture has the trial's variables, ops and FLOPs.
-
-    The fingerprint also covers the capture's per-op estimates (e.g. the rows
-    of a sparse gradient), which a newer capture may compute differently for
-    the same graph; the trial's measurements still hold then.
-    """
-    from autodist.search.database import summarize_graph_item  # pylint: disable=C0415
-
-    now = summarize_graph_item(graph_item)
-    return all(abs(now[k] - float(record.graph_summary.get(k, -1.0))) <= 1e-9 * max(1.0, now[k])
-               for k in now)
-
-
-def significant_pairwise_accuracy(pred: np.ndarray, actual: np.ndarray,
-                                  workloads: Sequence[str],
-                                  factor: float = SIGNIFICANT) -> float:
-    """Pairwise accuracy over the within-workload pairs whose times differ by > `factor`."""
-    correct = total = 0.0
-    for idx in _groups(workloads):
-        p, a = pred[idx], actual[idx]
-        ratio = a[:, None] / a[None, :]
-        valid = ratio > factor                       # i clearly slower than j
-        total += valid.sum()
-        correct += (valid & (p[:, None] > p[None, :])).sum() \
-            + 0.5 * (valid & (p[:, None] == p[None, :])).sum()
-    return float(correct / total) if total else float("nan")
-
-
-def top1_slowdown(pred: np.ndarray, actual: np.ndarray, workloads: Sequence[str]) -> float:
-    """Geometric mean over workloads of (measured time of the top-ranked) / (best measured)."""
-    logs = [math.log(actual[idx][np.argmin(pred[idx])] / actual[idx].min())
-            for idx in _groups(workloads)]
-    return float(math.exp(np.mean(logs))) if logs else float("nan")
-
-
-def _groups(names: Sequence[str]) -> list[np.ndarray]:
-    out: dict[str, list[int]] = {}
-    for i, name in enumerate(names):
-        out.setdefault(name, []).append(i)
-    return [np.array(v) for v in out.values()]
-
-
-def metrics(pred: np.ndarray, actual: np.ndarray, workloads: Sequence[str]) -> dict[str, float]:
-    """The ranking metrics of the report for one set of predictions."""
-    from autodist.search.cost_model import kendall_tau, pairwise_accuracy  # noqa: PLC0415
-
-    return {"pairwise": pairwise_accuracy(pred, actual, workloads),
-            "pairwise_10pct": significant_pairwise_accuracy(pred, actual, workloads),
-            "tau": kendall_tau(pred, actual, workloads),
-            "top1": top1_slowdown(pred, actual, workloads)}
-
-
-def leave_one_model_out(rows: Rows, feature_names: Sequence[str], seed: int = 0
-                        ) -> dict[str, dict[str, dict[str, float]]]:
-    """Held-out metrics per model: {model: {predictor: metrics}}."""
-    from autodist.search.cost_model import CostModel  # pylint: disable=import-outside-toplevel
-
-    models = np.array(rows.models, dtype=object)
-    out: dict[str, dict[str, dict[str, float]]] = {}
-    for model in dict.fromkeys(rows.models):
-        test, train = models == model, models != model
-        train_workloads = [w for w, t in zip(rows.workloads, train) if t]
-        test_workloads = [w for w, t in zip(rows.workloads, test) if t]
-        out[model] = {}
-        for kind in ("regressor", "ranker"):
-            fitted = CostModel(kind, seed=seed).fit(rows.X[train], rows.times[train],
-                                                    train_workloads, feature_names)
-            out[model][kind] = metrics(fitted.predict(rows.X[test]), rows.times[test],
-                                       test_workloads)
-        out[model]["simulator"] = metrics(rows.simulator[test], rows.times[test],
-                                          test_workloads)
-        out[model]["simulator"]["rows"] = float(test.sum())
-        out[model]["simulator"]["workloads"] = float(len(set(test_workloads)))
-    return out
-
-
-def mean_over_models(results: dict[str, dict[str, dict[str, float]]], predictor: str,
-                     metric: str) -> float:
-    values = [r[predictor][metric] for r in results.values()
-              if math.isfinite(r[predictor][metric])]
-    return float(np.mean(values)) if values else float("nan")
-
-
-def choose(results: dict[str, dict[str, dict[str, float]]], margin: float) -> tuple[str, str]:
-    """(the kind to ship or "simulator", why).
-
-    A learned kind ships when its mean held-out pairwise accuracy is at
-    least the simulator's minus `margin` and its mean top-1 slowdown is no
-    worse than the simulator's: `optimize` without measurements trains the
-    strategy ranked first, so a better overall order that picks slower
-    strategies does not help users. Of the kinds that qualify, the one with
-    the better pairwise accuracy ships.
-    """
-    sim = mean_over_models(results, "simulator", "pairwise")
-    sim_top1 = mean_over_models(results, "simulator", "top1")
-    scores = {k: (mean_over_models(results, k, "pairwise"), mean_over_models(results, k, "top1"))
-              for k in ("regressor", "ranker")}
-    rule = (f"ship when at least the simulator's pairwise accuracy minus {margin:g} and a "
-            "top-1 slowdown no worse than its")
-    qualified = [k for k, (pairwise, top1) in scores.items()
-                 if pairwise >= sim - margin and not top1 > sim_top1]
-    if qualified:
-        best = max(qualified, key=lambda k: scores[k][0])
-        return best, (f"the {best} ranks held-out models with mean pairwise accuracy "
-                      f"{scores[best][0]:.3f} and top-1 slowdown {scores[best][1]:.2f}, against "
-                      f"the simulator's {sim:.3f} and {sim_top1:.2f} ({rule})")
-    found = ", ".join(f"{k} {p:.3f} / {t:.2f}" for k, (p, t) in scores.items())
-    return "simulator", (f"no learned model ranks held-out models about as well as the "
-                         f"simulator (pairwise accuracy / top-1 slowdown: {found}; simulator "
-                         f"{sim:.3f} / {sim_top1:.2f}; {rule}): nothing shipped, the "
-                         "simulator ranks")
 
 
 def report(results, rows: Rows, records: Sequence[Any], skipped: int, decision: str,

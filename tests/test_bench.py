@@ -76,13 +76,6 @@ def test_speedup_is_over_the_best_baseline():
     assert (rows["PS"].min_ms, rows["PS"].max_ms) == (39.0, 42.0)
 
 
-def test_slice_launch_drops_each_strategys_warmup():
-    times = list(range(10))
-    assert emulated.slice_launch(times, 2, 2, 3) == [[2, 3, 4], [7, 8, 9]]
-    with pytest.raises(ValueError, match="need 12"):
-        emulated.slice_launch(times, 2, 2, 4)
-
-
 def test_reports_round_trip_and_merge(tmp_path):
     rows = _rows()
     paths = emulated.write_reports(rows, str(tmp_path))

@@ -11,6 +11,7 @@ import autodist
 from autodist import cli, models
 from autodist.api import default_cost_model
 from autodist.ir.strategy import AllReduceSynchronizer
+from autodist.search.cost_model import CostModelError, SimulatorCostModel
 from autodist.search.database import Database
 from autodist.search.space import SpaceOptions
 from autodist.search.tuner import Tuner
@@ -66,6 +67,14 @@ def test_optimize_defaults_and_errors():
     model = models.build("mlp", hidden=(32,))
     plan = autodist.optimize(model, space_options=SpaceOptions(compressors=("none", "fp16")))
     assert plan.resource_spec.num_worker_tasks == 2 and len(plan.resource_spec.ps_devices) == 1
+    assert plan.builder_errors == {}            # every builder builds for this cluster
+    # The simulator as an object ranks exactly as "simulator" does.
+    by_name = autodist.optimize(model, cost_model="simulator")
+    by_object = autodist.optimize(model, cost_model=SimulatorCostModel())
+    assert list(by_object.strategy.proto.variables) == list(by_name.strategy.proto.variables)
+    assert by_object.strategy.proto.performance.predictor == "simulator"
+    with pytest.raises(CostModelError, match="cannot read cost model file"):
+        autodist.optimize(model, cost_model="no/such/model.json")
     with pytest.raises(ValueError, match="budget counts measured trials"):
         autodist.optimize(model, budget=3)
 

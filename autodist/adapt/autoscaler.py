@@ -15,7 +15,7 @@ a simulated curve.
   would settle on under a predicted curve, confirm it on the real curve,
   correct the prediction, repeat).
 * `simulator_predictor`: a predicted throughput curve from the search's
-  analytic simulator (or a fitted cost-model regressor).
+  analytic simulator (or another cost model that predicts seconds).
 
 Example:
     >>> scaler = Autoscaler(ScalingEfficiency(theta=0.8), min_workers=1, max_workers=16)
@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # only for annotations: the simulator is imported when used
     from autodist.ir.graph_item import GraphItem
     from autodist.ir.resource_spec import ResourceSpec
     from autodist.ir.strategy import Strategy
-    from autodist.search.cost_model import CostModel
+    from autodist.search.predictor import Predictor
     from autodist.search.simulator import Calibration
 
 
@@ -731,17 +731,17 @@ def simulator_predictor(graph_item: GraphItem,
                         build: Callable[[GraphItem, ResourceSpec], Strategy], *,
                         global_batch: int, ps: int = 0, bandwidth_gbps: float | None = None,
                         calibration: Calibration | None = None,
-                        cost_model: CostModel | None = None,
+                        cost_model: Predictor | None = None,
                         host_cores: int | None = None) -> Callable[[int], float]:
     """A predicted throughput curve from the search's analytic simulator.
 
     For n workers: the spec `ResourceSpec.local(workers=n, ps=ps,
     bandwidth_gbps=bandwidth_gbps)`, the strategy `build(graph_item, spec)`,
     and the simulator's step time for it at the fixed global batch;
-    throughput = global_batch / step time. With `cost_model` (a fitted
-    regressor of `autodist.search.cost_model`), the step time is the model's
-    prediction from the strategy's features instead. Predictions are cached
-    per size, in the returned function.
+    throughput = global_batch / step time. With `cost_model` (a cost model
+    that predicts seconds, e.g. a fitted LightGBM regressor of
+    `autodist.search.cost_model`), the step time is that model's prediction
+    instead. Predictions are cached per size, in the returned function.
 
     Args:
         graph_item: The training step.
@@ -751,7 +751,8 @@ def simulator_predictor(graph_item: GraphItem,
         ps: Parameter-server-only tasks in every spec.
         bandwidth_gbps: Bandwidth per task (None: the spec's default).
         calibration: The simulator's machine constants (default `Calibration()`).
-        cost_model: Optional fitted regressor used instead of the simulator.
+        cost_model: What predicts the step time: a cost model that predicts
+            seconds (default: the simulator, `SimulatorCostModel()`).
         host_cores: When every worker shares one host with this many cores
             (an emulated cluster), compute slows by n / host_cores beyond
             that many workers (simulator only). None: a host per worker.
@@ -767,7 +768,9 @@ def simulator_predictor(graph_item: GraphItem,
     # Imported here: the decision logic above needs none of this.
     # pylint: disable=import-outside-toplevel
     from autodist.ir.resource_spec import ResourceSpec
-    from autodist.search.features import featurize_strategy
+    from autodist.search.cost_model import SimulatorCostModel
+    from autodist.search.features import FEATURE_NAMES
+    from autodist.search.metrics import CostModelError
     from autodist.search.simulator import Simulator
     from autodist.search.space import SearchSpace, SpaceOptions
 
@@ -783,10 +786,17 @@ def simulator_predictor(graph_item: GraphItem,
     if not callable(build):
         raise AutoscalerError(f"build must be callable (GraphItem, ResourceSpec) -> Strategy. "
                               f"Received: {build!r}")
-    if cost_model is not None:
-        if getattr(cost_model, "kind", None) != "regressor" or not cost_model.is_fitted:
-            raise AutoscalerError(f"cost_model must be a fitted regressor (a ranker's scores "
-                                  f"are not step times). Received: {cost_model!r}")
+    if cost_model is None:
+        cost_model = SimulatorCostModel()
+    try:
+        if not cost_model.predicts_seconds:
+            raise CostModelError("it predicts no seconds")
+        cost_model.check_features(FEATURE_NAMES)
+    except (CostModelError, AttributeError) as e:
+        raise AutoscalerError(f"cost_model must predict step times: the simulator or a fitted "
+                              f"regressor (a ranker's scores are not step times). Received: "
+                              f"{cost_model!r} ({e})") from e
+    simulated = isinstance(cost_model, SimulatorCostModel)
     cache: dict[int, float] = {}
 
     def predict(n: int) -> float:
@@ -799,15 +809,11 @@ def simulator_predictor(graph_item: GraphItem,
             strategy = build(graph_item, spec)
             simulator = Simulator(SearchSpace(graph_item, spec, lean), calibration,
                                   batch_size=global_batch)
-            if cost_model is None:
-                prediction = simulator.predict_strategy(strategy)
-                step_s = float(prediction.step_time_s[0])
-                if host_cores is not None and n > host_cores:
-                    step_s += float(prediction.parts["compute_s"][0]) * (n / host_cores - 1)
-            else:
-                features = featurize_strategy(simulator, strategy)
-                row = [[features[name] for name in cost_model.feature_names]]
-                step_s = float(cost_model.predict(row)[0])
+            prediction = simulator.predict_strategy(strategy)
+            step_s = float(cost_model.predict_candidates(
+                simulator, simulator.space.encode(strategy)[None, :], prediction)[0])
+            if simulated and host_cores is not None and n > host_cores:
+                step_s += float(prediction.parts["compute_s"][0]) * (n / host_cores - 1)
             cache[n] = global_batch / _throughput(f"predicted step time at {n} workers",
                                                   step_s)
         return cache[n]

@@ -1,12 +1,16 @@
 """Strategies vs baselines on an emulated cluster with capped links.
 
 For each model and bandwidth, side by side: every builder and `optimize`'s
-pick (all in one cluster launch: `fit(..., switch_at=...)` switches the
-running job from one strategy to the next; the first `warmup` steps after a
-switch are not timed), single-device Keras (one process, the same global
+pick (all in one cluster launch, measured by the search's local runner,
+`autodist.runtime.runner.LocalRunner`: `fit(..., switch_at=...)` switches
+the running job from one strategy to the next; the first `warmup` steps
+after a switch are not timed), single-device Keras (one process, the same global
 batch) and a `MultiWorkerMirroredStrategy` custom loop on the workers' capped
 ports. Per row: median step time after warm-up with min and max, examples/s,
 the simulator's lower bound, and the speed-up over the best baseline.
+
+Models and their sizes come from the example-model registry
+(`autodist.models.REGISTRY`, `bench_kwargs`).
 
 The *best baseline* of a model and bandwidth is the fastest (median) of
 every builder, MWMS and single-device Keras; `speedup = best baseline
@@ -24,23 +28,8 @@ import sys
 import time
 from typing import Any, Callable, Iterable, Sequence
 
-# Sizes chosen so a measured strategy takes seconds on a 2-core machine (the
-# trial data set, benchmarks/collect_trials.py, measures the same models).
-MODELS: dict[str, dict[str, Any]] = {
-    "mlp": dict(name="mlp", hidden=(256, 256)),
-    "cnn": dict(name="cnn"),
-    # Two large embedding tables (sparse gradients); SGD touches only looked-up rows.
-    "ncf": dict(name="ncf", num_users=50_000, num_items=20_000, dim=16, optimizer="sgd"),
-    # A large user table (one row per example) and a small category table looked up
-    # 50 times per example: rows vs densified tables.
-    "ctr": dict(name="ctr", num_users=100_000, num_categories=500, history_len=50, dim=32,
-                optimizer="sgd"),
-    # Large vocabulary: a sparse input table and an as large dense softmax projection.
-    "lm": dict(name="lm", vocab_size=10_000, seq_len=8, dim=32),
-    # A small BERT-style encoder.
-    "transformer": dict(name="transformer", vocab_size=2000, seq_len=16, dim=32,
-                        layers_count=2),
-}
+from autodist.models import BENCH_MODELS
+
 ALL_BUILDERS = ("PS", "PSLoadBalancing", "PartitionedPS", "UnevenPartitionedPS", "AllReduce",
                 "PartitionedAR", "RandomAxisPartitionAR", "Parallax")
 
@@ -70,7 +59,7 @@ PRESETS: dict[str, Preset] = {
                     builders=("PS", "PartitionedPS", "AllReduce", "Parallax"),
                     warmup=2, steps=6),
     # Builders that coincide are measured once, which leaves time for 20 steps.
-    "full": Preset(models=tuple(MODELS), mbits=(100.0, 1000.0, 10000.0), steps=20),
+    "full": Preset(models=BENCH_MODELS, mbits=(100.0, 1000.0, 10000.0), steps=20),
 }
 
 # The systems a row measures.
@@ -144,21 +133,6 @@ def fill_speedups(rows: list[Row]) -> None:
             r.speedup = best / r.median_ms if r.ok else float("nan")
 
 
-def slice_launch(step_times: Sequence[float], count: int, warmup: int, steps: int
-                 ) -> list[list[float]]:
-    """Per strategy of a launch, its timed step times (after its warm-up).
-
-    Raises:
-        ValueError: The launch recorded fewer steps than its strategies need.
-    """
-    need = count * (warmup + steps)
-    if len(step_times) < need:
-        raise ValueError(f"the launch recorded {len(step_times)} step times; {count} "
-                         f"strategies of {warmup} + {steps} steps need {need}")
-    return [list(step_times[k * (warmup + steps) + warmup:(k + 1) * (warmup + steps)])
-            for k in range(count)]
-
-
 def write_csv(rows: Iterable[Row], path: str) -> None:
     """Writes rows as CSV (columns `FIELDS`)."""
     with open(path, "w", newline="", encoding="utf-8") as f:
@@ -205,7 +179,7 @@ def _ms(value: float) -> str:
 def markdown(rows: Sequence[Row], title: str = "Strategies vs baselines, emulated cluster"
              ) -> str:
     """The results as markdown: a summary table, then one table per model and bandwidth."""
-    order = {m: i for i, m in enumerate(MODELS)}
+    order = {m: i for i, m in enumerate(BENCH_MODELS)}
     keys = sorted({(r.model, r.mbit) for r in rows}, key=lambda k: (order.get(k[0], 99), k[1]))
     lines = [f"# {title}", "",
              "Median ms/step after warm-up (min–max), examples/s, the simulator's lower "
@@ -250,7 +224,7 @@ def _notes(rows: Sequence[Row]) -> list[str]:
     cluster = ", ".join(f"{w} workers + {p} PS" for w, p in shapes)
     hosts = sorted({r.host for r in rows if r.host})
     above = sorted({r.model for r in rows if r.ok and r.lower_bound_ms > r.median_ms},
-                   key=lambda m: list(MODELS).index(m) if m in MODELS else 99)
+                   key=lambda m: BENCH_MODELS.index(m) if m in BENCH_MODELS else 99)
     bound_note = ([f"- The simulator's lower bound uses its default (uncalibrated) machine "
                    f"constants; it exceeds measured times for {', '.join(above)}: there its "
                    "compute estimate is too high for this machine."] if above else [])
@@ -282,7 +256,7 @@ def _notes(rows: Sequence[Row]) -> list[str]:
 
 def summary_table(rows: Sequence[Row]) -> str:
     """One line per model and bandwidth: best builder, optimize's pick, the baselines."""
-    order = {m: i for i, m in enumerate(MODELS)}
+    order = {m: i for i, m in enumerate(BENCH_MODELS)}
     keys = sorted({(r.model, r.mbit) for r in rows}, key=lambda k: (order.get(k[0], 99), k[1]))
     out = ["| model | Mbit/s | best builder (ms) | optimize's pick (ms) | best builder / "
            "optimize | MWMS (ms) | MWMS / optimize | single-device (ms) | best baseline / "
@@ -314,7 +288,7 @@ def plot(rows: Sequence[Row], path: str, stamp: str = "") -> bool:
         import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
     except ImportError:
         return False
-    order = {m: i for i, m in enumerate(MODELS)}
+    order = {m: i for i, m in enumerate(BENCH_MODELS)}
     mbits = sorted({r.mbit for r in rows})
     models = sorted({r.model for r in rows}, key=lambda m: order.get(m, 99))
     series = [("best builder", "tab:blue"), ("optimize", "tab:orange"), ("MWMS", "tab:green"),
@@ -398,7 +372,7 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
     """Measures every strategy and baseline of one model at one bandwidth.
 
     Args:
-        model_key: A key of `MODELS`.
+        model_key: A benchmarked example model (`autodist.models.BENCH_MODELS`).
         mbit: Per-task bandwidth cap, Mbit/s.
         preset: Cluster shape, builders, batch and steps.
         shape: Apply the caps with `tc` (needs root in a private namespace).
@@ -410,25 +384,23 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
         One Row per builder, for `optimize`'s pick, MWMS and single-device
         (failures are rows with `error`, never exceptions).
     """
-    import numpy as np  # pylint: disable=import-outside-toplevel
-
     from autodist import api, models  # pylint: disable=import-outside-toplevel
     from autodist.bench.mwms import measure_mwms  # pylint: disable=import-outside-toplevel
     from autodist.bench.netns import capped_spec  # pylint: disable=import-outside-toplevel
     from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
+    from autodist.runtime.runner import LocalRunner  # pylint: disable=import-outside-toplevel
     from autodist.search import builders  # pylint: disable=import-outside-toplevel
     from autodist.search.simulator import Simulator  # pylint: disable=import-outside-toplevel
     from autodist.search.space import SearchSpace  # pylint: disable=import-outside-toplevel
 
-    if model_key not in MODELS:
-        raise ValueError(f"unknown benchmark model {model_key!r}; known: {sorted(MODELS)}")
-    kwargs = dict(MODELS[model_key])
-    name = kwargs.pop("name")
+    if model_key not in BENCH_MODELS:
+        raise ValueError(f"unknown benchmark model {model_key!r}; known: {sorted(BENCH_MODELS)}")
+    name, kwargs = model_key, models.bench_kwargs(model_key)
     stamp = dict(command=command, host=f"{platform.node()} ({os.cpu_count()} cores)",
                  date=time.strftime("%Y-%m-%d"))
     base = dict(model=model_key, mbit=mbit, workers=preset.workers, ps=preset.ps,
                 batch_size=preset.batch_size, capped=shape, **stamp)
-    model = models.build(name, **kwargs)
+    model = models.build_bench(model_key)
     graph_item = capture(model)
     spec, ports = capped_spec(preset.workers, preset.ps, mbit, shape=shape)
     space = SearchSpace(graph_item, spec)
@@ -476,51 +448,24 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
                                        .lower_bound_s[0]) * 1e3
 
     todo = [(row, s) for row, s in candidates if s is not None]
-    per = preset.warmup + preset.steps
-    x, y = models.synthetic_data(model, len(todo) * per * preset.batch_size, seed=0)
-
-    def launch(group: list[tuple[Row, Any]]) -> list[list[float]]:
-        total = len(group) * per
-        rows_needed = total * preset.batch_size
-        xs = [a[:rows_needed] for a in x] if isinstance(x, list) else x[:rows_needed]
-        switch_at = {k * per: s for k, (_, s) in enumerate(group) if k}
-        weights = [np.array(w) for w in model.get_weights()]
-        try:
-            run = api.distribute(model, group[0][1], spec, graph_item=graph_item,
-                                 step_timeout_s=60, startup_timeout_s=120)
-            history = run.fit(xs, y[:rows_needed], batch_size=preset.batch_size, epochs=1,
-                              steps_per_epoch=total, verbose=0, shuffle=False,
-                              timeout_s=timeout_s, switch_at=switch_at or None)
-        finally:
-            model.set_weights(weights)
-        return slice_launch(history.step_times, len(group), preset.warmup, preset.steps)
-
+    # Every strategy in one launch, switched in place; with orders=2 a second
+    # launch in reverse order, the timed steps of both pooled.
+    runner = LocalRunner(model, spec, graph_item=graph_item, batch_size=preset.batch_size,
+                         steps=preset.steps, warmup_steps=preset.warmup, orders=preset.orders,
+                         data_seed=0, timeout_s=timeout_s,
+                         log=lambda line: log(f"  {line}"))
     started = time.perf_counter()
-    timed: dict[int, list[float]] = {id(row): [] for row, _ in todo}
-    errors: dict[int, str] = {}
-    orders = [todo] + ([todo[::-1]] if preset.orders > 1 and len(todo) > 1 else [])
-    for group in orders:
-        try:
-            for (row, _), times in zip(group, launch(group)):
-                timed[id(row)] += times
-        except Exception as e:  # pylint: disable=broad-except
-            log(f"  launch of {len(group)} failed ({type(e).__name__}: {str(e)[:160]}); "
-                "one launch per strategy")
-            for row, strategy in group:
-                try:
-                    timed[id(row)] += launch([(row, strategy)])[0]
-                except Exception as e2:  # pylint: disable=broad-except
-                    errors[id(row)] = f"{type(e2).__name__}: {str(e2).splitlines()[0][:200]}"
-    for row, _ in todo:
-        if timed[id(row)]:
-            row.set_times(timed[id(row)])
+    for (row, _), result in zip(todo, runner.run([s for _, s in todo])):
+        if result.ok:
+            row.set_times(result.step_times_s)
         else:
-            row.error = errors.get(id(row), "no timed steps")
+            row.error = (result.error or "no timed steps").splitlines()[0][:200]
+    orders = preset.orders if len(todo) > 1 else 1
     for row, measured in twins:
         for field in ("median_ms", "min_ms", "max_ms", "examples_per_s", "lower_bound_ms",
                       "error"):
             setattr(row, field, getattr(measured, field))
-    log(f"  {len(todo)} strategies x {len(orders)} orders in "
+    log(f"  {len(todo)} strategies x {orders} orders in "
         f"{time.perf_counter() - started:.0f}s")
 
     rows = [row for row, _ in candidates]

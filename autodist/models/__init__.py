@@ -1,17 +1,23 @@
-"""Example models, compiled and ready to capture.
+"""Example models, compiled and ready to capture, and their registry.
 
-Used by the demo, the tests and the benchmarks. Each function builds a fresh
-compiled Keras 3 model; `seed` fixes its initial weights. Sizes are small by
-default so a step takes milliseconds on a CPU.
+Used by the demo, the tests, the CLI (`MODEL` names), `autodist bench` and
+the benchmarks. Each function builds a fresh compiled Keras 3 model; `seed`
+fixes its initial weights. Sizes are small by default so a step takes
+milliseconds on a CPU. `REGISTRY` is the one table of example models: per
+name, its factory and the sizes the benchmarks measure it at
+(`build_bench`: `autodist bench`, the trial data set and the benchmark
+scripts all use these).
 
 Example:
     >>> from autodist import models
     >>> model = models.build("mlp")              # doctest: +SKIP
+    >>> big = models.build_bench("ncf")          # doctest: +SKIP
     >>> gi = autodist.capture(model)             # doctest: +SKIP
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+from typing import Any, Callable, Mapping
 
 
 def mlp(input_dim: int = 784, hidden: tuple[int, ...] = (256, 256), classes: int = 10,
@@ -190,15 +196,54 @@ def resnet50(image_size: int = 64, classes: int = 1000, seed: int = 0,
     return model
 
 
-BUILDERS: dict[str, Callable[..., Any]] = {
-    "mlp": mlp,
-    "cnn": cnn,
-    "ncf": embedding_model,
-    "ctr": ctr_model,
-    "transformer": transformer,
-    "lm": language_model,
-    "resnet50": resnet50,
+@dataclasses.dataclass(frozen=True)
+class ExampleModel:
+    """One example model of the registry.
+
+    Attributes:
+        factory: Builds the compiled model; its defaults are the small sizes
+            of the demo, the tests and the CLI.
+        description: What the model is, in a line.
+        bench_kwargs: The factory's arguments at the sizes the benchmarks
+            measure (`autodist bench`, the trial data set, benchmarks/):
+            chosen so a measured strategy takes seconds on a 2-core machine.
+            None: the model is not benchmarked.
+    """
+
+    factory: Callable[..., Any]
+    description: str
+    bench_kwargs: Mapping[str, Any] | None = None
+
+
+# The example models, in the order reports list them.
+REGISTRY: dict[str, ExampleModel] = {
+    "mlp": ExampleModel(mlp, "multi-layer perceptron (dense gradients)",
+                        dict(hidden=(256, 256))),
+    "cnn": ExampleModel(cnn, "small ResNet-style CNN with batch normalization (compute-bound)",
+                        {}),
+    # Two large embedding tables (sparse gradients); SGD touches only looked-up rows.
+    "ncf": ExampleModel(embedding_model, "collaborative filtering, two embedding tables",
+                        dict(num_users=50_000, num_items=20_000, dim=16, optimizer="sgd")),
+    # A large user table (one row per example) and a small category table looked up
+    # 50 times per example: rows vs densified tables.
+    "ctr": ExampleModel(ctr_model, "click-through rate: a large and a small, often looked-up "
+                                   "table",
+                        dict(num_users=100_000, num_categories=500, history_len=50, dim=32,
+                             optimizer="sgd")),
+    # Large vocabulary: a sparse input table and an as large dense softmax projection.
+    "lm": ExampleModel(language_model, "language model with a large vocabulary",
+                       dict(vocab_size=10_000, seq_len=8, dim=32)),
+    # A small BERT-style encoder.
+    "transformer": ExampleModel(transformer, "small Transformer encoder",
+                                dict(vocab_size=2000, seq_len=16, dim=32, layers_count=2)),
+    "resnet50": ExampleModel(resnet50, "Keras ResNet50 at 64x64 (25.6M parameters)"),
 }
+
+# Name -> factory, as before the registry (`build(name, **kwargs)` calls it).
+BUILDERS: dict[str, Callable[..., Any]] = {name: e.factory for name, e in REGISTRY.items()}
+# The models the benchmarks measure, in report order.
+BENCH_MODELS: tuple[str, ...] = tuple(name for name, e in REGISTRY.items()
+                                      if e.bench_kwargs is not None)
 
 
 def single_device_twin(model):
@@ -248,9 +293,30 @@ def synthetic_data(model, num_examples: int, seed: int = 0):
 
 
 def build(name: str, **kwargs: Any):
-    """Builds the example model called `name` (one of `BUILDERS`)."""
+    """Builds the example model called `name` (a key of `REGISTRY`), default sizes."""
+    return _entry(name).factory(**kwargs)
+
+
+def bench_kwargs(name: str) -> dict[str, Any]:
+    """The factory arguments of `name` at the benchmarks' sizes.
+
+    Raises:
+        ValueError: `name` is unknown or not benchmarked.
+    """
+    entry = _entry(name)
+    if entry.bench_kwargs is None:
+        raise ValueError(f"example model {name!r} has no benchmark size; benchmarked: "
+                         f"{list(BENCH_MODELS)}")
+    return dict(entry.bench_kwargs)
+
+
+def build_bench(name: str, **overrides: Any):
+    """Builds `name` at the benchmarks' sizes (`bench_kwargs`), with `overrides` applied."""
+    return _entry(name).factory(**{**bench_kwargs(name), **overrides})
+
+
+def _entry(name: str) -> ExampleModel:
     try:
-        factory = BUILDERS[name]
+        return REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown example model {name!r}; known: {sorted(BUILDERS)}") from None
-    return factory(**kwargs)
+        raise ValueError(f"unknown example model {name!r}; known: {sorted(REGISTRY)}") from None

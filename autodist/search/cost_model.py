@@ -1,26 +1,34 @@
-"""A learned cost model of strategies: LightGBM trained on measured trials.
+"""Cost models of strategies: LightGBM trained on measured trials, and the simulator.
 
-The model is trained only from data: callers turn `Database` records into a
-feature matrix, a vector of measured step times and the workload of each row.
-Two kinds:
+Both implement the search's cost-model role (`autodist.search.predictor.Predictor`):
 
-* ``"ranker"`` (default): LightGBM ``lambdarank`` with one query per workload.
-  Within a workload, faster trials get higher relevance labels. It learns the
-  order of strategies for a workload, which is what a search needs, and copes
-  with workloads whose absolute times differ by orders of magnitude.
-* ``"regressor"``: LightGBM regression on log(step time); predicts seconds.
+* `CostModel`: LightGBM, trained only from data: callers turn `Database`
+  records into a feature matrix, a vector of measured step times and the
+  workload of each row. Two kinds:
+
+  * ``"ranker"`` (default): LightGBM ``lambdarank`` with one query per
+    workload. Within a workload, faster trials get higher relevance labels.
+    It learns the order of strategies for a workload, which is what a search
+    needs, and copes with workloads whose absolute times differ by orders of
+    magnitude.
+  * ``"regressor"``: LightGBM regression on log(step time); predicts seconds.
+
+* `SimulatorCostModel`: the analytic simulator's step time (seconds); it
+  learns nothing, and `update` gives a LightGBM regressor of the trials.
 
 `CostModel.predict` returns a value where LOWER means predicted FASTER for
 both kinds (the negated ranking score, or the predicted step time in seconds),
 so callers always sort ascending. A ranker's scores are comparable only
 between strategies of the same workload.
 
+`resolve_cost_model` turns what `autodist.optimize(cost_model=...)` and the
+CLI accept ("simulator", a file, a predictor, or None for the shipped
+default) into a predictor. The metrics live in `autodist.search.metrics`.
+
 Example:
     >>> model = CostModel("ranker").fit(X, step_times, workloads, names)  # doctest: +SKIP
     >>> order = np.argsort(model.predict(X_candidates))   # best first   # doctest: +SKIP
     >>> model.save("cost_model.json"); CostModel.load("cost_model.json")  # doctest: +SKIP
-
-The metrics (`pairwise_accuracy`, `kendall_tau`) need numpy only.
 """
 from __future__ import annotations
 
@@ -33,7 +41,13 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 import numpy as np
 
 from autodist.ir.atomic import atomic_write
-from autodist.ir.errors import AutodistError
+from autodist.search.database import TrialRecord
+from autodist.search.features import FEATURE_NAMES, featurize
+from autodist.search.metrics import (CostModelError, as_matrix, as_names, as_vector,
+                                     check_same_length, group_indices, kendall_tau, log_rmse,
+                                     pairwise_accuracy)
+from autodist.search.predictor import Predictor, training_rows
+from autodist.search.simulator import Prediction, Simulator
 
 # Version of the saved file; `load` refuses newer ones.
 COST_MODEL_FORMAT_VERSION = 1
@@ -44,170 +58,12 @@ _RELEVANCE_LEVELS = 31
 _KINDS = ("ranker", "regressor")
 # The kind decides these; a caller may not override them through `params`.
 _RESERVED_PARAMS = ("objective", "application", "app", "objective_type", "loss")
-# Rows per block when metrics compare all pairs (bounds memory to block x n).
-_PAIR_BLOCK = 512
-
-
-class CostModelError(AutodistError, ValueError):
-    """Bad input to the cost model, or a cost model file that cannot be used."""
 
 
 def _lightgbm():
     """Imports LightGBM on first use (it takes ~0.5 s; importing autodist must stay cheap)."""
     import lightgbm  # pylint: disable=import-outside-toplevel
     return lightgbm
-
-
-# ------------------------------------------------------------------ metrics
-def pairwise_accuracy(pred: Sequence[float] | np.ndarray, actual: Sequence[float] | np.ndarray,
-                      workloads: Sequence[str]) -> float:
-    """Fraction of within-workload pairs that `pred` orders as `actual` does.
-
-    Only pairs of the same workload with different actual times count. A pair
-    is correct when the faster trial (lower actual) has the lower prediction;
-    a tie in the prediction counts as half correct.
-
-    Args:
-        pred: Predictions, lower = predicted faster (`CostModel.predict`).
-        actual: Measured step times.
-        workloads: The workload of each row.
-
-    Returns:
-        A value in [0, 1]; NaN when there is no pair to compare.
-    """
-    pred, actual, groups = _metric_inputs(pred, actual, workloads)
-    correct = total = 0.0
-    for idx in groups:
-        c, t = _pair_counts(pred[idx], actual[idx])
-        correct += c
-        total += t
-    return correct / total if total else float("nan")
-
-
-def kendall_tau(pred: Sequence[float] | np.ndarray, actual: Sequence[float] | np.ndarray,
-                workloads: Sequence[str]) -> float:
-    """Kendall's tau-b of `pred` against `actual` within each workload, averaged over workloads.
-
-    Each workload counts once (an unweighted mean). Workloads where tau-b is
-    undefined (fewer than two rows, or all predictions or all times equal)
-    are left out. +1 means `pred` orders every workload exactly like `actual`.
-
-    Args:
-        pred: Predictions, lower = predicted faster.
-        actual: Measured step times.
-        workloads: The workload of each row.
-
-    Returns:
-        A value in [-1, 1]; NaN when no workload has a defined tau-b.
-    """
-    pred, actual, groups = _metric_inputs(pred, actual, workloads)
-    taus = [t for t in (_tau_b(pred[idx], actual[idx]) for idx in groups) if t is not None]
-    return float(np.mean(taus)) if taus else float("nan")
-
-
-def log_rmse(pred_seconds: Sequence[float] | np.ndarray,
-             actual: Sequence[float] | np.ndarray) -> float:
-    """Root mean squared error of log(predicted seconds) against log(measured seconds)."""
-    pred_seconds = _vector(pred_seconds, "pred_seconds")
-    actual = _vector(actual, "actual")
-    _same_length(("pred_seconds", pred_seconds), ("actual", actual))
-    if (pred_seconds <= 0).any() or (actual <= 0).any():
-        raise CostModelError("log_rmse needs positive times")
-    return float(np.sqrt(np.mean((np.log(pred_seconds) - np.log(actual)) ** 2)))
-
-
-def _metric_inputs(pred: Any, actual: Any,
-                   workloads: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    pred = _vector(pred, "pred")
-    actual = _vector(actual, "actual")
-    names = _workload_list(workloads)
-    _same_length(("pred", pred), ("actual", actual), ("workloads", names))
-    return pred, actual, _group_indices(names)
-
-
-def _pair_counts(pred: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
-    """(correct, compared) over the unordered pairs with different `actual`."""
-    correct = ties = total = 0
-    for start in range(0, len(pred), _PAIR_BLOCK):
-        block = slice(start, start + _PAIR_BLOCK)
-        da = np.sign(actual[block, None] - actual[None, :])
-        dp = np.sign(pred[block, None] - pred[None, :])
-        valid = da != 0
-        total += int(valid.sum())
-        correct += int((valid & (da == dp)).sum())
-        ties += int((valid & (dp == 0)).sum())
-    # Every unordered pair was seen twice, as (i, j) and (j, i).
-    return (correct + 0.5 * ties) / 2, total / 2
-
-
-def _tau_b(x: np.ndarray, y: np.ndarray) -> float | None:
-    """Kendall's tau-b of two equal-length vectors; None when undefined."""
-    s = nx = ny = 0
-    for start in range(0, len(x), _PAIR_BLOCK):
-        block = slice(start, start + _PAIR_BLOCK)
-        dx = np.sign(x[block, None] - x[None, :])
-        dy = np.sign(y[block, None] - y[None, :])
-        s += int((dx * dy).sum())          # 2 (concordant - discordant)
-        nx += int((dx != 0).sum())         # 2 (pairs - pairs tied in x)
-        ny += int((dy != 0).sum())
-    if nx == 0 or ny == 0:
-        return None
-    return float(s / math.sqrt(nx * ny))
-
-
-# -------------------------------------------------------------- validation
-def _vector(values: Any, name: str) -> np.ndarray:
-    try:
-        array = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise CostModelError(f"{name} must be numbers. Received: {e}") from e
-    if array.ndim != 1:
-        raise CostModelError(f"{name} must be 1-D. Received shape {array.shape}")
-    bad = np.flatnonzero(~np.isfinite(array))
-    if bad.size:
-        raise CostModelError(f"{name} must be finite. Received {array[bad[0]]} at row {bad[0]} "
-                             f"({bad.size} non-finite values)")
-    return array
-
-
-def _matrix(values: Any, name: str = "X") -> np.ndarray:
-    try:
-        array = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise CostModelError(f"{name} must be a numeric matrix. Received: {e}") from e
-    if array.ndim != 2:
-        raise CostModelError(f"{name} must be 2-D (rows, features). Received shape {array.shape}")
-    bad = np.argwhere(~np.isfinite(array))
-    if bad.size:
-        row, col = bad[0]
-        raise CostModelError(f"{name} must be finite. Received {array[row, col]} at row {row}, "
-                             f"column {col} ({len(bad)} non-finite values)")
-    return array
-
-
-def _workload_list(workloads: Sequence[str]) -> list[str]:
-    if isinstance(workloads, (str, bytes)):
-        raise CostModelError("workloads must be a sequence with one workload per row, "
-                             f"not a single string. Received: {workloads!r}")
-    names = list(workloads)
-    for i, name in enumerate(names):
-        if not isinstance(name, str):
-            raise CostModelError(f"workloads must be strings. Received {name!r} at row {i}")
-    return names
-
-
-def _same_length(*named: tuple[str, Any]) -> None:
-    lengths = {name: len(value) for name, value in named}
-    if len(set(lengths.values())) > 1:
-        raise CostModelError(f"inputs must have one entry per row. Received lengths {lengths}")
-
-
-def _group_indices(names: Sequence[str]) -> list[np.ndarray]:
-    """Row indices of each distinct name, in order of first appearance."""
-    groups: dict[str, list[int]] = {}
-    for i, name in enumerate(names):
-        groups.setdefault(name, []).append(i)
-    return [np.asarray(rows, dtype=np.int64) for rows in groups.values()]
 
 
 def relevance_labels(step_times: Sequence[float] | np.ndarray,
@@ -220,12 +76,12 @@ def relevance_labels(step_times: Sequence[float] | np.ndarray,
     equal labels). A workload with one
     distinct time gets 0 everywhere.
     """
-    times = _vector(step_times, "step_times")
-    names = _workload_list(workloads)
-    _same_length(("step_times", times), ("workloads", names))
+    times = as_vector(step_times, "step_times")
+    names = as_names(workloads)
+    check_same_length(("step_times", times), ("workloads", names))
     labels = np.zeros(len(times), dtype=np.int64)
     top = _RELEVANCE_LEVELS - 1
-    for idx in _group_indices(names):
+    for idx in group_indices(names):
         distinct, rank = np.unique(times[idx], return_inverse=True)   # rank 0 = fastest
         steps = len(distinct) - 1
         if steps:
@@ -235,7 +91,7 @@ def relevance_labels(step_times: Sequence[float] | np.ndarray,
 
 
 # ---------------------------------------------------------------- the model
-class CostModel:
+class CostModel(Predictor):
     """A LightGBM model of strategy step time, trained from measured trials.
 
     Args:
@@ -358,11 +214,11 @@ class CostModel:
                 ranker needs a workload with two trials of different times; a
                 regressor two rows).
         """
-        X = _matrix(X)
-        times = _vector(step_times, "step_times")
-        names = _workload_list(workloads)
+        X = as_matrix(X)
+        times = as_vector(step_times, "step_times")
+        names = as_names(workloads)
         features = _feature_name_list(feature_names)
-        _same_length(("X rows", X), ("step_times", times), ("workloads", names))
+        check_same_length(("X rows", X), ("step_times", times), ("workloads", names))
         if X.shape[1] != len(features):
             raise CostModelError(f"X has {X.shape[1]} columns but {len(features)} feature names "
                                  f"were given: {features}")
@@ -370,7 +226,7 @@ class CostModel:
         if bad.size:
             raise CostModelError(f"step_times must be positive seconds. Received "
                                  f"{times[bad[0]]} at row {bad[0]}")
-        groups = _group_indices(names)
+        groups = group_indices(names)
         if self._kind == "ranker":
             rankable = [idx for idx in groups if len(np.unique(times[idx])) > 1]
             if not rankable:
@@ -432,7 +288,7 @@ class CostModel:
             negated ranking score (comparable only within one workload).
         """
         booster = self._require_fitted()
-        X = _matrix(X)
+        X = as_matrix(X)
         if X.shape[1] != len(self._feature_names):
             raise CostModelError(f"X has {X.shape[1]} columns; the model was trained with "
                                  f"{len(self._feature_names)} features: {self._feature_names}")
@@ -450,9 +306,9 @@ class CostModel:
             plus "log_rmse" for a regressor.
         """
         pred = self.predict(X)
-        times = _vector(step_times, "step_times")
-        names = _workload_list(workloads)
-        _same_length(("X rows", pred), ("step_times", times), ("workloads", names))
+        times = as_vector(step_times, "step_times")
+        names = as_names(workloads)
+        check_same_length(("X rows", pred), ("step_times", times), ("workloads", names))
         out = {"pairwise_accuracy": pairwise_accuracy(pred, times, names),
                "kendall_tau": kendall_tau(pred, times, names),
                "num_rows": float(len(times)),
@@ -483,6 +339,34 @@ class CostModel:
                   else "same names in a different order")
         raise CostModelError(f"the cost model was trained with features {self._feature_names}; "
                              f"the caller has {names} ({detail})")
+
+    # ------------------------------------------------ the search's role
+    @property
+    def name(self) -> str:
+        """"lightgbm-ranker" or "lightgbm-regressor"."""
+        return f"lightgbm-{self._kind}"
+
+    @property
+    def predicts_seconds(self) -> bool:
+        """A regressor predicts seconds; a ranker only orders."""
+        return self._kind == "regressor"
+
+    def predict_candidates(self, simulator: Simulator, candidates: np.ndarray,
+                           prediction: Prediction | None = None) -> np.ndarray:
+        """`predict` of the candidates' features (`autodist.search.features.featurize`)."""
+        return np.asarray(self.predict(featurize(simulator, candidates, prediction)))
+
+    def update(self, records: Sequence[TrialRecord], seed: int = 0) -> CostModel:
+        """A model of the same kind trained on `records`, boosting on from this one.
+
+        A fitted model with this autodist's features continues (e.g. the
+        shipped model refined with a user's own trials) rather than being
+        replaced by a model of these few workloads.
+        """
+        x, y, workloads = training_rows(records)
+        init = self if self.is_fitted and self._feature_names == list(FEATURE_NAMES) else None
+        return CostModel(kind=self._kind, seed=seed).fit(x, y, workloads, FEATURE_NAMES,
+                                                          init_model=init)
 
     # ------------------------------------------------------- persistence
     def to_json(self) -> str:
@@ -610,11 +494,11 @@ def leave_one_group_out(X: Any, step_times: Any, workloads: Sequence[str], group
         group -> the held-out `evaluate` metrics plus "num_train_rows", in
         order of first appearance.
     """
-    X = _matrix(X)
-    times = _vector(step_times, "step_times")
-    names = _workload_list(workloads)
-    group_names = _workload_list(groups)
-    _same_length(("X rows", X), ("step_times", times), ("workloads", names),
+    X = as_matrix(X)
+    times = as_vector(step_times, "step_times")
+    names = as_names(workloads)
+    group_names = as_names(groups)
+    check_same_length(("X rows", X), ("step_times", times), ("workloads", names),
                  ("groups", group_names))
     group_of: dict[str, str] = {}
     for workload, group in zip(names, group_names):
@@ -637,3 +521,117 @@ def leave_one_group_out(X: Any, step_times: Any, workloads: Sequence[str], group
         metrics["num_train_rows"] = float(train.sum())
         results[group] = metrics
     return results
+
+
+# ------------------------------------------------------------ the simulator
+_SIMULATOR_FORMAT = "autodist.simulator_cost_model"
+
+
+class SimulatorCostModel(Predictor):
+    """The analytic simulator as a cost model: its predicted step time, in seconds.
+
+    It has no state of its own: the workload's `Simulator` (its calibration
+    and batch size) is the context every prediction is made in. It learns
+    nothing from trials; `update` returns a LightGBM model of kind
+    `refit_kind` trained on them.
+
+    Args:
+        refit_kind: The kind of LightGBM model `update` trains ("regressor":
+            it predicts seconds, as the simulator does).
+
+    Example:
+        >>> plan = autodist.optimize(model, cost_model=SimulatorCostModel())  # doctest: +SKIP
+    """
+
+    def __init__(self, refit_kind: Literal["ranker", "regressor"] = "regressor") -> None:
+        if refit_kind not in _KINDS:
+            raise CostModelError(f"refit_kind must be one of {list(_KINDS)}. "
+                                 f"Received: {refit_kind!r}")
+        self.refit_kind = refit_kind
+
+    @property
+    def name(self) -> str:
+        return "simulator"
+
+    @property
+    def predicts_seconds(self) -> bool:
+        return True
+
+    def predict_candidates(self, simulator: Simulator, candidates: np.ndarray,
+                           prediction: Prediction | None = None) -> np.ndarray:
+        """The simulator's step times (seconds) of the candidates."""
+        if prediction is None:
+            prediction = simulator.predict(candidates)
+        return np.asarray(prediction.step_time_s)
+
+    def update(self, records: Sequence[TrialRecord], seed: int = 0) -> CostModel:
+        """A fresh LightGBM model of kind `refit_kind` trained on `records`."""
+        x, y, workloads = training_rows(records)
+        return CostModel(kind=self.refit_kind, seed=seed).fit(x, y, workloads, FEATURE_NAMES)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes a small JSON file naming the simulator (and `refit_kind`)."""
+        atomic_write(path, json.dumps({"format": _SIMULATOR_FORMAT, "version": 1,
+                                       "refit_kind": self.refit_kind}).encode())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> SimulatorCostModel:
+        """Reads a file written by `save`."""
+        path = pathlib.Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise CostModelError(f"cannot read cost model file {str(path)!r}: {e}") from e
+        if not isinstance(data, dict) or data.get("format") != _SIMULATOR_FORMAT:
+            raise CostModelError(f"cost model file {str(path)!r} is not a saved simulator "
+                                 f"(no format {_SIMULATOR_FORMAT!r})")
+        return cls(data.get("refit_kind", "regressor"))
+
+    def __repr__(self) -> str:
+        return f"SimulatorCostModel(refit_kind={self.refit_kind!r})"
+
+
+# ------------------------------------------------- what optimize accepts
+SHIPPED_COST_MODEL = pathlib.Path(__file__).parent / "data" / "cost_model.txt"
+
+
+def load_cost_model(path: str | os.PathLike) -> Predictor:
+    """Reads a saved predictor: a LightGBM `CostModel` or a `SimulatorCostModel`."""
+    path = pathlib.Path(path)
+    try:
+        head = path.read_text()[:4096]
+    except (OSError, UnicodeDecodeError) as e:
+        raise CostModelError(f"cannot read cost model file {str(path)!r}: {e}") from e
+    if _SIMULATOR_FORMAT in head:
+        return SimulatorCostModel.load(path)
+    return CostModel.load(path)
+
+
+def shipped_cost_model() -> CostModel | None:
+    """The LightGBM model shipped with the package, or None while none is shipped."""
+    return CostModel.load(SHIPPED_COST_MODEL) if SHIPPED_COST_MODEL.exists() else None
+
+
+def resolve_cost_model(value: Predictor | str | os.PathLike | None) -> Predictor:
+    """The predictor that `value` names.
+
+    Args:
+        value: A `Predictor` (returned as is); "simulator" for a
+            `SimulatorCostModel`; a path to a file written by a predictor's
+            `save`; or None for the shipped model when the package has one,
+            else the simulator.
+
+    Raises:
+        CostModelError: The file cannot be read or is no saved cost model.
+    """
+    if isinstance(value, Predictor):
+        return value
+    if value is None:
+        shipped = shipped_cost_model()
+        return shipped if shipped is not None else SimulatorCostModel()
+    if isinstance(value, str) and value == "simulator":
+        return SimulatorCostModel()
+    if isinstance(value, (str, os.PathLike)):
+        return load_cost_model(value)
+    raise CostModelError(f"cost_model must be a Predictor (CostModel, SimulatorCostModel), "
+                         f"'simulator', a path or None. Received: {type(value).__name__}")

@@ -1,22 +1,26 @@
-"""The tuner: propose → rank → (measure the top) → record → refit.
+"""The tuner: propose → rank → (measure the top) → notify callbacks → search again.
 
-`Tuner.tune` searches the space with the current ranking (the analytic
-simulator, or a LightGBM `CostModel`), optionally measures the best
-unmeasured candidates on the real cluster through a `Runner`, records every
-trial (failed ones with their error) in a `Database`, refits the cost model
-on the records and searches again, until the trial budget is spent. The
-builders' strategies are always candidates, so the pick is never predicted
-slower than the best builder; when measuring, the builders predicted fastest
-are measured too, so the pick is never measured slower than them (its
-`origin` then names the builder it is). A tuner resumes from its database: strategies
-already measured for the workload are not measured again.
+`Tuner.tune` searches the space with the current cost model (a `Predictor`:
+the analytic simulator, or a LightGBM `CostModel`), optionally measures the
+best unmeasured candidates through a `Runner` (one `run` call per round, so a
+local runner measures a round in one cluster launch), and hands every
+round's trials to its callbacks: by default `AddToDatabase` (every trial,
+failed ones with their error), `RefitCostModel` (retrain on the database)
+and, with `progress`, `LogProgress`. When a callback replaced the cost
+model, it searches again, until the trial budget is spent. The builders'
+strategies are always candidates, so the pick is never predicted slower than
+the best builder; when measuring, the builders predicted fastest are
+measured in the first round, so the pick is never measured slower than them
+(its `origin` then names the builder it is). A builder that fails for the
+workload is recorded in `builder_errors` and the explanation, not dropped. A
+tuner resumes from its database: strategies already measured for the
+workload are not measured again.
 """
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -25,32 +29,16 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy, describe_synchronizer, is_gathered
 from autodist.search import builders as builder_presets
 from autodist.search.algorithms import SearchResult, search
-from autodist.search.cost_model import CostModel
+from autodist.search.cost_model import SimulatorCostModel
 from autodist.search.database import Database, TrialRecord, workload_key
 from autodist.search.features import FEATURE_NAMES, featurize
+from autodist.search.measure_callback import MeasureCallback, Trial, default_callbacks
+from autodist.search.predictor import Predictor
+from autodist.search.runner import Runner, checked_run
 from autodist.search.simulator import Calibration, Simulator
 from autodist.search.space import SearchSpace, SpaceOptions
 
-
-class Runner(Protocol):
-    """Measures a strategy on a real cluster (the runtime implements it)."""
-
-    def measure(self, strategy: Strategy) -> Sequence[float]:
-        """Step times in seconds after warm-up; raises when the trial fails."""
-
-
-@dataclasses.dataclass
-class Trial:
-    """One measured (or failed) strategy."""
-
-    strategy: Strategy
-    predicted_step_time_s: float
-    step_times_s: tuple[float, ...] = ()
-    error: str | None = None
-
-    @property
-    def median_step_time_s(self) -> float | None:
-        return float(np.median(self.step_times_s)) if self.step_times_s else None
+__all__ = ["Runner", "Trial", "TuneResult", "Tuner"]
 
 
 @dataclasses.dataclass
@@ -66,6 +54,9 @@ class TuneResult:
         trials: Measured trials of this run, in order.
         candidates_scored: Candidates the search scored.
         elapsed_s: Wall time of `tune`.
+        explanation: Per variable, the choice and its best alternative; the builders.
+        builder_errors: Builder name → why it could not build a strategy for
+            this workload (such builders are no candidates).
     """
 
     strategy: Strategy
@@ -76,6 +67,7 @@ class TuneResult:
     candidates_scored: int
     elapsed_s: float
     explanation: str = ""
+    builder_errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 class Tuner:
@@ -86,68 +78,73 @@ class Tuner:
         space_options: Bounds of the search space.
         calibration: Machine constants of the simulator.
         batch_size: Global batch size the strategy is for.
-        cost_model: A trained `CostModel` (its predictions rank candidates);
-            None ranks with the simulator alone.
+        cost_model: What ranks candidates: a `Predictor` such as a trained
+            LightGBM `CostModel` or `SimulatorCostModel()` (the default).
         database: Where trials are recorded (and resumed from).
         runner: Measures strategies; needed for `tune(trials > 0)`.
         search_budget: Candidates scored per search round.
         algorithm: "auto", "random", "greedy" or "evolutionary".
         seed: Seeds every random choice.
-        progress: Print a line per trial to stderr.
+        progress: With the default callbacks, print a line per trial to stderr.
+        callbacks: Run after each measured round (default:
+            `default_callbacks(progress)`: record in the database, refit the
+            cost model, and with `progress` log).
+
+    Example:
+        >>> runner = LocalRunner(model, spec)                  # doctest: +SKIP
+        >>> result = Tuner(gi, spec, runner=runner, database=Database("t.jsonl")).tune(4)
+        >>> result.strategy, [t.median_step_time_s for t in result.trials]
     """
 
     def __init__(self, graph_item: GraphItem, resource_spec: ResourceSpec, *,
                  space_options: SpaceOptions | None = None,
                  calibration: Calibration | None = None, batch_size: int | None = None,
-                 cost_model: CostModel | None = None, database: Database | None = None,
+                 cost_model: Predictor | None = None, database: Database | None = None,
                  runner: Runner | None = None, search_budget: int = 4000,
-                 algorithm: str = "auto", seed: int = 0, progress: bool = False) -> None:
+                 algorithm: str = "auto", seed: int = 0, progress: bool = False,
+                 callbacks: Sequence[MeasureCallback] | None = None) -> None:
         self.graph_item = graph_item
         self.resource_spec = resource_spec
         self.space = SearchSpace(graph_item, resource_spec, space_options)
         self.simulator = Simulator(self.space, calibration, batch_size)
-        self.cost_model = cost_model
-        self._base_cost_model = cost_model  # what refits continue from
-        if cost_model is not None:
-            cost_model.check_features(FEATURE_NAMES)
+        self.cost_model: Predictor = (cost_model if cost_model is not None
+                                      else SimulatorCostModel())
+        self.cost_model.check_features(FEATURE_NAMES)
+        self.base_cost_model: Predictor = self.cost_model  # what refits continue from
         self.database = database
         self.runner = runner
         self.search_budget = search_budget
         self.algorithm = algorithm
         self.seed = seed
         self.progress = progress
+        self.callbacks: list[MeasureCallback] = (list(callbacks) if callbacks is not None
+                                                 else default_callbacks(progress))
         self.workload = workload_key(graph_item.fingerprint, resource_spec.fingerprint)
-        self.builder_strategies = {name: s for name, s in self._builder_strategies().items()
-                                   if self.space.admits(s)}
+        self.builder_strategies, self.builder_errors = self._builder_strategies()
         self.seeds = {name: self.space.encode(s) for name, s in self.builder_strategies.items()}
 
     # -------------------------------------------------------------- scoring
     def score(self, candidates: np.ndarray) -> np.ndarray:
         """Ranking scores (lower = faster) of a candidate matrix."""
-        prediction = self.simulator.predict(candidates)
-        if self.cost_model is None:
-            return prediction.step_time_s
-        return np.asarray(self.cost_model.predict(featurize(self.simulator, candidates,
-                                                            prediction)))
+        return np.asarray(self.cost_model.predict_candidates(self.simulator, candidates))
 
     def predict_seconds(self, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Predicted step times and lower bounds in seconds.
 
-        A regressor cost model predicts seconds; a ranker only orders, so the
-        simulator gives the seconds then.
+        A cost model that predicts seconds (the simulator, a regressor) gives
+        them; a ranker only orders, so the simulator gives the seconds then.
         """
         prediction = self.simulator.predict(candidates)
         seconds = prediction.step_time_s
-        if self.cost_model is not None and self.cost_model.kind == "regressor":
-            seconds = np.asarray(self.cost_model.predict(
-                featurize(self.simulator, candidates, prediction)))
+        if self.cost_model.predicts_seconds:
+            seconds = np.asarray(self.cost_model.predict_candidates(self.simulator, candidates,
+                                                                    prediction))
         return seconds, prediction.lower_bound_s
 
     @property
     def predictor(self) -> str:
-        if self.cost_model is None:
-            return "simulator"
-        return f"lightgbm-{self.cost_model.kind}"
+        """The name of what ranks now ("simulator", "lightgbm-regressor", ...)."""
+        return self.cost_model.name
 
     # --------------------------------------------------------------- tuning
     def tune(self, trials: int = 0, measure_per_round: int = 2,
@@ -156,10 +153,11 @@ class Tuner:
 
         Args:
             trials: Real measurements to make (0: rank by prediction only).
-            measure_per_round: Candidates measured between refits.
+            measure_per_round: Searched candidates measured between refits.
             builder_trials: How many of the trials go to the builders predicted
                 fastest (default: half of them), so that the pick is measured
-                against what a user would have picked by hand.
+                against what a user would have picked by hand. They are
+                measured in the first round, with its searched candidates.
         """
         if trials < 0:
             raise ValueError(f"trials must be >= 0. Received: {trials!r}")
@@ -171,22 +169,30 @@ class Tuner:
         scored = result.evaluated
         done: list[Trial] = []
         builder_trials = trials // 2 if builder_trials is None else min(builder_trials, trials)
+        pending: dict[tuple, tuple[np.ndarray, str]] = {}
         for name in self._builders_by_prediction()[:builder_trials]:
-            candidate = self.seeds[name]
-            if tuple(candidate) not in measured:
-                trial = self._measure(candidate, origin=name)
-                done.append(trial)
-                measured[tuple(candidate)] = trial
+            key = tuple(self.seeds[name])
+            if key not in measured and key not in pending:
+                pending[key] = (self.seeds[name], name)
         while len(done) < trials:
-            todo = [c for c in result.candidates if tuple(c) not in measured]
-            todo = todo[:min(measure_per_round, trials - len(done))]
-            if not todo:
+            batch, pending = pending, {}
+            room = min(measure_per_round, trials - len(done) - len(batch))
+            for candidate in result.candidates:
+                if room <= 0:
+                    break
+                key = tuple(candidate)
+                if key not in measured and key not in batch:
+                    batch[key] = (candidate, "search")
+                    room -= 1
+            if not batch:
                 break
-            for candidate in todo:
-                trial = self._measure(candidate)
-                done.append(trial)
-                measured[tuple(candidate)] = trial
-            if self._refit():
+            new = self._measure(list(batch.values()))
+            done += new
+            measured.update(zip(batch, new))
+            ranked_with = self.cost_model
+            for callback in self.callbacks:
+                callback.apply(self, new)
+            if self.cost_model is not ranked_with:
                 result = self._search()
                 scored += result.evaluated
         best, predicted, lower = self._pick(result, measured)
@@ -195,7 +201,8 @@ class Tuner:
             strategy=best, predicted_step_time_s=predicted, lower_bound_s=lower,
             builder_step_times_s=dict(zip(self.seeds, (float(t) for t in builder_seconds))),
             trials=done, candidates_scored=scored, elapsed_s=time.perf_counter() - start,
-            explanation=self.explain(self.space.encode(best)))
+            explanation=self.explain(self.space.encode(best)),
+            builder_errors=dict(self.builder_errors))
 
     def _builders_by_prediction(self) -> list[str]:
         seconds, _ = self.predict_seconds(np.stack(list(self.seeds.values())))
@@ -225,26 +232,19 @@ class Tuner:
             perf.measured_step_time_s.extend(ok[tuple(candidate)].step_times_s)
         return strategy, float(seconds[0]), float(lower[0])
 
-    def _measure(self, candidate: np.ndarray, origin: str = "search") -> Trial:
-        strategy = self.space.decode(candidate, origin=origin)
-        seconds, _ = self.predict_seconds(candidate[None, :])
-        trial = Trial(strategy, float(seconds[0]))
-        try:
-            trial.step_times_s = tuple(float(t) for t in self.runner.measure(strategy))
-            if not trial.step_times_s:
-                trial.error = "the runner returned no step times"
-        except Exception as e:  # pylint: disable=broad-except
-            # A failed trial is data, never the end of the search.
-            trial.error = f"{type(e).__name__}: {e}"
-        if self.database is not None:
-            self.database.append(self.record(strategy, trial.step_times_s, trial.error,
-                                              trial.predicted_step_time_s, origin=origin))
-        if self.progress:
-            outcome = (f"{trial.median_step_time_s * 1e3:.2f} ms" if trial.error is None
-                       else f"failed: {trial.error.splitlines()[0][:80]}")
-            print(f"trial ({origin}): predicted {trial.predicted_step_time_s * 1e3:.2f} ms, "
-                  f"measured {outcome}", file=sys.stderr, flush=True)
-        return trial
+    def _measure(self, batch: Sequence[tuple[np.ndarray, str]]) -> list[Trial]:
+        """Measures (candidate, origin) pairs with one `run` call; failures as trials."""
+        strategies = [self.space.decode(candidate, origin=origin) for candidate, origin in batch]
+        seconds, _ = self.predict_seconds(np.stack([candidate for candidate, _ in batch]))
+        trials = []
+        for (_, origin), strategy, predicted, result in zip(
+                batch, strategies, seconds, checked_run(self.runner, strategies)):
+            error = result.error
+            if error is None and not result.step_times_s:
+                error = "the runner returned no step times"
+            trials.append(Trial(strategy, float(predicted),
+                                result.step_times_s if error is None else (), error, origin))
+        return trials
 
     def record(self, strategy: Strategy, step_times_s: Sequence[float], error: str | None,
                predicted_step_time_s: float | None = None, origin: str = "search",
@@ -270,36 +270,14 @@ class Tuner:
         if self.database is None:
             return measured
         for record in self.database.records():
-            if record.workload != self.workload:
+            if record.workload != self.workload or not record.strategy:
                 continue
             strategy = Strategy.deserialize(record.strategy, source="trial database")
             candidate = self.space.encode(strategy)
             measured[tuple(candidate)] = Trial(strategy, record.predicted_step_time_s or 0.0,
-                                               tuple(record.step_times_s), record.error)
+                                               tuple(record.step_times_s), record.error,
+                                               record.origin)
         return measured
-
-    def _refit(self) -> bool:
-        """Refits the cost model on the database (enough measured trials needed)."""
-        if self.database is None:
-            return False
-        records = [r for r in self.database.records() if r.ok and r.features]
-        if len({r.workload for r in records}) < 1 or len(records) < 8:
-            return False
-        x = np.array([[r.features.get(name, 0.0) for name in FEATURE_NAMES] for r in records])
-        y = np.array([r.median_step_time_s for r in records])
-        kind = self.cost_model.kind if self.cost_model is not None else "regressor"
-        # A model trained on many workloads (the shipped one) is refined with
-        # these trials rather than replaced by a model of these few workloads.
-        base = self._base_cost_model
-        if base is not None and (not base.is_fitted or base.kind != kind
-                                 or base.feature_names != list(FEATURE_NAMES)):
-            base = None
-        try:
-            self.cost_model = CostModel(kind=kind, seed=self.seed).fit(
-                x, y, [r.workload for r in records], FEATURE_NAMES, init_model=base)
-        except ValueError:
-            return False  # e.g. no workload with two distinct measurements yet
-        return True
 
     # -------------------------------------------------------------- explain
     def explain(self, candidate: np.ndarray) -> str:
@@ -329,16 +307,27 @@ class Tuner:
         builder_seconds = self.predict_seconds(np.stack(list(self.seeds.values())))[0]
         for name, seconds in sorted(zip(self.seeds, builder_seconds), key=lambda p: p[1]):
             lines.append(f"  {name:<22} {seconds * 1e3:.3f} ms  ({seconds / base:.2f}x)")
+        for name, error in self.builder_errors.items():
+            lines.append(f"  {name:<22} failed to build: {error.splitlines()[0][:160]}")
         return "\n".join(lines)
 
-    def _builder_strategies(self) -> dict[str, Strategy]:
-        strategies = {}
+    def _builder_strategies(self) -> tuple[dict[str, Strategy], dict[str, str]]:
+        """Each builder's strategy for the workload, and why the others failed to build."""
+        strategies, errors = {}, {}
         for name, cls in builder_presets.BUILDERS.items():
             try:
-                strategies[name] = cls().build(self.graph_item, self.resource_spec)
-            except Exception:  # pylint: disable=broad-except
-                continue  # e.g. a PS builder on a spec without PS devices
-        return strategies
+                strategy = cls().build(self.graph_item, self.resource_spec)
+            except Exception as e:  # pylint: disable=broad-except
+                # e.g. a PS builder on a spec without PS devices: recorded, no candidate.
+                errors[name] = f"{type(e).__name__}: {e}"
+                continue
+            if self.space.admits(strategy):
+                strategies[name] = strategy
+            else:  # e.g. mixed synchronizers under the optimizer's gradient clipping
+                errors[name] = ("not admitted by the search space (its synchronizers do not "
+                                "fit the optimizer's gradient clipping: "
+                                f"{self.space.clipping!r})")
+        return strategies, errors
 
 
 def _how(config, sparse_gradient: bool) -> str:

@@ -10,8 +10,6 @@ Keras `fit` (within 2e-5).
 from __future__ import annotations
 
 import dataclasses
-import pathlib
-import sys
 
 import numpy as np
 import pytest
@@ -148,8 +146,7 @@ class _SlowWorkerAfter(policies.Policy):
     """Test harness: from step `step` on, worker 1 runs `fraction` of the time."""
 
     def __init__(self, job_dir, step, fraction):
-        sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks"))
-        from slowdown import Slowdown  # pylint: disable=import-outside-toplevel
+        from autodist.bench.slowdown import Slowdown  # pylint: disable=C0415
 
         self.slowdown = Slowdown(job_dir, 1, fraction)
         self.step, self.started = step, None

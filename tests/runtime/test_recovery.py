@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import sys
 import threading
 import time
 
@@ -34,8 +33,7 @@ EXAMPLES, BATCH, EPOCHS = 96, 32, 3
 
 def _kill_after(job_dir: str, task: int, steps: int, timeout_s: float = 120.0) -> threading.Thread:
     """SIGKILLs worker `task` once the chief has recorded `steps` steps."""
-    sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks"))
-    from slowdown import find_task_pid  # pylint: disable=import-outside-toplevel
+    from autodist.bench.slowdown import find_task_pid  # pylint: disable=C0415
 
     def kill():
         progress = pathlib.Path(job_dir) / "progress.jsonl"

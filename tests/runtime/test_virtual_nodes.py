@@ -9,8 +9,6 @@ servers on the workers' CPUs, gives the same numbers.
 """
 from __future__ import annotations
 
-import pathlib
-import sys
 
 import numpy as np
 import pytest
@@ -91,15 +89,14 @@ def test_batch_norm_statistics_do_not_depend_on_the_mapping(tmp_path):
 
 @pytest.mark.cluster
 def test_balancing_gives_a_slowed_worker_fewer_virtual_nodes(tmp_path):
-    """Worker 1 runs 40% of the time (SIGSTOP/SIGCONT, benchmarks/slowdown.py).
+    """Worker 1 runs 40% of the time (SIGSTOP/SIGCONT, autodist.bench.slowdown).
 
     Each worker is pinned to its own core (a device each). The probe sees
     worker 1 slower, `balance` gives it fewer virtual nodes, and the
     balanced run gives the even run's numbers. How much faster it is lives in
     benchmarks/virtual_nodes.py (a timing is no test).
     """
-    sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks"))
-    from slowdown import Slowdown  # pylint: disable=import-outside-toplevel
+    from autodist.bench.slowdown import Slowdown  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(3)
     x = rng.normal(size=(2048, 256)).astype("float32")

@@ -1,8 +1,10 @@
-"""Tests of the LightGBM cost model and its metrics (autodist.search.cost_model).
+"""Tests of the cost models (autodist.search.cost_model) and their metrics (.metrics).
 
 The models are trained with real LightGBM on synthetic trials whose step time
 is a known, noisy function of five features, and scored on held-out
-workloads. The metrics are checked against values computed by hand.
+workloads. The metrics are checked against values computed by hand. The
+simulator and the LightGBM models are checked as the search's cost-model role
+(`predict_candidates`, `update`, `save`/load, what `optimize` accepts).
 """
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ import numpy as np
 import pytest
 
 from autodist.search.cost_model import (COST_MODEL_FORMAT_VERSION, CostModel, CostModelError,
-                                        kendall_tau, leave_one_group_out, log_rmse,
-                                        pairwise_accuracy, relevance_labels)
+                                        SimulatorCostModel, leave_one_group_out,
+                                        load_cost_model, relevance_labels, resolve_cost_model,
+                                        shipped_cost_model)
+from autodist.search.features import FEATURE_NAMES
+from autodist.search.metrics import kendall_tau, log_rmse, pairwise_accuracy
 
 FEATURES = ["x0", "x1", "x2", "x3", "x4", "log_scale"]
 NOISE_SIGMA = 0.03   # log-normal measurement noise of the synthetic step times
@@ -281,3 +286,92 @@ def test_refining_a_trained_model_keeps_what_it_learned(ranker, test_data):
         pairwise_accuracy(alone.predict(Xt), tt, wt) + 0.05
     with pytest.raises(CostModelError, match="init_model must be a fitted ranker"):
         CostModel("ranker").fit(X, t, w, FEATURES, init_model=CostModel("ranker"))
+
+
+# --------------------------------------------------- the cost-model role
+@pytest.fixture(scope="module")
+def workload_simulator():
+    from autodist.ir.resource_spec import ResourceSpec  # pylint: disable=C0415
+    from autodist.search.simulator import Simulator  # pylint: disable=C0415
+    from autodist.search.space import SearchSpace  # pylint: disable=C0415
+    from tests.search import workloads  # pylint: disable=C0415
+
+    gi = workloads.graph_item([("emb", (5000, 32), True), ("kernel", (256, 256), False)],
+                              flops=1e8, lookups_per_example=4)
+    spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=1)
+    return gi, spec, Simulator(SearchSpace(gi, spec), batch_size=64)
+
+
+def _records(gi, spec, simulator, n=12, seed=0):
+    """n measured trials whose step time is the simulator's times a noisy factor."""
+    from autodist.search.database import TrialRecord  # pylint: disable=C0415
+    from autodist.search.features import featurize_strategy  # pylint: disable=C0415
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for candidate in simulator.space.sample(n, rng):
+        strategy = simulator.space.decode(candidate)
+        features = featurize_strategy(simulator, strategy)
+        t = features["sim_step_time_s"] * float(rng.uniform(0.9, 1.1))
+        out.append(TrialRecord.from_trial(gi, spec, strategy, step_times_s=(t, t),
+                                          features=features))
+    return out
+
+
+def test_the_simulator_is_a_cost_model(workload_simulator, tmp_path):
+    gi, spec, simulator = workload_simulator
+    model = SimulatorCostModel()
+    candidates = simulator.space.sample(20, np.random.default_rng(1))
+    prediction = simulator.predict(candidates)
+    np.testing.assert_array_equal(model.predict_candidates(simulator, candidates),
+                                  prediction.step_time_s)
+    assert model.name == "simulator" and model.predicts_seconds
+    model.check_features(["anything"])            # reads no features
+    # It learns nothing: what learns from its trials is a LightGBM regressor.
+    learned = model.update(_records(gi, spec, simulator), seed=3)
+    assert isinstance(learned, CostModel) and learned.kind == "regressor" and learned.is_fitted
+    assert learned.name == "lightgbm-regressor" and learned.predicts_seconds
+    assert learned.predict_candidates(simulator, candidates).shape == (20,)
+    with pytest.raises(CostModelError, match="a regressor needs at least 2 rows"):
+        model.update(_records(gi, spec, simulator)[:1])
+    path = tmp_path / "simulator.json"
+    SimulatorCostModel("ranker").save(path)
+    loaded = load_cost_model(path)
+    assert isinstance(loaded, SimulatorCostModel) and loaded.refit_kind == "ranker"
+    with pytest.raises(CostModelError, match=r"refit_kind must be one of .* Received: 'x'"):
+        SimulatorCostModel("x")
+
+
+def test_a_learned_model_updates_from_itself(workload_simulator, ranker):
+    gi, spec, simulator = workload_simulator
+    assert ranker.name == "lightgbm-ranker" and not ranker.predicts_seconds
+    records = _records(gi, spec, simulator)
+    fresh = CostModel("ranker", num_boost_round=20).fit(
+        *_rows(records), feature_names=list(FEATURE_NAMES))
+    refined = fresh.update(records, seed=1)
+    assert refined is not fresh and refined.kind == "ranker"
+    assert refined._booster.num_trees() > fresh._booster.num_trees()  # pylint: disable=W0212
+    # A model of other features starts afresh rather than failing.
+    assert ranker.update(records).feature_names == list(FEATURE_NAMES)
+
+
+def _rows(records):
+    from autodist.search.predictor import training_rows  # pylint: disable=C0415
+
+    x, y, workloads = training_rows(records)
+    return x, y, workloads
+
+
+def test_resolve_cost_model_accepts_what_optimize_accepts(ranker, tmp_path):
+    assert resolve_cost_model(ranker) is ranker
+    assert isinstance(resolve_cost_model("simulator"), SimulatorCostModel)
+    shipped = shipped_cost_model()
+    default = resolve_cost_model(None)
+    assert isinstance(default, CostModel if shipped is not None else SimulatorCostModel)
+    ranker.save(tmp_path / "m.json")
+    assert resolve_cost_model(str(tmp_path / "m.json")).kind == "ranker"
+    assert resolve_cost_model(tmp_path / "m.json").kind == "ranker"
+    with pytest.raises(CostModelError, match="cannot read cost model file"):
+        resolve_cost_model(tmp_path / "missing.json")
+    with pytest.raises(CostModelError, match="cost_model must be a Predictor.*Received: int"):
+        resolve_cost_model(3)

@@ -1,92 +1,35 @@
-"""The trial data set's pure parts, without a cluster.
+"""The trial data set's pure parts, without a cluster (`autodist.bench.trials`, `.shipping`).
 
-The collector (benchmarks/collect_trials.py): slicing a launch's step times
-per strategy, the switch schedule, the fallback to smaller launches when one
-fails (a failing strategy becomes a record with its error), candidate
-selection and the records it writes. The trainer
-(benchmarks/train_cost_model.py): reading plain and gzip databases, its
-metrics and the decision to ship.
+The collector's side (benchmarks/collect_trials.py): cluster shapes,
+candidate selection and the records it writes, failures included. The
+trainer's side (benchmarks/train_cost_model.py): reading plain and gzip
+databases, rescoring, its metrics and the decision to ship. How a launch's
+step times are sliced and failed launches fall back is the runner's
+(tests/runtime/test_runner.py).
 """
 from __future__ import annotations
 
 import gzip
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
+from autodist.bench import shipping, trials
 from autodist.ir.resource_spec import ResourceSpec
-from autodist.search import builders
+from autodist.search import builders, metrics
 from autodist.search.database import Database
 from autodist.search.features import FEATURE_NAMES, featurize_strategy
+from autodist.search.runner import MeasureResult
 from autodist.search.simulator import Simulator
 from autodist.search.space import SearchSpace
 
-sys.path.insert(0, str(pathlib.Path(__file__).parents[2] / "benchmarks"))
-import collect_trials as ct  # noqa: E402  pylint: disable=wrong-import-position
-import train_cost_model as tcm  # noqa: E402  pylint: disable=wrong-import-position
-
 
 def test_shape_parse():
-    assert ct.Shape.parse("2x1@100") == ct.Shape(2, 1, 100.0)
-    assert str(ct.Shape.parse("3X2@1e4")) == "3x2@10000"
+    assert trials.Shape.parse("2x1@100") == trials.Shape(2, 1, 100.0)
+    assert str(trials.Shape.parse("3X2@1e4")) == "3x2@10000"
     for bad in ("2x1", "2@100", "axb@1", "0x1@100", "2x1@0"):
         with pytest.raises(ValueError, match="shape"):
-            ct.Shape.parse(bad)
-
-
-def test_switch_schedule_and_slices():
-    first, switch_at, total = ct.switch_schedule(["a", "b", "c"], warmup=2, steps=3)
-    assert first == "a" and switch_at == {5: "b", 10: "c"} and total == 15
-    times = [float(i) for i in range(15)]
-    parts = ct.slice_step_times(times, 3, warmup=2, steps=3)
-    assert parts == [([0, 1], [2, 3, 4]), ([5, 6], [7, 8, 9]), ([10, 11], [12, 13, 14])]
-    with pytest.raises(ValueError, match="recorded 14 step times.*need 15"):
-        ct.slice_step_times(times[:14], 3, warmup=2, steps=3)
-    with pytest.raises(ValueError, match="warmup >= 0"):
-        ct.trial_starts(2, -1, 3)
-
-
-def test_switch_seconds_checks_every_planned_switch():
-    resizes = [{"step": 5, "plan": 1, "seconds": 0.5, "workers": 2},
-               {"step": 10, "plan": 2, "seconds": 0.7, "workers": 2}]
-    assert ct.switch_seconds(resizes, 3, 2, 3) == [None, 0.5, 0.7]
-    with pytest.raises(ValueError, match=r"did not switch at steps \[10\]"):
-        ct.switch_seconds(resizes[:1], 3, 2, 3)
-
-
-def test_chunks_are_balanced():
-    assert ct.chunks(list(range(5)), 2) == [[0, 1], [2, 3], [4]]
-    assert [len(c) for c in ct.chunks(list(range(41)), 20)] == [14, 14, 13]
-    assert ct.chunks([], 3) == []
-    with pytest.raises(ValueError):
-        ct.chunks([1], 0)
-
-
-def test_fallback_isolates_the_failing_strategy():
-    launches = []
-
-    def launch(strategies):
-        launches.append(list(strategies))
-        if "bad" in strategies:
-            raise RuntimeError("cannot build bad")
-        return [ct.Outcome(step_times_s=[0.1], launch_size=len(strategies))
-                for _ in strategies]
-
-    lines = []
-    outcomes = ct.measure_with_fallback(["a", "b", "bad", "c"], launch, lines.append)
-    assert [o.error for o in outcomes] == [None, None, "RuntimeError: cannot build bad", None]
-    assert [o.launch_size for o in outcomes] == [2, 2, 1, 1]
-    assert launches == [["a", "b", "bad", "c"], ["a", "b"], ["bad", "c"], ["bad"], ["c"]]
-    assert len(lines) == 3 and "launch of 4 failed" in lines[0]
-    assert ct.measure_with_fallback([], launch) == []
-
-
-def test_fallback_when_a_launch_returns_too_few_outcomes():
-    outcomes = ct.measure_with_fallback(
-        ["a", "b"], lambda s: [ct.Outcome(step_times_s=[0.1])] if len(s) == 1 else [])
-    assert [o.error for o in outcomes] == [None, None]
+            trials.Shape.parse(bad)
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +41,8 @@ def workload(mlp_item):
 
 def test_candidates_are_seeded_distinct_and_start_with_builders(workload):
     gi, spec, space, _ = workload
-    first = ct.candidate_strategies(gi, spec, space, 20, seed=1)
-    again = ct.candidate_strategies(gi, spec, space, 20, seed=1)
+    first = trials.candidate_strategies(gi, spec, space, 20, seed=1)
+    again = trials.candidate_strategies(gi, spec, space, 20, seed=1)
     assert [k for _, _, k in first] == [k for _, _, k in again]
     assert len(first) == 20 and len({k for _, _, k in first}) == 20
     origins = [o for o, _, _ in first]
@@ -108,9 +51,18 @@ def test_candidates_are_seeded_distinct_and_start_with_builders(workload):
     assert origins[n_builders:] == ["sample"] * (20 - n_builders)
     for _, strategy, key in first:
         assert tuple(space.encode(strategy)) == key
-    skipped = ct.candidate_strategies(gi, spec, space, 20, seed=1,
-                                      skip={k for _, _, k in first})
+    skipped = trials.candidate_strategies(gi, spec, space, 20, seed=1,
+                                          skip={k for _, _, k in first})
     assert not {k for _, _, k in skipped} & {k for _, _, k in first}
+    # Builders that cannot build for the workload are reported, not dropped silently.
+    no_ps = ResourceSpec.from_dict({"nodes": [
+        {"address": "localhost", "cpus": [0], "roles": ["worker"], "chief": True},
+        {"address": "127.0.0.2", "cpus": [0], "roles": ["worker"]}]})
+    errors: dict[str, str] = {}
+    found = trials.candidate_strategies(gi, no_ps, SearchSpace(gi, no_ps), 5, seed=1,
+                                        on_builder_error=errors.__setitem__)
+    assert {"PS", "PartitionedPS"} <= set(errors) and "AllReduce" not in errors
+    assert all(name not in errors for name, _, _ in found)
 
 
 def test_records_round_trip_and_resume(tmp_path, workload):
@@ -119,14 +71,14 @@ def test_records_round_trip_and_resume(tmp_path, workload):
     features = featurize_strategy(simulator, strategy)
     assert list(features) == list(FEATURE_NAMES)
     extra = {"command": "python benchmarks/collect_trials.py --seed 3", "shape": "2x1@100"}
-    ok = ct.make_record(gi, spec, strategy,
-                        ct.Outcome([0.2, 0.1, 0.3], [0.9, 0.4], switch_s=0.5, launch_size=3),
-                        model_key="mlp", batch_size=64, features=features,
-                        predicted_s=0.12, extra=extra)
-    failed = ct.make_record(gi, spec, strategy,
-                            ct.Outcome([0.2], error="AutodistError: no", launch_size=1),
-                            model_key="mlp", batch_size=64, features=features,
-                            predicted_s=0.12, extra=extra)
+    measured = MeasureResult((0.2, 0.1, 0.3), None, (0.9, 0.4), switch_s=0.5, launch_size=3)
+    ok = trials.make_record(gi, spec, strategy, measured, model_key="mlp", batch_size=64,
+                            features=features, predicted_s=0.12, extra=extra)
+    # A failed result's step times are never recorded.
+    failed = trials.make_record(gi, spec, strategy,
+                                MeasureResult((0.2,), "AutodistError: no", launch_size=1),
+                                model_key="mlp", batch_size=64, features=features,
+                                predicted_s=0.12, extra=extra)
     db = Database(tmp_path / "trials.jsonl")
     db.extend([ok, failed])
     got_ok, got_failed = db.records()
@@ -137,24 +89,23 @@ def test_records_round_trip_and_resume(tmp_path, workload):
     assert got_ok.extra["command"].endswith("--seed 3")
     assert not got_failed.ok and got_failed.step_times_s == ()
     assert got_failed.error == "AutodistError: no" and "switch_s" not in got_failed.extra
-    assert ct.record_key(got_ok) == (got_ok.workload, 64.0)
-    keys = ct.measured_keys(db.records(), got_ok.workload, 64, space)
+    assert trials.record_key(got_ok) == (got_ok.workload, 64.0)
+    keys = trials.measured_keys(db.records(), got_ok.workload, 64, space)
     assert keys == {tuple(space.encode(strategy))}
-    assert ct.measured_keys(db.records(), got_ok.workload, 128, space) == set()
-
+    assert trials.measured_keys(db.records(), got_ok.workload, 128, space) == set()
 
     # The trainer reads the same records from a gzip-compressed copy.
     packed = tmp_path / "trials.jsonl.gz"
     packed.write_bytes(gzip.compress(db.path.read_bytes() + b"torn"))
-    records, skipped = tcm.read_records(packed)
+    records, skipped = trials.read_records(packed)
     assert [r.to_json_dict() for r in records] == [got_ok.to_json_dict(),
                                                    got_failed.to_json_dict()]
     assert skipped == 1
-    rows = tcm.Rows(records, FEATURE_NAMES)
+    rows = trials.Rows(records, FEATURE_NAMES)
     assert rows.X.shape == (1, len(FEATURE_NAMES)) and rows.times.tolist() == [0.2]
     assert rows.workloads == [f"{got_ok.workload}@64"] and rows.simulator.tolist() == [0.12]
     with pytest.raises(FileNotFoundError, match="collect_trials"):
-        tcm.read_records(tmp_path / "missing.jsonl")
+        trials.read_records(tmp_path / "missing.jsonl")
 
 
 def test_trainer_metrics():
@@ -162,10 +113,10 @@ def test_trainer_metrics():
     workloads = ["a", "a", "a", "b", "b"]
     pred = np.array([3.0, 2.0, 1.0, 0.0, 1.0])      # workload a reversed, b right
     # pairs > 10% apart: (1.0, 2.0), (1.05, 2.0) in a (both wrong), (1.0, 3.0) in b (right)
-    assert tcm.significant_pairwise_accuracy(pred, actual, workloads) == pytest.approx(1 / 3)
+    assert metrics.significant_pairwise_accuracy(pred, actual, workloads) == pytest.approx(1 / 3)
     # a: ranks 2.0 first (2x the best); b: ranks the best first
-    assert tcm.top1_slowdown(pred, actual, workloads) == pytest.approx(2 ** 0.5)
-    m = tcm.metrics(pred, actual, workloads)
+    assert metrics.top1_slowdown(pred, actual, workloads) == pytest.approx(2 ** 0.5)
+    m = shipping.ranking_metrics(pred, actual, workloads)
     assert m["pairwise"] == pytest.approx(1 / 4) and m["tau"] == pytest.approx(0.0)
 
 
@@ -175,13 +126,13 @@ def test_trainer_ships_only_what_ranks_about_as_well_as_the_simulator():
                       "ranker": {"pairwise": rank, "top1": top1[1]},
                       "simulator": {"pairwise": sim, "top1": top1[2]}}}
 
-    assert tcm.choose(results(0.70, 0.75, 0.755), 0.01)[0] == "ranker"
-    assert tcm.choose(results(0.80, 0.75, 0.70), 0.01)[0] == "regressor"
-    kind, why = tcm.choose(results(0.60, 0.65, 0.70), 0.01)
+    assert shipping.choose(results(0.70, 0.75, 0.755), 0.01)[0] == "ranker"
+    assert shipping.choose(results(0.80, 0.75, 0.70), 0.01)[0] == "regressor"
+    kind, why = shipping.choose(results(0.60, 0.65, 0.70), 0.01)
     assert kind == "simulator" and "nothing shipped" in why
     # A better order whose first pick is slower does not ship.
-    assert tcm.choose(results(0.80, 0.75, 0.70, (1.15, 1.04, 1.10)), 0.01)[0] == "ranker"
-    kind, why = tcm.choose(results(0.80, 0.75, 0.70, (1.15, 1.16, 1.10)), 0.01)
+    assert shipping.choose(results(0.80, 0.75, 0.70, (1.15, 1.04, 1.10)), 0.01)[0] == "ranker"
+    kind, why = shipping.choose(results(0.80, 0.75, 0.70, (1.15, 1.16, 1.10)), 0.01)
     assert kind == "simulator" and "top-1 slowdown" in why
 
 
@@ -196,20 +147,21 @@ def test_trainer_scores_stored_strategies_again_with_the_current_simulator():
     spec = ResourceSpec.local(workers=2, ps=1)
     strategy = builders.PartitionedPS(min_shard_bytes=64).build(gi, spec)
     stale = dict.fromkeys(FEATURE_NAMES, 0.0)
-    record = ct.make_record(gi, spec, strategy, ct.Outcome([0.2, 0.1, 0.3], [0.9, 0.4]),
-                            model_key="mlp", batch_size=64, features=stale,
-                            predicted_s=0.5, extra={"model_kwargs": {"hidden": [16]}})
-    failed = ct.make_record(gi, spec, strategy, ct.Outcome([0.2], error="AutodistError: no"),
-                            model_key="mlp", batch_size=64, features=stale,
-                            predicted_s=0.5, extra={"model_kwargs": {"hidden": [16]}})
-    fresh, kept = tcm.rescore([record, failed])
+    record = trials.make_record(gi, spec, strategy,
+                                MeasureResult((0.2, 0.1, 0.3), None, (0.9, 0.4)),
+                                model_key="mlp", batch_size=64, features=stale,
+                                predicted_s=0.5, extra={"model_kwargs": {"hidden": [16]}})
+    failed = trials.make_record(gi, spec, strategy, MeasureResult((0.2,), "AutodistError: no"),
+                                model_key="mlp", batch_size=64, features=stale,
+                                predicted_s=0.5, extra={"model_kwargs": {"hidden": [16]}})
+    fresh, kept = trials.rescore([record, failed])
     simulator = Simulator(SearchSpace(gi, spec), None, batch_size=64)
     want = featurize_strategy(simulator, strategy)
     assert fresh.features == pytest.approx(want)
     assert fresh.predicted_step_time_s == pytest.approx(want["sim_step_time_s"])
     assert fresh.step_times_s == record.step_times_s and kept is failed
-    other = ct.make_record(gi, spec, strategy, ct.Outcome([0.2]), model_key="mlp",
-                           batch_size=64, features=stale, predicted_s=0.5,
-                           extra={"model_kwargs": {"hidden": [32]}})
+    other = trials.make_record(gi, spec, strategy, MeasureResult((0.2,)), model_key="mlp",
+                               batch_size=64, features=stale, predicted_s=0.5,
+                               extra={"model_kwargs": {"hidden": [32]}})
     with pytest.raises(ValueError, match="captures to another graph"):
-        tcm.rescore([other])
+        trials.rescore([other])

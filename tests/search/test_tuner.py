@@ -1,35 +1,29 @@
-"""The tuner with a fake runner: records, failures as data, resume, refit, explain."""
+"""The tuner with a simulated runner: records, failures as data, resume, refit, explain,
+callbacks, failing builders."""
 from __future__ import annotations
 
 import dataclasses
+import io
 
 import numpy as np
 import pytest
 
 from autodist.ir.resource_spec import ResourceSpec
+from autodist.search.cost_model import SimulatorCostModel
 from autodist.search.database import Database
-from autodist.search.simulator import Calibration, Simulator
+from autodist.search.measure_callback import (AddToDatabase, LogProgress, MeasureCallback,
+                                              RefitCostModel, default_callbacks)
+from autodist.search.metrics import CostModelError
+from autodist.search.runner import MeasureResult, Runner, RunnerError, SimulatedRunner
+from autodist.search.simulator import Calibration
 from autodist.search.tuner import Tuner
 from tests.search import workloads
 
 
-class FakeRunner:
-    """'Measures' with a differently calibrated simulator; fails on async strategies."""
-
-    def __init__(self, graph_item, spec, fail_when=None):
-        self.calls = 0
-        self.fail_when = fail_when
-        self.truth = Calibration(latency_s=3e-4, memory_bytes_per_s=2e9)
-        self.graph_item, self.spec = graph_item, spec
-
-    def measure(self, strategy):
-        self.calls += 1
-        if self.fail_when and self.fail_when(strategy):
-            raise RuntimeError("worker:1 died (fake)")
-        from autodist.search.space import SearchSpace  # pylint: disable=C0415
-        sim = Simulator(SearchSpace(self.graph_item, self.spec), self.truth)
-        t = float(sim.predict_strategy(strategy).step_time_s[0])
-        return [t * f for f in (1.0, 1.02, 0.98)]
+def FakeRunner(graph_item, spec, fail_when=None):  # pylint: disable=invalid-name
+    """'Measures' with a differently calibrated simulator; fails where `fail_when` says."""
+    return SimulatedRunner(graph_item, spec, fail_when=fail_when,
+                           calibration=Calibration(latency_s=3e-4, memory_bytes_per_s=2e9))
 
 
 @pytest.fixture(name="workload")
@@ -66,7 +60,7 @@ def test_trials_are_recorded_failures_are_data_and_the_fastest_measured_wins(wor
     result = Tuner(gi, spec, database=db, runner=runner, search_budget=500).tune(trials=5)
     records = db.records()
     assert len(records) == 5 == runner.calls == len(result.trials)
-    assert records[0].error == "RuntimeError: worker:1 died (fake)" and not records[0].ok
+    assert records[0].error == "RuntimeError: worker:1 died (simulated)" and not records[0].ok
     assert all(r.ok for r in records[1:])
     best = min(records[1:], key=lambda r: r.median_step_time_s)
     assert result.strategy.proto.performance.measured_step_time_s
@@ -128,3 +122,118 @@ def test_measuring_includes_the_builders_predicted_fastest(workload, tmp_path):
     best_builder = min(r.median_step_time_s for r in db.records()[:2])
     assert np.median(result.strategy.proto.performance.measured_step_time_s) <= best_builder
     assert result.strategy.origin in fastest + ["search"]
+
+
+# ------------------------------------------------------------- callbacks
+class Recorder(MeasureCallback):
+    """Remembers each round's trials and what ranked when it ran."""
+
+    def __init__(self):
+        self.rounds = []
+
+    def apply(self, tuner, trials):
+        self.rounds.append(([t.origin for t in trials], tuner.cost_model.name))
+
+
+def test_callbacks_run_after_each_round_the_first_with_the_builders(workload, tmp_path):
+    gi, spec = workload
+    db = Database(tmp_path / "trials.jsonl")
+    recorder = Recorder()
+    runner = FakeRunner(gi, spec)
+    tuner = Tuner(gi, spec, database=db, runner=runner, search_budget=300,
+                  callbacks=default_callbacks() + [recorder])
+    result = tuner.tune(trials=5, measure_per_round=2)
+    # Round 1: the 2 builders predicted fastest and 2 searched candidates, in one run call.
+    assert runner.batches == [4, 1]
+    assert [origins for origins, _ in recorder.rounds] == [
+        [result.trials[0].origin, result.trials[1].origin, "search", "search"], ["search"]]
+    assert [r.origin for r in db.records()] == [t.origin for t in result.trials]
+    assert isinstance(tuner.cost_model, SimulatorCostModel)      # < 8 trials: no refit
+
+
+def test_without_callbacks_nothing_is_recorded_or_refitted(workload, tmp_path):
+    gi, spec = workload
+    db = Database(tmp_path / "trials.jsonl")
+    tuner = Tuner(gi, spec, database=db, runner=FakeRunner(gi, spec), search_budget=300,
+                  callbacks=[])
+    result = tuner.tune(trials=10, measure_per_round=5)
+    assert len(result.trials) == 10 and db.records() == []
+    assert tuner.cost_model is tuner.base_cost_model
+
+
+def test_refit_callback_continues_from_the_base_model_and_the_tuner_searches_again(
+        workload, tmp_path):
+    gi, spec = workload
+    db = Database(tmp_path / "trials.jsonl")
+    recorder = Recorder()
+    tuner = Tuner(gi, spec, database=db, runner=FakeRunner(gi, spec), search_budget=300,
+                  callbacks=[AddToDatabase(), RefitCostModel(min_trials=4), recorder])
+    tuner.tune(trials=6, measure_per_round=2)
+    # Round 1 (3 builders + 2 searched) leaves 5 records >= 4: a regressor ranks from then on.
+    assert [name for _, name in recorder.rounds][-1] == "lightgbm-regressor"
+    assert isinstance(tuner.base_cost_model, SimulatorCostModel)
+    with pytest.raises(CostModelError, match="min_trials must be a positive integer"):
+        RefitCostModel(min_trials=0)
+
+
+def test_log_progress_prints_a_line_per_trial(workload):
+    gi, spec = workload
+    stream = io.StringIO()
+    runner = FakeRunner(gi, spec, fail_when=lambda s: s.origin == "search")
+    Tuner(gi, spec, runner=runner, search_budget=200,
+          callbacks=[LogProgress(stream)]).tune(trials=2)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("trial (") and " ms, measured " in lines[0]
+    assert lines[1] == lines[1].split(" measured ")[0] + \
+        " measured failed: RuntimeError: worker:1 died (simulated)"
+
+
+# ------------------------------------------------ runners and builders
+class _BrokenRunner(Runner):
+    def __init__(self, results=None):
+        self.results = results
+
+    def run(self, strategies):
+        if self.results is None:
+            raise ConnectionError("cluster unreachable")
+        return self.results
+
+
+def test_a_crashing_runner_fails_its_trials_and_a_lying_one_is_an_error(workload, tmp_path):
+    gi, spec = workload
+    db = Database(tmp_path / "trials.jsonl")
+    result = Tuner(gi, spec, database=db, runner=_BrokenRunner(),
+                   search_budget=200).tune(trials=2)
+    assert [t.error for t in result.trials] == ["ConnectionError: cluster unreachable"] * 2
+    assert [r.error for r in db.records()] == ["ConnectionError: cluster unreachable"] * 2
+    assert not result.strategy.proto.performance.measured_step_time_s
+    empty = Tuner(gi, spec, runner=_BrokenRunner([MeasureResult()]),
+                  search_budget=200).tune(trials=1, builder_trials=1)
+    assert empty.trials[0].error == "the runner returned no step times"
+    with pytest.raises(RunnerError, match="returned 1 results for 2 strategies"):
+        Tuner(gi, spec, runner=_BrokenRunner([MeasureResult((0.1,))]),
+              search_budget=200).tune(trials=2)
+
+
+def test_a_builder_that_fails_for_the_workload_is_recorded(tmp_path):
+    gi = workloads.graph_item([("kernel", (256, 256), False), ("bias", (256,), False)],
+                              flops=1e8)
+    workers_only = ResourceSpec.from_dict({"nodes": [
+        {"address": "localhost", "cpus": [0], "roles": ["worker"], "chief": True},
+        {"address": "127.0.0.2", "cpus": [0], "roles": ["worker"]}]})
+    result = Tuner(gi, workers_only, search_budget=200).tune()
+    assert set(result.builder_errors) == {"PS", "PSLoadBalancing", "PartitionedPS",
+                                          "UnevenPartitionedPS"}
+    assert all(e.startswith("StrategyError: no devices to place variables on")
+               for e in result.builder_errors.values())
+    assert set(result.builder_step_times_s).isdisjoint(result.builder_errors)
+    assert "PS                     failed to build: StrategyError" in result.explanation
+
+
+def test_the_simulator_ranks_by_default_as_an_object(workload):
+    gi, spec = workload
+    tuner = Tuner(gi, spec, cost_model=None, search_budget=100)
+    assert isinstance(tuner.cost_model, SimulatorCostModel) and tuner.predictor == "simulator"
+    candidates = np.stack(list(tuner.seeds.values()))
+    np.testing.assert_array_equal(tuner.score(candidates),
+                                  tuner.simulator.predict(candidates).step_time_s)
