@@ -28,11 +28,14 @@ class LocalTrialRunner:
         warmup_steps: Steps run first and not timed.
         graph_item: The model's capture, if already made.
         timeout_s: Bound on one trial.
+        allow_exposed: See `DistributedRun`: where no private network
+            namespace can be made, run the trial clusters reachable.
     """
 
     def __init__(self, model, resource_spec: ResourceSpec, *, x: Any = None, y: Any = None,
                  batch_size: int = 64, steps: int = 10, warmup_steps: int = 3,
-                 graph_item: GraphItem | None = None, timeout_s: float = 300.0) -> None:
+                 graph_item: GraphItem | None = None, timeout_s: float = 300.0,
+                 allow_exposed: bool = False) -> None:
         if steps < 1 or warmup_steps < 0:
             raise AutodistError(f"steps must be >= 1 and warmup_steps >= 0. Received: "
                                 f"steps={steps!r}, warmup_steps={warmup_steps!r}")
@@ -43,6 +46,7 @@ class LocalTrialRunner:
         self.warmup_steps = warmup_steps
         self.graph_item = graph_item
         self.timeout_s = timeout_s
+        self.allow_exposed = allow_exposed
         if x is None:
             from autodist.models import synthetic_data  # pylint: disable=C0415
 
@@ -54,7 +58,7 @@ class LocalTrialRunner:
         weights = [np.array(w) for w in self.model.get_weights()]
         try:
             run = DistributedRun(self.model, strategy, self.resource_spec,
-                                 graph_item=self.graph_item)
+                                 graph_item=self.graph_item, allow_exposed=self.allow_exposed)
             self.graph_item = run.graph_item
             history = run.fit(self.x, self.y, batch_size=self.batch_size, epochs=1,
                               steps_per_epoch=self.steps + self.warmup_steps, verbose=0,
