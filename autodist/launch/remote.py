@@ -142,9 +142,10 @@ class RemoteCluster:
                 receipt = mail.receive(task, mailbox.RECEIPT,
                                        max(deadline - time.monotonic(), 1.0))
                 if receipt != mailbox.ACCEPTED:
+                    reason = receipt.decode(errors="replace").removeprefix("rejected: ")
                     raise signing.JobRejectedError(
-                        f"task {name} at {address} rejected the job: "
-                        f"{receipt.decode(errors='replace')[:600]}", mail.job_id)
+                        f"task {name} at {address} rejected the job: {reason[:600]}",
+                        mail.job_id)
                 return
             except mailbox.MailboxError as e:
                 # A task that just finished a job closes its box; its next process follows.

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -42,9 +41,7 @@ def test_a_private_network_has_only_loopback_and_ends_with_its_holder(monkeypatc
     """A listener inside answers on loopback there, and nothing outside reaches its port."""
     if unprivileged:  # as a user would: `unshare --net --map-root-user`, then nsenter --user
         monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    start = time.perf_counter()
     network = _create_or_skip()
-    created_s = time.perf_counter() - start
     assert network.user_namespace == unprivileged
     inside = subprocess.Popen(network.command([sys.executable, "-I", "-c", _LISTEN]),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -59,7 +56,6 @@ def test_a_private_network_has_only_loopback_and_ends_with_its_holder(monkeypatc
         inside.wait(timeout=10)
     network.close()
     assert network.holder.returncode == 0 and not os.path.exists(f"/proc/{network.holder.pid}")
-    assert created_s < 5.0
 
 
 def test_a_namespace_that_cannot_be_made_says_why(monkeypatch):
