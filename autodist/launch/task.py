@@ -99,7 +99,7 @@ def main(argv: list[str] | None, run_worker: RunWorker) -> int:
         parser.error("give --job-dir, --job and --task, or --tf-config, or --cluster and --task")
     if args.parent_pid:
         _exit_with_parent(args.parent_pid)
-    os.umask(0o077)  # this process's files (logs, results, checkpoints): 0600, dirs 0700
+    os.umask(0o077)  # what this process creates (results, checkpoints, ...): 0600, dirs 0700
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
