@@ -28,9 +28,9 @@ sys.stdin.read()
 """
 
 
-def _create_or_skip(**kwargs) -> netns.PrivateNetwork:
+def _create_or_skip() -> netns.PrivateNetwork:
     try:
-        return netns.PrivateNetwork.create(**kwargs)
+        return netns.PrivateNetwork.create()
     except netns.NamespaceUnavailable as e:
         pytest.skip(f"no network namespace can be made here: {e}")
 
