@@ -20,10 +20,10 @@ def distribute(model, strategy: Strategy, resource_spec: ResourceSpec, *,
         x, y: Example inputs and targets for capturing the model where it
             needs them (a subclassed model; several outputs), as in
             `capture(model, x=..., y=...)`. Ignored with `graph_item`.
-        **options: Passed to `DistributedRun` (job_dir, step_timeout_s, launch, ...).
-            `launch="remote"` runs on a multi-host cluster whose other tasks
-            already run `autodist serve` (see the README, "Multi-host /
-            Kubernetes").
+        **options: Passed to `DistributedRun` (job_dir, step_timeout_s, launch,
+            allow_exposed, secret_file, ...). `launch="remote"` runs on a
+            multi-host cluster whose other tasks already run `autodist serve`
+            (see the README, "Multi-host / Kubernetes").
 
     Returns:
         A DistributedRun; call `.fit(x, y, batch_size=..., epochs=...)`.
@@ -58,11 +58,14 @@ class Plan:
         search_time: Seconds the search took.
         builder_errors: Builder name → why it could not build a strategy for
             this model and cluster (such builders were no candidates).
+        allow_exposed: `fit`'s default for the `DistributedRun` option (as
+            given to `optimize`).
     """
 
     def __init__(self, model, graph_item: GraphItem, resource_spec: ResourceSpec,
-                 result) -> None:
+                 result, allow_exposed: bool = False) -> None:
         self.model = model
+        self.allow_exposed = allow_exposed
         self.graph_item = graph_item
         self.resource_spec = resource_spec
         self.strategy: Strategy = result.strategy
@@ -80,9 +83,15 @@ class Plan:
         return self._explanation
 
     def fit(self, *args, **kwargs):
-        """Trains with the plan's strategy: `distribute(...).fit(*args, **kwargs)`."""
+        """Trains with the plan's strategy: `distribute(...).fit(*args, **kwargs)`.
+
+        The `DistributedRun` options job_dir, step_timeout_s,
+        startup_timeout_s and allow_exposed may be given here too.
+        """
         run_options = {k: kwargs.pop(k) for k in ("job_dir", "step_timeout_s",
-                                                  "startup_timeout_s") if k in kwargs}
+                                                  "startup_timeout_s", "allow_exposed")
+                       if k in kwargs}
+        run_options.setdefault("allow_exposed", self.allow_exposed)
         return distribute(self.model, self.strategy, self.resource_spec,
                           graph_item=self.graph_item, **run_options).fit(*args, **kwargs)
 
@@ -95,7 +104,7 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
              measure: bool = False, cost_model=None, batch_size: int | None = None,
              database=None, space_options=None, search_budget: int = 4000, seed: int = 0,
              progress: bool = False, graph_item: GraphItem | None = None,
-             calibration=None, x=None, y=None) -> Plan:
+             calibration=None, x=None, y=None, allow_exposed: bool = False) -> Plan:
     """Finds a strategy for `model` on `spec` with the search and cost model.
 
     Args:
@@ -125,6 +134,9 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         x, y: Example inputs and targets for capturing the model where it
             needs them (a subclassed model; several outputs), as in
             `capture(model, x=..., y=...)`. Ignored with `graph_item`.
+        allow_exposed: Let measured trials and `Plan.fit` run local clusters
+            reachable from other hosts where no private network namespace
+            can be made (see `DistributedRun`).
 
     Returns:
         A Plan: `.strategy`, `.predicted_step_time`, `.explain()`, `.fit(...)`.
@@ -154,7 +166,8 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
 
         # One launch per round of trials: its strategies are switched in place.
         runner = LocalRunner(model, spec, graph_item=graph_item,
-                             batch_size=batch_size or 32 * len(spec.replica_devices))
+                             batch_size=batch_size or 32 * len(spec.replica_devices),
+                             allow_exposed=allow_exposed)
     if isinstance(calibration, str):
         if calibration != "measure":
             raise ValueError(f"calibration must be a Calibration, 'measure' or None. "
@@ -166,7 +179,7 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
                   calibration=calibration,
                   cost_model=cost_model, database=database, runner=runner,
                   search_budget=search_budget, seed=seed, progress=progress)
-    return Plan(model, graph_item, spec, tuner.tune(trials))
+    return Plan(model, graph_item, spec, tuner.tune(trials), allow_exposed=allow_exposed)
 
 
 def default_cost_model():

@@ -222,9 +222,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     """Serves jobs as one task of a multi-host cluster, one task process per job.
 
     Each job runs in a fresh process (fresh TensorFlow server and state) on
-    the task's port; a failed job does not stop the serving. Stops when no
-    job arrives within the timeout (exit 1 if none ever came, else 0) or after
-    --max-jobs jobs (exit 1 if the last one failed).
+    the task's port; a failed job does not stop the serving, and a job that
+    is not signed with the cluster's secret is rejected (logged) while the
+    same process goes on waiting. Stops when no job arrives within the
+    timeout (exit 1 if none ever came, else 0) or after --max-jobs jobs (exit
+    1 if the last one failed).
     """
     import subprocess  # pylint: disable=import-outside-toplevel
     import time  # pylint: disable=import-outside-toplevel
@@ -232,6 +234,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # pylint: disable=import-outside-toplevel
     from autodist.launch import tf_config
     from autodist.launch.errors import EXIT_NO_JOB, EXIT_PORT_IN_USE
+    from autodist.launch.task import serving_secret
     from autodist.runtime.entry import TASK_MODULE
 
     if args.tf_config == bool(args.cluster):
@@ -244,6 +247,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     else:
         tf_config.task_from_spec_file(args.cluster, args.task)
         where = ["--cluster", args.cluster, "--task", args.task]
+    serving_secret(args.secret_file, args.insecure)  # readable, or --insecure: checked now
+    if args.secret_file:
+        where += ["--secret-file", args.secret_file]
+    if args.insecure:
+        print("autodist: WARNING: serving with --insecure: this task runs any job sent to its "
+              "port, unsigned (trusted networks only)", file=sys.stderr, flush=True)
+        where.append("--insecure")
     idle_timeout = args.idle_timeout if args.idle_timeout is not None else args.job_timeout
     jobs, port_retries, code = 0, 0, 0
     while not args.max_jobs or jobs < args.max_jobs:
@@ -327,7 +337,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             "bench caps each task's link with tc on lo, which needs root in a private "
             "network namespace (TF servers bind every interface); run it as "
             "`unshare -n bash -c 'ip link set lo up && autodist bench ...'` "
-            f"(in a private namespace: {netns.in_private_netns()}, root: "
+            f"(interfaces up besides loopback: {netns.exposed_interfaces()}, root: "
             f"{hasattr(os, 'geteuid') and os.geteuid() == 0})")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     prog = ("autodist" if os.path.basename(sys.argv[0]) == "autodist"
@@ -456,6 +466,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-jobs", type=int, default=0,
                        help="exit after this many jobs (default 0: no limit)")
     serve.add_argument("--work-dir", help="where shipped jobs are unpacked (default: temp dirs)")
+    serve.add_argument("--secret-file",
+                       help="the cluster's shared secret, which signs every job (default: the "
+                            "file named by AUTODIST_SECRET_FILE, else the value of "
+                            "AUTODIST_SECRET); the chief needs the same one")
+    serve.add_argument("--insecure", action="store_true",
+                       help="serve without a secret: run any job, unsigned (trusted networks "
+                            "only; the task's port gives file-level access either way)")
     serve.set_defaults(func=_cmd_serve)
     return parser
 

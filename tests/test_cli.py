@@ -77,3 +77,21 @@ def test_serve_checks_the_task_before_starting(capsys, tmp_path, monkeypatch):
                                     '"task": {"type": "worker", "index": 2}}')
     assert cli.main(["serve", "--tf-config"]) == 2
     assert "must name this process's task in its cluster" in capsys.readouterr().err
+
+
+def test_serve_needs_a_secret_or_insecure(capsys, tmp_path, monkeypatch):
+    """Checked before any process starts: no secret, an unreadable one, or both kinds."""
+    cluster = tmp_path / "cluster.yml"
+    cluster.write_text("nodes:\n  - address: a:2222\n    chief: true\n  - address: b:2222\n")
+    serve = ["serve", "--cluster", str(cluster), "--task", "worker:1", "--job-timeout", "0.1"]
+    monkeypatch.delenv("AUTODIST_SECRET", raising=False)
+    monkeypatch.delenv("AUTODIST_SECRET_FILE", raising=False)
+    assert cli.main(serve) == 2
+    err = capsys.readouterr().err
+    assert "runs only jobs signed with the cluster's shared secret, and none was given" in err
+    assert "--secret-file FILE" in err and "--insecure" in err
+    assert cli.main([*serve, "--secret-file", str(tmp_path / "missing")]) == 2
+    assert f"cannot read the secret file '{tmp_path / 'missing'}'" in capsys.readouterr().err
+    monkeypatch.setenv("AUTODIST_SECRET", "a-secret-long-enough-to-use")
+    assert cli.main([*serve, "--insecure"]) == 2
+    assert "--insecure serves without a secret, but a secret was given" in capsys.readouterr().err

@@ -13,21 +13,20 @@ from __future__ import annotations
 import os
 import subprocess
 
+from autodist.launch.netns_holder import exposed_interfaces
+
 BASE_PORT = 23000
 
 
 def in_private_netns() -> bool:
-    """Whether this process runs in its own network namespace.
+    """Whether this process's network namespace has no interface up but loopback.
 
-    `AUTODIST_PRIVATE_NETNS=1` asserts it (for namespaces `/proc/1` cannot
-    tell apart, e.g. inside a container whose init shares the namespace).
+    The test a local cluster uses too (`autodist.launch.netns.is_private`):
+    true inside ``unshare -n`` after ``ip link set lo up``, whatever
+    `/proc/1` allows to be read; then shaping `lo` touches nothing but the
+    emulated cluster.
     """
-    if os.environ.get("AUTODIST_PRIVATE_NETNS") == "1":
-        return True
-    try:
-        return os.readlink("/proc/self/ns/net") != os.readlink("/proc/1/ns/net")
-    except OSError:
-        return False
+    return not exposed_interfaces()
 
 
 def can_shape() -> bool:

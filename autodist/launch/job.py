@@ -23,6 +23,9 @@ replicas read. Only the chief writes outputs, into the driver's directory
       results/worker_<i>.json    per-step losses and times (written by the chief)
       progress.jsonl             the chief's progress, one line per step
       final_weights.npz          trained values by variable name (chief)
+
+Job directories are private (`autodist.launch.private_files`): 0700, their
+files 0600, written under new temporary names that are never followed.
 """
 from __future__ import annotations
 
@@ -30,15 +33,18 @@ import dataclasses
 import io
 import json
 import pathlib
+import re
 import tarfile
+import tempfile
 from typing import Any
 
 import numpy as np
 
-from autodist.ir.atomic import atomic_write
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
+from autodist.launch.private_files import (DIR_MODE, make_private_dir, private_writer,
+                                           write_private)
 
 
 @dataclasses.dataclass
@@ -122,7 +128,9 @@ class RunConfig:
 # Files an archive may hold (anything else in one is refused).
 _ARCHIVE_FILES = ("graph_item.pb", "strategy.pb", "resource_spec.pb", "run.json",
                   "cluster.json", "init.npz")
+_ARCHIVE_DATA = re.compile(r"data/(x_[0-9]{1,6}\.npy|y\.npy|rows\.npy|shard\.json)")
 _MAX_ARCHIVE_MEMBERS = 10_000
+_SUBDIRS = ("logs", "ready", "results", "data", "control")
 
 
 class JobDir:
@@ -130,6 +138,21 @@ class JobDir:
 
     def __init__(self, path: str | pathlib.Path) -> None:
         self.path = pathlib.Path(path)
+
+    @classmethod
+    def create(cls, path: str | pathlib.Path | None = None) -> JobDir:
+        """A private job directory: `path`, or a new temporary one (None).
+
+        A missing `path` is created with mode 0700; an existing one must
+        belong to this user and be closed to others (it is refused, not
+        changed: see `private_files.make_private_dir`).
+
+        Raises:
+            PrivateDirError: `path` exists and others could reach it.
+        """
+        if path is None:
+            return cls(tempfile.mkdtemp(prefix="autodist-job-"))  # 0700
+        return cls(make_private_dir(path))
 
     # paths
     def file(self, name: str) -> pathlib.Path:
@@ -163,8 +186,7 @@ class JobDir:
               config: RunConfig, init_values: dict[str, np.ndarray],
               inputs: list[np.ndarray], targets: np.ndarray) -> None:
         """Writes a job; clears what an earlier job in the same directory left behind."""
-        for sub in ("logs", "ready", "results", "data", "control"):
-            (self.path / sub).mkdir(parents=True, exist_ok=True)
+        self._make_subdirs()
         stale = [self.file("progress.jsonl"), self.file("final_weights.npz"),
                  self.path / "data" / "shard.json", self.path / "data" / "rows.npy"]
         for sub in ("results", "control"):
@@ -172,17 +194,30 @@ class JobDir:
         stale += (self.path / "data").glob("x_*.npy")
         for path in stale:
             path.unlink(missing_ok=True)
-        graph_item.save(self.file("graph_item.pb"))
-        strategy.save(self.file("strategy.pb"))
-        atomic_write(self.file("resource_spec.pb"), spec.serialize())
-        atomic_write(self.file("run.json"), json.dumps(dataclasses.asdict(config)).encode())
-        np.savez(self.file("init.npz"), **init_values)
+        write_private(self.file("graph_item.pb"), graph_item.serialize())
+        write_private(self.file("strategy.pb"), strategy.serialize())
+        write_private(self.file("resource_spec.pb"), spec.serialize())
+        write_private(self.file("run.json"), json.dumps(dataclasses.asdict(config)).encode())
+        with private_writer(self.file("init.npz")) as f:
+            np.savez(f, **init_values)
         for i, x in enumerate(inputs):
-            np.save(self.path / "data" / f"x_{i}.npy", x)
-        np.save(self.path / "data" / "y.npy", targets)
+            with private_writer(self.path / "data" / f"x_{i}.npy") as f:
+                np.save(f, x)
+        with private_writer(self.path / "data" / "y.npy") as f:
+            np.save(f, targets)
 
     def write_ports(self, ports: list[int]) -> None:
-        atomic_write(self.file("cluster.json"), json.dumps({"ports": ports}).encode())
+        write_private(self.file("cluster.json"), json.dumps({"ports": ports}).encode())
+
+    def write_file(self, path: pathlib.Path, data: bytes) -> None:
+        """Replaces a file of this job (a control file, ...) with `data`, privately."""
+        path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        write_private(path, data)
+
+    def _make_subdirs(self) -> None:
+        self.path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        for sub in _SUBDIRS:
+            (self.path / sub).mkdir(mode=DIR_MODE, exist_ok=True)
 
     # reading (task side)
     def graph_item(self) -> GraphItem:
@@ -255,28 +290,30 @@ class JobDir:
 
     @classmethod
     def unpack(cls, archive: bytes, path: str | pathlib.Path) -> JobDir:
-        """Writes an archive made by `pack` into `path` (a new or empty directory).
+        """Writes an archive made by `pack` into `path` (a new or empty private directory).
+
+        Only regular files with the names `pack` writes are accepted (no
+        links, directories, devices, absolute paths or ``..``); every member
+        is checked before anything is written.
 
         Raises:
             ValueError: the archive holds something `pack` never writes.
         """
         job = cls(path)
-        for sub in ("logs", "ready", "results", "data", "control"):
-            (job.path / sub).mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
             members = tar.getmembers()
             if len(members) > _MAX_ARCHIVE_MEMBERS:
                 raise ValueError(f"job archive has {len(members)} members")
             for member in members:
                 name = member.name
-                allowed = name in _ARCHIVE_FILES or (
-                    name.startswith("data/") and "/" not in name[5:] and ".." not in name
-                    and name[5:] not in ("", "."))
+                allowed = name in _ARCHIVE_FILES or _ARCHIVE_DATA.fullmatch(name)
                 if not member.isfile() or not allowed:
-                    raise ValueError(f"job archive holds an unexpected member {name!r}")
+                    raise ValueError(f"job archive holds an unexpected member {name[:200]!r}")
+            job._make_subdirs()
+            for member in members:
                 source = tar.extractfile(member)
                 assert source is not None
-                atomic_write(job.path / name, source.read())
+                write_private(job.path / member.name, source.read())
         return job
 
     def read_json(self, path: pathlib.Path) -> Any:

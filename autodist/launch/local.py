@@ -3,7 +3,9 @@
 Ports are chosen free (a task that finds its port taken exits with a known
 code and the cluster is restarted on new ports, a bounded number of times);
 every wait is bounded; every process started is stopped on exit, error or
-Ctrl-C; each task keeps its log in the job directory.
+Ctrl-C; each task keeps its log in the job directory. The tasks of a whole
+local cluster run in a private network namespace (`autodist.launch.netns`):
+other hosts cannot reach their ports.
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from typing import Callable, Sequence
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
+from autodist.launch import netns
 from autodist.launch.errors import EXIT_PORT_IN_USE, TaskFailedError
 from autodist.launch.job import JobDir
+from autodist.launch.private_files import DIR_MODE, open_private_append
 
 _LOG_TAIL_LINES = 30
 # How long a peer error waits for the task that caused it (see _raise_if_failed).
@@ -67,31 +71,54 @@ class LocalCluster:
             MODULE``): a command line of `autodist.launch.task` that gives
             it the work of a worker (`autodist.runtime.entry`).
         nodes: Indices of the nodes to start here (default: every node, which
-            must then all be local). A multi-host run starts only its chief.
+            must then all be local, and which run in a private network
+            namespace). A multi-host run starts only its chief, in this
+            process's namespace (it must reach the other hosts).
         port_retries: Restarts on new ports when a task finds its port taken
             (only ports the spec leaves open are chosen anew).
+        allow_exposed: When no private network namespace can be made, run
+            the tasks in this one (reachable from other hosts, with a
+            warning naming their ports) instead of raising
+            `netns.ExposedNetworkError`. Also `AUTODIST_ALLOW_EXPOSED=1`.
     """
 
     def __init__(self, job: JobDir, spec: ResourceSpec, *, task_module: str,
-                 nodes: Sequence[int] | None = None, port_retries: int = 3) -> None:
+                 nodes: Sequence[int] | None = None, port_retries: int = 3,
+                 allow_exposed: bool = False) -> None:
         if nodes is None:
             check_local(spec)
         self.job = job
         self.task_module = task_module
         self.spec = spec
+        self.private = nodes is None
         self.nodes = list(range(len(spec.nodes))) if nodes is None else list(nodes)
         self.port_retries = port_retries
+        self.allow_exposed = allow_exposed
         self.tasks: list[_Task] = []
+        self.network: netns.PrivateNetwork | None = None
 
     def __enter__(self) -> LocalCluster:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
     def start(self) -> None:
+        """Starts the tasks (in a new private network namespace, for a whole cluster).
+
+        Raises:
+            netns.ExposedNetworkError: no private namespace can be made and
+                exposure is not allowed (nothing was started).
+        """
         ports = [n.port or p for n, p in zip(self.spec.nodes, free_ports(len(self.spec.nodes)))]
+        if self.private:
+            tasks = [(":".join(map(str, self.spec.task_of(i))), ports[i]) for i in self.nodes]
+            self.network = netns.local_network(tasks, self.allow_exposed)
         self.job.write_ports(ports)
         for flag in (self.job.path / "ready").glob("*"):
             flag.unlink()
@@ -100,14 +127,15 @@ class LocalCluster:
         for i in self.nodes:
             job, index = self.spec.task_of(i)
             log_path = self.job.log(job, index)
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "ab") as log:
+            log_path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            command = [sys.executable, "-m", self.task_module, "--job-dir", str(self.job.path),
+                       "--job", job, "--task", str(index), "--parent-pid", str(os.getpid())]
+            if self.network is not None:
+                command = self.network.command(command)
+            with open_private_append(log_path) as log:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", self.task_module, "--job-dir",
-                     str(self.job.path), "--job", job, "--task", str(index),
-                     "--parent-pid", str(os.getpid())],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                    start_new_session=True)
+                    command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=env, start_new_session=True)
             self.tasks.append(_Task(job, index, process, str(log_path)))
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -195,19 +223,25 @@ class LocalCluster:
         return failed
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Terminates every task (then kills what is left after `grace_s`)."""
-        for t in self.tasks:
-            if t.process.poll() is None:
-                t.process.terminate()
-        deadline = time.monotonic() + grace_s
-        for t in self.tasks:
-            remaining = max(0.0, deadline - time.monotonic())
-            try:
-                t.process.wait(timeout=remaining)
-            except subprocess.TimeoutExpired:
-                t.process.kill()
-                t.process.wait(timeout=grace_s)
-        self.tasks = []
+        """Terminates every task (then kills what is left after `grace_s`), then the
+        private network namespace."""
+        try:
+            for t in self.tasks:
+                if t.process.poll() is None:
+                    t.process.terminate()
+            deadline = time.monotonic() + grace_s
+            for t in self.tasks:
+                remaining = max(0.0, deadline - time.monotonic())
+                try:
+                    t.process.wait(timeout=remaining)
+                except subprocess.TimeoutExpired:
+                    t.process.kill()
+                    t.process.wait(timeout=grace_s)
+            self.tasks = []
+        finally:
+            if self.network is not None:
+                self.network.close(grace_s)
+                self.network = None
 
 
 def check_local(spec: ResourceSpec) -> None:

@@ -33,6 +33,9 @@ DONE = "done"        # chief -> every other task: the chief has what it needs
 ABORT = "abort"      # driver -> every other task: the job failed, stop now
 STATE_UP = "state_up"  # worker -> chief: its virtual nodes' state at a resize
 STATE = "state"      # chief -> next members: every variable's value at a resize
+RECEIPT = "receipt"  # serving task -> chief, in the task's own box: ACCEPTED or b"rejected: why"
+
+ACCEPTED = b"accepted"
 
 CONTAINER = "autodist"
 CAPACITY = 100_000

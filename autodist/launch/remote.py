@@ -13,9 +13,15 @@ values, and the rows of the data its replicas read) into that task's job
 mailbox over TensorFlow (`autodist.launch.mailbox`), then starts the chief
 (worker task 0) as a child process on its own host, as a local cluster
 would. Everything after that between tasks also goes through TensorFlow.
+
+Each job is sealed with the cluster's shared secret (`autodist.launch.signing`)
+for the task it is for; the task checks it before unpacking anything and
+answers with a receipt (accepted, or why not), so a wrong or missing secret
+fails `fit` at once with the task's reason.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
@@ -23,12 +29,16 @@ import numpy as np
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
-from autodist.launch import mailbox
+from autodist.launch import mailbox, signing
 from autodist.launch.errors import TaskFailedError
 from autodist.launch.job import JobDir
 from autodist.launch.local import LocalCluster
 
 _RETRY_S = 0.2
+# A seal older than this is renewed before another try (tasks accept signing.MAX_AGE_S).
+_RESEAL_S = 60.0
+
+logger = logging.getLogger(__name__)
 
 
 class RemoteCluster:
@@ -48,15 +58,20 @@ class RemoteCluster:
         worker_rows: Worker task index -> the rows of the data its virtual
             nodes read (only those are shipped to it).
         startup_timeout_s: Bound on each other task answering and taking its job.
+        secret: The cluster's shared secret (`signing.load_secret`); None
+            ships unsigned jobs, which only tasks serving with ``--insecure``
+            accept.
     """
 
     def __init__(self, job: JobDir, spec: ResourceSpec, *, task_module: str,
-                 worker_rows: Callable[[int], np.ndarray], startup_timeout_s: float) -> None:
+                 worker_rows: Callable[[int], np.ndarray], startup_timeout_s: float,
+                 secret: bytes | None = None) -> None:
         missing = [f"{n.address} (node {i})" for i, n in enumerate(spec.nodes) if not n.port]
         if missing:
             raise AutodistError(f"launch='remote' needs the port of every node; none for "
                                 f"{missing}")
         self.job = job
+        self.secret = secret
         self.spec = spec
         self.worker_rows = worker_rows
         self.startup_timeout_s = startup_timeout_s
@@ -83,12 +98,18 @@ class RemoteCluster:
         self.chief.start()
 
     def ship(self) -> None:
-        """Puts each other task's job into its job mailbox.
+        """Puts each other task's job into its job mailbox, sealed, and reads its receipt.
 
         Raises:
             TaskFailedError: naming the task and its address when it does not
                 answer or take the job within `startup_timeout_s`.
+            signing.JobRejectedError: a task rejected the job (its reason: a
+                wrong or missing secret, another cluster, ...).
         """
+        if self.secret is None:
+            logger.warning("shipping unsigned jobs (no secret: secret_file=, %s or %s); only "
+                           "tasks serving with --insecure accept them", signing.SECRET_FILE_ENV,
+                           signing.SECRET_ENV)
         self.job.write_ports([n.port for n in self.spec.nodes])
         mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.config().job_id)
         try:
@@ -108,11 +129,23 @@ class RemoteCluster:
         deadline = time.monotonic() + self.startup_timeout_s
         name = f"{task[0]}:{task[1]}"
         address = mail.address(task)
+        sealed_at = time.time()
+        message = signing.seal(self.secret, mail.job_id, name, archive, sealed_at)
         while True:
             remaining = deadline - time.monotonic()
+            if time.time() - sealed_at > _RESEAL_S:
+                sealed_at = time.time()
+                message = signing.seal(self.secret, mail.job_id, name, archive, sealed_at)
             try:
                 mail.wait_until_up([task], max(remaining, 0.0))
-                mail.send(task, mailbox.JOB, archive, max(remaining, 1.0))
+                mail.send(task, mailbox.JOB, message, max(remaining, 1.0))
+                receipt = mail.receive(task, mailbox.RECEIPT,
+                                       max(deadline - time.monotonic(), 1.0))
+                if receipt != mailbox.ACCEPTED:
+                    reason = receipt.decode(errors="replace").removeprefix("rejected: ")
+                    raise signing.JobRejectedError(
+                        f"task {name} at {address} rejected the job: {reason[:600]}",
+                        mail.job_id)
                 return
             except mailbox.MailboxError as e:
                 # A task that just finished a job closes its box; its next process follows.

@@ -14,7 +14,17 @@ without knowing how training works. Two ways to start a task:
     # starts its server, and waits for the chief to ship it the job over
     # TensorFlow. It needs neither the user's script nor a shared filesystem.
     python -m autodist.runtime.entry --tf-config [--job-timeout 600] [--work-dir DIR]
+        [--secret-file FILE | --insecure]
     python -m autodist.runtime.entry --cluster cluster.yml --task worker:1
+
+A serving task runs only a job signed with the cluster's secret
+(`autodist.launch.signing`; ``--secret-file``, ``AUTODIST_SECRET_FILE`` or
+``AUTODIST_SECRET``), or, with ``--insecure`` and no secret, any job. It
+verifies a job before unpacking it; a job that fails is logged as a
+`JobRejectedError` (the job id and task it claimed, and what was wrong) and
+answered with a receipt saying so, and the task waits for the next job
+within its job timeout. Every task process creates its files 0600 and its
+directories 0700 (umask 077).
 
 A worker trains; a parameter-server task serves until the launcher stops it
 (local cluster) or the chief says the job is done (shipped job). Exit codes:
@@ -37,6 +47,9 @@ from typing import Callable
 
 from autodist.launch.errors import EXIT_FAILED, EXIT_NO_JOB, EXIT_PORT_IN_USE
 from autodist.launch.job import JobDir
+from autodist.launch.signing import JobRejectedError
+
+logger = logging.getLogger(__name__)
 
 # The work of a worker task: (its job, its task index, its server's target).
 RunWorker = Callable[[JobDir, int, str], None]
@@ -60,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                                            "temporary directory, removed after success)")
     parser.add_argument("--parent-pid", type=int, default=0,
                         help="exit when this process (the launcher) is gone")
+    parser.add_argument("--secret-file",
+                        help="serving: the cluster's shared secret (default: the file named by "
+                             "AUTODIST_SECRET_FILE, else AUTODIST_SECRET)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="serving without a secret: run any job (trusted networks only)")
     return parser
 
 
@@ -81,6 +99,7 @@ def main(argv: list[str] | None, run_worker: RunWorker) -> int:
         parser.error("give --job-dir, --job and --task, or --tf-config, or --cluster and --task")
     if args.parent_pid:
         _exit_with_parent(args.parent_pid)
+    os.umask(0o077)  # what this process creates (results, checkpoints, ...): 0600, dirs 0700
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
@@ -115,9 +134,10 @@ def _run_local(args: argparse.Namespace, run_worker: RunWorker) -> int:
 def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
     """A task on its own host: waits for the chief to ship the job, then runs it."""
     # pylint: disable=import-outside-toplevel
-    from autodist.launch import mailbox, tf_config
+    from autodist.launch import mailbox, signing, tf_config
     from autodist.launch.server import start_server
 
+    secret = serving_secret(args.secret_file, args.insecure)
     spec, (job_name, task) = (tf_config.task_from_tf_config() if args.tf_config else
                               tf_config.task_from_spec_file(args.cluster, args.task))
     cluster = spec.cluster_def()
@@ -126,38 +146,97 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
         return EXIT_PORT_IN_USE
     mail = mailbox.Mailboxes(cluster)
     own = (job_name, task)
+    name = f"{job_name}:{task}"
     address = mail.address(own)
-    print(f"autodist: task {job_name}:{task} serving at {address}; waiting up to "
-          f"{args.job_timeout:g}s for a job", flush=True)
-    try:
-        archive = mail.receive(own, mailbox.JOB, args.job_timeout)
-    except mailbox.MailboxTimeout:
-        print(f"autodist: error: no job arrived for task {job_name}:{task} at {address} within "
-              f"{args.job_timeout:g}s. The chief ships it when `fit` starts in the user's script "
-              f"on worker 0 (launch='remote', the same cluster).", file=sys.stderr, flush=True)
-        return EXIT_NO_JOB
+    print(f"autodist: task {name} serving at {address}; waiting up to {args.job_timeout:g}s "
+          f"for a job" + ("" if secret else " (insecure: unsigned jobs accepted)"), flush=True)
+    deadline = time.monotonic() + args.job_timeout
+    while True:
+        try:
+            message = mail.receive(own, mailbox.JOB, max(deadline - time.monotonic(), 0.001))
+        except mailbox.MailboxTimeout:
+            print(f"autodist: error: no job arrived for task {name} at {address} within "
+                  f"{args.job_timeout:g}s. The chief ships it when `fit` starts in the user's "
+                  "script on worker 0 (launch='remote', the same cluster).", file=sys.stderr,
+                  flush=True)
+            return EXIT_NO_JOB
+        try:
+            job_id, archive = signing.unseal(message, secret, name, time.time())
+            break
+        except JobRejectedError as e:
+            logger.error("JobRejectedError: task %s at %s rejected a job (claimed job id %r): "
+                         "%s; waiting for the next job", name, address, e.job_id, e.reason)
+            _send_receipt(cluster, own, e.job_id, f"rejected: {e.reason}".encode())
     mail.close_box(own, mailbox.JOB)  # one job per process: a later sender retries
     parent = pathlib.Path(args.work_dir) if args.work_dir else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix="autodist-job-", dir=parent))
-    job = JobDir.unpack(archive, work)
-    shipped = job.resource_spec().cluster_def(job.ports())
-    if shipped != cluster:
-        raise RuntimeError(f"the chief's cluster {shipped} is not this task's cluster {cluster}; "
-                           "give every task the same TF_CONFIG cluster (or spec file)")
-    print(f"autodist: task {job_name}:{task} received a job ({len(archive)} bytes) into {work}",
+    try:
+        job = JobDir.unpack(archive, work)
+        config = job.config()
+        shipped = job.resource_spec().cluster_def(job.ports())
+        if config.job_id != job_id:
+            raise RuntimeError(f"the job's config names job {config.job_id!r}, its seal "
+                               f"{job_id!r}")
+        if shipped != cluster:
+            raise RuntimeError(f"the chief's cluster {shipped} is not this task's cluster "
+                               f"{cluster}; give every task the same TF_CONFIG cluster (or spec "
+                               "file)")
+    except (ValueError, RuntimeError) as e:
+        _send_receipt(cluster, own, job_id, f"rejected: {str(e)[:500]}".encode())
+        raise
+    _send_receipt(cluster, own, job_id, mailbox.ACCEPTED)
+    print(f"autodist: task {name} received a job ({len(archive)} bytes) into {work}",
           flush=True)
-    config = job.config()
     _exit_on_abort(cluster, own, config.job_id, config.job_timeout_s)
     if job_name == "worker":
         run_worker(job, task, server.target)
     else:
         job_mail = mailbox.Mailboxes(cluster, job_id=config.job_id)
         job_mail.receive(own, mailbox.DONE, config.job_timeout_s)
-    print(f"autodist: task {job_name}:{task} done", flush=True)
+    print(f"autodist: task {name} done", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def serving_secret(secret_file: str | None, insecure: bool) -> bytes | None:
+    """The secret a serving task verifies jobs with (None: `insecure`, any job runs).
+
+    Raises:
+        SecretError: the secret cannot be read, or there is none and not
+            `insecure`, or both.
+    """
+    from autodist.launch import signing  # pylint: disable=import-outside-toplevel
+
+    secret = signing.load_secret(secret_file)
+    if secret is None and not insecure:
+        raise signing.SecretError(
+            "a serving task runs only jobs signed with the cluster's shared secret, and none "
+            f"was given: pass --secret-file FILE, or set {signing.SECRET_FILE_ENV} (a file, "
+            f"e.g. a mounted Kubernetes secret) or {signing.SECRET_ENV}, with the same secret "
+            "for the chief; or, on a trusted network only, --insecure")
+    if secret is not None and insecure:
+        raise signing.SecretError("--insecure serves without a secret, but a secret was given "
+                                  f"(--secret-file, {signing.SECRET_FILE_ENV} or "
+                                  f"{signing.SECRET_ENV}): give one or the other")
+    return secret
+
+
+def _send_receipt(cluster: dict[str, list[str]], own: tuple[str, int], job_id: str,
+                  receipt: bytes) -> None:
+    """Tells the chief (through this task's own receipt box) what became of its job."""
+    from autodist.launch import mailbox  # pylint: disable=import-outside-toplevel
+
+    if not job_id:
+        return  # the chief tags its receipts with its job id: none to answer
+    mail = mailbox.Mailboxes(cluster, job_id=job_id)
+    try:
+        mail.send(own, mailbox.RECEIPT, receipt, timeout_s=10.0)
+    except mailbox.MailboxError as e:
+        logger.warning("could not leave a receipt for job %r: %s", job_id, e)
+    finally:
+        mail.close()
 
 
 def _exit_on_abort(cluster: dict[str, list[str]], own: tuple[str, int], job_id: str,

@@ -44,7 +44,6 @@ import pathlib
 import time
 from typing import Callable, Sequence
 
-from autodist.ir.atomic import atomic_write
 from autodist.ir.errors import AutodistError
 from autodist.ir.strategy import Strategy
 from autodist.launch import mailbox
@@ -72,14 +71,12 @@ def epoch_weights_path(job: JobDir, epoch: int) -> pathlib.Path:
 
 def write_decision(job: JobDir, epoch: int, stop: bool) -> None:
     """Driver: what the run does after `epoch` (called after on_epoch_end)."""
-    job.epoch_decision(epoch).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(job.epoch_decision(epoch), (STOP if stop else CONTINUE).encode())
+    job.write_file(job.epoch_decision(epoch), (STOP if stop else CONTINUE).encode())
 
 
 def request_stop(job: JobDir) -> None:
     """Driver: stop the run at the next step boundary the workers can all meet."""
-    job.stop_request().parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(job.stop_request(), STOP.encode())
+    job.write_file(job.stop_request(), STOP.encode())
 
 
 def request_change(job: JobDir, sequence: int, workers: int | None = None,
@@ -90,9 +87,7 @@ def request_change(job: JobDir, sequence: int, workers: int | None = None,
     strategy, None for unchanged), so a later request never loses an
     earlier one the chief has not read yet.
     """
-    job.resize_request().parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(job.resize_request(),
-                 ChangeRequest(sequence, workers, strategy_text).to_json())
+    job.write_file(job.resize_request(), ChangeRequest(sequence, workers, strategy_text).to_json())
 
 
 def first_limit(steps_per_epoch: int, epochs: int) -> int:

@@ -215,7 +215,7 @@ def run_recovering(job: JobDir, strategy: Strategy, spec: ResourceSpec, *,
                                        "estimated_loss_steps": estimated})
             config = dataclasses.replace(config, start_step=next_step, job_id=uuid.uuid4().hex)
             path = job.path / f"recovery-{len(outcome.recoveries)}"
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
             outcome.job = JobDir(path)
             write_job(outcome.job, strategy, outcome.spec, config, values)
             on_new_job(outcome.job)

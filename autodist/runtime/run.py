@@ -5,7 +5,6 @@ import math
 import pathlib
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from typing import Any, Callable, Mapping, Sequence
@@ -23,6 +22,7 @@ from autodist.launch.errors import TaskFailedError
 from autodist.launch.job import JobDir, RunConfig
 from autodist.launch.local import LocalCluster, check_local
 from autodist.launch.remote import RemoteCluster
+from autodist.launch.signing import load_secret
 from autodist.launch.tf_config import check_this_is_the_chief
 from autodist.runtime import batching, checkpoint, datasets, follow, recovery
 from autodist.runtime import targets as targets_
@@ -46,7 +46,8 @@ class DistributedRun:
         resource_spec: The cluster; local specs are launched as processes.
         graph_item: The model's capture, if already made.
         job_dir: Where job files and task logs go (default: a new temp dir,
-            removed after a successful fit).
+            removed after a successful fit). Created with mode 0700; an
+            existing directory must be this user's and closed to others.
         step_timeout_s: Bound on one step of any task (no hang).
         startup_timeout_s: Bound on the cluster coming up.
         task_step_delay_s: Worker task -> seconds of sleep before each step,
@@ -59,22 +60,36 @@ class DistributedRun:
             chief:0, or worker:0 without a chief job): `fit` ships each
             other task its job over TensorFlow and starts worker task 0
             here. Every node of the spec needs its port.
+        allow_exposed: A local cluster's tasks run in a private network
+            namespace, out of other hosts' reach (`autodist.launch.netns`);
+            where none can be made, `fit` raises `ExposedNetworkError`
+            unless this is True (or `AUTODIST_ALLOW_EXPOSED=1`): then they
+            run reachable, with a warning naming their ports.
+        secret_file: launch="remote": the cluster's shared secret, which
+            signs the jobs shipped to `autodist serve` (default: the file
+            named by `AUTODIST_SECRET_FILE`, else `AUTODIST_SECRET`; without
+            one, jobs go unsigned and only `autodist serve --insecure` runs
+            them).
     """
 
     def __init__(self, model, strategy: Strategy, resource_spec: ResourceSpec, *,
                  graph_item: GraphItem | None = None, job_dir: str | None = None,
                  step_timeout_s: float = 60.0, startup_timeout_s: float = 120.0,
                  task_step_delay_s: dict[int, float] | None = None,
-                 launch: str = "local") -> None:
+                 launch: str = "local", allow_exposed: bool = False,
+                 secret_file: str | None = None) -> None:
         from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
 
         if launch not in LAUNCH_MODES:
             raise AutodistError(f"launch must be one of {LAUNCH_MODES}. Received: {launch!r}")
         if launch == "remote":
             check_this_is_the_chief(resource_spec)
+            self._secret = load_secret(secret_file)
         else:
             check_local(resource_spec)
+            self._secret = None
         self.launch = launch
+        self.allow_exposed = allow_exposed
 
         self.model = model
         self.graph_item = graph_item or capture(model)
@@ -543,9 +558,8 @@ class DistributedRun:
                 "(steps_per_epoch) or change the number of examples")
 
     def _new_job(self, config: RunConfig, init_values, inputs, targets):
-        path = pathlib.Path(self.job_dir or tempfile.mkdtemp(prefix="autodist-job-"))
-        path.mkdir(parents=True, exist_ok=True)
-        job = JobDir(path)
+        job = JobDir.create(self.job_dir)
+        path = job.path
         self.last_job_dir = path
         job.write(self.graph_item, self.strategy, self.resource_spec, config,
                   init_values, inputs, targets)
@@ -557,10 +571,12 @@ class DistributedRun:
         chief time to save its state (it learns of the failure within a step's
         timeout) before the cluster is torn down."""
         spec = spec or self.resource_spec
-        cluster = (LocalCluster(job, spec, task_module=TASK_MODULE) if self.launch == "local"
+        cluster = (LocalCluster(job, spec, task_module=TASK_MODULE,
+                                allow_exposed=self.allow_exposed) if self.launch == "local"
                    else RemoteCluster(job, spec, task_module=TASK_MODULE,
                                       worker_rows=lambda task: _rows_read_by(job, task),
-                                      startup_timeout_s=self.startup_timeout_s))
+                                      startup_timeout_s=self.startup_timeout_s,
+                                      secret=self._secret))
         with cluster:
             cluster.wait_ready(self.startup_timeout_s)
             try:

@@ -171,6 +171,8 @@ class LocalRunner(Runner):
         graph_item: The model's capture, if already made.
         timeout_s: Bound on one launch.
         step_timeout_s, startup_timeout_s: As for `DistributedRun`.
+        allow_exposed: As for `DistributedRun`: where no private network
+            namespace can be made, run the launches reachable from other hosts.
         log: Receives a line per failed launch.
         launch: Runs one launch (default: `fit` on the local cluster); tests
             pass a fake.
@@ -181,6 +183,7 @@ class LocalRunner(Runner):
                  orders: int = 1, x: Any = None, y: Any = None, data_seed: int = 0,
                  graph_item: GraphItem | None = None, timeout_s: float = 600.0,
                  step_timeout_s: float = 60.0, startup_timeout_s: float = 120.0,
+                 allow_exposed: bool = False,
                  log: Callable[[str], None] = lambda _: None,
                  launch: Launch | None = None) -> None:
         if steps < 1 or warmup_steps < 0:
@@ -207,6 +210,7 @@ class LocalRunner(Runner):
         self.timeout_s = timeout_s
         self.step_timeout_s = step_timeout_s
         self.startup_timeout_s = startup_timeout_s
+        self.allow_exposed = allow_exposed
         self.log = log
         self._launch: Launch = launch if launch is not None else self._fit
         self._given = (x, y) if x is not None else None
@@ -256,7 +260,8 @@ class LocalRunner(Runner):
         try:
             run = DistributedRun(self.model, first, self.resource_spec,
                                  graph_item=self.graph_item, step_timeout_s=self.step_timeout_s,
-                                 startup_timeout_s=self.startup_timeout_s)
+                                 startup_timeout_s=self.startup_timeout_s,
+                                 allow_exposed=self.allow_exposed)
             self.graph_item = run.graph_item
             history = run.fit(x, y, batch_size=self.batch_size, epochs=1,
                               steps_per_epoch=total_steps, verbose=0, shuffle=False,

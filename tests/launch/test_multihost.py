@@ -1,9 +1,10 @@
 """Multi-host launch, on loopback: the TF operator convention.
 
 Every task but the chief is an `autodist serve --tf-config` process with its
-own TF_CONFIG, started in its own empty directory and never told where the
-chief's job directory is: its job arrives over TensorFlow. The chief's side
-runs in the test process (`launch="remote"`, TF_CONFIG task worker:0).
+own TF_CONFIG and the cluster's secret (AUTODIST_SECRET_FILE), started in its
+own empty directory and never told where the chief's job directory is: its
+job arrives over TensorFlow, signed. The chief's side runs in the test
+process (`launch="remote"`, TF_CONFIG task worker:0).
 """
 from __future__ import annotations
 
@@ -21,21 +22,34 @@ import autodist
 from autodist import models
 from autodist.launch.errors import TaskFailedError
 from autodist.launch.local import free_ports
+from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV, JobRejectedError
 from autodist.search import builders
 
 pytestmark = pytest.mark.cluster
 
 TOLERANCE = 2e-5
+SECRET = "the-cluster-secret-0123456789abcdef"
 
 
 def _tf_config(cluster: dict, kind: str, index: int) -> str:
     return json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
 
 
+@pytest.fixture
+def secret_file(tmp_path, monkeypatch):
+    """The cluster's secret, mounted as a file (as a Kubernetes secret is), for every task."""
+    path = tmp_path / "secret"
+    path.write_text(SECRET + "\n")
+    monkeypatch.setenv(SECRET_FILE_ENV, str(path))
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    return path
+
+
 def _serve(tmp_path, cluster: dict, kind: str, index: int, job_timeout: float):
     home = tmp_path / f"{kind}{index}"
     home.mkdir()
     env = dict(os.environ, TF_CONFIG=_tf_config(cluster, kind, index))
+    assert env[SECRET_FILE_ENV]  # see the fixture secret_file
     log = open(home / "serve.log", "wb")  # pylint: disable=consider-using-with
     process = subprocess.Popen(
         [sys.executable, "-m", "autodist.cli", "serve", "--tf-config", "--max-jobs", "1",
@@ -54,7 +68,7 @@ class _CountBatches(keras.callbacks.Callback):
         self.batches += 1
 
 
-def test_tf_config_cluster_trains_like_keras(tmp_path, monkeypatch):
+def test_tf_config_cluster_trains_like_keras(tmp_path, monkeypatch, secret_file):
     """2 workers + 1 PS from TF_CONFIG, Parallax (PS and all-reduce), with a callback."""
     ports = free_ports(3)
     cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"],
@@ -92,7 +106,7 @@ def test_tf_config_cluster_trains_like_keras(tmp_path, monkeypatch):
                 process.wait(timeout=10)
 
 
-def test_task_without_a_job_times_out_clearly(tmp_path):
+def test_task_without_a_job_times_out_clearly(tmp_path, secret_file):
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"]}
     process, log = _serve(tmp_path, cluster, "worker", 1, job_timeout=3)
@@ -105,7 +119,8 @@ def test_task_without_a_job_times_out_clearly(tmp_path):
             in log.read_text())
 
 
-def test_chief_names_a_peer_that_is_not_up_and_aborts_the_others(tmp_path, monkeypatch):
+def test_chief_names_a_peer_that_is_not_up_and_aborts_the_others(tmp_path, monkeypatch,
+                                                                   secret_file):
     """worker:1 serves, ps:0 never starts: fit fails naming ps:0's address within its
     startup bound, and tells worker:1 (which got its job) to stop at once."""
     ports = free_ports(3)
@@ -136,3 +151,56 @@ def test_chief_names_a_peer_that_is_not_up_and_aborts_the_others(tmp_path, monke
             process.kill()
             process.wait(timeout=10)
     assert "the driver aborted the job" in log.read_text()
+
+
+def test_a_job_without_the_secret_is_rejected_and_the_task_serves_on(tmp_path, monkeypatch,
+                                                                     secret_file):
+    """A wrong secret, then none: each fit fails at once with the task's reason, the task
+    logs a JobRejectedError and keeps waiting; then a correctly signed job trains like
+    Keras on the same task process."""
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"]}
+    process, log = _serve(tmp_path, cluster, "worker", 1, job_timeout=180)
+    try:
+        monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+        spec = autodist.ResourceSpec.from_tf_config()
+        model = models.mlp(input_dim=20, hidden=(16,))
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(64, 20)).astype("float32")
+        y = rng.integers(0, 10, 64).astype("int32")
+        reference = models.single_device_twin(model)
+        reference.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        graph_item = autodist.capture(model)
+        strategy = builders.AllReduce().build(graph_item, spec)
+
+        def fit(**options):
+            run = autodist.distribute(model, strategy, spec, graph_item=graph_item,
+                                      launch="remote", startup_timeout_s=60, **options)
+            return run.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+        wrong = tmp_path / "wrong"
+        wrong.write_text("not-the-cluster-secret-at-all")
+        start = time.monotonic()
+        with pytest.raises(JobRejectedError, match=f"task worker:1 at 127.0.0.1:{ports[1]} "
+                                                   "rejected the job: bad signature"):
+            fit(secret_file=str(wrong))
+        assert time.monotonic() - start < 30
+        monkeypatch.delenv(SECRET_FILE_ENV)
+        with pytest.raises(JobRejectedError, match="rejected the job: the job is "
+                                                   "unsigned"):
+            fit()
+        assert process.poll() is None  # still serving
+        history = fit(secret_file=str(secret_file))
+        assert len(history.step_losses) == 4
+        for got, want in zip(model.get_weights(), reference.get_weights()):
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+    text = log.read_text()
+    assert text.count("JobRejectedError: task worker:1") == 2
+    assert "bad signature" in text and "the job is unsigned" in text
+    assert SECRET not in text and "not-the-cluster-secret" not in text
+    assert "task worker:1 received a job" in text and "task worker:1 done" in text
