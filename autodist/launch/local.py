@@ -3,7 +3,9 @@
 Ports are chosen free (a task that finds its port taken exits with a known
 code and the cluster is restarted on new ports, a bounded number of times);
 every wait is bounded; every process started is stopped on exit, error or
-Ctrl-C; each task keeps its log in the job directory.
+Ctrl-C; each task keeps its log in the job directory. Each task's
+environment gives it only its node's GPUs, with memory growth
+(`autodist.launch.devices`).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Callable, Sequence
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
+from autodist.launch.devices import task_environments
 from autodist.launch.errors import EXIT_PORT_IN_USE, TaskFailedError
 from autodist.launch.job import JobDir
 
@@ -97,6 +100,7 @@ class LocalCluster:
             flag.unlink()
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
                    PYTHONUNBUFFERED="1")
+        devices = task_environments(self.spec, self.nodes, env)  # raises before any start
         for i in self.nodes:
             job, index = self.spec.task_of(i)
             log_path = self.job.log(job, index)
@@ -106,7 +110,8 @@ class LocalCluster:
                     [sys.executable, "-m", self.task_module, "--job-dir",
                      str(self.job.path), "--job", job, "--task", str(index),
                      "--parent-pid", str(os.getpid())],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=dict(env, **devices[i]),
                     start_new_session=True)
             self.tasks.append(_Task(job, index, process, str(log_path)))
 

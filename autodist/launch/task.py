@@ -35,7 +35,8 @@ import time
 import traceback
 from typing import Callable
 
-from autodist.launch.errors import EXIT_FAILED, EXIT_NO_JOB, EXIT_PORT_IN_USE
+from autodist.launch.errors import (EXIT_FAILED, EXIT_NO_JOB, EXIT_PORT_IN_USE,
+                                    DeviceSetupError)
 from autodist.launch.job import JobDir
 
 # The work of a worker task: (its job, its task index, its server's target).
@@ -54,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "variable names")
     parser.add_argument("--cluster", help="serve a shipped job as --task of this resource-spec "
                                           "YAML file")
+    parser.add_argument("--gpus-per-worker", type=int, default=None,
+                        help="with --tf-config: GPUs of each worker (default: those this host "
+                             "shows, as ResourceSpec.from_tf_config counts them)")
+    parser.add_argument("--cpu-replicas-per-worker", type=int, default=1,
+                        help="with --tf-config: replicas of each worker on logical CPU devices "
+                             "(default 1)")
     parser.add_argument("--job-timeout", type=float, default=600.0,
                         help="seconds to wait for the job to arrive (default 600)")
     parser.add_argument("--work-dir", help="where to unpack the shipped job (default: a new "
@@ -101,7 +108,9 @@ def _run_local(args: argparse.Namespace, run_worker: RunWorker) -> int:
     job = JobDir(args.job_dir)
     task = int(args.task)
     spec = job.resource_spec()
-    server = start_server(spec.cluster_def(job.ports()), args.job, task)
+    # The launcher set this task's environment for its GPUs (`launch.devices`).
+    server = start_server(spec.cluster_def(job.ports()), args.job, task,
+                          spec.task_devices(spec.node_of_task(args.job, task)))
     if server is None:
         return EXIT_PORT_IN_USE
     job.ready_flag(args.job, task).write_text(str(os.getpid()))
@@ -115,13 +124,21 @@ def _run_local(args: argparse.Namespace, run_worker: RunWorker) -> int:
 def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
     """A task on its own host: waits for the chief to ship the job, then runs it."""
     # pylint: disable=import-outside-toplevel
+    from autodist.ir.gpus import visible_gpus
     from autodist.launch import mailbox, tf_config
+    from autodist.launch.devices import task_environment
     from autodist.launch.server import start_server
 
-    spec, (job_name, task) = (tf_config.task_from_tf_config() if args.tf_config else
-                              tf_config.task_from_spec_file(args.cluster, args.task))
+    spec, (job_name, task) = (
+        tf_config.task_from_tf_config(gpus_per_worker=args.gpus_per_worker,
+                                      cpu_replicas_per_worker=args.cpu_replicas_per_worker)
+        if args.tf_config else tf_config.task_from_spec_file(args.cluster, args.task))
     cluster = spec.cluster_def()
-    server = start_server(cluster, job_name, task)
+    devices = spec.task_devices(spec.node_of_task(job_name, task))
+    # Before TensorFlow starts CUDA (in start_server): only this node's GPUs.
+    os.environ.update(task_environment(devices, visible_gpus() if devices.gpus else [],
+                                       f"task {job_name}:{task}"))
+    server = start_server(cluster, job_name, task, devices)
     if server is None:
         return EXIT_PORT_IN_USE
     mail = mailbox.Mailboxes(cluster)
@@ -142,10 +159,18 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
         parent.mkdir(parents=True, exist_ok=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix="autodist-job-", dir=parent))
     job = JobDir.unpack(archive, work)
-    shipped = job.resource_spec().cluster_def(job.ports())
+    shipped_spec = job.resource_spec()
+    shipped = shipped_spec.cluster_def(job.ports())
     if shipped != cluster:
         raise RuntimeError(f"the chief's cluster {shipped} is not this task's cluster {cluster}; "
                            "give every task the same TF_CONFIG cluster (or spec file)")
+    wanted = shipped_spec.task_devices(shipped_spec.node_of_task(job_name, task))
+    if wanted != devices:
+        raise DeviceSetupError(
+            f"the chief's resource spec gives task {job_name}:{task} {wanted}, but its server "
+            f"started with {devices}: give `autodist serve` the same --gpus-per-worker and "
+            "--cpu-replicas-per-worker as the chief's ResourceSpec.from_tf_config (or the same "
+            "spec file)")
     print(f"autodist: task {job_name}:{task} received a job ({len(archive)} bytes) into {work}",
           flush=True)
     config = job.config()
