@@ -60,3 +60,22 @@ def task_environments(spec: ResourceSpec, nodes: list[int],
         job, task = spec.task_of(i)
         out[i] = task_environment(spec.task_devices(i), visible, f"task {job}:{task} (node {i})")
     return out
+
+
+def check_shipped_devices(shipped: ResourceSpec, job: str, task: int,
+                          started_with: TaskDevices) -> None:
+    """Raises unless the chief's spec gives this served task the devices its server has.
+
+    A served task (``autodist serve``) starts its server before the job
+    arrives, from its own TF_CONFIG or spec file and flags.
+
+    Raises:
+        DeviceSetupError: naming both and the flags to give.
+    """
+    wanted = shipped.task_devices(shipped.node_of_task(job, task))
+    if wanted != started_with:
+        raise DeviceSetupError(
+            f"the chief's resource spec gives task {job}:{task} {wanted}, but its server "
+            f"started with {started_with}: give `autodist serve` the --gpus-per-worker and "
+            "--cpu-replicas-per-worker of the chief's ResourceSpec.from_tf_config (or the same "
+            "spec file)")

@@ -35,8 +35,7 @@ import time
 import traceback
 from typing import Callable
 
-from autodist.launch.errors import (EXIT_FAILED, EXIT_NO_JOB, EXIT_PORT_IN_USE,
-                                    DeviceSetupError)
+from autodist.launch.errors import EXIT_FAILED, EXIT_NO_JOB, EXIT_PORT_IN_USE
 from autodist.launch.job import JobDir
 
 # The work of a worker task: (its job, its task index, its server's target).
@@ -126,7 +125,7 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
     # pylint: disable=import-outside-toplevel
     from autodist.ir.gpus import visible_gpus
     from autodist.launch import mailbox, tf_config
-    from autodist.launch.devices import task_environment
+    from autodist.launch.devices import check_shipped_devices, task_environment
     from autodist.launch.server import start_server
 
     spec, (job_name, task) = (
@@ -164,13 +163,7 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
     if shipped != cluster:
         raise RuntimeError(f"the chief's cluster {shipped} is not this task's cluster {cluster}; "
                            "give every task the same TF_CONFIG cluster (or spec file)")
-    wanted = shipped_spec.task_devices(shipped_spec.node_of_task(job_name, task))
-    if wanted != devices:
-        raise DeviceSetupError(
-            f"the chief's resource spec gives task {job_name}:{task} {wanted}, but its server "
-            f"started with {devices}: give `autodist serve` the same --gpus-per-worker and "
-            "--cpu-replicas-per-worker as the chief's ResourceSpec.from_tf_config (or the same "
-            "spec file)")
+    check_shipped_devices(shipped_spec, job_name, task, devices)
     print(f"autodist: task {job_name}:{task} received a job ({len(archive)} bytes) into {work}",
           flush=True)
     config = job.config()

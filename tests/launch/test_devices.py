@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from autodist.ir.resource_spec import ResourceSpec, TaskDevices
-from autodist.launch.devices import task_environment, task_environments
+from autodist.launch.devices import check_shipped_devices, task_environment, task_environments
 from autodist.launch.errors import DeviceSetupError
 from autodist.launch.job import JobDir
 from autodist.launch.local import LocalCluster
@@ -67,3 +67,14 @@ def test_a_task_without_its_gpus_fails_before_its_server_starts():
     with pytest.raises(DeviceSetupError, match=r"task worker:1 should have 2 GPUs \(the host's "
                                                r"\[2, 3\]\) but TensorFlow shows it 0"):
         check_gpus(TaskDevices(cpus=1, gpus=(2, 3)), "task worker:1")
+
+
+def test_a_served_task_checks_the_chiefs_devices():
+    chief = ResourceSpec.local(workers=2, ps=1, cpu_replicas_per_worker=2)
+    check_shipped_devices(chief, "worker", 1, TaskDevices(cpus=2, gpus=()))
+    check_shipped_devices(chief, "ps", 0, TaskDevices(cpus=1, gpus=()))
+    with pytest.raises(DeviceSetupError, match=r"gives task worker:1 TaskDevices\(cpus=2, "
+                                               r"gpus=\(\)\), but its server started with "
+                                               r"TaskDevices\(cpus=1, gpus=\(\)\).*"
+                                               "--cpu-replicas-per-worker"):
+        check_shipped_devices(chief, "worker", 1, TaskDevices(cpus=1, gpus=()))
