@@ -7,7 +7,8 @@
     autodist search --model MODEL [--cluster cluster.yml] [--trials N] --out s.pb
     autodist export trials.jsonl --out s.pbtxt
     autodist bench [--preset small|full] [--models mlp,ncf --mbits 100,1000] [--out DIR]
-    autodist serve --tf-config | --cluster cluster.yml --task worker:1
+    autodist serve --tf-config [--gpus-per-worker N --cpu-replicas-per-worker N]
+            | --cluster cluster.yml --task worker:1
             [--job-timeout 600 --idle-timeout S --max-jobs N --work-dir DIR]
 
 MODEL is an example model name (see `autodist.models.REGISTRY`), a saved
@@ -242,9 +243,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                             "JOB:INDEX")
     # Check the cluster and the task here, so a mistake is reported before any process starts.
     if args.tf_config:
-        tf_config.task_from_tf_config()
-        where = ["--tf-config"]
+        tf_config.task_from_tf_config(gpus_per_worker=args.gpus_per_worker,
+                                      cpu_replicas_per_worker=args.cpu_replicas_per_worker)
+        where = ["--tf-config", "--cpu-replicas-per-worker", str(args.cpu_replicas_per_worker)]
+        if args.gpus_per_worker is not None:
+            where += ["--gpus-per-worker", str(args.gpus_per_worker)]
     else:
+        if args.gpus_per_worker is not None or args.cpu_replicas_per_worker != 1:
+            raise AutodistError("--gpus-per-worker and --cpu-replicas-per-worker go with "
+                                "--tf-config; with --cluster the spec file gives each node's "
+                                f"devices. Received: --cluster {args.cluster}")
         tf_config.task_from_spec_file(args.cluster, args.task)
         where = ["--cluster", args.cluster, "--task", args.task]
     serving_secret(args.secret_file, args.insecure)  # readable, or --insecure: checked now
@@ -458,6 +466,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="this task and the cluster from the TF_CONFIG environment variable")
     serve.add_argument("--cluster", help="resource spec YAML of the cluster (with --task)")
     serve.add_argument("--task", help="with --cluster: this task as JOB:INDEX, e.g. worker:1")
+    serve.add_argument("--gpus-per-worker", type=int,
+                       help="with --tf-config: GPUs of each worker, as the chief's "
+                            "ResourceSpec.from_tf_config(gpus_per_worker=) has them (default: "
+                            "the GPUs this host shows)")
+    serve.add_argument("--cpu-replicas-per-worker", type=int, default=1,
+                       help="with --tf-config: replicas of each worker on logical CPU devices, "
+                            "as the chief's ResourceSpec.from_tf_config has them (default 1)")
     serve.add_argument("--job-timeout", type=float, default=600.0,
                        help="seconds to wait for the first job (default 600; then exit 1)")
     serve.add_argument("--idle-timeout", type=float,

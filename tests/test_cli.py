@@ -49,6 +49,8 @@ def test_strategy_build_and_show(capsys, tmp_path):
     (["serve"], "serve needs exactly one of --tf-config and --cluster"),
     (["serve", "--cluster", "/nonexistent/c.yml", "--task", "worker:1"],
      "cannot read resource spec '/nonexistent/c.yml'"),
+    (["serve", "--cluster", "c.yml", "--task", "worker:1", "--cpu-replicas-per-worker", "2"],
+     "--gpus-per-worker and --cpu-replicas-per-worker go with --tf-config"),
 ])
 def test_errors_are_reported_not_raised(capsys, argv, message):
     assert cli.main(argv) == 2

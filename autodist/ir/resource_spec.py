@@ -1,11 +1,17 @@
 """ResourceSpec: the cluster a strategy runs on.
 
 Every node of the spec is one TensorFlow task. A node with the ``worker`` role
-belongs to the job ``worker`` and runs compute replicas on its GPUs (or, with no
-GPU, on its first CPU); a node that only has the ``ps`` role belongs to the job
-``ps``. Parameter-server variables live on the first CPU of the nodes that have
-the ``ps`` role. Device names are TensorFlow's, e.g.
-``/job:worker/task:1/device:GPU:0``.
+belongs to the job ``worker`` and runs one compute replica per GPU, or, with
+no GPU, one per CPU device it lists: ``cpus: [0, 1]`` is two replicas, on the
+logical CPU devices 0 and 1 that its task process creates (in-graph
+replication, as on a node with two GPUs). A node that only has the ``ps``
+role belongs to the job ``ps``. Parameter-server variables live on the first
+CPU of the nodes that have the ``ps`` role.
+
+A node's ``gpus`` are positions among the GPUs its host shows (see
+`autodist.ir.gpus`); its task process is given only those, so they are its
+``GPU:0`` .. ``GPU:n-1`` and are named so. Device names are TensorFlow's,
+e.g. ``/job:worker/task:1/device:GPU:0``.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from google.protobuf import text_format
 
 from autodist.ir.errors import ResourceSpecError
 from autodist.ir.fingerprint import fingerprint
+from autodist.ir.gpus import visible_gpus
 from autodist.proto import resource_spec_pb2
 
 RESOURCE_SPEC_SCHEMA_VERSION = 1
@@ -44,6 +51,20 @@ class Device:
     node_index: int
     device_type: str
     index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskDevices:
+    """The devices a node's task process must have, set up before its server starts.
+
+    Attributes:
+        cpus: Logical CPU devices to create (CPU:0 .. CPU:cpus-1).
+        gpus: The host's GPUs to give it (positions among those the host
+            shows, see `autodist.ir.gpus`); inside the task they are GPU:0 ..
+    """
+
+    cpus: int
+    gpus: tuple[int, ...]
 
 
 
@@ -93,29 +114,49 @@ class ResourceSpec:
     @classmethod
     def local(cls, workers: int = 2, ps: int = 0,
               bandwidth_gbps: float | None = None,
-              address: str = "localhost") -> ResourceSpec:
+              address: str = "localhost", *, cpu_replicas_per_worker: int = 1,
+              gpus_per_worker: int = 0) -> ResourceSpec:
         """A cluster of local processes on one host, ports chosen at launch.
 
+        Example:
+            >>> spec = ResourceSpec.local(workers=2, cpu_replicas_per_worker=2)
+            >>> spec.replica_devices[:2]
+            ['/job:worker/task:0/device:CPU:0', '/job:worker/task:0/device:CPU:1']
+
         Args:
-            workers: Number of worker tasks (one CPU replica each), >= 1.
+            workers: Number of worker tasks, >= 1.
             ps: Number of parameter-server-only tasks. With 0, the workers'
                 CPUs hold parameter-server variables.
             bandwidth_gbps: Bandwidth per task in Gbit/s; None = unknown.
             address: Host of every task.
+            cpu_replicas_per_worker: Replicas per worker task on logical CPU
+                devices (the task splits its CPU into that many), >= 1.
+            gpus_per_worker: GPUs per worker task, one replica each; worker i
+                gets the host's GPUs i*M .. i*M+M-1 (M = gpus_per_worker).
 
         Returns:
             The spec; worker 0 is the chief.
         """
-        if not isinstance(workers, int) or workers < 1:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ResourceSpecError(
                 f"ResourceSpec.local: workers must be an integer >= 1. Received: {workers!r}")
-        if not isinstance(ps, int) or ps < 0:
+        if not isinstance(ps, int) or isinstance(ps, bool) or ps < 0:
             raise ResourceSpecError(
                 f"ResourceSpec.local: ps must be an integer >= 0. Received: {ps!r}")
+        cpu_replicas = _count(cpu_replicas_per_worker, 1,
+                              "ResourceSpec.local: cpu_replicas_per_worker")
+        gpus = _count(gpus_per_worker, 0, "ResourceSpec.local: gpus_per_worker")
+        if gpus and cpu_replicas > 1:
+            raise ResourceSpecError(
+                "ResourceSpec.local: a worker runs its replicas on its GPUs or on its CPU "
+                f"devices, not both. Received: gpus_per_worker={gpus}, "
+                f"cpu_replicas_per_worker={cpu_replicas}")
         worker_roles = ["worker"] if ps else ["worker", "ps"]
         nodes = []
         for i in range(workers):
-            nodes.append({"address": address, "chief": i == 0, "cpus": [0],
+            nodes.append({"address": address, "chief": i == 0,
+                          "cpus": list(range(cpu_replicas)),
+                          "gpus": list(range(i * gpus, (i + 1) * gpus)),
                           "roles": worker_roles, "network_bandwidth": bandwidth_gbps})
         for _ in range(ps):
             nodes.append({"address": address, "cpus": [0], "roles": ["ps"],
@@ -127,9 +168,12 @@ class ResourceSpec:
         """Reads the AutoDist-style YAML format.
 
         The file holds a list of nodes, each with ``address`` (host or
-        ``host:port``), optional ``port``, ``cpus`` (indices, default [0]),
-        ``gpus`` (indices), ``chief`` (exactly one node), ``network_bandwidth``
-        (Gbit/s) and ``roles`` (default both ``worker`` and ``ps``)::
+        ``host:port``), optional ``port``, ``cpus`` (logical CPU device
+        indices, default [0]; a worker without GPUs runs a replica on each),
+        ``gpus`` (the host's GPUs, one replica each), ``chief`` (exactly one
+        node), ``network_bandwidth`` (Gbit/s) and ``roles`` (default both
+        ``worker`` and ``ps``). A count stands for indices from 0: ``cpus:
+        2`` is ``[0, 1]``::
 
             nodes:
               - address: 10.0.0.1
@@ -159,17 +203,24 @@ class ResourceSpec:
 
     @classmethod
     def from_tf_config(cls, tf_config: str | Mapping[str, Any] | None = None, *,
-                       gpus_per_worker: int = 0,
+                       gpus_per_worker: int | None = None,
+                       cpu_replicas_per_worker: int = 1,
                        bandwidth_gbps: float | None = None) -> ResourceSpec:
         """Reads a TF_CONFIG (the convention of Kubernetes TF operators).
 
         ``chief`` and ``worker`` tasks become worker nodes (the chief, or else
         worker 0, is the chief); ``ps`` tasks become parameter-server nodes.
+        Every worker node gets the same devices: each pod runs one task.
 
         Args:
             tf_config: The JSON string or parsed dict; None reads the
                 ``TF_CONFIG`` environment variable.
-            gpus_per_worker: GPUs on each worker node.
+            gpus_per_worker: GPUs of each worker node; None counts the GPUs
+                this host shows (`autodist.ir.gpus.visible_gpus`: its
+                ``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi -L``; no CUDA is
+                started), taking every pod to be alike.
+            cpu_replicas_per_worker: Replicas per worker node on logical CPU
+                devices (used only without GPUs), >= 1.
             bandwidth_gbps: Bandwidth per node in Gbit/s; None = unknown.
 
         Returns:
@@ -185,9 +236,9 @@ class ResourceSpec:
             raise ResourceSpecError(
                 f"TF_CONFIG cluster has unknown jobs {sorted(unknown)}; "
                 f"expected chief, worker, ps. Received: {dict(cluster)!r}")
-        if gpus_per_worker < 0:
-            raise ResourceSpecError(
-                f"gpus_per_worker must be >= 0. Received: {gpus_per_worker!r}")
+        gpus = len(visible_gpus()) if gpus_per_worker is None else \
+            _count(gpus_per_worker, 0, "gpus_per_worker")
+        cpu_replicas = _count(cpu_replicas_per_worker, 1, "cpu_replicas_per_worker")
         nodes = []
         has_chief = bool(cluster.get("chief"))
         for job in ("chief", "worker", "ps"):
@@ -203,7 +254,8 @@ class ResourceSpec:
                     node["roles"] = ["ps"]
                 else:
                     node["roles"] = ["worker"] if cluster.get("ps") else ["worker", "ps"]
-                    node["gpus"] = list(range(gpus_per_worker))
+                    node["gpus"] = list(range(gpus))
+                    node["cpus"] = list(range(1 if gpus else cpu_replicas))
                     node["chief"] = (job == "chief") or (not has_chief and i == 0)
                 nodes.append(node)
         return cls.from_dict({"nodes": nodes}, source="TF_CONFIG")
@@ -247,6 +299,24 @@ class ResourceSpec:
         """Returns (job, task index) of a node."""
         return self._tasks[node_index]
 
+    def node_of_task(self, job: str, task: int) -> int:
+        """Index of the node that is task `job`:`task`.
+
+        Raises:
+            ResourceSpecError: No node is that task.
+        """
+        try:
+            return self._tasks.index((job, task))
+        except ValueError:
+            raise ResourceSpecError(
+                f"no node is task {job}:{task}; tasks: "
+                f"{[f'{j}:{t}' for j, t in self._tasks]}") from None
+
+    def task_devices(self, node_index: int) -> TaskDevices:
+        """The devices node `node_index`'s task process must set up."""
+        node = self._proto.nodes[node_index]
+        return TaskDevices(cpus=max(node.cpus) + 1, gpus=tuple(node.gpus))
+
     @property
     def num_worker_tasks(self) -> int:
         """Number of tasks in the TensorFlow job "worker"."""
@@ -264,7 +334,7 @@ class ResourceSpec:
             job, task = self._tasks[i]
             for c in node.cpus:
                 out.append(Device(f"/job:{job}/task:{task}/device:CPU:{c}", i, "CPU", c))
-            for g in node.gpus:
+            for g in range(len(node.gpus)):  # the task sees its GPUs as 0..n-1
                 out.append(Device(f"/job:{job}/task:{task}/device:GPU:{g}", i, "GPU", g))
         return out
 
@@ -274,16 +344,16 @@ class ResourceSpec:
 
     @property
     def replica_devices(self) -> list[str]:
-        """Compute devices: GPUs of worker nodes, or their first CPU without GPUs."""
+        """Compute devices: the GPUs of worker nodes, or their CPUs without GPUs."""
         out = []
         for i, node in enumerate(self._proto.nodes):
             if "worker" not in node.roles:
                 continue
             job, task = self._tasks[i]
             if node.gpus:
-                out += [f"/job:{job}/task:{task}/device:GPU:{g}" for g in node.gpus]
+                out += [f"/job:{job}/task:{task}/device:GPU:{g}" for g in range(len(node.gpus))]
             else:
-                out.append(f"/job:{job}/task:{task}/device:CPU:{node.cpus[0]}")
+                out += [f"/job:{job}/task:{task}/device:CPU:{c}" for c in node.cpus]
         return out
 
     @property
@@ -473,6 +543,12 @@ def _node_from_dict(raw: Any, where: str) -> resource_spec_pb2.Node:
         raise ResourceSpecError(f"{where}.roles must be a list of strings. Received: {roles!r}")
     node.roles.extend(roles)
     return node
+
+
+def _count(value: Any, minimum: int, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ResourceSpecError(f"{where} must be an integer >= {minimum}. Received: {value!r}")
+    return value
 
 
 def _indices(value: Any, where: str) -> list[int]:

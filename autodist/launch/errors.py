@@ -22,3 +22,7 @@ class TaskFailedError(AutodistError, RuntimeError):
         super().__init__(message)
         self.task = task
         self.log = log
+
+
+class DeviceSetupError(AutodistError, RuntimeError):
+    """A task cannot have the devices its node in the resource spec names."""

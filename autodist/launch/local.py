@@ -6,6 +6,9 @@ every wait is bounded; every process started is stopped on exit, error or
 Ctrl-C; each task keeps its log in the job directory. The tasks of a whole
 local cluster run in a private network namespace (`autodist.launch.netns`):
 other hosts cannot reach their ports.
+Each task's
+environment gives it only its node's GPUs, with memory growth
+(`autodist.launch.devices`).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from typing import Callable, Sequence
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.launch import netns
+from autodist.launch.devices import task_environments
 from autodist.launch.errors import EXIT_PORT_IN_USE, TaskFailedError
 from autodist.launch.job import JobDir
 from autodist.launch.private_files import DIR_MODE, open_private_append
@@ -116,14 +120,15 @@ class LocalCluster:
                 exposure is not allowed (nothing was started).
         """
         ports = [n.port or p for n, p in zip(self.spec.nodes, free_ports(len(self.spec.nodes)))]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+                   PYTHONUNBUFFERED="1")
+        devices = task_environments(self.spec, self.nodes, env)  # raises before any start
         if self.private:
             tasks = [(":".join(map(str, self.spec.task_of(i))), ports[i]) for i in self.nodes]
             self.network = netns.local_network(tasks, self.allow_exposed)
         self.job.write_ports(ports)
         for flag in (self.job.path / "ready").glob("*"):
             flag.unlink()
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
-                   PYTHONUNBUFFERED="1")
         for i in self.nodes:
             job, index = self.spec.task_of(i)
             log_path = self.job.log(job, index)
@@ -135,7 +140,7 @@ class LocalCluster:
             with open_private_append(log_path) as log:
                 process = subprocess.Popen(
                     command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=env, start_new_session=True)
+                    env=dict(env, **devices[i]), start_new_session=True)
             self.tasks.append(_Task(job, index, process, str(log_path)))
 
     def wait_ready(self, timeout_s: float) -> None:

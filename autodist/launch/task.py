@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "variable names")
     parser.add_argument("--cluster", help="serve a shipped job as --task of this resource-spec "
                                           "YAML file")
+    parser.add_argument("--gpus-per-worker", type=int, default=None,
+                        help="with --tf-config: GPUs of each worker (default: those this host "
+                             "shows, as ResourceSpec.from_tf_config counts them)")
+    parser.add_argument("--cpu-replicas-per-worker", type=int, default=1,
+                        help="with --tf-config: replicas of each worker on logical CPU devices "
+                             "(default 1)")
     parser.add_argument("--job-timeout", type=float, default=600.0,
                         help="seconds to wait for the job to arrive (default 600)")
     parser.add_argument("--work-dir", help="where to unpack the shipped job (default: a new "
@@ -120,7 +126,9 @@ def _run_local(args: argparse.Namespace, run_worker: RunWorker) -> int:
     job = JobDir(args.job_dir)
     task = int(args.task)
     spec = job.resource_spec()
-    server = start_server(spec.cluster_def(job.ports()), args.job, task)
+    # The launcher set this task's environment for its GPUs (`launch.devices`).
+    server = start_server(spec.cluster_def(job.ports()), args.job, task,
+                          spec.task_devices(spec.node_of_task(args.job, task)))
     if server is None:
         return EXIT_PORT_IN_USE
     job.ready_flag(args.job, task).write_text(str(os.getpid()))
@@ -134,14 +142,22 @@ def _run_local(args: argparse.Namespace, run_worker: RunWorker) -> int:
 def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
     """A task on its own host: waits for the chief to ship the job, then runs it."""
     # pylint: disable=import-outside-toplevel
+    from autodist.ir.gpus import visible_gpus
     from autodist.launch import mailbox, signing, tf_config
+    from autodist.launch.devices import check_shipped_devices, task_environment
     from autodist.launch.server import start_server
 
     secret = serving_secret(args.secret_file, args.insecure)
-    spec, (job_name, task) = (tf_config.task_from_tf_config() if args.tf_config else
-                              tf_config.task_from_spec_file(args.cluster, args.task))
+    spec, (job_name, task) = (
+        tf_config.task_from_tf_config(gpus_per_worker=args.gpus_per_worker,
+                                      cpu_replicas_per_worker=args.cpu_replicas_per_worker)
+        if args.tf_config else tf_config.task_from_spec_file(args.cluster, args.task))
     cluster = spec.cluster_def()
-    server = start_server(cluster, job_name, task)
+    devices = spec.task_devices(spec.node_of_task(job_name, task))
+    # Before TensorFlow starts CUDA (in start_server): only this node's GPUs.
+    os.environ.update(task_environment(devices, visible_gpus() if devices.gpus else [],
+                                       f"task {job_name}:{task}"))
+    server = start_server(cluster, job_name, task, devices)
     if server is None:
         return EXIT_PORT_IN_USE
     mail = mailbox.Mailboxes(cluster)
@@ -175,7 +191,8 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
     try:
         job = JobDir.unpack(archive, work)
         config = job.config()
-        shipped = job.resource_spec().cluster_def(job.ports())
+        shipped_spec = job.resource_spec()
+        shipped = shipped_spec.cluster_def(job.ports())
         if config.job_id != job_id:
             raise RuntimeError(f"the job's config names job {config.job_id!r}, its seal "
                                f"{job_id!r}")
@@ -183,6 +200,7 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
             raise RuntimeError(f"the chief's cluster {shipped} is not this task's cluster "
                                f"{cluster}; give every task the same TF_CONFIG cluster (or spec "
                                "file)")
+        check_shipped_devices(shipped_spec, job_name, task, devices)
     except (ValueError, RuntimeError) as e:
         _send_receipt(cluster, own, job_id, f"rejected: {str(e)[:500]}".encode())
         raise

@@ -16,7 +16,8 @@ _TF_CONFIG_JOBS = ("chief", "worker", "ps")  # the node order of ResourceSpec.fr
 
 
 def task_from_tf_config(
-        tf_config: str | Mapping[str, Any] | None = None) -> tuple[ResourceSpec, tuple[str, int]]:
+        tf_config: str | Mapping[str, Any] | None = None, *, gpus_per_worker: int | None = None,
+        cpu_replicas_per_worker: int = 1) -> tuple[ResourceSpec, tuple[str, int]]:
     """The cluster and this process's own (job, task index) in it, from TF_CONFIG.
 
     TF_CONFIG names tasks as the operator does (``chief:0``, ``worker:i``,
@@ -26,13 +27,17 @@ def task_from_tf_config(
 
     Args:
         tf_config: The JSON string or parsed dict; None reads the environment.
+        gpus_per_worker, cpu_replicas_per_worker: The workers' devices, as
+            `ResourceSpec.from_tf_config` takes them (None: the GPUs this
+            host shows).
 
     Raises:
         ResourceSpecError: TF_CONFIG is missing, malformed, or its task is not
             in its cluster.
     """
     tf_config = read_tf_config(tf_config)
-    spec = ResourceSpec.from_tf_config(tf_config)
+    spec = ResourceSpec.from_tf_config(tf_config, gpus_per_worker=gpus_per_worker,
+                                       cpu_replicas_per_worker=cpu_replicas_per_worker)
     task = tf_config.get("task") if isinstance(tf_config, Mapping) else None
     cluster = tf_config["cluster"]
     kind = task.get("type") if isinstance(task, Mapping) else None
@@ -69,11 +74,12 @@ def check_this_is_the_chief(spec: ResourceSpec) -> None:
     if not raw:
         return
     try:
-        own_spec, own = task_from_tf_config(raw)
+        # Devices do not matter here (and need no GPU lookup): only the tasks.
+        own_spec, own = task_from_tf_config(raw, gpus_per_worker=0)
+        if own_spec.cluster_def() != spec.cluster_def():
+            return
     except ResourceSpecError:
         return  # a TF_CONFIG of something else: the spec was given explicitly
-    if own_spec != spec:
-        return
     if own != spec.task_of(spec.chief_index):
         raise AutodistError(
             f"this process is task {own[0]}:{own[1]} of its TF_CONFIG, not the chief: "

@@ -64,6 +64,9 @@ def session_config(strategy: Strategy, task_index: int,
             waits for it without a timeout.
     """
     config = server_config()
+    # On GPUs, an op of the step without a GPU kernel runs on its task's CPU
+    # rather than failing the step (placement is otherwise the strategy's).
+    config.allow_soft_placement = any("/device:GPU:" in d for d in strategy.replicas)
     uses_collectives = any(s.WhichOneof("kind") == "all_reduce"
                            for v in strategy.variables for s in v.shards)
     if uses_collectives and members is not None:

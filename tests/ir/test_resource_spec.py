@@ -6,7 +6,7 @@ import json
 import pytest
 
 from autodist.ir.errors import ResourceSpecError
-from autodist.ir.resource_spec import DEFAULT_BANDWIDTH_GBPS, ResourceSpec
+from autodist.ir.resource_spec import DEFAULT_BANDWIDTH_GBPS, ResourceSpec, TaskDevices
 
 
 def test_local_workers_and_ps():
@@ -99,6 +99,8 @@ def test_missing_yaml_file(tmp_path):
 
 
 def test_from_tf_config(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("PATH", "")  # no nvidia-smi: no GPU
     config = {"cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p:1"]},
               "task": {"type": "worker", "index": 0}}
     spec = ResourceSpec.from_tf_config(json.dumps(config), gpus_per_worker=2)
@@ -130,3 +132,90 @@ def test_tf_config_unset(monkeypatch):
 def test_cluster_def_needs_ports():
     with pytest.raises(ResourceSpecError, match="has no port"):
         ResourceSpec.local(workers=1).cluster_def()
+
+
+# ------------------------------------------------------ replicas per task
+def test_cpu_replicas_per_worker():
+    spec = ResourceSpec.local(workers=2, ps=1, cpu_replicas_per_worker=2)
+    assert spec.replica_devices == [
+        "/job:worker/task:0/device:CPU:0", "/job:worker/task:0/device:CPU:1",
+        "/job:worker/task:1/device:CPU:0", "/job:worker/task:1/device:CPU:1"]
+    # Parameter-server variables stay on the first CPU.
+    assert spec.ps_devices == ["/job:ps/task:0/device:CPU:0"]
+    assert spec.task_devices(0) == TaskDevices(cpus=2, gpus=())
+    assert spec.task_devices(2) == TaskDevices(cpus=1, gpus=())
+    assert spec.node_of_task("worker", 1) == 1 and spec.node_of_task("ps", 0) == 2
+
+
+def test_gpus_per_worker_gives_each_task_its_own_gpus():
+    spec = ResourceSpec.local(workers=2, gpus_per_worker=2)
+    assert [list(n.gpus) for n in spec.nodes] == [[0, 1], [2, 3]]
+    # A task sees its GPUs as 0..n-1 (its CUDA_VISIBLE_DEVICES holds only them).
+    assert spec.replica_devices == [
+        "/job:worker/task:0/device:GPU:0", "/job:worker/task:0/device:GPU:1",
+        "/job:worker/task:1/device:GPU:0", "/job:worker/task:1/device:GPU:1"]
+    assert spec.task_devices(1) == TaskDevices(cpus=1, gpus=(2, 3))
+    assert spec.ps_devices == ["/job:worker/task:0/device:CPU:0",
+                               "/job:worker/task:1/device:CPU:0"]
+
+
+def test_yaml_cpu_count_is_replicas(tmp_path):
+    path = tmp_path / "cluster.yml"
+    path.write_text("nodes:\n  - address: a:1\n    cpus: 3\n  - address: b:1\n    gpus: [4, 6]\n"
+                    "    cpus: [0, 1]\n")
+    spec = ResourceSpec.from_yaml(path)
+    assert spec.replica_devices == [
+        "/job:worker/task:0/device:CPU:0", "/job:worker/task:0/device:CPU:1",
+        "/job:worker/task:0/device:CPU:2",
+        # A node with GPUs runs its replicas there, whatever its CPUs.
+        "/job:worker/task:1/device:GPU:0", "/job:worker/task:1/device:GPU:1"]
+    assert spec.task_devices(1) == TaskDevices(cpus=2, gpus=(4, 6))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"cpu_replicas_per_worker": 0}, "cpu_replicas_per_worker must be an integer >= 1. "
+                                     "Received: 0"),
+    ({"cpu_replicas_per_worker": 2.0}, "cpu_replicas_per_worker must be an integer >= 1. "
+                                       "Received: 2.0"),
+    ({"gpus_per_worker": -1}, "gpus_per_worker must be an integer >= 0. Received: -1"),
+    ({"gpus_per_worker": True}, "gpus_per_worker must be an integer >= 0. Received: True"),
+    ({"gpus_per_worker": 2, "cpu_replicas_per_worker": 2},
+     "on its GPUs or on its CPU devices, not both. Received: gpus_per_worker=2, "
+     "cpu_replicas_per_worker=2"),
+])
+def test_local_device_errors(kwargs, match):
+    with pytest.raises(ResourceSpecError, match=match):
+        ResourceSpec.local(workers=2, **kwargs)
+
+
+def test_node_of_task_names_the_tasks():
+    with pytest.raises(ResourceSpecError, match=r"no node is task ps:0; tasks: "
+                                                r"\['worker:0', 'worker:1'\]"):
+        ResourceSpec.local(workers=2).node_of_task("ps", 0)
+
+
+_CLUSTER = {"cluster": {"worker": ["a:1", "b:1"], "ps": ["p:1"]},
+            "task": {"type": "worker", "index": 0}}
+
+
+def test_tf_config_counts_visible_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    spec = ResourceSpec.from_tf_config(_CLUSTER)
+    assert [list(n.gpus) for n in spec.nodes] == [[0, 1], [0, 1], []]
+    assert len(spec.replica_devices) == 4
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert ResourceSpec.from_tf_config(_CLUSTER).replica_devices == [
+        "/job:worker/task:0/device:CPU:0", "/job:worker/task:1/device:CPU:0"]
+
+
+def test_tf_config_cpu_replicas(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # ignored: GPUs given
+    spec = ResourceSpec.from_tf_config(_CLUSTER, gpus_per_worker=0, cpu_replicas_per_worker=2)
+    assert len(spec.replica_devices) == 4
+    assert spec.task_devices(2) == TaskDevices(cpus=1, gpus=())  # the PS
+    with pytest.raises(ResourceSpecError, match="cpu_replicas_per_worker must be an integer "
+                                                ">= 1. Received: 0"):
+        ResourceSpec.from_tf_config(_CLUSTER, gpus_per_worker=0, cpu_replicas_per_worker=0)
+    with pytest.raises(ResourceSpecError, match="gpus_per_worker must be an integer >= 0. "
+                                                "Received: -2"):
+        ResourceSpec.from_tf_config(_CLUSTER, gpus_per_worker=-2)

@@ -45,7 +45,8 @@ def secret_file(tmp_path, monkeypatch):
     return path
 
 
-def _serve(tmp_path, cluster: dict, kind: str, index: int, job_timeout: float):
+def _serve(tmp_path, cluster: dict, kind: str, index: int, job_timeout: float,
+           cpu_replicas: int = 1):
     home = tmp_path / f"{kind}{index}"
     home.mkdir()
     env = dict(os.environ, TF_CONFIG=_tf_config(cluster, kind, index))
@@ -53,7 +54,8 @@ def _serve(tmp_path, cluster: dict, kind: str, index: int, job_timeout: float):
     log = open(home / "serve.log", "wb")  # pylint: disable=consider-using-with
     process = subprocess.Popen(
         [sys.executable, "-m", "autodist.cli", "serve", "--tf-config", "--max-jobs", "1",
-         "--job-timeout", str(job_timeout), "--work-dir", str(home / "jobs")],
+         "--job-timeout", str(job_timeout), "--work-dir", str(home / "jobs"),
+         "--cpu-replicas-per-worker", str(cpu_replicas)],
         cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     log.close()
     return process, home / "serve.log"
@@ -99,6 +101,45 @@ def test_tf_config_cluster_trains_like_keras(tmp_path, monkeypatch, secret_file)
             assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
         worker_log = servers[0][1].read_text()
         assert "task worker:1 received a job" in worker_log and "task worker:1 done" in worker_log
+    finally:
+        for process, _ in servers:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def test_served_tasks_run_several_cpu_replicas(tmp_path, monkeypatch, secret_file):
+    """2 workers x 2 CPU replicas + 1 PS from TF_CONFIG (`serve --cpu-replicas-per-worker 2`);
+    Parallax with local copies of the embeddings, shared by each worker's replicas."""
+    ports = free_ports(3)
+    cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"],
+               "ps": [f"127.0.0.1:{ports[2]}"]}
+    servers = [_serve(tmp_path, cluster, "worker", 1, 120, cpu_replicas=2),
+               _serve(tmp_path, cluster, "ps", 0, 120, cpu_replicas=2)]
+    try:
+        model = models.embedding_model(num_users=50, num_items=71, dim=8, optimizer="adam")
+        rng = np.random.default_rng(0)
+        x = [rng.integers(0, 50, (90, 1)).astype("int32"),
+             rng.integers(0, 71, (90, 1)).astype("int32")]
+        y = rng.integers(0, 2, (90, 1)).astype("float32")
+        reference = models.single_device_twin(model)
+        reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+
+        monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+        spec = autodist.ResourceSpec.from_tf_config(gpus_per_worker=0, cpu_replicas_per_worker=2)
+        assert len(spec.replica_devices) == 4
+        graph_item = autodist.capture(model)
+        strategy = builders.Parallax(local_replication=True,
+                                     min_shard_bytes=64).build(graph_item, spec)
+        run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
+                                  job_dir=str(tmp_path / "chief"))
+        history = run.fit(x, y, batch_size=32, epochs=2, verbose=0)
+
+        assert len(history.step_losses) == 6
+        for got, want in zip(model.get_weights(), reference.get_weights()):
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+        for process, log in servers:
+            assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
     finally:
         for process, _ in servers:
             if process.poll() is None:
