@@ -60,7 +60,7 @@ def test_fit_on_a_dataset_equals_keras_fit_on_it():
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
     strategy = autodist.builders.PSLoadBalancing().build(autodist.capture(model), spec)
     run = autodist.distribute(model, strategy, spec)
-    with pytest.raises(autodist.AutodistError, match="pass neither y nor batch_size"):
+    with pytest.raises(autodist.AutodistError, match="pass neither y, sample_weight nor batch_size"):
         run.fit(ds, batch_size=32)
     history = run.fit(ds, epochs=2, verbose=0)
     reference.fit(ds, epochs=2, verbose=0)
