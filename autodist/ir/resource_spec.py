@@ -100,6 +100,7 @@ class ResourceSpec:
             self._proto.schema_version = RESOURCE_SPEC_SCHEMA_VERSION
         self._validate()
         self._tasks = self._assign_tasks()
+        self._node_by_device: dict[str, int] | None = None
 
     # ----------------------------------------------------------- constructors
     @classmethod
@@ -328,10 +329,9 @@ class ResourceSpec:
 
     def node_of(self, device: str) -> int:
         """Index of the node holding `device`; raises KeyError if absent."""
-        for d in self.devices:
-            if d.name == device:
-                return d.node_index
-        raise KeyError(device)
+        if self._node_by_device is None:  # the spec is immutable: built once
+            self._node_by_device = {d.name: d.node_index for d in self.devices}
+        return self._node_by_device[device]
 
     def bandwidth_gbps(self, node_or_device: int | str) -> float:
         """Bandwidth of a node (by index or by one of its devices), in Gbit/s."""
