@@ -101,8 +101,7 @@ def synthetic_graph_item(name: str, variables: Sequence[Variable], *, optimizer:
                   flops=forward_flops_per_example * b)
     proto.ops.add(name="loss", type="Mean", phase="forward", output_bytes=4)
     proto.ops.add(name="backward_flops", type="MatMul", phase="backward",
-                  flops=2 * forward_flops_per_example * b,
-                  output_bytes=int(max(activation_bytes_per_example, default=0) * b))
+                  flops=2 * forward_flops_per_example * b)
     proto.loss_tensor = "loss:0"
     count = len(variables)
     for order, var in enumerate(variables):
