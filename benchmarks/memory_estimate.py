@@ -3,10 +3,10 @@
 Usage: python benchmarks/memory_estimate.py [--models mlp,cnn,transformer,resnet50]
        [--batches 32,128]
 
-For each example model and batch, on one CPU device: trains one step with
-Keras (`train_on_batch`, which also creates the optimizer's slots), resets
-the allocator's statistics, trains a second step and reads the peak bytes
-allocated above what was live before it (TensorFlow's BFC allocator on the
+For each example model and batch, on one CPU device: trains two steps with
+Keras (`train_on_batch`, which also creates the optimizer's slots and traces
+the step), resets the allocator's statistics, trains three more steps and
+reads the peak bytes allocated above what was live before them (TensorFlow's BFC allocator on the
 CPU, `TF_CPU_ALLOCATOR_USE_BFC=true`, `tf.config.experimental.get_memory_info`).
 That peak holds the step's activations, gradients and temporaries; the
 variables and slots were live before. It is set against the estimate of the
@@ -54,10 +54,12 @@ def main() -> int:
         rows = lookups_per_example(graph_item)
         for batch in (int(b) for b in args.batches.split(",")):
             x, y = models.synthetic_data(model, batch)
-            model.train_on_batch(x, y)
+            for _ in range(2):
+                model.train_on_batch(x, y)
             tf.config.experimental.reset_memory_stats("CPU:0")
             before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-            model.train_on_batch(x, y)
+            for _ in range(3):
+                model.train_on_batch(x, y)
             peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
             activations = activation_bytes(graph_item, batch)
             gradients = 0.0

@@ -36,7 +36,7 @@ flowing back through it). TensorFlow frees or reuses many of those buffers
 (element-wise ops forward their input's), so the estimate is mostly high:
 against TensorFlow's measured peak of a training step on the CPU
 (`benchmarks/results/memory_estimate.md`: activations and gradients, above
-the variables and slots) it is 1.2–3.2× for an MLP, a small Transformer, a
+the variables and slots) it is 1.0–3.2× for an MLP, a small Transformer, a
 small CNN at batch 128 and Keras' ResNet50, and 0.5× for the small CNN at
 batch 32, whose convolution workspaces it does not see. Other overheads
 (the runtime itself, a CUDA context, allocator fragmentation) are not
