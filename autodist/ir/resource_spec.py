@@ -12,13 +12,19 @@ A node's ``gpus`` are positions among the GPUs its host shows (see
 `autodist.ir.gpus`); its task process is given only those, so they are its
 ``GPU:0`` .. ``GPU:n-1`` and are named so. Device names are TensorFlow's,
 e.g. ``/job:worker/task:1/device:GPU:0``.
+
+Memory is described per node: ``gpu_memory`` (each GPU's) and
+``cpu_memory`` (the host memory the node's task may use, shared by its CPU
+devices). Zero means unknown, and the search does not constrain it.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
+import re
 from typing import Any, Iterable, Mapping
 
 from google.protobuf import text_format
@@ -33,7 +39,13 @@ RESOURCE_SPEC_SCHEMA_VERSION = 1
 DEFAULT_BANDWIDTH_GBPS = 10.0
 VALID_ROLES = ("worker", "ps")
 _NODE_KEYS = {"address", "port", "chief", "cpus", "gpus", "network_bandwidth",
-              "roles", "ssh_config"}
+              "roles", "ssh_config", "gpu_memory", "cpu_memory"}
+# Units of memory sizes ("16GB", "16 GiB", "512Mi"): decimal and binary.
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
+               "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+               "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
+               "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,13 +121,15 @@ class ResourceSpec:
             self._proto.schema_version = RESOURCE_SPEC_SCHEMA_VERSION
         self._validate()
         self._tasks = self._assign_tasks()
+        self._node_by_device: dict[str, int] | None = None
 
     # ----------------------------------------------------------- constructors
     @classmethod
     def local(cls, workers: int = 2, ps: int = 0,
               bandwidth_gbps: float | None = None,
               address: str = "localhost", *, cpu_replicas_per_worker: int = 1,
-              gpus_per_worker: int = 0) -> ResourceSpec:
+              gpus_per_worker: int = 0,
+              cpu_memory: int | str | None = None) -> ResourceSpec:
         """A cluster of local processes on one host, ports chosen at launch.
 
         Example:
@@ -133,6 +147,10 @@ class ResourceSpec:
                 devices (the task splits its CPU into that many), >= 1.
             gpus_per_worker: GPUs per worker task, one replica each; worker i
                 gets the host's GPUs i*M .. i*M+M-1 (M = gpus_per_worker).
+            cpu_memory: Host memory of each task, in bytes or as a size such
+                as "2GB"; 0 = unknown (unconstrained). None detects it: this
+                host's memory (`host_memory_bytes`) split evenly between the
+                tasks and the driver process, which share the host.
 
         Returns:
             The spec; worker 0 is the chief.
@@ -151,16 +169,21 @@ class ResourceSpec:
                 "ResourceSpec.local: a worker runs its replicas on its GPUs or on its CPU "
                 f"devices, not both. Received: gpus_per_worker={gpus}, "
                 f"cpu_replicas_per_worker={cpu_replicas}")
+        if cpu_memory is None:
+            memory = host_memory_bytes() // (workers + ps + 1)
+        else:
+            memory = parse_size(cpu_memory, "ResourceSpec.local: cpu_memory")
         worker_roles = ["worker"] if ps else ["worker", "ps"]
         nodes = []
         for i in range(workers):
             nodes.append({"address": address, "chief": i == 0,
                           "cpus": list(range(cpu_replicas)),
                           "gpus": list(range(i * gpus, (i + 1) * gpus)),
-                          "roles": worker_roles, "network_bandwidth": bandwidth_gbps})
+                          "roles": worker_roles, "network_bandwidth": bandwidth_gbps,
+                          "cpu_memory": memory})
         for _ in range(ps):
             nodes.append({"address": address, "cpus": [0], "roles": ["ps"],
-                          "network_bandwidth": bandwidth_gbps})
+                          "network_bandwidth": bandwidth_gbps, "cpu_memory": memory})
         return cls.from_dict({"nodes": nodes}, source="ResourceSpec.local")
 
     @classmethod
@@ -173,16 +196,23 @@ class ResourceSpec:
         ``gpus`` (the host's GPUs, one replica each), ``chief`` (exactly one
         node), ``network_bandwidth`` (Gbit/s) and ``roles`` (default both
         ``worker`` and ``ps``). A count stands for indices from 0: ``cpus:
-        2`` is ``[0, 1]``::
+        2`` is ``[0, 1]``. ``gpu_memory`` (each GPU's memory) and
+        ``cpu_memory`` (the task's host memory) are optional, as bytes or
+        sizes such as ``80GB``, ``16GiB`` or ``512Mi``; left out, memory is
+        unknown and the search does not constrain it::
 
             nodes:
               - address: 10.0.0.1
                 gpus: [0, 1]
                 chief: true
                 network_bandwidth: 25
+                gpu_memory: 16GB
+                cpu_memory: 64GB
               - address: 10.0.0.2
                 gpus: [0, 1]
                 network_bandwidth: 25
+                gpu_memory: 16GB
+                cpu_memory: 64GB
 
         Args:
             path: Path of the YAML file.
@@ -368,16 +398,27 @@ class ResourceSpec:
 
     def node_of(self, device: str) -> int:
         """Index of the node holding `device`; raises KeyError if absent."""
-        for d in self.devices:
-            if d.name == device:
-                return d.node_index
-        raise KeyError(device)
+        if self._node_by_device is None:  # the spec is immutable: built once
+            self._node_by_device = {d.name: d.node_index for d in self.devices}
+        return self._node_by_device[device]
 
     def bandwidth_gbps(self, node_or_device: int | str) -> float:
         """Bandwidth of a node (by index or by one of its devices), in Gbit/s."""
         index = node_or_device if isinstance(node_or_device, int) else self.node_of(node_or_device)
         value = self._proto.nodes[index].network_bandwidth_gbps
         return value if value > 0 else DEFAULT_BANDWIDTH_GBPS
+
+    def memory_bytes(self, device: str) -> int:
+        """Memory of a device in bytes, 0 when unknown.
+
+        A GPU has its node's ``gpu_memory``; a CPU device has its node's
+        ``cpu_memory``, which all CPU devices of the node share.
+
+        Raises:
+            KeyError: `device` is not in the spec.
+        """
+        node = self._proto.nodes[self.node_of(device)]
+        return node.gpu_memory_bytes if "/device:GPU:" in device else node.cpu_memory_bytes
 
     def cluster_def(self, ports: Iterable[int] | None = None) -> dict[str, list[str]]:
         """The TensorFlow cluster as {job: ["host:port", ...]}.
@@ -465,6 +506,10 @@ class ResourceSpec:
                 raise ResourceSpecError(
                     f"{where}.network_bandwidth must be >= 0 Gbit/s. "
                     f"Received: {n.network_bandwidth_gbps}")
+            if n.gpu_memory_bytes and not n.gpus:
+                raise ResourceSpecError(
+                    f"{where}.gpu_memory is {n.gpu_memory_bytes} bytes but the node has no "
+                    "gpus")
             if n.port:
                 key = (n.address, n.port)
                 if key in seen:
@@ -536,6 +581,9 @@ def _node_from_dict(raw: Any, where: str) -> resource_spec_pb2.Node:
                 f"{where}.network_bandwidth must be a positive number of Gbit/s. "
                 f"Received: {bandwidth!r}")
         node.network_bandwidth_gbps = float(bandwidth)
+    for key, field in (("gpu_memory", "gpu_memory_bytes"), ("cpu_memory", "cpu_memory_bytes")):
+        if raw.get(key) is not None:
+            setattr(node, field, parse_size(raw[key], f"{where}.{key}"))
     roles = raw.get("roles", ["worker", "ps"])
     if isinstance(roles, str):
         roles = [roles]
@@ -549,6 +597,55 @@ def _count(value: Any, minimum: int, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ResourceSpecError(f"{where} must be an integer >= {minimum}. Received: {value!r}")
     return value
+
+
+def parse_size(value: Any, where: str) -> int:
+    """A memory size in bytes: an integer, or a string such as "16GB", "16 GiB", "512Mi".
+
+    Units are decimal (k, KB, M, MB, G, GB, T, TB) or binary (Ki, KiB, Mi, MiB,
+    Gi, GiB, Ti, TiB), case-insensitive; no unit means bytes.
+
+    Args:
+        value: The size.
+        where: What the size is for, named in the error.
+
+    Raises:
+        ResourceSpecError: The value is not a size >= 0.
+    """
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value):
+        number = float(value)
+    elif isinstance(value, str) and len(value) <= 64:
+        match = _SIZE.match(value)
+        if match and match.group(2).lower() in _SIZE_UNITS:
+            number = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if number is None or number < 0 or number >= 2 ** 64:
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise ResourceSpecError(
+            f"{where} must be a number of bytes or a size such as '16GB', '16GiB' or "
+            f"'512Mi'. Received: {shown}")
+    return int(round(number))
+
+
+def host_memory_bytes() -> int:
+    """This host's memory in bytes, within its cgroup's limit; 0 when unknown.
+
+    Physical memory from ``sysconf``; a container's cgroup limit
+    (``memory.max`` of cgroup v2, ``memory.limit_in_bytes`` of v1) when lower.
+    """
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        total = 0
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = int(pathlib.Path(path).read_text().strip())
+        except (OSError, ValueError):
+            continue  # absent, or "max": no limit
+        if 0 < limit and (not total or limit < total):
+            total = limit
+    return max(0, int(total))
 
 
 def _indices(value: Any, where: str) -> list[int]:
