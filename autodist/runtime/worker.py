@@ -238,7 +238,10 @@ class Trainer:
                 start = tf.compat.v1.placeholder(tf.int64, [])
                 assigns.append(step.assign(start, read_value=False))
                 feeds[start] = int(values[checkpoint.ITERATIONS])
-        self.initial_step = int(values.get(checkpoint.ITERATIONS, 0))
+        # The update count at the run's first step (values handed over at a
+        # resize or switch count the steps run since).
+        self.initial_step = int(values.get(checkpoint.ITERATIONS, 0)) - max(
+            self.segment.start - self.config.start_step, 0)
         self.session.run(inits, options=self.run_options)
         if assigns:
             self.session.run(assigns, feed_dict=feeds, options=self.run_options)
