@@ -3,7 +3,9 @@
 The chief writes TensorFlow's V2 checkpoint format with one tensor per
 original variable (shards concatenated), its optimizer slots as
 ``<variable>/optimizer/<slot>``, state variables (batch-norm statistics) by
-name, and the number of applied updates as ``optimizer/iterations``. Plain
+name, error-feedback residuals as ``<variable>/compressor/residual`` (one
+row per replica, `autodist.runtime.residuals`), and the number of applied
+updates as ``optimizer/iterations``. Plain
 TensorFlow reads it (``tf.train.load_checkpoint(path).get_tensor(name)``);
 `restore_keras_weights` puts it into a Keras model; a new distributed run
 continues from it (`DistributedRun.fit(initial_checkpoint=...)`), slots and

@@ -396,7 +396,9 @@ class DistributedRun:
         new strategy's program, starting from the chief's state in memory:
         variables, optimizer slots, step count, per-virtual-node state. In
         synchronous training the weights are those the run would have had
-        without the switch. Compressor residuals start again at zero.
+        without the switch. Error-feedback residuals stay with the
+        variables the new strategy also compresses with error feedback,
+        and are dropped for the others (`autodist.runtime.residuals`).
 
         A strategy with another global batch (`with_virtual_nodes(B2, V)`,
         with the learning rate it needs in `with_hyperparameters`) starts
