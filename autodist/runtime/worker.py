@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import pathlib
 import time
 import traceback
@@ -707,7 +706,7 @@ class Trainer:
         return done % every == 0 if every else last_of_epoch
 
     def save_checkpoint(self, step: int) -> pathlib.Path:
-        """Writes a checkpoint atomically (chief only); returns its directory."""
+        """Writes a checkpoint atomically and durably (chief only); returns its directory."""
         if self._save is None:
             tensors = self._full_tensors(with_optimizer=True)
             names = sorted(tensors)
@@ -717,14 +716,13 @@ class Trainer:
                                        shape_and_slices=[""] * len(names),
                                        tensors=[tensors[n] for n in names])
             self._save = (prefix, op)
-        directory = pathlib.Path(self.config.checkpoint_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        final = checkpoint.step_dir(directory, step)
-        tmp = directory / f".tmp-{final.name}-{os.getpid()}"
         prefix, op = self._save
-        self.session.run(op, {prefix: str(tmp / checkpoint.PREFIX)}, options=self.run_options)
-        checkpoint.commit(tmp, final)
-        return final
+
+        def write(path: str) -> None:
+            self.session.run(op, {prefix: path}, options=self.run_options)
+
+        return checkpoint.save(self.config.checkpoint_dir, step, write,
+                               keep=self.config.checkpoints_to_keep)
 
 
 def run_worker(job: JobDir, task_index: int, target: str) -> None:

@@ -43,6 +43,8 @@ class Report:
     slowest_case_s: float
     seconds: float
     workers: int
+    # CPU seconds of the workers that finished (setup included).
+    cpu_seconds: float = 0.0
     saved: list[str] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
@@ -50,7 +52,8 @@ class Report:
                            if self.counts.get(k, 0) or k in ("valid", "named", "other"))
         return (f"{self.target}: {self.cases} mutations: {counts}; longest message "
                 f"{self.longest_message} chars, slowest case {self.slowest_case_s:.2f}s, "
-                f"{self.seconds:.1f}s in {self.workers} worker(s)")
+                f"{self.seconds:.1f}s ({self.cpu_seconds:.1f}s CPU) in {self.workers} "
+                "worker(s)")
 
     def describe_failures(self, limit: int = 10) -> str:
         lines = [self.summary()]
@@ -120,6 +123,7 @@ def run(target: str, cases: int, seed: int = 0, *, hang_s: float = 30.0,
     longest = 0
     slowest = 0.0
     workers = 0
+    cpu = 0.0
     began = time.monotonic()
     start = 0
     with tempfile.TemporaryDirectory(prefix="fuzz-harness-") as tmp:
@@ -148,10 +152,12 @@ def run(target: str, cases: int, seed: int = 0, *, hang_s: float = 30.0,
             if not lines or lines[0] != "ready":
                 raise RuntimeError(f"fuzz worker for {target} failed in setup "
                                    f"({dead or f'exit {process.returncode}'}):\n{stderr}")
-            done = lines[-1] == "done"
+            done = lines[-1].startswith("done")
+            if done:
+                cpu += float(lines[-1].split("\t")[1])
             next_index = start
             for line in lines[1:]:
-                if line == "done":
+                if line.startswith("done"):
                     continue
                 index, outcome, seconds, length, detail = line.split("\t", 4)
                 index = int(index)
@@ -173,7 +179,7 @@ def run(target: str, cases: int, seed: int = 0, *, hang_s: float = 30.0,
             failures.append((next_index, "hang" if dead else "crash", f"{how}: {stderr[-600:]}"))
             start = next_index + 1
     report = Report(target, cases, counts, failures, samples, longest, slowest,
-                    time.monotonic() - began, workers)
+                    time.monotonic() - began, workers, cpu)
     if artifacts is not None:
         artifacts.mkdir(parents=True, exist_ok=True)
         report.saved = [dump_case(target, seed, index, artifacts, env)

@@ -99,7 +99,8 @@ def main(argv: list[str]) -> int:
                 outcome, detail = "slow", f"{seconds:.1f}s; {detail}"
             os.write(fd, f"{index}\t{outcome}\t{seconds:.4f}\t{length}\t"
                          f"{_clean(detail)}\n".encode("utf-8", "backslashreplace"))
-        os.write(fd, b"done\n")
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        os.write(fd, f"done\t{usage.ru_utime + usage.ru_stime:.1f}\n".encode())
         os.close(fd)
     return 0
 

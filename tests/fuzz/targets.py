@@ -40,17 +40,26 @@ def _maybe_deep(rng: random.Random) -> Any:
     return _DEEP if rng.random() < 0.08 else extreme_value(rng)
 
 
-def write_files(directory: pathlib.Path, files: Files) -> None:
-    """Replaces `directory`'s contents by `files`."""
-    if directory.exists():
-        shutil.rmtree(directory)
-    directory.mkdir(parents=True)
-    for name, data in files.items():
-        if data is None:
-            continue
-        path = directory / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+class FileTree:
+    """A directory whose files are set case by case, writing only what changed."""
+
+    def __init__(self, directory: pathlib.Path) -> None:
+        self.directory = directory
+        self.current: dict[str, bytes] = {}
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+
+    def set(self, files: dict[str, bytes | None]) -> None:
+        wanted = {name: data for name, data in files.items() if data is not None}
+        for name in set(self.current) - set(wanted):
+            (self.directory / name).unlink()
+        for name, data in wanted.items():
+            if self.current.get(name) != data:
+                path = self.directory / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+        self.current = wanted
 
 
 class Target:
@@ -555,6 +564,7 @@ class CostModelFile(Target):
         workloads = [f"w{i % 3}" for i in range(60)]
         model = cost_model.CostModel("ranker", num_boost_round=4, params={"num_leaves": 4})
         model.fit(X, times, workloads, ["a", "b", "c", "d"])
+        workdir.mkdir(parents=True, exist_ok=True)
         path = workdir / "base_model.txt"
         model.save(path)
         self.base = path.read_bytes()
@@ -624,6 +634,7 @@ class CheckpointFiles(Target):
             self.expected.append(tensors)
         self.base = {str(p.relative_to(directory)): p.read_bytes()
                      for p in sorted(directory.rglob("*")) if p.is_file()}
+        self.tree = None
         self.step_dirs = sorted({name.split("/")[0] for name in self.base if "/" in name})
 
     def case(self, rng: random.Random) -> Files:
@@ -650,8 +661,10 @@ class CheckpointFiles(Target):
     def check(self, files: Files, workdir: pathlib.Path) -> None:
         import numpy as np
 
-        directory = workdir / "ckpt"
-        write_files(directory, files["files"])
+        if self.tree is None:
+            self.tree = FileTree(workdir / "ckpt")
+        self.tree.set(files["files"])
+        directory = self.tree.directory
         target = directory
         if files["target"] != "dir":
             target = directory / self.step_dirs[-1]
