@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import logging
 import pathlib
+import threading
 import time
 import traceback
 from typing import Any
@@ -79,6 +80,44 @@ def session_config(strategy: Strategy, task_index: int,
                     filters.add(f"/job:worker/task:{elastic_.replica_task(destination)}")
         config.device_filters.extend(sorted(filters))
     return config
+
+
+def open_session(target: str, graph: tf.Graph, config: tf.compat.v1.ConfigProto,
+                 timeout_s: float) -> tf.compat.v1.Session:
+    """A session on `target` whose creation is bounded by `timeout_s`.
+
+    TensorFlow creates the session on the master at the first run, and the
+    master waits without end for every task its device filters name (no
+    option bounds that wait: not `operation_timeout_in_ms`, not `RunOptions`).
+    So the first run, a no-op, goes on a helper thread, and a task that does
+    not answer in time is a `WorkerError` instead of a hang.
+
+    Raises:
+        WorkerError: naming the target, the device filters and the timeout.
+    """
+    session = tf.compat.v1.Session(target, graph=graph, config=config)
+    with graph.as_default():
+        noop = tf.no_op(name="autodist/session_ready")
+    outcome: list[BaseException | None] = []
+
+    def first_run() -> None:
+        try:
+            session.run(noop)
+            outcome.append(None)
+        except BaseException as e:  # pylint: disable=broad-except  # re-raised below
+            outcome.append(e)
+
+    thread = threading.Thread(target=first_run, name="autodist-session-create", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        # The thread stays blocked inside TensorFlow; the task is failing anyway.
+        raise WorkerError(f"creating a session on {target} did not finish within "
+                          f"{timeout_s:g}s: a task among {list(config.device_filters) or 'all'} "
+                          "does not answer (down or unreachable)")
+    if outcome[0] is not None:
+        raise outcome[0]
+    return session
 
 
 def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
@@ -181,10 +220,11 @@ class Trainer:
                                      self.config.step_timeout_s, version=segment.version,
                                      elastic=self.elastic,
                                      atomic=self.config.on_failure == "continue")
-        self.session = tf.compat.v1.Session(
-            self.target, graph=self.program.graph,
-            config=session_config(self.strategy, self.task_index,
-                                  segment.workers if self.elastic else None))
+        self.session = open_session(
+            self.target, self.program.graph,
+            session_config(self.strategy, self.task_index,
+                           segment.workers if self.elastic else None),
+            self.config.startup_timeout_s)
         self.segment = segment
         self._save = None
         self._monitor = None
