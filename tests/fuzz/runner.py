@@ -54,10 +54,10 @@ def _save(value, path: pathlib.Path) -> None:
 
 def main(argv: list[str]) -> int:
     from tests.fuzz.mutations import case_rng
-    from tests.fuzz.targets import TARGETS
+    from tests.fuzz.targets import SELF_TESTS, TARGETS
 
     name, seed = argv[0], int(argv[1])
-    target = TARGETS[name]()
+    target = {**TARGETS, **SELF_TESTS}[name]()
     _limit_resources(target.native)
     # Thousands of small files are written and read: memory-backed if possible.
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None

@@ -175,8 +175,9 @@ def mutate_proto(message, rng: random.Random, strings: list[str],
         elif len(value) and roll < 0.6:
             value[rng.randrange(len(value))] = _scalar(kind, rng, strings)
         else:
-            count = rng.choice((1, 3, 1000))
-            value.extend([_scalar(kind, rng, strings)] * count)
+            item = _scalar(kind, rng, strings)
+            count = rng.choice((1, 3) if kind in ("string", "bytes") else (1, 3, 1000))
+            value.extend([item] * count)
         return
     if kind == "message":
         if rng.random() < 0.5:
@@ -678,6 +679,36 @@ class CheckpointFiles(Target):
         raise AssertionError("a damaged checkpoint loaded with values it was not saved with")
 
 
+# ------------------------------------------------------------ harness check
+class HarnessSelfTest(Target):
+    """A reader that crashes, hangs and misbehaves on purpose (tests the harness)."""
+
+    name = "selftest"
+
+    def setup(self, workdir: pathlib.Path) -> None:
+        self.error = ValueError
+
+    def case(self, rng: random.Random) -> Files:
+        return {"roll": str(rng.randrange(10)).encode()}
+
+    def check(self, files: Files, workdir: pathlib.Path) -> None:
+        import os
+        import time
+
+        roll = int(files["roll"])
+        if roll == 3:
+            os.abort()
+        if roll == 5:
+            time.sleep(3600)
+        if roll == 7:
+            raise KeyError("not the named error")
+        if roll == 8:
+            raise ValueError("x" * 10_000)
+        if roll % 2:
+            raise ValueError("the named error")
+
+
 TARGETS: dict[str, type[Target]] = {t.name: t for t in (
     StrategyBinary, StrategyText, ResourceSpecYaml, TfConfig, ResourceSpecBinary,
     DatabaseLines, CostModelFile, CheckpointFiles)}
+SELF_TESTS: dict[str, type[Target]] = {HarnessSelfTest.name: HarnessSelfTest}
