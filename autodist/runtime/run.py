@@ -14,6 +14,7 @@ import numpy as np
 
 from autodist.adapt.driver import PolicyDriver
 from autodist.adapt.policy import Control, Policy, Replanner
+from autodist.ir.atomic import make_private_dir
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
@@ -550,7 +551,7 @@ class DistributedRun:
 
     def _new_job(self, config: RunConfig, init_values, inputs, targets):
         path = pathlib.Path(self.job_dir or tempfile.mkdtemp(prefix="autodist-job-"))
-        path.mkdir(parents=True, exist_ok=True)
+        make_private_dir(path)   # job files are the owner's alone (mkdtemp's are already)
         job = JobDir(path)
         self.last_job_dir = path
         job.write(self.graph_item, self.strategy, self.resource_spec, config,

@@ -518,10 +518,9 @@ class Trainer:
         values = self.session.run(self._full_tensors(with_optimizer=True),
                                   options=self.run_options)
         values[recovery.NEXT_STEP] = np.asarray(self.next_index, np.int64)
-        tmp = self.job.file("recovery.tmp.npz")
-        with open(tmp, "wb") as f:
-            np.savez(f, **values)
-        tmp.replace(self.job.recovery())
+        buffer = io.BytesIO()
+        np.savez(buffer, **values)
+        atomic_write(self.job.recovery(), buffer.getvalue())
 
     def close(self) -> None:
         """Closes the current session (none after leaving an elastic job)."""
