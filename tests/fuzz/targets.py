@@ -607,8 +607,7 @@ class CheckpointFiles(Target):
 
         from autodist.runtime import checkpoint
 
-        self.error = getattr(checkpoint, "CheckpointError", None) or \
-            __import__("autodist.ir.errors", fromlist=["AutodistError"]).AutodistError
+        self.error = checkpoint.CheckpointError
         self.ckpt = checkpoint
         rng = np.random.default_rng(0)
         self.expected = []
@@ -625,13 +624,7 @@ class CheckpointFiles(Target):
                                   shape_and_slices=[""] * len(names),
                                   tensors=[tensors[n] for n in names])
 
-            if hasattr(checkpoint, "save"):
-                checkpoint.save(directory, step, write)
-            else:   # the reader before manifests (for before/after measurements)
-                directory.mkdir(parents=True, exist_ok=True)
-                tmp = directory / f".tmp-{step}"
-                write(str(tmp / checkpoint.PREFIX))
-                checkpoint.commit(tmp, checkpoint.step_dir(directory, step))
+            checkpoint.save(directory, step, write)
             self.expected.append(tensors)
         self.base = {str(p.relative_to(directory)): p.read_bytes()
                      for p in sorted(directory.rglob("*")) if p.is_file()}
