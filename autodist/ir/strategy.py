@@ -635,7 +635,8 @@ class _Validator:
             if len(sizes) != p.num_shards or any(s <= 0 for s in sizes) or sum(sizes) != dim:
                 raise StrategyError(
                     f"variable {name!r}: partitioner.shard_sizes must be {p.num_shards} "
-                    f"positive sizes summing to {dim} (axis {p.axis}). Received: {sizes}",
+                    f"positive sizes summing to {dim} (axis {p.axis}). "
+                    f"Received: {short_repr(sizes)}",
                     variable=name, field="partitioner.shard_sizes", received=sizes)
         return p.num_shards
 
