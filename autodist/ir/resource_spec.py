@@ -249,6 +249,10 @@ class ResourceSpec:
                 gpus: [0, 1]
                 network_bandwidth: 25
 
+        Aliases are allowed, within bounds: a file over MAX_YAML_BYTES, nested
+        deeper than MAX_YAML_DEPTH, or whose aliases expand to more than
+        MAX_YAML_NODES nodes is refused before anything is built from it.
+
         Args:
             path: Path of the YAML file.
 

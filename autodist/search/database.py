@@ -468,8 +468,13 @@ class Database:
     def read(self) -> DatabaseContents:
         """Reads every valid record, skipping (and listing) torn or corrupt lines.
 
+        A line is skipped, with its reason in `skipped` (and a logged warning),
+        when its checksum does not match its bytes or its record is malformed
+        (wrong types, null, NaN, too deeply nested, ...); the other lines read.
+
         Raises:
-            DatabaseSchemaError: A line was written with a newer schema.
+            DatabaseSchemaError: An intact line (its checksum matches) was
+                written with a newer schema.
         """
         try:
             with open(self._path, "rb") as f:
