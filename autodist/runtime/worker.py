@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import pathlib
+import threading
 import time
 import traceback
 from typing import Any
@@ -84,6 +84,44 @@ def session_config(strategy: Strategy, task_index: int,
                     filters.add(f"/job:worker/task:{elastic_.replica_task(destination)}")
         config.device_filters.extend(sorted(filters))
     return config
+
+
+def open_session(target: str, graph: tf.Graph, config: tf.compat.v1.ConfigProto,
+                 timeout_s: float) -> tf.compat.v1.Session:
+    """A session on `target` whose creation is bounded by `timeout_s`.
+
+    TensorFlow creates the session on the master at the first run, and the
+    master waits without end for every task its device filters name (no
+    option bounds that wait: not `operation_timeout_in_ms`, not `RunOptions`).
+    So the first run, a no-op, goes on a helper thread, and a task that does
+    not answer in time is a `WorkerError` instead of a hang.
+
+    Raises:
+        WorkerError: naming the target, the device filters and the timeout.
+    """
+    session = tf.compat.v1.Session(target, graph=graph, config=config)
+    with graph.as_default():
+        noop = tf.no_op(name="autodist/session_ready")
+    outcome: list[BaseException | None] = []
+
+    def first_run() -> None:
+        try:
+            session.run(noop)
+            outcome.append(None)
+        except BaseException as e:  # pylint: disable=broad-except  # re-raised below
+            outcome.append(e)
+
+    thread = threading.Thread(target=first_run, name="autodist-session-create", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        # The thread stays blocked inside TensorFlow; the task is failing anyway.
+        raise WorkerError(f"creating a session on {target} did not finish within "
+                          f"{timeout_s:g}s: a task among {list(config.device_filters) or 'all'} "
+                          "does not answer (down or unreachable)")
+    if outcome[0] is not None:
+        raise outcome[0]
+    return session
 
 
 def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
@@ -188,10 +226,11 @@ class Trainer:
                                      self.config.step_timeout_s, version=segment.version,
                                      elastic=self.elastic,
                                      atomic=self.config.on_failure == "continue")
-        self.session = tf.compat.v1.Session(
-            self.target, graph=self.program.graph,
-            config=session_config(self.strategy, self.task_index,
-                                  segment.workers if self.elastic else None))
+        self.session = open_session(
+            self.target, self.program.graph,
+            session_config(self.strategy, self.task_index,
+                           segment.workers if self.elastic else None),
+            self.config.startup_timeout_s)
         self.segment = segment
         self._save = None
         self._monitor = None
@@ -491,10 +530,9 @@ class Trainer:
         values = self.session.run(self._full_tensors(with_optimizer=True),
                                   options=self.run_options)
         values[recovery.NEXT_STEP] = np.asarray(self.next_index, np.int64)
-        tmp = self.job.file("recovery.tmp.npz")
-        with open(tmp, "wb") as f:
-            np.savez(f, **values)
-        tmp.replace(self.job.recovery())
+        buffer = io.BytesIO()
+        np.savez(buffer, **values)
+        atomic_write(self.job.recovery(), buffer.getvalue())
 
     def close(self) -> None:
         """Closes the current session (none after leaving an elastic job)."""
@@ -739,7 +777,7 @@ class Trainer:
         return done % every == 0 if every else last_of_epoch
 
     def save_checkpoint(self, step: int) -> pathlib.Path:
-        """Writes a checkpoint atomically (chief only); returns its directory."""
+        """Writes a checkpoint atomically and durably (chief only); returns its directory."""
         if self._save is None:
             tensors = self._full_tensors(with_optimizer=True, with_residuals=True)
             names = sorted(tensors)
@@ -749,15 +787,14 @@ class Trainer:
                                        shape_and_slices=[""] * len(names),
                                        tensors=[tensors[n] for n in names])
             self._save = (prefix, op)
-        directory = pathlib.Path(self.config.checkpoint_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        final = checkpoint.step_dir(directory, step)
-        tmp = directory / f".tmp-{final.name}-{os.getpid()}"
         prefix, op = self._save
         self._wait_for_residuals()
-        self.session.run(op, {prefix: str(tmp / checkpoint.PREFIX)}, options=self.run_options)
-        checkpoint.commit(tmp, final)
-        return final
+
+        def write(path: str) -> None:
+            self.session.run(op, {prefix: path}, options=self.run_options)
+
+        return checkpoint.save(self.config.checkpoint_dir, step, write,
+                               keep=self.config.checkpoints_to_keep)
 
 
 def run_worker(job: JobDir, task_index: int, target: str) -> None:
