@@ -13,7 +13,6 @@ import numpy as np
 
 from autodist.adapt.driver import PolicyDriver
 from autodist.adapt.policy import Control, Policy, Replanner
-from autodist.ir.atomic import make_private_dir
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
