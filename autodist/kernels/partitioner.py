@@ -36,7 +36,14 @@ def shard_sizes(dim: int, num_shards: int, explicit: Sequence[int]) -> list[int]
 
 
 def plan_shards(program: Program, strategy: Strategy) -> dict[str, list[Shard]]:
-    """The shards of every variable, in GraphItem order."""
+    """The shards of every variable, in GraphItem order.
+
+    A strategy that all-reduces some shards reads its PS shards held by
+    worker tasks through task-local copies (as `local_replication` does),
+    whatever the strategy says; see `_reads_locally`.
+    """
+    all_reduces = any(sync.WhichOneof("kind") == "all_reduce"
+                      for config in strategy.variables for sync in config.shards)
     plans = {}
     for var in program.graph_item.variables:
         config = strategy.variable(var.name)
@@ -51,11 +58,31 @@ def plan_shards(program: Program, strategy: Strategy) -> dict[str, list[Shard]]:
             if n > 1:
                 shape[axis] = sizes[k]
             placeholder = var.handle_node if n == 1 else f"{var.handle_node}{_SHARD_SUFFIX}{k}"
+            sync = config.shards[k]
+            if all_reduces and _reads_locally(sync):
+                sync = type(sync).FromString(sync.SerializeToString())
+                sync.ps.local_replication = True
             shards.append(Shard(var.name, k, n, axis, offset, shape, var.dtype,
-                                var.sparse_gradient, config.shards[k], placeholder))
+                                var.sparse_gradient, sync, placeholder))
             offset += sizes[k] if n > 1 else 0
         plans[var.name] = shards
     return plans
+
+
+def _reads_locally(sync) -> bool:
+    """A PS shard on a worker task, in a strategy with collectives: read a local copy.
+
+    TensorFlow gives every worker's step of a graph with collectives the same
+    step id, so worker A's step running ops on worker B (reading a PS shard
+    B holds) shares B's own step's rendezvous, and the first to finish
+    cleans it up under the other ("ValidateDevices called before
+    initialization"). With a local copy, refreshed in the step's second,
+    collective-free run (see `synchronizer`), the collective run touches no
+    other task. PS-only tasks run no steps of their own, so their shards are
+    read as the strategy says.
+    """
+    return sync.WhichOneof("kind") == "ps" and not sync.ps.local_replication and \
+        sync.ps.reduction_destination.startswith("/job:worker/")
 
 
 def apply(program: Program, strategy: Strategy) -> Program:

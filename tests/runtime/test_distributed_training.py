@@ -125,6 +125,18 @@ def test_variables_split_between_ps_and_all_reduce_equal_single_device(model_nam
     assert split, "no variable was split between PS and all-reduce"
 
 
+@pytest.mark.parametrize("builder,model_name", [
+    (lambda: builders.Parallax(min_shard_bytes=64), "ncf"), (_Hybrid, "mlp")])
+def test_ps_and_all_reduce_on_workers_without_ps_tasks_equal_single_device(
+        builder, model_name, tmp_path):
+    """PS shards on the workers' own CPUs next to collectives (read through local copies)."""
+    spec = autodist.ResourceSpec.local(workers=2, ps=0)
+    strategy = check_equals_single_device(builder(), model_name, spec, str(tmp_path / "job"))
+    kinds = {s.WhichOneof("kind") for c in strategy.variables for s in c.shards}
+    assert kinds == {"ps", "all_reduce"}
+    assert not any(s.ps.local_replication for c in strategy.variables for s in c.shards)
+
+
 class _Densified:
     """A builder's strategy with every sparse all-reduce shard densified (spec RING).
 
