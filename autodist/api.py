@@ -1,6 +1,7 @@
 """The thin public surface that ties the layers together."""
 from __future__ import annotations
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
@@ -152,8 +153,8 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
     from autodist.search.tuner import Tuner  # pylint: disable=import-outside-toplevel
 
     if budget is not None and not measure:
-        raise ValueError(f"budget counts measured trials; pass measure=True with "
-                         f"budget={budget!r}")
+        raise InvalidArgumentError(f"budget counts measured trials; pass measure=True with "
+                                   f"budget={budget!r}")
     trials = (3 if budget is None else budget) if measure else 0
     spec = spec or ResourceSpec.local(workers=2, ps=1)
     graph_item = graph_item or capture(model, x=x, y=y)
@@ -170,8 +171,8 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
                              allow_exposed=allow_exposed)
     if isinstance(calibration, str):
         if calibration != "measure":
-            raise ValueError(f"calibration must be a Calibration, 'measure' or None. "
-                             f"Received: {calibration!r}")
+            raise InvalidArgumentError(f"calibration must be a Calibration, 'measure' or None. "
+                                       f"Received: {calibration!r}")
         from autodist.runtime.calibrate import measure_calibration  # pylint: disable=C0415
 
         calibration = measure_calibration()

@@ -19,7 +19,7 @@ ALLOWED = {
     "kernels": {"ir", "proto"},
     "search": {"ir", "proto"},
     "launch": {"ir", "proto"},
-    "models": set(),
+    "models": {"ir"},
     "adapt": {"ir", "proto", "kernels", "search"},
     "runtime": {"ir", "proto", "kernels", "search", "launch", "adapt", "models"},
     "api": {"ir", "proto", "kernels", "search", "launch", "adapt", "runtime", "models"},

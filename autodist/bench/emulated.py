@@ -28,6 +28,7 @@ import sys
 import time
 from typing import Any, Callable, Iterable, Sequence
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.models import BENCH_MODELS
 
 ALL_BUILDERS = ("PS", "PSLoadBalancing", "PartitionedPS", "UnevenPartitionedPS", "AllReduce",
@@ -99,7 +100,7 @@ class Row:
     def set_times(self, step_times_s: Sequence[float]) -> None:
         """Fills median/min/max and throughput from timed step times (seconds)."""
         if not step_times_s:
-            raise ValueError("no timed steps")
+            raise InvalidArgumentError("no timed steps")
         self.median_ms = statistics.median(step_times_s) * 1e3
         self.min_ms = min(step_times_s) * 1e3
         self.max_ms = max(step_times_s) * 1e3
@@ -117,9 +118,9 @@ def parse_list(text: str, kind: Callable[[str], Any], what: str) -> tuple:
     try:
         items = tuple(kind(t.strip()) for t in text.split(",") if t.strip())
     except ValueError:
-        raise ValueError(f"{what}: cannot read {text!r}") from None
+        raise InvalidArgumentError(f"{what}: cannot read {text!r}") from None
     if not items:
-        raise ValueError(f"{what}: empty list {text!r}")
+        raise InvalidArgumentError(f"{what}: empty list {text!r}")
     return items
 
 
@@ -394,7 +395,8 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
     from autodist.search.space import SearchSpace  # pylint: disable=import-outside-toplevel
 
     if model_key not in BENCH_MODELS:
-        raise ValueError(f"unknown benchmark model {model_key!r}; known: {sorted(BENCH_MODELS)}")
+        raise InvalidArgumentError(f"unknown benchmark model {model_key!r}; known: "
+                                   f"{sorted(BENCH_MODELS)}")
     name, kwargs = model_key, models.bench_kwargs(model_key)
     stamp = dict(command=command, host=f"{platform.node()} ({os.cpu_count()} cores)",
                  date=time.strftime("%Y-%m-%d"))

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from typing import Any, Sequence
 
+from autodist.ir.errors import AutodistError, InvalidArgumentError
+
 
 def measure_mwms(model_name: str, model_kwargs: dict[str, Any], ports: Sequence[int], *,
                  steps: int, warmup: int, batch_size: int, timeout_s: float = 300.0,
@@ -37,8 +39,8 @@ def measure_mwms(model_name: str, model_kwargs: dict[str, Any], ports: Sequence[
         ValueError: The batch does not split across the workers.
     """
     if batch_size % len(ports):
-        raise ValueError(f"global batch {batch_size} does not split across {len(ports)} "
-                         f"MWMS workers")
+        raise InvalidArgumentError(f"global batch {batch_size} does not split across {len(ports)} "
+                                   f"MWMS workers")
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
     config = json.dumps({"model": model_name, "kwargs": model_kwargs, "steps": steps,
                          "warmup": warmup, "batch_size": batch_size, "seed": seed})
@@ -53,7 +55,7 @@ def measure_mwms(model_name: str, model_kwargs: dict[str, Any], ports: Sequence[
                 stdin=subprocess.DEVNULL))
         outputs = [p.communicate(timeout=timeout_s) for p in procs]
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"MWMS baseline did not finish within {timeout_s:g}s") from None
+        raise AutodistError(f"MWMS baseline did not finish within {timeout_s:g}s") from None
     finally:
         for p in procs:
             if p.poll() is None:
@@ -62,7 +64,7 @@ def measure_mwms(model_name: str, model_kwargs: dict[str, Any], ports: Sequence[
     for p, (_, err) in zip(procs, outputs):
         if p.returncode != 0:
             tail = " | ".join(err.strip().splitlines()[-3:])
-            raise RuntimeError(f"MWMS worker exited with {p.returncode}: {tail}")
+            raise AutodistError(f"MWMS worker exited with {p.returncode}: {tail}")
     return [float(t) for t in json.loads(outputs[0][0].strip().splitlines()[-1])["step_times_s"]]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.launch.netns_holder import exposed_interfaces
 
 BASE_PORT = 23000
@@ -42,7 +43,7 @@ def shape_lo(ports: list[int], mbit: float) -> None:
         subprocess.CalledProcessError: `tc` failed (not root, no htb).
     """
     if mbit <= 0:
-        raise ValueError(f"bandwidth must be positive Mbit/s. Received: {mbit!r}")
+        raise InvalidArgumentError(f"bandwidth must be positive Mbit/s. Received: {mbit!r}")
     clear_lo()
 
     def tc(*args: str) -> None:
@@ -86,8 +87,8 @@ def capped_spec(workers: int, ps: int, mbit: float, base_port: int = BASE_PORT,
     from autodist.ir.resource_spec import ResourceSpec  # pylint: disable=C0415
 
     if workers < 1 or ps < 0:
-        raise ValueError(f"need >= 1 worker and >= 0 PS. Received: workers={workers!r}, "
-                         f"ps={ps!r}")
+        raise InvalidArgumentError(f"need >= 1 worker and >= 0 PS. Received: workers={workers!r}, "
+                                   f"ps={ps!r}")
     nodes = workers + ps
     ports = [base_port + i for i in range(nodes)]
     spec = ResourceSpec.from_dict({"nodes": [

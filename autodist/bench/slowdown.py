@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.runtime.entry import TASK_MODULE
 
 
@@ -72,7 +73,7 @@ class Slowdown:
     def __init__(self, job_dir: str, task: int, fraction: float, period_s: float = 0.004,
                  find_timeout_s: float = 120.0, pin: dict[int, set[int]] | None = None) -> None:
         if not 0 < fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1]. Received: {fraction}")
+            raise InvalidArgumentError(f"fraction must be in (0, 1]. Received: {fraction}")
         self.pin = pin
         self.job_dir, self.task, self.fraction = job_dir, task, fraction
         self.period_s, self.find_timeout_s = period_s, find_timeout_s

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
@@ -44,11 +45,12 @@ class Shape:
             workers, ps = tasks.lower().split("x")
             shape = cls(int(workers), int(ps), float(mbit))
         except ValueError:
-            raise ValueError(f"a shape is '<workers>x<ps>@<Mbit/s>', e.g. '2x1@100'. "
-                             f"Received: {text!r}") from None
+            raise InvalidArgumentError(f"a shape is '<workers>x<ps>@<Mbit/s>', e.g. '2x1@100'. "
+                                       f"Received: {text!r}") from None
         if shape.workers < 1 or shape.ps < 0 or shape.mbit <= 0:
-            raise ValueError(f"a shape needs >= 1 worker, >= 0 PS and a positive bandwidth. "
-                             f"Received: {text!r}")
+            raise InvalidArgumentError("a shape needs >= 1 worker, >= 0 PS and a positive "
+                                       "bandwidth. "
+                                       f"Received: {text!r}")
         return shape
 
     def __str__(self) -> str:
@@ -190,8 +192,9 @@ class Rows:
         usable = [r for r in records if r.ok and r.features]
         missing = sorted({n for r in usable for n in feature_names if n not in r.features})
         if missing:
-            raise ValueError(f"trial records lack features {missing}; recollect them with "
-                             "the current autodist")
+            raise InvalidArgumentError(f"trial records lack features {missing}; recollect them "
+                                       "with "
+                                       "the current autodist")
         self.records = usable
         self.X = np.array([[r.features[n] for n in feature_names] for r in usable])
         self.times = np.array([r.median_step_time_s for r in usable])
@@ -240,9 +243,9 @@ def rescore(records: Sequence[TrialRecord]) -> list[TrialRecord]:
         graph_item = graph_items[key]
         if graph_item.fingerprint != record.graph_item_fingerprint and \
                 not _same_graph(graph_item, record):
-            raise ValueError(f"{record.model_name} {kwargs} captures to another graph "
-                             f"({graph_item.fingerprint}) than its trials "
-                             f"({record.graph_item_fingerprint}); use --stored-features")
+            raise InvalidArgumentError(f"{record.model_name} {kwargs} captures to another graph "
+                                       f"({graph_item.fingerprint}) than its trials "
+                                       f"({record.graph_item_fingerprint}); use --stored-features")
         batch = float(record.graph_summary.get("batch_size", 0)) or None
         sim_key = (key, record.resource_spec_fingerprint, batch or 0.0)
         if sim_key not in simulators:

@@ -78,3 +78,18 @@ class StrategyError(AutodistError, ValueError):
 
 class CaptureError(AutodistError, ValueError):
     """A model or step cannot be captured into a GraphItem."""
+
+
+class InvalidArgumentError(AutodistError, ValueError):
+    """An argument or option has a value autodist cannot use.
+
+    The message names the argument and the value received.
+    """
+
+
+class UnknownVariableError(AutodistError, KeyError):
+    """A variable name that the GraphItem or strategy does not have."""
+
+    def __str__(self) -> str:
+        # KeyError's own str() would quote the message.
+        return str(self.args[0]) if self.args else ""

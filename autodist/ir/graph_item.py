@@ -14,7 +14,7 @@ import networkx as nx
 from google.protobuf import text_format
 
 from autodist.ir.atomic import atomic_write
-from autodist.ir.errors import CaptureError
+from autodist.ir.errors import CaptureError, UnknownVariableError
 from autodist.ir.fingerprint import fingerprint
 from autodist.proto import graph_item_pb2
 
@@ -74,8 +74,9 @@ class GraphItem:
         try:
             return self._by_name[name]
         except KeyError:
-            raise KeyError(f"no trainable variable {name!r} in GraphItem {self.name!r}; "
-                           f"known: {sorted(self._by_name)}") from None
+            raise UnknownVariableError(f"no trainable variable {name!r} in GraphItem "
+                                       f"{self.name!r}; "
+                                       f"known: {sorted(self._by_name)}") from None
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name

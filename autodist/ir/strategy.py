@@ -15,7 +15,7 @@ from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 
 from autodist.ir.atomic import atomic_write
-from autodist.ir.errors import StrategyError, short_repr, shorten
+from autodist.ir.errors import StrategyError, UnknownVariableError, short_repr, shorten
 from autodist.ir.graph_item import GraphItem, gradient_clipping
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.proto import strategy_pb2
@@ -230,7 +230,7 @@ class Strategy:
         for config in self._proto.variables:
             if config.var_name == name:
                 return config
-        raise KeyError(f"strategy {self.id} has no config for variable {name!r}")
+        raise UnknownVariableError(f"strategy {self.id} has no config for variable {name!r}")
 
     def __iter__(self) -> Iterator[VariableConfig]:
         return iter(self._proto.variables)

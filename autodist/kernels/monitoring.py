@@ -19,6 +19,7 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.kernels.program import Replica
 
 
@@ -114,8 +115,8 @@ def noise_scale(small_sq: float, small_batch: float, big_sq: float,
         ValueError: big_batch <= small_batch, or a batch size < 1.
     """
     if small_batch < 1 or big_batch <= small_batch:
-        raise ValueError("noise_scale needs 1 <= small_batch < big_batch. Received: "
-                         f"small_batch={small_batch}, big_batch={big_batch}")
+        raise InvalidArgumentError("noise_scale needs 1 <= small_batch < big_batch. Received: "
+                                   f"small_batch={small_batch}, big_batch={big_batch}")
     gradient_sq = (big_batch * big_sq - small_batch * small_sq) / (big_batch - small_batch)
     trace_sigma = (small_sq - big_sq) / (1.0 / small_batch - 1.0 / big_batch)
     scale = trace_sigma / gradient_sq if gradient_sq > 0 else float("inf")
@@ -158,7 +159,7 @@ class SmoothedNoiseScale:
 
     def __init__(self, decay: float = 0.9) -> None:
         if not 0 <= decay < 1:
-            raise ValueError(f"decay must be in [0, 1). Received: {decay}")
+            raise InvalidArgumentError(f"decay must be in [0, 1). Received: {decay}")
         self.decay = decay
         self._gradient_sq: float | None = None
         self._trace_sigma: float | None = None

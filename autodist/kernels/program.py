@@ -16,6 +16,7 @@ import dataclasses
 import enum
 from typing import Any
 
+from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
@@ -28,7 +29,7 @@ class Stage(enum.IntEnum):
     SYNCHRONIZED = 3
 
 
-class StageError(RuntimeError):
+class StageError(AutodistError, RuntimeError):
     """A pass was applied to a program at the wrong lowering stage."""
 
 

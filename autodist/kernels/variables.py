@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.kernels.program import StorageRole
 
 
@@ -53,8 +54,9 @@ class VariableSpec:
 
     def __post_init__(self) -> None:
         if self.shape is not None and any(d is None or d < 0 for d in self.shape):
-            raise ValueError(f"variable {self.name!r} needs a fully defined shape or None. "
-                             f"Received shape {list(self.shape)}")
+            raise InvalidArgumentError(f"variable {self.name!r} needs a fully defined shape or "
+                                       "None. "
+                                       f"Received shape {list(self.shape)}")
 
 
 class StorageVariable:
@@ -151,7 +153,8 @@ def create_variables(graph: tf.Graph, specs: Sequence[VariableSpec]) -> list[Sto
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         duplicates = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"variable names must be unique. Received duplicates {duplicates}")
+        raise InvalidArgumentError("variable names must be unique. Received duplicates "
+                                   f"{duplicates}")
     by_device: dict[str, list[int]] = {}
     for i, spec in enumerate(specs):
         by_device.setdefault(spec.device, []).append(i)

@@ -26,3 +26,11 @@ class TaskFailedError(AutodistError, RuntimeError):
 
 class DeviceSetupError(AutodistError, RuntimeError):
     """A task cannot have the devices its node in the resource spec names."""
+
+
+class JobArchiveError(AutodistError, ValueError):
+    """A shipped job archive holds something the chief never writes, or is used wrongly."""
+
+
+class JobMismatchError(AutodistError, RuntimeError):
+    """A shipped job does not belong to this task (another job id or cluster)."""

@@ -43,6 +43,7 @@ import numpy as np
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
+from autodist.launch.errors import JobArchiveError
 from autodist.launch.private_files import (DIR_MODE, make_private_dir, private_writer,
                                            write_private)
 
@@ -277,7 +278,7 @@ class JobDir:
                 inputs, targets = self.data()
                 num_examples, held = self.shard()
                 if held is not None:
-                    raise ValueError("a shipped shard cannot be shipped again")
+                    raise JobArchiveError("a shipped shard cannot be shipped again")
                 arrays = {f"x_{i}": x for i, x in enumerate(inputs)} | {"y": targets}
                 if rows is not None:
                     rows = np.asarray(rows, dtype=np.int64)
@@ -306,12 +307,12 @@ class JobDir:
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
             members = tar.getmembers()
             if len(members) > _MAX_ARCHIVE_MEMBERS:
-                raise ValueError(f"job archive has {len(members)} members")
+                raise JobArchiveError(f"job archive has {len(members)} members")
             for member in members:
                 name = member.name
                 allowed = name in _ARCHIVE_FILES or _ARCHIVE_DATA.fullmatch(name)
                 if not member.isfile() or not allowed:
-                    raise ValueError(f"job archive holds an unexpected member {name[:200]!r}")
+                    raise JobArchiveError(f"job archive holds an unexpected member {name[:200]!r}")
             job._make_subdirs()
             for member in members:
                 source = tar.extractfile(member)

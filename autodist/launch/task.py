@@ -45,7 +45,7 @@ import time
 import traceback
 from typing import Callable
 
-from autodist.launch.errors import EXIT_FAILED, EXIT_NO_JOB, EXIT_PORT_IN_USE
+from autodist.launch.errors import EXIT_FAILED, EXIT_NO_JOB, EXIT_PORT_IN_USE, JobMismatchError
 from autodist.launch.job import JobDir
 from autodist.launch.signing import JobRejectedError
 
@@ -194,12 +194,12 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
         shipped_spec = job.resource_spec()
         shipped = shipped_spec.cluster_def(job.ports())
         if config.job_id != job_id:
-            raise RuntimeError(f"the job's config names job {config.job_id!r}, its seal "
-                               f"{job_id!r}")
+            raise JobMismatchError(f"the job's config names job {config.job_id!r}, its seal "
+                                   f"{job_id!r}")
         if shipped != cluster:
-            raise RuntimeError(f"the chief's cluster {shipped} is not this task's cluster "
-                               f"{cluster}; give every task the same TF_CONFIG cluster (or spec "
-                               "file)")
+            raise JobMismatchError(f"the chief's cluster {shipped} is not this task's cluster "
+                                   f"{cluster}; give every task the same TF_CONFIG cluster "
+                                   "(or spec file)")
         check_shipped_devices(shipped_spec, job_name, task, devices)
     except (ValueError, RuntimeError) as e:
         _send_receipt(cluster, own, job_id, f"rejected: {str(e)[:500]}".encode())

@@ -19,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
+from autodist.ir.errors import InvalidArgumentError
+
 
 def mlp(input_dim: int = 784, hidden: tuple[int, ...] = (256, 256), classes: int = 10,
         seed: int = 0, optimizer: Any = "sgd"):
@@ -305,8 +307,8 @@ def bench_kwargs(name: str) -> dict[str, Any]:
     """
     entry = _entry(name)
     if entry.bench_kwargs is None:
-        raise ValueError(f"example model {name!r} has no benchmark size; benchmarked: "
-                         f"{list(BENCH_MODELS)}")
+        raise InvalidArgumentError(f"example model {name!r} has no benchmark size; benchmarked: "
+                                   f"{list(BENCH_MODELS)}")
     return dict(entry.bench_kwargs)
 
 
@@ -319,4 +321,5 @@ def _entry(name: str) -> ExampleModel:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown example model {name!r}; known: {sorted(REGISTRY)}") from None
+        raise InvalidArgumentError(f"unknown example model {name!r}; known: "
+                                   f"{sorted(REGISTRY)}") from None

@@ -15,6 +15,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from autodist.ir.errors import InvalidArgumentError
+
 
 def steps_per_epoch(num_examples: int, global_batch_size: int,
                     requested: int | None = None) -> int:
@@ -23,7 +25,7 @@ def steps_per_epoch(num_examples: int, global_batch_size: int,
     if requested is None:
         return available
     if requested < 1:
-        raise ValueError(f"steps_per_epoch must be >= 1. Received: {requested}")
+        raise InvalidArgumentError(f"steps_per_epoch must be >= 1. Received: {requested}")
     return min(requested, available)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from autodist.ir.atomic import atomic_write
+from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
@@ -48,7 +49,7 @@ logger = logging.getLogger(__name__)
 CHIEF = ("worker", 0)
 
 
-class WorkerError(RuntimeError):
+class WorkerError(AutodistError, RuntimeError):
     """A worker could not start or finish its part of the job."""
 
 

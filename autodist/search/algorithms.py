@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.search.space import SearchSpace
 
 Score = Callable[[np.ndarray], np.ndarray]
@@ -89,7 +90,7 @@ def random_search(space: SearchSpace, score: Score, num_samples: int,
                   keep: int = 32) -> SearchResult:
     """Scores `num_samples` candidates sampled from the space's prior."""
     if num_samples < 1:
-        raise ValueError(f"num_samples must be >= 1. Received: {num_samples!r}")
+        raise InvalidArgumentError(f"num_samples must be >= 1. Received: {num_samples!r}")
     candidates = space.sample(num_samples, rng, prior)
     return _top(candidates, np.asarray(score(candidates)), keep, num_samples)
 
@@ -138,7 +139,7 @@ def evolutionary(space: SearchSpace, score: Score, rng: np.random.Generator, *,
         prior: Prior of the initial samples and of mutations.
     """
     if population < 2:
-        raise ValueError(f"population must be >= 2. Received: {population!r}")
+        raise InvalidArgumentError(f"population must be >= 2. Received: {population!r}")
     counts = space.option_counts
     rate = mutation_rate if mutation_rate is not None else 1.0 / len(counts)
     pop = space.sample(population, rng, prior)
@@ -182,9 +183,10 @@ def search(space: SearchSpace, score: Score, *, algorithm: str = "auto", budget:
         The best `keep` distinct candidates.
     """
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown search algorithm {algorithm!r}; expected one of {ALGORITHMS}")
+        raise InvalidArgumentError(f"unknown search algorithm {algorithm!r}; expected one of "
+                                   f"{ALGORITHMS}")
     if budget < 1:
-        raise ValueError(f"budget must be >= 1. Received: {budget!r}")
+        raise InvalidArgumentError(f"budget must be >= 1. Received: {budget!r}")
     rng = np.random.default_rng(seed)
     seed_matrix = (np.asarray(seeds, dtype=np.int64) if len(seeds)
                    else np.empty((0, space.num_variables + 1), dtype=np.int64))

@@ -20,7 +20,7 @@ import dataclasses
 import statistics
 from typing import Callable, Sequence
 
-from autodist.ir.errors import AutodistError
+from autodist.ir.errors import AutodistError, InvalidArgumentError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
@@ -83,7 +83,7 @@ def pool(results: Sequence[MeasureResult]) -> MeasureResult:
     one. With none successful, the first result (its error) is returned.
     """
     if not results:
-        raise ValueError("pool needs at least one result")
+        raise InvalidArgumentError("pool needs at least one result")
     ok = [r for r in results if r.ok]
     if not ok:
         return results[0]

@@ -39,6 +39,7 @@ import time
 
 import numpy as np
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import VariableInfo, optimizer_squares_gradient
 from autodist.ir.strategy import Strategy, is_gathered
 from autodist.proto import strategy_pb2
@@ -83,7 +84,8 @@ class Calibration:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.ps_overlap <= 1.0:
-            raise ValueError(f"ps_overlap must be in [0, 1]. Received: {self.ps_overlap!r}")
+            raise InvalidArgumentError("ps_overlap must be in [0, 1]. Received: "
+                                       f"{self.ps_overlap!r}")
 
     @classmethod
     def measure(cls, seconds: float = 0.2) -> Calibration:
@@ -164,8 +166,9 @@ class Simulator:
         estimate = max(1, space.graph_item.proto.estimate_batch_size)
         self.batch_size = batch_size or space.batch_size
         if self.batch_size < self.num_replicas:
-            raise ValueError(f"batch_size {self.batch_size} is smaller than the number of "
-                             f"replicas {self.num_replicas}")
+            raise InvalidArgumentError(f"batch_size {self.batch_size} is smaller than the number "
+                                       "of "
+                                       f"replicas {self.num_replicas}")
         self.memory = (space.memory if self.batch_size == space.batch_size else
                        MemoryModel(space.graph_item, spec, self.batch_size,
                                    space.lookups_per_example))
@@ -316,8 +319,8 @@ class Simulator:
         candidates = np.atleast_2d(np.asarray(candidates, dtype=np.int64))
         v = self.space.num_variables
         if candidates.shape[1] != v + 1:
-            raise ValueError(f"candidates must have {v + 1} columns (variables + "
-                             f"consistency). Received shape {candidates.shape}")
+            raise InvalidArgumentError(f"candidates must have {v + 1} columns (variables + "
+                                       f"consistency). Received shape {candidates.shape}")
         width = self._table.shape[1]
         sums = np.empty((len(candidates), width))
         chunk = max(1, _GATHER_ELEMENTS // max(1, v * width))

@@ -57,6 +57,7 @@ from typing import Sequence
 
 import numpy as np
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import GraphItem, VariableInfo, gradient_clipping
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy, is_gathered
@@ -99,8 +100,8 @@ class Consistency:
                 staleness = -1
             if staleness >= 1:
                 return cls(staleness=staleness)
-        raise ValueError(f"unknown consistency {text!r}; expected 'sync', 'async' or "
-                         "'ssp:<staleness >= 1>'")
+        raise InvalidArgumentError(f"unknown consistency {text!r}; expected 'sync', 'async' or "
+                                   "'ssp:<staleness >= 1>'")
 
     def __str__(self) -> str:
         if not self.sync:
@@ -145,26 +146,27 @@ class SpaceOptions:
 
     def __post_init__(self) -> None:
         if self.max_shards is not None and self.max_shards < 1:
-            raise ValueError(f"max_shards must be >= 1. Received: {self.max_shards!r}")
+            raise InvalidArgumentError(f"max_shards must be >= 1. Received: {self.max_shards!r}")
         if self.min_shard_bytes < 1:
-            raise ValueError(f"min_shard_bytes must be >= 1. Received: {self.min_shard_bytes!r}")
+            raise InvalidArgumentError("min_shard_bytes must be >= 1. Received: "
+                                       f"{self.min_shard_bytes!r}")
         if self.exhaustive_ps_devices < 1:
-            raise ValueError(f"exhaustive_ps_devices must be >= 1. "
-                             f"Received: {self.exhaustive_ps_devices!r}")
+            raise InvalidArgumentError(f"exhaustive_ps_devices must be >= 1. "
+                                       f"Received: {self.exhaustive_ps_devices!r}")
         if self.max_groups < 1:
-            raise ValueError(f"max_groups must be >= 1. Received: {self.max_groups!r}")
+            raise InvalidArgumentError(f"max_groups must be >= 1. Received: {self.max_groups!r}")
         for name in self.compressors:
             if name not in _COMPRESSORS:
-                raise ValueError(f"unknown compressor {name!r}; expected one of "
-                                 f"{sorted(_COMPRESSORS)}")
+                raise InvalidArgumentError(f"unknown compressor {name!r}; expected one of "
+                                           f"{sorted(_COMPRESSORS)}")
         if not self.compressors:
-            raise ValueError("compressors must name at least one compressor")
+            raise InvalidArgumentError("compressors must name at least one compressor")
         if not self.consistency:
-            raise ValueError("consistency must name at least one model")
+            raise InvalidArgumentError("consistency must name at least one model")
         for text in self.consistency:
             Consistency.parse(text)
         if not (self.allow_ps or self.allow_all_reduce):
-            raise ValueError("allow_ps and allow_all_reduce cannot both be False")
+            raise InvalidArgumentError("allow_ps and allow_all_reduce cannot both be False")
 
 
 class SearchSpace:
@@ -201,8 +203,8 @@ class SearchSpace:
         self.config = options or SpaceOptions()
         self.variables: list[VariableInfo] = list(graph_item.variables)
         if not self.variables:
-            raise ValueError(f"GraphItem {graph_item.name!r} has no trainable variables "
-                             "to distribute")
+            raise InvalidArgumentError(f"GraphItem {graph_item.name!r} has no trainable variables "
+                                       "to distribute")
         self.consistencies = [Consistency.parse(c) for c in self.config.consistency]
         self.ps_devices = list(resource_spec.ps_devices) if self.config.allow_ps else []
         # A clipping norm is computed within one update group (Strategy.validate):
@@ -217,8 +219,9 @@ class SearchSpace:
         replicas = len(resource_spec.replica_devices)
         self.batch_size = batch_size or max(1, graph_item.proto.estimate_batch_size) * replicas
         if self.batch_size < replicas:
-            raise ValueError(f"batch_size {self.batch_size} is smaller than the number of "
-                             f"replicas {replicas}")
+            raise InvalidArgumentError(f"batch_size {self.batch_size} is smaller than the number "
+                                       "of "
+                                       f"replicas {replicas}")
         self.memory = MemoryModel(graph_item, resource_spec, self.batch_size,
                                   self.lookups_per_example)
         self.options: list[list[strategy_pb2.VariableConfig]] = [
@@ -264,7 +267,8 @@ class SearchSpace:
             An (n, num_variables + 1) int64 matrix.
         """
         if prior not in ("uniform", "knowledge"):
-            raise ValueError(f"unknown prior {prior!r}; expected 'uniform' or 'knowledge'")
+            raise InvalidArgumentError(f"unknown prior {prior!r}; expected 'uniform' or "
+                                       "'knowledge'")
         counts = self.option_counts
         out = np.empty((n, len(counts)), dtype=np.int64)
         for j, count in enumerate(counts):
@@ -297,8 +301,9 @@ class SearchSpace:
         """The Strategy a candidate stands for (validated against the workload)."""
         candidate = np.asarray(candidate)
         if candidate.shape != (self.num_variables + 1,):
-            raise ValueError(f"a candidate has {self.num_variables + 1} entries "
-                             f"(variables + consistency). Received shape {candidate.shape}")
+            raise InvalidArgumentError(f"a candidate has {self.num_variables + 1} entries "
+                                       "(variables + consistency). Received shape "
+                                       f"{candidate.shape}")
         consistency = self.consistencies[int(candidate[-1])]
         proto = strategy_pb2.Strategy(origin=origin,
                                       graph_item_fingerprint=self.graph_item.fingerprint,
@@ -372,8 +377,8 @@ class SearchSpace:
         if set(by_name) != set(names):
             missing = sorted(set(names) - set(by_name))
             extra = sorted(set(by_name) - set(names))
-            raise ValueError(f"strategy does not match the space's variables: missing "
-                             f"{missing}, unknown {extra}")
+            raise InvalidArgumentError(f"strategy does not match the space's variables: missing "
+                                       f"{missing}, unknown {extra}")
         candidate = np.zeros(self.num_variables + 1, dtype=np.int64)
         consistency = Consistency()
         for v, name in enumerate(names):
@@ -403,8 +408,8 @@ class SearchSpace:
             if self.config.allow_hybrid and self.clipping is None:
                 options += self._hybrid_options(var)
         if not options:
-            raise ValueError(f"variable {var.name!r} has no option in this space: no PS "
-                             "device and all-reduce disabled")
+            raise InvalidArgumentError(f"variable {var.name!r} has no option in this space: no PS "
+                                       "device and all-reduce disabled")
         return options
 
     def _ps_options(self, var: VariableInfo) -> list[strategy_pb2.VariableConfig]:

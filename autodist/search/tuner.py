@@ -26,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy, describe_synchronizer, is_gathered
@@ -172,9 +173,9 @@ class Tuner:
                 measured in the first round, with its searched candidates.
         """
         if trials < 0:
-            raise ValueError(f"trials must be >= 0. Received: {trials!r}")
+            raise InvalidArgumentError(f"trials must be >= 0. Received: {trials!r}")
         if trials and self.runner is None:
-            raise ValueError("tune(trials > 0) needs a runner to measure strategies")
+            raise InvalidArgumentError("tune(trials > 0) needs a runner to measure strategies")
         start = time.perf_counter()
         measured = self._measured_from_database()
         result = self._search()

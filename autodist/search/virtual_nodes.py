@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
-from autodist.ir.errors import StrategyError
+from autodist.ir.errors import InvalidArgumentError, StrategyError
 from autodist.ir.strategy import Strategy
 
 
@@ -36,14 +36,14 @@ def balanced_counts(num_virtual_nodes: int, throughputs: Sequence[float]) -> lis
             number, or fewer virtual nodes than replicas.
     """
     if not throughputs:
-        raise ValueError("balanced_counts needs the throughput of at least one replica")
+        raise InvalidArgumentError("balanced_counts needs the throughput of at least one replica")
     for i, t in enumerate(throughputs):
         if not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-            raise ValueError(f"throughput of replica {i} must be a positive number. "
-                             f"Received: {t!r}")
+            raise InvalidArgumentError(f"throughput of replica {i} must be a positive number. "
+                                       f"Received: {t!r}")
     if num_virtual_nodes < len(throughputs):
-        raise ValueError(f"{num_virtual_nodes} virtual nodes cannot cover "
-                         f"{len(throughputs)} replicas")
+        raise InvalidArgumentError(f"{num_virtual_nodes} virtual nodes cannot cover "
+                                   f"{len(throughputs)} replicas")
     counts = [1] * len(throughputs)
     for _ in range(num_virtual_nodes - len(throughputs)):
         # Ties go to the lower index: deterministic.

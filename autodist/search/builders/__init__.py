@@ -5,6 +5,7 @@ Example:
 """
 from __future__ import annotations
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.search.builders.all_reduce import AllReduce, PartitionedAR, RandomAxisPartitionAR
 from autodist.search.builders.base import Builder
 from autodist.search.builders.parallax import Parallax
@@ -22,7 +23,7 @@ def get(name: str) -> type[Builder]:
     try:
         return BUILDERS[name]
     except KeyError:
-        raise ValueError(f"unknown builder {name!r}; known: {sorted(BUILDERS)}") from None
+        raise InvalidArgumentError(f"unknown builder {name!r}; known: {sorted(BUILDERS)}") from None
 
 
 __all__ = ["AllReduce", "BUILDERS", "Builder", "PS", "PSLoadBalancing", "Parallax",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import GraphItem, VariableInfo
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.proto import strategy_pb2
@@ -81,9 +82,10 @@ class PartitionedAR(AllReduce):
                  max_shards: int = DEFAULT_AR_MAX_SHARDS) -> None:
         super().__init__(group_bytes, compressor)
         if min_shard_bytes < 1:
-            raise ValueError(f"min_shard_bytes must be >= 1. Received: {min_shard_bytes!r}")
+            raise InvalidArgumentError("min_shard_bytes must be >= 1. Received: "
+                                       f"{min_shard_bytes!r}")
         if max_shards < 1:
-            raise ValueError(f"max_shards must be >= 1. Received: {max_shards!r}")
+            raise InvalidArgumentError(f"max_shards must be >= 1. Received: {max_shards!r}")
         self.min_shard_bytes = min_shard_bytes
         self.max_shards = max_shards
 

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import ClassVar, Sequence
 
-from autodist.ir.errors import StrategyError
+from autodist.ir.errors import InvalidArgumentError, StrategyError
 from autodist.ir.graph_item import GraphItem, VariableInfo
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
@@ -184,10 +184,11 @@ class PSOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.staleness, int) or self.staleness < 0:
-            raise ValueError(f"staleness must be an integer >= 0. Received: {self.staleness!r}")
+            raise InvalidArgumentError("staleness must be an integer >= 0. Received: "
+                                       f"{self.staleness!r}")
         if self.staleness and not self.sync:
-            raise ValueError(f"staleness={self.staleness} needs sync=True; asynchronous "
-                             "training has no staleness bound")
+            raise InvalidArgumentError(f"staleness={self.staleness} needs sync=True; asynchronous "
+                                       "training has no staleness bound")
 
     def synchronizer(self, device: str) -> strategy_pb2.Synchronizer:
         return strategy_pb2.Synchronizer(ps=strategy_pb2.PSSynchronizer(
@@ -200,8 +201,8 @@ def compressor_enum(name: str) -> int:
     try:
         return _COMPRESSORS[name]
     except KeyError:
-        raise ValueError(f"unknown compressor {name!r}; expected one of "
-                         f"{sorted(_COMPRESSORS)}") from None
+        raise InvalidArgumentError(f"unknown compressor {name!r}; expected one of "
+                                   f"{sorted(_COMPRESSORS)}") from None
 
 
 def all_reduce_synchronizer(sparse: bool, group: int,
@@ -232,7 +233,7 @@ class GroupAssigner:
 
     def __init__(self, group_bytes: int) -> None:
         if group_bytes < 1:
-            raise ValueError(f"group_bytes must be >= 1. Received: {group_bytes!r}")
+            raise InvalidArgumentError(f"group_bytes must be >= 1. Received: {group_bytes!r}")
         self.group_bytes = group_bytes
         self._items: list[tuple[int, int, str, int, bool]] = []
 

@@ -1,6 +1,7 @@
 """Parameter-server builders: PS, PSLoadBalancing, PartitionedPS, UnevenPartitionedPS."""
 from __future__ import annotations
 
+from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.proto import strategy_pb2
@@ -73,9 +74,10 @@ class PartitionedPS(PS):
                  max_shards: int | None = None) -> None:
         super().__init__(sync, staleness, local_replication)
         if min_shard_bytes < 1:
-            raise ValueError(f"min_shard_bytes must be >= 1. Received: {min_shard_bytes!r}")
+            raise InvalidArgumentError("min_shard_bytes must be >= 1. Received: "
+                                       f"{min_shard_bytes!r}")
         if max_shards is not None and max_shards < 1:
-            raise ValueError(f"max_shards must be >= 1. Received: {max_shards!r}")
+            raise InvalidArgumentError(f"max_shards must be >= 1. Received: {max_shards!r}")
         self.min_shard_bytes = min_shard_bytes
         self.max_shards = max_shards
 
