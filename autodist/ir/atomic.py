@@ -49,10 +49,11 @@ def fsync_directory(path: str | os.PathLike) -> None:
             raise
 
 
-def make_private_dir(path: str | os.PathLike) -> pathlib.Path:
+def make_owner_dir(path: str | os.PathLike) -> pathlib.Path:
     """Creates `path` (and missing parents) with the new leaf only its owner may open.
 
-    An existing directory is left as it is.
+    An existing directory is left as it is (`launch.private_files.make_private_dir`
+    also refuses one others can reach).
     """
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)

@@ -17,11 +17,11 @@ import secrets
 import stat
 from typing import BinaryIO, Iterator
 
+from autodist.ir.atomic import create_exclusive
 from autodist.ir.errors import AutodistError
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -82,7 +82,7 @@ def private_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """
     path = pathlib.Path(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, _NEW_FILE, FILE_MODE)
+    fd = create_exclusive(tmp, FILE_MODE)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f

@@ -47,7 +47,7 @@ import numpy as np
 
 from autodist.ir.atomic import (PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, atomic_write,
                                 create_exclusive, fsync_directory, fsync_path,
-                                make_private_dir, write_all)
+                                make_owner_dir, write_all)
 from autodist.ir.errors import AutodistError, short_repr, shorten
 
 ITERATIONS = "optimizer/iterations"
@@ -96,7 +96,7 @@ def save(directory: str | os.PathLike, step: int, write_bundle: Callable[[str], 
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         raise CheckpointError(f"keep must be a positive number of checkpoints. "
                               f"Received: {short_repr(keep)}")
-    directory = make_private_dir(directory)
+    directory = make_owner_dir(directory)
     final = step_dir(directory, step)
     _remove_leftovers(directory)
     tmp = directory / f".tmp-{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
