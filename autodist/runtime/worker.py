@@ -134,11 +134,12 @@ def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
     if not program.replicas:
         raise WorkerError(f"worker task {task_index} has no replica in the strategy "
                           f"(replicas: {strategy.replicas})")
+    members = tuple(sorted({elastic_.replica_task(d) for d in strategy.replicas})) \
+        if elastic else tuple(range(spec.num_worker_tasks))
     synchronizer.apply(program, strategy, synchronizer.SyncOptions(
-        is_chief=task_index == 0, worker_tasks=len({elastic_.replica_task(d)
-                                                    for d in strategy.replicas})
-        if elastic else spec.num_worker_tasks, task_index=task_index,
-        timeout_s=timeout_s, version=version, elastic=elastic, atomic=atomic))
+        is_chief=task_index == 0, worker_tasks=len(members), task_index=task_index,
+        timeout_s=timeout_s, version=version, elastic=elastic, atomic=atomic,
+        members=members))
     return program
 
 
