@@ -150,8 +150,7 @@ class Control:
             replan: Also switch to a fresh plan for the new members
                 (`replan()`), from the same step boundary or the next.
         """
-        if workers == self.workers or (not isinstance(workers, int) and
-                                       tuple(sorted(workers)) == self.members):
+        if workers in (self.workers, list(self.members), self.members):
             return
         self.members = tuple(self.run.resize(workers))
         self.log("resize", workers=self.workers, members=list(self.members), reason=reason)
