@@ -16,6 +16,7 @@ import statistics
 import threading
 from typing import Callable, Mapping
 
+from autodist.adapt.autoscaler import Observation
 from autodist.adapt.policy import (Control, Policy, Replanner, StepMetrics, scaled_bandwidth,
                                    search_replanner)
 from autodist.ir.errors import AutodistError
@@ -168,6 +169,18 @@ class Autoscale(Policy):
     and confirms it, needing fewer trials. The run ends on the chosen size;
     `result` holds the trials.
 
+    With `replan_on_resize`, every resize also switches to a fresh plan for
+    the new members (`Control.replan()`: the replanner on the spec
+    restricted to them), through the strategy-switch path, so the global
+    batch and the virtual nodes, hence the trajectory, stay.
+
+    When the steps' metrics carry per-worker throughputs
+    (`StepMetrics.per_worker`), each trial's observation has their medians,
+    and a final decision that lists workers to replace
+    (`autoscaler.StragglerReplacement`) takes them out of the run, swapping
+    in idle workers of the spec where there are any (`Control.replace`;
+    the chief is never taken out, that is logged).
+
     The autoscaler's search runs in a helper thread that waits for the
     measurements this policy collects from the steps; every wait is bounded
     by `trial_timeout_s`, and the thread ends with the fit.
@@ -178,15 +191,18 @@ class Autoscale(Policy):
         window: Steps measured per trial.
         warmup: Steps skipped after each resize.
         trial_timeout_s: Bound on one trial.
+        replan_on_resize: Re-plan for the new members at every resize.
     """
 
     def __init__(self, autoscaler, predict: Callable[[int], float] | None = None, *,
-                 window: int = 5, warmup: int = 2, trial_timeout_s: float = 600.0) -> None:
+                 window: int = 5, warmup: int = 2, trial_timeout_s: float = 600.0,
+                 replan_on_resize: bool = False) -> None:
         if window < 1 or warmup < 0:
             raise AutodistError(f"window must be >= 1 and warmup >= 0. Received: "
                                 f"{window!r}, {warmup!r}")
         self.autoscaler, self.predict = autoscaler, predict
         self.window, self.warmup, self.trial_timeout_s = window, warmup, trial_timeout_s
+        self.replan_on_resize = replan_on_resize
         self.result = None
         self.error: BaseException | None = None
         self._requests: queue.Queue = queue.Queue()
@@ -195,6 +211,7 @@ class Autoscale(Policy):
         self._thread: threading.Thread | None = None
         self._trial: int | None = None  # the size being measured
         self._samples: list[float] = []
+        self._per_worker: dict[int, list[float]] = {}
         self._skip = 0
         self._settled = False
 
@@ -218,8 +235,12 @@ class Autoscale(Policy):
             self._skip -= 1
             return
         self._samples.append(metrics.examples_per_s)
+        for task, value in metrics.per_worker.items():
+            self._per_worker.setdefault(task, []).append(value)
         if len(self._samples) >= self.window:
-            self._answers.put(statistics.median(self._samples))
+            per_worker = {t: statistics.median(v) for t, v in self._per_worker.items()}
+            self._answers.put(Observation(self._trial, statistics.median(self._samples),
+                                          per_worker))
             self._trial = None
             self._next(control)
 
@@ -238,20 +259,25 @@ class Autoscale(Policy):
                                 f"{self.trial_timeout_s:g}s") from None
         if kind == "measure":
             self._trial, self._samples, self._skip = value, [], self.warmup
-            control.resize(value, reason="autoscaler trial")
+            self._per_worker = {}
+            control.resize(value, reason="autoscaler trial", replan=self.replan_on_resize)
         else:
             self._settled = True
             if kind == "done":
                 self.result = value
                 control.log("autoscaled", workers=value.workers, trials=value.num_trials,
                             reason=value.decision.reason)
-                control.resize(value.workers, reason="autoscaler's choice")
+                control.resize(value.workers, reason="autoscaler's choice",
+                               replan=self.replan_on_resize)
+                if value.replace:
+                    control.replace(value.replace, reason=value.decision.reason,
+                                    replan=self.replan_on_resize)
             else:
                 self.error = value
                 control.log("autoscale_failed", reason=str(value))
 
     def _search(self, start: int) -> None:
-        def measure(workers: int) -> float:
+        def measure(workers: int) -> Observation:
             self._requests.put(("measure", workers))
             answer = self._answers.get(timeout=self.trial_timeout_s)
             if answer is None or self._ended.is_set():

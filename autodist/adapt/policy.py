@@ -6,8 +6,9 @@ extra synchronization): the global loss, the chief's step time and the
 throughput it implies, the number of workers, and, with `monitor_every`,
 the gradient noise scale and the per-example gradient variance tr(Σ)
 (`autodist.kernels.monitoring`). Through its `Control` a policy asks for
-actions: resize to n workers, switch the strategy (a given one, a new search
-for the current cluster, or another compressor), or stop.
+actions: resize to n workers or to given worker tasks, replace stragglers,
+switch the strategy (a given one, a new search for the current members, or
+another compressor), or stop.
 
 Every action goes through the run's membership protocol
 (`autodist.runtime.follow`): all workers apply it at the same step. One
@@ -28,6 +29,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Mapping, Sequence
 
+from autodist.adapt.members import lift, member_spec
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
@@ -47,6 +49,8 @@ class StepMetrics:
         examples_per_s: Examples of the step over `seconds`.
         workers: Workers that ran the step.
         plan: The strategy that ran it (0: the run's; k: the k-th switched to).
+        per_worker: Examples per second of each member worker, by task index,
+            where measured (a straggler shows as a low value); else empty.
         noise_scale: On monitored steps, the smoothed estimates
             (`monitoring.NoiseScale`: |G|², tr(Σ) and their ratio B_noise);
             None otherwise.
@@ -65,6 +69,7 @@ class StepMetrics:
     examples_per_s: float
     workers: int
     plan: int = 0
+    per_worker: Mapping[int, float] = dataclasses.field(default_factory=dict)
     noise_scale: monitoring.NoiseScale | None = None
     gradient_variance: float | None = None
     compute_s: float | None = None
@@ -101,9 +106,10 @@ class Control:
         run: The `DistributedRun` whose fit is running.
         global_batch_size: Examples per step.
         replanner: How `replan()` without a strategy finds one: called with
-            the GraphItem, the spec (its bandwidths possibly scaled, see
-            `replan`) and the current strategy (default: the search's
-            tuner ranked by the simulator or the shipped cost model).
+            the GraphItem, the spec of the current members (PS-only nodes
+            kept, bandwidths possibly scaled, see `replan`) and the current
+            strategy (default: the search's tuner ranked by the simulator or
+            the shipped cost model).
     """
 
     def __init__(self, run, global_batch_size: int, replanner: Replanner | None = None) -> None:
@@ -112,7 +118,8 @@ class Control:
         self.initial_batch_size = global_batch_size
         self.replanner = replanner or search_replanner
         self.strategy: Strategy = run.strategy
-        self.workers: int = run.resource_spec.num_worker_tasks
+        # The member worker tasks last asked for.
+        self.members: tuple[int, ...] = tuple(range(run.resource_spec.num_worker_tasks))
         self.metrics: list[StepMetrics] = []
         self.actions: list[dict[str, Any]] = []
         self.stop_requested = False
@@ -123,16 +130,57 @@ class Control:
         return self.metrics[-1].step if self.metrics else -1
 
     @property
+    def workers(self) -> int:
+        """How many member workers were last asked for."""
+        return len(self.members)
+
+    @property
     def max_workers(self) -> int:
         return self.run.resource_spec.num_worker_tasks
 
-    def resize(self, workers: int, reason: str = "") -> None:
-        """Runs on worker tasks 0..workers-1 from the next step boundary all meet."""
-        if workers == self.workers:
+    def resize(self, workers: int | Sequence[int], reason: str = "",
+               replan: bool = False) -> None:
+        """Runs on other workers from the next step boundary all meet.
+
+        Args:
+            workers: A number n (the current members grown or shrunk to n:
+                see `DistributedRun.resize`) or the worker tasks to run on,
+                with the chief (task 0).
+            reason: Recorded with the action.
+            replan: Also switch to a fresh plan for the new members
+                (`replan()`), from the same step boundary or the next.
+        """
+        if workers in (self.workers, list(self.members), self.members):
             return
-        self.run.resize(workers)
-        self.workers = workers
-        self.log("resize", workers=workers, reason=reason)
+        self.members = tuple(self.run.resize(workers))
+        self.log("resize", workers=self.workers, members=list(self.members), reason=reason)
+        if replan:
+            self.replan(reason=f"new members {list(self.members)}")
+
+    def replace(self, tasks: Sequence[int], reason: str = "", replan: bool = False) -> None:
+        """Takes the workers `tasks` out of the run (stragglers), swapping in spares.
+
+        Each member in `tasks` leaves; for each, an idle worker task of the
+        spec (not a member, not in `tasks`), if any, joins in its place. The
+        chief (task 0) holds the run's state and never leaves: it is logged
+        ("keep_chief") and kept.
+
+        Args:
+            tasks: Worker task indices, e.g. `Decision.replace`.
+            reason: Recorded with the action.
+            replan: Also switch to a fresh plan for the new members.
+        """
+        if 0 in tasks:
+            self.log("keep_chief", reason="the chief (worker 0) was flagged but holds the "
+                                          "run's state and cannot leave")
+        leaving = [t for t in self.members if t in tasks and t != 0]
+        if not leaving:
+            return
+        spares = [t for t in range(self.max_workers) if t not in self.members and t not in tasks]
+        joining = spares[:len(leaving)]
+        members = sorted(set(self.members) - set(leaving) | set(joining))
+        self.resize(members, reason=reason or f"replace workers {leaving} with {joining}",
+                    replan=replan)
 
     def replan(self, strategy: Strategy | None = None, *, bandwidth_scale: float = 1.0,
                reason: str = "") -> Strategy:
@@ -141,8 +189,11 @@ class Control:
         Args:
             strategy: The strategy to switch to (synchronous, same replicas
                 and virtual nodes). None: ask the replanner for the current
-                cluster, with every node's bandwidth multiplied by
-                `bandwidth_scale` (e.g. the measured slowdown of a link).
+                members (the spec restricted to them,
+                `autodist.adapt.members`), with every node's bandwidth
+                multiplied by `bandwidth_scale` (e.g. the measured slowdown
+                of a link); the plan is lifted back to the whole spec with
+                the run's global batch and virtual nodes.
             bandwidth_scale: See `strategy`.
             reason: Recorded with the action.
 
@@ -150,9 +201,10 @@ class Control:
             The strategy switched to (the current one when nothing changes).
         """
         if strategy is None:
-            spec = scaled_bandwidth(self.run.resource_spec, bandwidth_scale)
-            strategy = _same_batch(self.replanner(self.run.graph_item, spec, self.strategy),
-                                   self.strategy)
+            spec = scaled_bandwidth(member_spec(self.run.resource_spec, self.members),
+                                    bandwidth_scale)
+            strategy = lift(self.replanner(self.run.graph_item, spec, self.strategy),
+                            self.members, self.strategy, self.run.resource_spec)
         if _same_plan(strategy, self.strategy):
             self.log("replan", changed=False, reason=reason)
             return self.strategy
@@ -250,9 +302,3 @@ def _same_plan(a: Strategy, b: Strategy) -> bool:
     return a.proto.graph_config == b.proto.graph_config and \
         list(a.proto.variables) == list(b.proto.variables)
 
-
-def _same_batch(strategy: Strategy, like: Strategy) -> Strategy:
-    """`strategy` with the virtual nodes and hyper-parameter overrides of `like`."""
-    if like.global_batch_size is not None:
-        strategy = strategy.with_virtual_nodes(like.global_batch_size, like.num_virtual_nodes)
-    return strategy.with_hyperparameters(**like.hyperparameters)

@@ -46,6 +46,8 @@ class SyncOptions:
     Attributes:
         is_chief: This task is the chief (applies synchronous PS updates).
         worker_tasks: Number of worker tasks in the job.
+        members: The job's worker task indices, when not 0..worker_tasks-1
+            (an elastic membership without some task, e.g. (0, 2)).
         task_index: This worker task's index.
         timeout_s: Bound on every collective.
         version: Membership version of an elastic job (0 otherwise): new
@@ -66,6 +68,12 @@ class SyncOptions:
     version: int = 0
     elastic: bool = False
     atomic: bool = False
+    members: tuple[int, ...] | None = None
+
+    @property
+    def tasks(self) -> tuple[int, ...]:
+        """The job's worker task indices."""
+        return self.members if self.members is not None else tuple(range(self.worker_tasks))
 
 
 def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program:
@@ -218,7 +226,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         queue_device = sync_ps[0].synchronizer.ps.reduction_destination if sync_ps else None
         if has_sync_ps and options.is_chief:
             with tf.control_dependencies(ps_sync_updates):
-                for task in range(options.worker_tasks):
+                for task in options.tasks:
                     if task != options.task_index:
                         release.append(ps.token_queue(queue_device, task, version=options.version)
                                        .enqueue(step_value))
@@ -354,9 +362,9 @@ def _ssp_clocks(program: Program, options: SyncOptions, shards, staleness: int, 
     """
     device = shards[0].synchronizer.ps.reduction_destination
     clocks = [shared_variable(program, f"clock_{t}", 0, tf.int64, device)
-              for t in range(options.worker_tasks)]
+              for t in options.tasks]
     with tf.control_dependencies(after):
-        tick = clocks[options.task_index].assign_add(1, read_value=False)
+        tick = clocks[options.tasks.index(options.task_index)].assign_add(1, read_value=False)
     return tick, tf.stack([c.read_value() for c in clocks]), staleness
 
 

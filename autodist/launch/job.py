@@ -77,7 +77,8 @@ class RunConfig:
             (after one warm-up) and applies no update (see
             `Run.measure_throughput`). 0: train.
         resize_at: Elastic runs: global step (as a string) -> number of
-            worker tasks from that step on (see `elastic.segments`).
+            worker tasks, or the list of member tasks, from that step on
+            (see `elastic.segments`).
         on_failure: "stop" (a dead worker fails the job) or "continue": the
             steps are atomic (no update before every gradient is in) and
             the chief, when a step fails, saves the state after the last
@@ -118,7 +119,7 @@ class RunConfig:
     job_timeout_s: float = 3600.0
     job_id: str = ""
     probe_steps: int = 0
-    resize_at: dict[str, int] | None = None
+    resize_at: dict[str, int | list[int]] | None = None
     on_failure: str = "stop"
     start_step: int = 0
     elastic: bool = False

@@ -1,9 +1,11 @@
 """Elastic membership: which worker tasks run which steps of a job.
 
 A resize schedule (`fit(..., resize_at={step: workers})`) splits the run into
-segments; segment v (the membership version) runs steps [start, end) on
-worker tasks 0..workers-1. Every task derives the same segments from the
-RunConfig, so the membership of each step is agreed before the run starts.
+segments; segment v (the membership version) runs steps [start, end) on its
+member worker tasks (a sorted tuple that always holds the chief, task 0, e.g.
+(0, 2, 3) after worker 1 left). Every task derives the same segments from
+the RunConfig, so the membership of each step is agreed before the run
+starts.
 In a followed run (`fit(..., elastic=True, callbacks=...)`), the chief also
 appends segments on `DistributedRun.resize` requests and sends the list with
 every run limit (`autodist.runtime.follow`), so all tasks still agree.
@@ -24,27 +26,75 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from autodist.ir.errors import AutodistError
+from autodist.ir.errors import AutodistError, short_repr
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
-    """Steps [start, end) of the run, on worker tasks 0..workers-1.
+    """Steps [start, end) of the run, on the worker tasks `members`.
 
-    `plan` indexes the run's strategies: 0 is the job's strategy, k > 0 the
-    k-th strategy switched to (`RunConfig.plans`, `DistributedRun.replan`).
+    `members` is sorted and holds the chief (task 0). `plan` indexes the
+    run's strategies: 0 is the job's strategy, k > 0 the k-th strategy
+    switched to (`RunConfig.plans`, `DistributedRun.replan`).
     """
 
     version: int
     start: int
     end: int
-    workers: int
+    members: tuple[int, ...]
     plan: int = 0
 
+    @property
+    def workers(self) -> int:
+        """How many worker tasks run the segment."""
+        return len(self.members)
+
     def has(self, task_index: int) -> bool:
-        return task_index < self.workers
+        return task_index in self.members
+
+
+def check_members(members, max_workers: int, what: str = "members") -> tuple[int, ...]:
+    """`members` as a sorted tuple of worker task indices, checked.
+
+    Raises:
+        AutodistError: not a sequence of task indices, an index outside
+            0..max_workers-1, a repeated index, or no chief (task 0).
+    """
+    if isinstance(members, (str, bytes)) or not hasattr(members, "__iter__"):
+        raise AutodistError(f"{what} must be a sequence of worker task indices. "
+                            f"Received: {short_repr(members)}")
+    values = list(members)[:max_workers + 1]  # more cannot be distinct tasks
+    if any(not isinstance(t, int) or isinstance(t, bool) for t in values):
+        raise AutodistError(f"{what} must be worker task indices (integers). "
+                            f"Received: {short_repr(values)}")
+    unknown = sorted({t for t in values if not 0 <= t < max_workers})
+    if unknown:
+        raise AutodistError(f"{what} names unknown worker tasks {short_repr(unknown)}; the "
+                            f"spec has worker tasks 0..{max_workers - 1}")
+    repeated = sorted({t for t in values if values.count(t) > 1})
+    if repeated:
+        raise AutodistError(f"{what} repeats worker tasks {short_repr(repeated)}. "
+                            f"Received: {short_repr(values)}")
+    if 0 not in values:
+        raise AutodistError(f"{what} must include the chief (worker task 0), which holds the "
+                            f"run's state and cannot be dropped. Received: "
+                            f"{short_repr(sorted(values))}")
+    return tuple(sorted(values))
+
+
+def resized(members: tuple[int, ...], workers: int, max_workers: int) -> tuple[int, ...]:
+    """`members` grown or shrunk to `workers` tasks.
+
+    Shrinking keeps the lowest-numbered members (drops the last ones);
+    growing adds the lowest-numbered idle tasks. From (0, 1, 2, 3), 2 gives
+    (0, 1); from (0, 2, 3), 3 is unchanged and 4 adds task 1.
+    """
+    if workers <= len(members):
+        return members[:workers]
+    idle = [t for t in range(max_workers) if t not in members]
+    return tuple(sorted(members + tuple(idle[:workers - len(members)])))
 
 
 def segments(total_steps: int, max_workers: int, resize_at: Mapping[int, int] | None,
@@ -54,13 +104,15 @@ def segments(total_steps: int, max_workers: int, resize_at: Mapping[int, int] | 
     Args:
         total_steps: Steps of the whole run.
         max_workers: Worker tasks of the cluster.
-        resize_at: Step -> number of workers from that step on (step 0 sets
-            the starting size; default: all workers).
+        resize_at: Step -> the members from that step on: a number n of
+            workers (the previous members grown or shrunk to n, see
+            `resized`) or a sequence of worker task indices (step 0 sets the
+            starting membership; default: all workers).
         switch_at: Step -> plan (index of the strategy) from that step on.
 
     Raises:
-        AutodistError: a step outside the run, or a size outside
-            1..max_workers.
+        AutodistError: a step outside the run, a size outside
+            1..max_workers, or bad members (`check_members`).
     """
     plans = {0: 0}
     for step, plan in sorted((int(k), int(v)) for k, v in (switch_at or {}).items()):
@@ -68,23 +120,29 @@ def segments(total_steps: int, max_workers: int, resize_at: Mapping[int, int] | 
             raise AutodistError(f"switch_at step {step} is outside the run's steps "
                                 f"1..{total_steps - 1}")
         plans[step] = plan
-    sizes = {0: max_workers}
+    everyone = tuple(range(max_workers))
+    sizes: dict[int, tuple[int, ...]] = {0: everyone}
+    members = everyone
     for step, workers in sorted((int(k), v) for k, v in (resize_at or {}).items()):
         if not 0 <= step < total_steps:
             raise AutodistError(f"resize_at step {step} is outside the run's steps "
                                 f"0..{total_steps - 1}")
-        if not isinstance(workers, int) or not 1 <= workers <= max_workers:
-            raise AutodistError(f"resize_at[{step}] must be a number of workers in "
-                                f"1..{max_workers} (the cluster's worker tasks). "
-                                f"Received: {workers!r}")
-        sizes[step] = workers
+        if isinstance(workers, int) and not isinstance(workers, bool):
+            if not 1 <= workers <= max_workers:
+                raise AutodistError(f"resize_at[{step}] must be a number of workers in "
+                                    f"1..{max_workers} (the cluster's worker tasks) or a list "
+                                    f"of worker tasks. Received: {workers!r}")
+            members = resized(members, workers, max_workers)
+        else:
+            members = check_members(workers, max_workers, f"resize_at[{step}]")
+        sizes[step] = members
     starts = sorted(set(sizes) | set(plans))
     out = []
-    workers, plan = max_workers, 0
+    members, plan = everyone, 0
     for version, start in enumerate(starts):
         end = starts[version + 1] if version + 1 < len(starts) else total_steps
-        workers, plan = sizes.get(start, workers), plans.get(start, plan)
-        out.append(Segment(version, start, end, workers, plan))
+        members, plan = sizes.get(start, members), plans.get(start, plan)
+        out.append(Segment(version, start, end, members, plan))
     return out
 
 
@@ -151,15 +209,15 @@ def check_switch(strategy: Strategy, new: Strategy, graph_item, spec: ResourceSp
             f"new: B={new.global_batch_size}, V={new.num_virtual_nodes}")
 
 
-def strategy_for(strategy: Strategy, workers: int) -> Strategy:
-    """The strategy on worker tasks 0..workers-1, virtual nodes spread over them.
+def strategy_for(strategy: Strategy, members: tuple[int, ...]) -> Strategy:
+    """The strategy on the worker tasks `members`, virtual nodes spread over them.
 
     On all of the strategy's worker tasks it is the strategy itself (its own
     virtual-node mapping, e.g. a balanced one).
     """
-    if workers >= len({replica_task(d) for d in strategy.replicas}):
+    if set(members) >= {replica_task(d) for d in strategy.replicas}:
         return strategy
-    replicas = sorted((d for d in strategy.replicas if replica_task(d) < workers),
+    replicas = sorted((d for d in strategy.replicas if replica_task(d) in members),
                       key=replica_task)
     out = Strategy(strategy.proto)
     del out.proto.graph_config.replicas[:]

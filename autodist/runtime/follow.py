@@ -23,7 +23,7 @@ task needs the directory.
 * A resize or replan request (``control/resize``, from
   `DistributedRun.resize` / `replan`) starts a new membership one step ahead
   of the chief, for the same reason: the chief ends the current segment
-  there and appends one on the requested number of workers and strategy
+  there and appends one on the requested member tasks and strategy
   (`elastic.Segment`; new strategies travel as text in the limit messages). Every limit message carries the
   whole segment list, so every worker, idle ones included, agrees on who
   runs each step. Only members report step losses; an idle worker waits for
@@ -79,15 +79,15 @@ def request_stop(job: JobDir) -> None:
     job.write_file(job.stop_request(), STOP.encode())
 
 
-def request_change(job: JobDir, sequence: int, workers: int | None = None,
+def request_change(job: JobDir, sequence: int, members: tuple[int, ...] | None = None,
                    strategy_text: str | None = None) -> None:
     """Driver: the membership to run from a step boundary the workers can all meet.
 
-    The request holds the whole target (the latest requested size and
-    strategy, None for unchanged), so a later request never loses an
+    The request holds the whole target (the latest requested member worker
+    tasks and strategy, None for unchanged), so a later request never loses an
     earlier one the chief has not read yet.
     """
-    job.write_file(job.resize_request(), ChangeRequest(sequence, workers, strategy_text).to_json())
+    job.write_file(job.resize_request(), ChangeRequest(sequence, members, strategy_text).to_json())
 
 
 def first_limit(steps_per_epoch: int, epochs: int) -> int:
@@ -119,7 +119,8 @@ class ChiefFollower:
         self.mail = mail
         self.num_workers = num_workers
         self.segments = segments if segments is not None else [
-            Segment(0, 0, steps_per_epoch * config.epochs, num_workers)]
+            Segment(0, 0, steps_per_epoch * config.epochs,
+                    tuple(range(num_workers)))]
         self.plans = plans if plans is not None else []
         self._base_text: str | None = None  # plan 0, read when first needed
         self._resize_sequence = 0
@@ -158,10 +159,10 @@ class ChiefFollower:
             self._set(step + 1 if self.peers else step, True)
         return step < self.limit
 
-    def members_at(self, step: int) -> int:
-        """How many workers run `step` (tasks 0..n-1)."""
-        return next((s.workers for s in self.segments if s.start <= step < s.end),
-                    self.segments[-1].workers)
+    def members_at(self, step: int) -> tuple[int, ...]:
+        """The worker tasks that run `step`."""
+        return next((s.members for s in self.segments if s.start <= step < s.end),
+                    self.segments[-1].members)
 
     def end(self, done: int) -> None:
         """After the chief's last step: the final limit, which releases idle workers."""
@@ -194,8 +195,8 @@ class ChiefFollower:
                 message = self.mail.receive(CHIEF, mailbox.STEPS, self.config.step_timeout_s)
             except mailbox.MailboxTimeout as e:
                 have = self._losses.get(self._written, {})
-                missing = [t for t in range(1, self.members_at(self._written))
-                           if t not in have]
+                missing = [t for t in self.members_at(self._written)
+                           if t and t not in have]
                 raise FollowError(f"workers {missing} did not report step {self._written} "
                                   f"within {self.config.step_timeout_s:g}s") from e
             self._absorb([message])
@@ -247,7 +248,7 @@ class ChiefFollower:
         if request.sequence <= self._resize_sequence:
             return
         members = self.members_at(step)
-        boundary = step + 1 if members > 1 and not at_limit else step
+        boundary = step + 1 if len(members) > 1 and not at_limit else step
         # An announced segment is never changed: idle workers may be joining it.
         boundary = max(boundary, self.segments[-1].start + 1)
         total = self.segments[-1].end
@@ -260,7 +261,7 @@ class ChiefFollower:
         if boundary >= total:
             return
         current = self.segments[-1]
-        workers = current.workers if request.workers is None else request.workers
+        members = current.members if request.members is None else request.members
         plan = current.plan
         if text is not None:
             if self._base_text is None:
@@ -270,12 +271,12 @@ class ChiefFollower:
                 self.plans.append(text)
                 known.append(text)
             plan = known.index(text)
-        if workers == current.workers and plan == current.plan:
+        if members == current.members and plan == current.plan:
             return
         kept = [s for s in self.segments if s.start < boundary]
         last = kept.pop()
         kept.append(dataclasses.replace(last, end=boundary))
-        kept.append(Segment(last.version + 1, boundary, total, workers, plan))
+        kept.append(Segment(last.version + 1, boundary, total, members, plan))
         self.segments[:] = kept
         # The run's length follows the epochs' batches.
         self.segments[-1] = dataclasses.replace(self.segments[-1], end=self.schedule.total())
@@ -304,7 +305,8 @@ class ChiefFollower:
 
     def _write_complete(self) -> None:
         lines = []
-        while len(self._losses.get(self._written, {})) == self.members_at(self._written) and \
+        while len(self._losses.get(self._written, {})) == len(self.members_at(self._written)) \
+                and \
                 self._written in self._times:
             step = self._written
             lines.append(self._line(step, sum(self._losses.pop(step).values()),

@@ -35,7 +35,8 @@ class History(keras.callbacks.History):
             {"step": first step of the new membership, "workers": its size,
             "plan": its strategy (0: the run's, k: the k-th switched to), "seconds": the
             chief's time from the end of the previous step to the start of
-            that step (state hand-over, new program and session)}.
+            that step (state hand-over, new program and session), "members":
+            its worker tasks}.
         noise_scale: Runs with `monitor_every`: per monitored step, {"step",
             "gradient_sq" (|G|²), "trace_sigma" (tr Σ, the per-example
             gradient variance), "noise_scale" (their ratio), "smoothed" (the

@@ -281,9 +281,16 @@ class ProgressRecord:
 
 def _segment(value: Any) -> Segment:
     if not isinstance(value, list) or len(value) != 5:
-        raise TypeError("expected [version, start, end, workers, plan]")
-    version, start, end, workers, plan = (_int(v) for v in value)
-    return Segment(version, start, end, workers, plan)
+        raise TypeError("expected [version, start, end, members, plan]")
+    version, start, end, plan = (_int(v) for v in value[:3] + value[4:])
+    return Segment(version, start, end, _members(value[3]), plan)
+
+
+def _members(value: Any) -> tuple[int, ...]:
+    members = tuple(_list_of(_int)(value))
+    if not members or list(members) != sorted(set(members)) or members[0] != 0:
+        raise TypeError("expected sorted distinct worker tasks starting with 0")
+    return members
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,7 +312,7 @@ class RunLimit:
 
     def to_json(self) -> bytes:
         return json.dumps({"limit": self.limit, "final": self.final,
-                           "segments": [[s.version, s.start, s.end, s.workers, s.plan]
+                           "segments": [[s.version, s.start, s.end, list(s.members), s.plan]
                                         for s in self.segments],
                            "plans": list(self.plans)}).encode()
 
@@ -328,12 +335,14 @@ class ResizeEvent:
         plan: Its strategy (0: the run's, k: the k-th switched to).
         seconds: The chief's time from the end of the previous step to the
             start of this one (state hand-over, new program and session).
+        members: Its worker tasks.
     """
 
     step: int
     workers: int
     plan: int
     seconds: float
+    members: tuple[int, ...] = ()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ResizeEvent:
@@ -341,7 +350,8 @@ class ResizeEvent:
         return cls(step=_field(data, kind, "step", _int),
                    workers=_field(data, kind, "workers", _int),
                    plan=_field(data, kind, "plan", _int, 0),
-                   seconds=_field(data, kind, "seconds", _float))
+                   seconds=_field(data, kind, "seconds", _float),
+                   members=tuple(_field(data, kind, "members", _list_of(_int), [])))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -489,28 +499,29 @@ class LossRecord:
 
 @dataclasses.dataclass(frozen=True)
 class ChangeRequest:
-    """The driver's latest request for a membership: a size, a strategy, or both.
+    """The driver's latest request for a membership: member tasks, a strategy, or both.
 
     The request holds the whole target (None: unchanged), so a later request
     never loses an earlier one the chief has not read yet.
 
     Attributes:
         sequence: Increases with every request of the fit.
-        workers: Worker tasks 0..workers-1, or None.
+        members: The member worker tasks (sorted, with 0), or None.
         strategy: The strategy to switch to, as text, or None.
     """
 
     sequence: int
-    workers: int | None = None
+    members: tuple[int, ...] | None = None
     strategy: str | None = None
 
     def to_json(self) -> bytes:
-        return json.dumps({"sequence": self.sequence, "workers": self.workers,
+        members = None if self.members is None else list(self.members)
+        return json.dumps({"sequence": self.sequence, "members": members,
                            "strategy": self.strategy}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> ChangeRequest:
         data, kind = _loads(raw, "change request"), "change request"
         return cls(sequence=_field(data, kind, "sequence", _int),
-                   workers=_field(data, kind, "workers", _optional(_int), None),
+                   members=_field(data, kind, "members", _optional(_members), None),
                    strategy=_field(data, kind, "strategy", _optional(_str), None))

@@ -26,7 +26,8 @@ from autodist.launch.signing import load_secret
 from autodist.launch.tf_config import check_this_is_the_chief
 from autodist.runtime import batching, checkpoint, datasets, follow, recovery
 from autodist.runtime import targets as targets_
-from autodist.runtime.elastic import check_elastic, check_switch, segments
+from autodist.runtime.elastic import (check_elastic, check_members, check_switch, resized,
+                                      segments)
 from autodist.runtime.entry import TASK_MODULE
 from autodist.runtime.history import History, read_results
 from autodist.runtime.metric_logs import MetricLogs
@@ -106,7 +107,8 @@ class DistributedRun:
         self._following: tuple[JobDir, RunConfig] | None = None
         self._resize_sequence = 0
         # The membership the running fit was last asked for (None: unchanged).
-        self._requested_workers: int | None = None
+        self._requested_members: tuple[int, ...] | None = None
+        self._members: tuple[int, ...] = tuple(range(resource_spec.num_worker_tasks))
         self._requested_strategy: str | None = None
         self._requested_batch = 0
         self._num_examples = 0
@@ -119,7 +121,7 @@ class DistributedRun:
             checkpoints_to_keep: int | None = None,
             initial_checkpoint: str | None = None,
             callbacks: Sequence[Any] | None = None,
-            resize_at: Mapping[int, int] | None = None,
+            resize_at: Mapping[int, int | Sequence[int]] | None = None,
             elastic: bool = False,
             switch_at: Mapping[int, Strategy] | None = None,
             policies: Sequence[Policy] | None = None,
@@ -195,9 +197,12 @@ class DistributedRun:
             callbacks: Keras callbacks run by the driver (see above). With
                 callbacks the workers report every step and wait for the
                 driver at each epoch's end (up to `step_timeout_s`).
-            resize_at: Elastic training: global step -> number of workers
-                from that step on (workers 0..n-1 of the spec; step 0 sets
-                the starting size, default all). At each change the members
+            resize_at: Elastic training: global step -> the workers from
+                that step on: a number n (the previous members grown or
+                shrunk to n: the highest-numbered members leave first, the
+                lowest-numbered idle tasks join first) or a list of worker
+                task indices with the chief, 0 (e.g. [0, 2] drops worker
+                1); step 0 sets the starting membership, default all. At each change the members
                 rebuild their programs in place (no process restarts, no
                 disk) and continue from the chief's state; the strategy
                 needs virtual nodes (B and V stay fixed, so the run follows
@@ -205,7 +210,7 @@ class DistributedRun:
                 worker's process starts at launch and idles while it is not
                 a member. See `autodist.runtime.elastic`. With callbacks,
                 only step 0 (the starting size) may be given.
-            elastic: Allow `resize(n)` and `replan(strategy)` while this fit
+            elastic: Allow `resize(workers)` and `replan(strategy)` while this fit
                 runs, from a callback (a policy): the workers meet the new
                 membership one step ahead of the chief. Needs callbacks;
                 resizing needs an elastic strategy (as `resize_at`).
@@ -286,9 +291,10 @@ class DistributedRun:
         sizes = [len(batching.batch_rows(np.arange(n), s, batch_size)) for s in range(steps)]
         self._check_batches(sizes, n, batch_size)
         plans, switch_plans = options.switch_plans()
+        self._members = tuple(range(self.resource_spec.num_worker_tasks))
         if options.membership_may_change:
-            segments(steps * job_epochs, self.resource_spec.num_worker_tasks, resize_at,
-                     switch_plans)
+            self._members = segments(steps * job_epochs, self.resource_spec.num_worker_tasks,
+                                     resize_at, switch_plans)[0].members
         config = RunConfig(global_batch_size=batch_size, epochs=job_epochs,
                            steps_per_epoch=steps_per_epoch, shuffle=shuffle, seed=seed,
                            step_timeout_s=self.step_timeout_s,
@@ -299,7 +305,8 @@ class DistributedRun:
                            task_step_delay_s=self.task_step_delay_s or None,
                            follow_steps=options.followed, job_timeout_s=timeout_s,
                            job_id=uuid.uuid4().hex,
-                           resize_at={str(k): v for k, v in resize_at.items()}
+                           resize_at={str(k): v if isinstance(v, int) else sorted(v)
+                                      for k, v in resize_at.items()}
                            if resize_at else None, on_failure=on_failure,
                            elastic=options.membership_may_change,
                            monitor_every=monitor_every, switch_at=switch_plans or None,
@@ -314,8 +321,7 @@ class DistributedRun:
         driver = None
         if options.policies:
             control = Control(self, batch_size, replanner)
-            control.workers = int({int(k): v for k, v in (resize_at or {}).items()}.get(
-                0, control.workers))
+            control.members = self._members
             driver = PolicyDriver(control, options.policies)
         history = History()
         metric_logs = MetricLogs(self.model, self.graph_item) or None
@@ -329,7 +335,7 @@ class DistributedRun:
             metric_logs=metric_logs, initial_epoch=options.initial_epoch,
             wait_s=self.step_timeout_s + self.startup_timeout_s)
         self._following = (job, config) if options.followed else None
-        self._requested_workers = self._requested_strategy = None
+        self._requested_members = self._requested_strategy = None
         self._requested_batch, self._num_examples = batch_size, n
         finished = False
         try:
@@ -369,29 +375,47 @@ class DistributedRun:
             shutil.rmtree(path, ignore_errors=True)
         return history
 
-    def resize(self, workers: int) -> None:
-        """Asks the running `fit(..., elastic=True)` to go on with `workers` workers.
+    def resize(self, workers: int | Sequence[int]) -> tuple[int, ...]:
+        """Asks the running `fit(..., elastic=True)` to go on with other workers.
 
         Call it from a callback (a policy) while `fit` runs. The new
-        membership (worker tasks 0..workers-1) starts one step ahead of the
-        chief, at a step boundary all workers meet; the global batch and the
-        virtual nodes stay fixed, so the numbers do not change. History's
-        `resizes` lists when it happened.
+        membership starts one step ahead of the chief, at a step boundary
+        all workers meet; the global batch and the virtual nodes stay fixed,
+        so the numbers do not change. History's `resizes` lists when it
+        happened and on which tasks.
+
+        Args:
+            workers: A number n: the current members grown or shrunk to n
+                (shrinking drops the highest-numbered members, growing adds
+                the lowest-numbered idle tasks; `elastic.resized`). Or the
+                worker task indices to run on, e.g. [0, 2, 3] to drop worker
+                1; they must include the chief, task 0.
+
+        Returns:
+            The member tasks asked for.
 
         Raises:
             AutodistError: no elastic fit with callbacks is running, the
-                strategy cannot resize (`elastic.check_elastic`), or
-                `workers` is not in 1..(workers of the spec).
+                strategy cannot resize (`elastic.check_elastic`), `workers`
+                is not in 1..(workers of the spec), or the tasks are
+                unknown, repeated or leave out the chief.
         """
-        self._following_elastic("resize(n)")
+        self._following_elastic("resize(workers)")
         if self._resizable is not None:
             raise self._resizable
         limit = self.resource_spec.num_worker_tasks
-        if not isinstance(workers, int) or not 1 <= workers <= limit:
-            raise AutodistError(f"resize needs a number of workers in 1..{limit} (the spec's "
-                                f"worker tasks). Received: {workers!r}")
-        self._requested_workers = workers
+        current = self._requested_members or self._members
+        if isinstance(workers, int) and not isinstance(workers, bool):
+            if not 1 <= workers <= limit:
+                raise AutodistError(f"resize needs a number of workers in 1..{limit} (the "
+                                    f"spec's worker tasks) or a list of worker tasks. "
+                                    f"Received: {workers!r}")
+            members = resized(current, workers, limit)
+        else:
+            members = check_members(workers, limit, "resize's workers")
+        self._requested_members = members
         self._request_change()
+        return members
 
     def replan(self, strategy: Strategy) -> None:
         """Asks the running `fit(..., elastic=True)` to switch to `strategy`.
@@ -449,7 +473,7 @@ class DistributedRun:
     def _request_change(self) -> None:
         self._resize_sequence += 1
         follow.request_change(self._following[0], self._resize_sequence,
-                              self._requested_workers, self._requested_strategy)
+                              self._requested_members, self._requested_strategy)
 
     def measure_throughput(self, x: Any, y: Any = None, *, batch_size: int | None = None,
                            steps: int = 3, timeout_s: float = 600.0) -> dict[str, float]:

@@ -54,14 +54,14 @@ class WorkerError(AutodistError, RuntimeError):
 
 
 def session_config(strategy: Strategy, task_index: int,
-                   members: int | None = None) -> tf.compat.v1.ConfigProto:
+                   members: tuple[int, ...] | None = None) -> tf.compat.v1.ConfigProto:
     """Session config: the server's, plus device filters.
 
     Args:
         strategy: The strategy the session runs.
         task_index: This worker task.
-        members: In an elastic job, the number of worker tasks of the current
-            membership (tasks 0..members-1). A session must name exactly the
+        members: In an elastic job, the worker tasks of the current
+            membership. A session must name exactly the
             live tasks it uses: one that can see an idle or absent task
             waits for it without a timeout.
     """
@@ -73,7 +73,7 @@ def session_config(strategy: Strategy, task_index: int,
                            for v in strategy.variables for s in v.shards)
     if uses_collectives and members is not None:
         config.device_filters.extend(["/job:ps"] + [f"/job:worker/task:{t}"
-                                                    for t in range(members)])
+                                                    for t in members])
     elif not uses_collectives:
         # This task, the PS tasks, and the worker tasks holding PS variables
         # (a cluster without PS-only tasks).
@@ -135,11 +135,12 @@ def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
     if not program.replicas:
         raise WorkerError(f"worker task {task_index} has no replica in the strategy "
                           f"(replicas: {strategy.replicas})")
+    members = tuple(sorted({elastic_.replica_task(d) for d in strategy.replicas})) \
+        if elastic else tuple(range(spec.num_worker_tasks))
     synchronizer.apply(program, strategy, synchronizer.SyncOptions(
-        is_chief=task_index == 0, worker_tasks=len({elastic_.replica_task(d)
-                                                    for d in strategy.replicas})
-        if elastic else spec.num_worker_tasks, task_index=task_index,
-        timeout_s=timeout_s, version=version, elastic=elastic, atomic=atomic))
+        is_chief=task_index == 0, worker_tasks=len(members), task_index=task_index,
+        timeout_s=timeout_s, version=version, elastic=elastic, atomic=atomic,
+        members=members))
     return program
 
 
@@ -222,7 +223,7 @@ class Trainer:
         # PS variables stay where they are unless the strategy changes.
         self._init_shared = self.program is None or segment.plan != self.segment.plan
         plan = self._plan(segment.plan)
-        self.strategy = elastic_.strategy_for(plan, segment.workers) if self.elastic else plan
+        self.strategy = elastic_.strategy_for(plan, segment.members) if self.elastic else plan
         self.program = build_program(self.graph_item, self.strategy, self.spec, self.task_index,
                                      self.config.step_timeout_s, version=segment.version,
                                      elastic=self.elastic,
@@ -230,7 +231,7 @@ class Trainer:
         self.session = open_session(
             self.target, self.program.graph,
             session_config(self.strategy, self.task_index,
-                           segment.workers if self.elastic else None),
+                           segment.members if self.elastic else None),
             self.config.startup_timeout_s)
         self.segment = segment
         self._save = None
@@ -515,7 +516,8 @@ class Trainer:
         self.initialize(self._snapshot if self.is_chief else None)
         if self.is_chief:
             resizes.append(ResizeEvent(segment.start, segment.workers, segment.plan,
-                                       time.perf_counter() - self._handover_start))
+                                       time.perf_counter() - self._handover_start,
+                                       segment.members))
 
     def save_recovery(self) -> None:
         """Chief, after a failed step: the state after the last completed step.
@@ -571,7 +573,7 @@ class Trainer:
                                                             with_residuals=True),
                                          options=self.run_options))
         message = _pack(snapshot)
-        for task in range(1, following.workers):
+        for task in following.members[1:]:
             self.mail.send(("worker", task), mailbox.STATE, message, timeout_s)
         self._snapshot = snapshot
 

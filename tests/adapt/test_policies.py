@@ -19,6 +19,7 @@ from autodist import models
 from autodist.ir.errors import AutodistError, StrategyError
 from autodist.kernels import monitoring
 from autodist.adapt import autoscaler, driver, policies
+from autodist.runtime import elastic
 from autodist.runtime.records import MonitorSample, ProgressRecord
 from autodist.runtime.progress import step_metrics
 from autodist.search import builders
@@ -31,9 +32,14 @@ class _Run:
     def __init__(self, graph_item, strategy, spec):
         self.graph_item, self.strategy, self.resource_spec = graph_item, strategy, spec
         self.requests = []
+        self.members = tuple(range(spec.num_worker_tasks))
 
     def resize(self, workers):
         self.requests.append(("resize", workers))
+        limit = self.resource_spec.num_worker_tasks
+        self.members = elastic.resized(self.members, workers, limit) \
+            if isinstance(workers, int) else elastic.check_members(workers, limit)
+        return self.members
 
     def replan(self, strategy):
         self.requests.append(("replan", strategy))
@@ -211,7 +217,7 @@ def test_autoscale_settles_where_the_autoscaler_does(mlp_item):
     for predict in (None, lambda n: 900.0 * n / (n + 6)):
         run = _Run(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
         control = policies.Control(run, 64)
-        control.workers = 1
+        run.members = control.members = (0,)
         scale = policies.Autoscale(
             autoscaler.Autoscaler(autoscaler.ScalingEfficiency(theta=0.6), 1, 6), predict,
             window=3, warmup=1)

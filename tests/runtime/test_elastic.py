@@ -77,12 +77,19 @@ def test_resize_moves_batch_norm_statistics_with_their_virtual_nodes(tmp_path):
 
 # ------------------------------------------------------------ schedule rules
 def test_segments():
-    assert elastic.segments(9, 4, None) == [elastic.Segment(0, 0, 9, 4)]
+    everyone = (0, 1, 2, 3)
+    assert elastic.segments(9, 4, None) == [elastic.Segment(0, 0, 9, everyone)]
     assert elastic.segments(9, 4, {3: 4, 0: 2, 6: 1}) == [
-        elastic.Segment(0, 0, 3, 2), elastic.Segment(1, 3, 6, 4), elastic.Segment(2, 6, 9, 1)]
+        elastic.Segment(0, 0, 3, (0, 1)), elastic.Segment(1, 3, 6, everyone),
+        elastic.Segment(2, 6, 9, (0,))]
     # Without step 0 the run starts on every worker.
-    assert elastic.segments(5, 3, {"2": 1}) == [elastic.Segment(0, 0, 2, 3),
-                                                elastic.Segment(1, 2, 5, 1)]
+    assert elastic.segments(5, 3, {"2": 1}) == [elastic.Segment(0, 0, 2, (0, 1, 2)),
+                                                elastic.Segment(1, 2, 5, (0,))]
+    # Members by task: a count keeps the members, dropping the last or adding idle ones.
+    assert elastic.segments(9, 4, {0: [0, 2, 3], 3: 2, 6: 3}) == [
+        elastic.Segment(0, 0, 3, (0, 2, 3)), elastic.Segment(1, 3, 6, (0, 2)),
+        elastic.Segment(2, 6, 9, (0, 1, 2))]
+    assert elastic.segments(9, 4, {0: (3, 0)})[0].members == (0, 3)
     with pytest.raises(AutodistError, match="resize_at step 9 is outside the run's steps 0..8"):
         elastic.segments(9, 4, {9: 2})
     with pytest.raises(AutodistError, match=r"resize_at\[3\] must be a number of workers in "
@@ -94,11 +101,29 @@ def test_strategy_for_remaps_virtual_nodes(mlp_item):
     spec = autodist.ResourceSpec.local(workers=4, ps=1)
     strategy = builders.PS().build(mlp_item, spec).with_virtual_nodes(48, 6)
     elastic.check_elastic(strategy, spec)
-    two = elastic.strategy_for(strategy, 2)
+    two = elastic.strategy_for(strategy, (0, 1))
     w0, w1 = strategy.replicas[:2]
     assert two.replicas == [w0, w1]
     assert two.virtual_node_devices == [w0, w0, w0, w1, w1, w1]
     assert two.global_batch_size == 48 and two.variables == strategy.variables
+    w2, w3 = strategy.replicas[2:]
+    gap = elastic.strategy_for(strategy, (0, 2, 3))
+    assert gap.replicas == [w0, w2, w3]
+    assert gap.virtual_node_devices == [w0, w0, w2, w2, w3, w3]
+    assert elastic.strategy_for(strategy, (0, 1, 2, 3)) is strategy
+
+
+@pytest.mark.parametrize("members, message", [
+    ([0, 4], r"names unknown worker tasks \[4\]; the spec has worker tasks 0..3"),
+    ([0, 2, 2], r"repeats worker tasks \[2\]. Received: \[0, 2, 2\]"),
+    ([1, 2], r"must include the chief \(worker task 0\).*Received: \[1, 2\]"),
+    ([0, "1"], r"must be worker task indices \(integers\). Received: \[0, '1'\]"),
+    ("01", r"must be a sequence of worker task indices. Received: '01'"),
+    (list(range(10**6)), r"names unknown worker tasks \[4\]"),
+])
+def test_bad_members(members, message):
+    with pytest.raises(AutodistError, match=r"resize_at\[2\] " + message):
+        elastic.segments(9, 4, {2: members})
 
 
 def test_check_elastic_rejects_a_strategy_without_virtual_nodes(mlp_item):

@@ -96,12 +96,12 @@ def test_replan_requested_by_a_callback(tmp_path):
 # ------------------------------------------------------------------- rules
 def test_segments_with_switches():
     assert elastic.segments(9, 2, None, {3: 1, 6: 2}) == [
-        elastic.Segment(0, 0, 3, 2, 0), elastic.Segment(1, 3, 6, 2, 1),
-        elastic.Segment(2, 6, 9, 2, 2)]
+        elastic.Segment(0, 0, 3, (0, 1), 0), elastic.Segment(1, 3, 6, (0, 1), 1),
+        elastic.Segment(2, 6, 9, (0, 1), 2)]
     # Resizes and switches merge; each keeps its value until it changes.
     assert elastic.segments(9, 4, {0: 2, 5: 4}, {3: 1}) == [
-        elastic.Segment(0, 0, 3, 2, 0), elastic.Segment(1, 3, 5, 2, 1),
-        elastic.Segment(2, 5, 9, 4, 1)]
+        elastic.Segment(0, 0, 3, (0, 1), 0), elastic.Segment(1, 3, 5, (0, 1), 1),
+        elastic.Segment(2, 5, 9, (0, 1, 2, 3), 1)]
     with pytest.raises(AutodistError, match="switch_at step 0 is outside the run's steps 1..8"):
         elastic.segments(9, 2, None, {0: 1})
 
