@@ -49,8 +49,9 @@ class StepMetrics:
         examples_per_s: Examples of the step over `seconds`.
         workers: Workers that ran the step.
         plan: The strategy that ran it (0: the run's; k: the k-th switched to).
-        per_worker: Examples per second of each member worker, by task index,
-            where measured (a straggler shows as a low value); else empty.
+        per_worker: On monitored steps, each member worker's examples over
+            its local compute time, by task index (a straggler shows as a
+            low value); else empty.
         noise_scale: On monitored steps, the smoothed estimates
             (`monitoring.NoiseScale`: |G|², tr(Σ) and their ratio B_noise);
             None otherwise.

@@ -255,7 +255,9 @@ def step_metrics(record: ProgressRecord,
                  noise: monitoring.SmoothedNoiseScale) -> StepMetrics:
     """What a policy sees of a step; `noise` smooths the noise scale over the run."""
     smoothed = variance = compute = communication = None
+    per_worker: dict[int, float] = {}
     if record.monitor is not None:
+        per_worker = record.monitor.examples_per_s()
         if record.monitor.compute_s:
             compute = max(record.monitor.compute_s)
             communication = max(0.0, record.seconds - compute)
@@ -266,5 +268,5 @@ def step_metrics(record: ProgressRecord,
     return StepMetrics(
         step=record.step, epoch=record.epoch, loss=record.loss, seconds=record.seconds,
         examples_per_s=record.examples / record.seconds if record.seconds > 0 else 0.0,
-        workers=record.workers, plan=record.plan, noise_scale=smoothed,
+        workers=record.workers, plan=record.plan, per_worker=per_worker, noise_scale=smoothed,
         gradient_variance=variance, compute_s=compute, communication_s=communication)

@@ -149,12 +149,22 @@ class MonitorSample:
         sq_norms: The squared gradient norms, in the order of `batches`.
         compute_s: Per task, its local forward and backward, timed in the graph.
         communication_s: Per task, the rest of its step.
+        tasks: The task index of each `compute_s` entry (empty: not recorded).
+        examples: Per task, the examples its replicas computed in the step.
     """
 
     batches: tuple[int, ...]
     sq_norms: tuple[float, ...]
     compute_s: tuple[float, ...] = ()
     communication_s: tuple[float, ...] = ()
+    tasks: tuple[int, ...] = ()
+    examples: tuple[int, ...] = ()
+
+    def examples_per_s(self) -> dict[int, float]:
+        """Each task's examples over its compute time (a straggler computes slowly)."""
+        if len(self.tasks) != len(self.compute_s) or len(self.examples) != len(self.tasks):
+            return {}
+        return {t: n / c for t, n, c in zip(self.tasks, self.examples, self.compute_s) if c > 0}
 
     @staticmethod
     def merge(samples: Sequence[MonitorSample]) -> MonitorSample:
@@ -163,11 +173,14 @@ class MonitorSample:
             batches=tuple(b for s in samples for b in s.batches),
             sq_norms=tuple(n for s in samples for n in s.sq_norms),
             compute_s=tuple(c for s in samples for c in s.compute_s),
-            communication_s=tuple(c for s in samples for c in s.communication_s))
+            communication_s=tuple(c for s in samples for c in s.communication_s),
+            tasks=tuple(t for s in samples for t in s.tasks),
+            examples=tuple(n for s in samples for n in s.examples))
 
     def to_dict(self) -> dict[str, Any]:
         return {"batches": list(self.batches), "sq_norms": list(self.sq_norms),
-                "compute_s": list(self.compute_s), "communication_s": list(self.communication_s)}
+                "compute_s": list(self.compute_s), "communication_s": list(self.communication_s),
+                "tasks": list(self.tasks), "examples": list(self.examples)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MonitorSample:
@@ -176,7 +189,9 @@ class MonitorSample:
                      sq_norms=tuple(_field(data, kind, "sq_norms", _list_of(_float))),
                      compute_s=tuple(_field(data, kind, "compute_s", _list_of(_float), [])),
                      communication_s=tuple(_field(data, kind, "communication_s",
-                                                  _list_of(_float), [])))
+                                                  _list_of(_float), [])),
+                     tasks=tuple(_field(data, kind, "tasks", _list_of(_int), [])),
+                     examples=tuple(_field(data, kind, "examples", _list_of(_int), [])))
         if len(sample.batches) != len(sample.sq_norms):
             raise RecordError(f"a monitor sample needs one norm per batch. Received "
                               f"{len(sample.batches)} batches, {len(sample.sq_norms)} norms")

@@ -508,7 +508,10 @@ class Trainer:
         return MonitoredStep(index, MonitorSample(
             batches=tuple(batches), sq_norms=tuple(norms),
             compute_s=(float(times["gradients"] - times["start"]),),
-            communication_s=(float(times["end"] - times["gradients"]),)))
+            communication_s=(float(times["end"] - times["gradients"]),),
+            tasks=(self.task_index,),
+            examples=(sum(len(parts[vn.index]) for replica in self.program.replicas
+                          for vn in replica.virtual_nodes),)))
 
     def _enter(self, segment: elastic_.Segment, resizes: list) -> None:
         """Joins `segment`: new program and session, state from the chief."""

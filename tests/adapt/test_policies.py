@@ -135,11 +135,13 @@ def test_step_records_become_metrics_with_the_global_step(control):
     record = ProgressRecord(
         step=9, epoch=1, epoch_step=2, loss=0.5, seconds=0.032, examples=64,
         last_of_epoch=False, workers=2, plan=1,
-        monitor=MonitorSample(batches=(8, 8, 16), sq_norms=(3.0, 5.0, 2.5)))
+        monitor=MonitorSample(batches=(8, 8, 16), sq_norms=(3.0, 5.0, 2.5),
+                              compute_s=(0.01, 0.03), tasks=(0, 1), examples=(32, 32)))
     policy_driver.step(step_metrics(record, monitoring.SmoothedNoiseScale(0.9)))
     metrics = got[0]
     assert (metrics.step, metrics.epoch, metrics.workers, metrics.plan) == (9, 1, 2, 1)
     assert metrics.examples_per_s == pytest.approx(2000.0)
+    assert metrics.per_worker == pytest.approx({0: 3200.0, 1: 32 / 0.03})
     expected = monitoring.noise_scale_fit([8, 8, 16], [3.0, 5.0, 2.5])
     assert metrics.gradient_variance == pytest.approx(expected.trace_sigma)
     assert metrics.noise_scale.noise_scale == pytest.approx(expected.noise_scale)

@@ -6,20 +6,20 @@ processes, and its weights equal single-device Keras `fit` with batch 32
 within 2e-5: the virtual nodes of the dropped worker move to the others and
 every virtual node still reads the same examples.
 
-The autoscaler's straggler replacement, told that worker 1 is slow, drops it
-from a running fit and (`replan_on_resize`) switches the two that stay from
+The autoscaler's straggler replacement, with worker 1 slowed to a quarter of
+its speed (SIGSTOP/SIGCONT) and every step's per-worker throughput measured
+in the graph (`monitor_every=1`), drops it from a running fit and (`replan_on_resize`) switches the two that stay from
 PS to a fresh plan for them (all-reduce, from a stand-in replanner) through
 the strategy-switch path; the weights still equal Keras.
 """
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import pytest
 
 import autodist
 from autodist.adapt import autoscaler, policies
+from autodist.bench.slowdown import Slowdown
 from autodist.search import builders
 from tests import small_mlp
 
@@ -44,27 +44,6 @@ def test_a_run_drops_a_worker_in_the_middle_and_takes_it_back(tmp_path):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
 
 
-class _Worker1ReportedSlow(policies.Policy):
-    """Passes the steps on to `inner` with per-worker throughputs where worker 1 is slow.
-
-    The runtime does not measure per-worker throughput yet; these numbers
-    stand in for it, so the decision and its action run on a real cluster.
-    """
-
-    def __init__(self, inner: policies.Policy) -> None:
-        self.inner = inner
-
-    def on_train_begin(self, control):
-        self.inner.on_train_begin(control)
-
-    def on_step_end(self, metrics, control):
-        per_worker = {t: 30.0 if t == 1 else 100.0 for t in control.members}
-        self.inner.on_step_end(dataclasses.replace(metrics, per_worker=per_worker), control)
-
-    def on_train_end(self, control):
-        self.inner.on_train_end(control)
-
-
 @pytest.mark.cluster
 def test_a_straggler_is_dropped_and_the_members_re_planned(tmp_path):
     # PS for 3 workers; the replanner picks all-reduce for the 2 that stay.
@@ -81,10 +60,13 @@ def test_a_straggler_is_dropped_and_the_members_re_planned(tmp_path):
 
     scale = policies.Autoscale(autoscaler.Autoscaler(autoscaler.StragglerReplacement(), 3, 3),
                                window=2, warmup=0, replan_on_resize=True)
-    run = autodist.distribute(model, strategy, spec, job_dir=str(tmp_path / "job"),
-                              step_timeout_s=60)
-    history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0,
-                      policies=[_Worker1ReportedSlow(scale)], replanner=replanner)
+    job_dir = str(tmp_path / "job")
+    run = autodist.distribute(model, strategy, spec, job_dir=job_dir, step_timeout_s=60)
+    # Worker 1 runs a quarter of the time; every step is monitored, so each
+    # worker's examples over its in-graph compute time reach the policy.
+    with Slowdown(job_dir, 1, 0.25):
+        history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, monitor_every=1,
+                          policies=[scale], replanner=replanner)
     assert scale.result.replace == (1,) and specs == [2]
     actions = [(a["action"], a.get("members"), a.get("changed")) for a in history.actions]
     assert ("resize", [0, 2], None) in actions and ("replan", None, True) in actions

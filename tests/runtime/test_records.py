@@ -11,7 +11,7 @@ from autodist.runtime.records import (ChangeRequest, LossRecord, MonitoredStep, 
                                       StepReport, WorkerMessage, WorkerResult)
 
 SAMPLE = MonitorSample(batches=(8, 8, 16), sq_norms=(3.0, 5.0, 2.5), compute_s=(0.01,),
-                       communication_s=(0.02,))
+                       communication_s=(0.02,), tasks=(0,), examples=(32,))
 
 
 @pytest.mark.parametrize("record", [
@@ -45,6 +45,15 @@ def test_a_merged_monitor_sample_keeps_every_task_in_order():
     merged = MonitorSample.merge([SAMPLE, other])
     assert merged.batches == (8, 8, 16, 32) and merged.sq_norms == (3.0, 5.0, 2.5, 1.0)
     assert merged.compute_s == (0.01, 0.03) and merged.communication_s == (0.02,)
+
+
+def test_per_worker_throughput_is_examples_over_compute_time():
+    other = MonitorSample(batches=(16,), sq_norms=(1.0,), compute_s=(0.04,), tasks=(2,),
+                          examples=(16,))
+    assert MonitorSample.merge([SAMPLE, other]).examples_per_s() == \
+        pytest.approx({0: 3200.0, 2: 400.0})
+    # Samples without task indices (older records) give no per-worker numbers.
+    assert MonitorSample(batches=(8,), sq_norms=(1.0,), compute_s=(0.1,)).examples_per_s() == {}
 
 
 @pytest.mark.parametrize("kind,raw,match", [
