@@ -219,7 +219,11 @@ class ChiefFollower:
             for record in records:
                 if record.step >= self._written:
                     unwritten.setdefault(record.step, []).append(record.sample)
-        self._monitors.update(unwritten)
+        for step, samples in unwritten.items():
+            # Samples the chief holds already (its own, reports) stay unless a result repeats them.
+            tasks = {t for sample in samples for t in sample.tasks}
+            kept = [m for m in self._monitors.get(step, []) if not set(m.tasks) & tasks]
+            self._monitors[step] = kept + samples
         with open(self._progress, "a") as f:
             for step in range(self._written, done):
                 f.write(self._line(step, sum(losses[step] for losses in losses_by_task),
