@@ -4,7 +4,7 @@ Both implement the search's cost-model role (`autodist.search.predictor.Predicto
 
 * `CostModel`: LightGBM, trained only from data: callers turn `Database`
   records into a feature matrix, a vector of measured step times and the
-  workload of each row. Two kinds:
+  workload of each row. Three kinds:
 
   * ``"ranker"`` (default): LightGBM ``lambdarank`` with one query per
     workload. Within a workload, faster trials get higher relevance labels.
@@ -12,12 +12,18 @@ Both implement the search's cost-model role (`autodist.search.predictor.Predicto
     needs, and copes with workloads whose absolute times differ by orders of
     magnitude.
   * ``"regressor"``: LightGBM regression on log(step time); predicts seconds.
+  * ``"residual"``: LightGBM regression on the simulator's error,
+    log(measured / simulated step time), with the simulator's step time read
+    from the ``sim_step_time_s`` feature; predicts simulator × exp(residual)
+    seconds. Where the trials agree with the simulator it keeps the
+    simulator's order; its training starts from the simulator rather than
+    from nothing.
 
 * `SimulatorCostModel`: the analytic simulator's step time (seconds); it
   learns nothing, and `update` gives a LightGBM regressor of the trials.
 
 `CostModel.predict` returns a value where LOWER means predicted FASTER for
-both kinds (the negated ranking score, or the predicted step time in seconds),
+every kind (the negated ranking score, or the predicted step time in seconds),
 so callers always sort ascending. A ranker's scores are comparable only
 between strategies of the same workload.
 
@@ -55,12 +61,18 @@ from autodist.ir.errors import short_repr, shorten
 # Version of the saved file; `load` refuses newer ones. Version 2 added
 # "model_sha256", the checksum of the LightGBM model text, verified before
 # LightGBM parses it (LightGBM may abort the process on a damaged model).
-COST_MODEL_FORMAT_VERSION = 2
+# Version 3 added the kind "residual" (an older autodist then says the file
+# is newer rather than that the kind is unknown).
+COST_MODEL_FORMAT_VERSION = 3
 _FORMAT = "autodist.cost_model"
 # Relevance labels of the ranker are integers 0 .. _RELEVANCE_LEVELS - 1
 # (LightGBM's lambdarank accepts labels up to 30 with its default tables).
 _RELEVANCE_LEVELS = 31
-_KINDS = ("ranker", "regressor")
+_KINDS = ("ranker", "regressor", "residual")
+# Kinds whose predictions are step times in seconds.
+_SECONDS_KINDS = ("regressor", "residual")
+# The feature a residual model corrects: the simulator's step time in seconds.
+SIMULATOR_FEATURE = "sim_step_time_s"
 # The kind decides these; a caller may not override them through `params`.
 _RESERVED_PARAMS = ("objective", "application", "app", "objective_type", "loss")
 # The most LightGBM threads a saved model may ask for.
@@ -102,8 +114,10 @@ class CostModel(Predictor):
     """A LightGBM model of strategy step time, trained from measured trials.
 
     Args:
-        kind: "ranker" (lambdarank, one query per workload) or "regressor"
-            (regression on log step time).
+        kind: "ranker" (lambdarank, one query per workload), "regressor"
+            (regression on log step time) or "residual" (regression on
+            log(step time / the `sim_step_time_s` feature), the simulator's
+            error; needs that feature).
         params: LightGBM parameters overriding the defaults (not the
             objective, which `kind` decides).
         num_boost_round: Boosting rounds.
@@ -118,7 +132,7 @@ class CostModel(Predictor):
         {'pairwise_accuracy': 0.91, 'kendall_tau': 0.83, ...}
     """
 
-    def __init__(self, kind: Literal["ranker", "regressor"] = "ranker",
+    def __init__(self, kind: Literal["ranker", "regressor", "residual"] = "ranker",
                  params: Mapping[str, Any] | None = None, num_boost_round: int = 200,
                  seed: int = 0) -> None:
         if kind not in _KINDS:
@@ -221,7 +235,8 @@ class CostModel(Predictor):
             CostModelError: On shape mismatch, non-finite values, non-positive
                 step times, duplicate feature names, or too little data (a
                 ranker needs a workload with two trials of different times; a
-                regressor two rows).
+                regressor or residual model two rows), or, for a residual
+                model, no positive `sim_step_time_s` feature.
         """
         X = as_matrix(X)
         times = as_vector(step_times, "step_times")
@@ -244,7 +259,9 @@ class CostModel(Predictor):
                     f"times. Received {len(names)} rows in {len(groups)} workloads, "
                     f"largest has {max((len(i) for i in groups), default=0)} rows")
         elif len(times) < 2:
-            raise CostModelError(f"a regressor needs at least 2 rows. Received: {len(times)}")
+            raise CostModelError(f"a {self._kind} needs at least 2 rows. "
+                                 f"Received: {len(times)}")
+        base = _simulator_times(X, features, "X") if self._kind == "residual" else None
 
         if init_model is not None and (not init_model.is_fitted or init_model.kind != self._kind
                                        or init_model.feature_names != features):
@@ -258,6 +275,9 @@ class CostModel(Predictor):
         if self._kind == "ranker":
             label = relevance_labels(times, names)[order]
             group = [len(idx) for idx in groups]
+        elif base is not None:
+            label = np.log(times[order]) - np.log(base[order])
+            group = None
         else:
             label = np.log(times[order])
             group = None
@@ -293,8 +313,13 @@ class CostModel(Predictor):
             X: Feature matrix, shape (n, f), columns in `feature_names` order.
 
         Returns:
-            For a regressor, predicted step times in seconds; for a ranker, the
-            negated ranking score (comparable only within one workload).
+            For a regressor or residual model, predicted step times in seconds;
+            for a ranker, the negated ranking score (comparable only within
+            one workload).
+
+        Raises:
+            CostModelError: X has the wrong number of columns, or (residual)
+                a non-positive simulator step time.
         """
         booster = self._require_fitted()
         X = as_matrix(X)
@@ -305,14 +330,18 @@ class CostModel(Predictor):
             return np.zeros(0, dtype=np.float64)
         raw = np.asarray(booster.predict(X, num_threads=self._train_params.get("num_threads", 1)),
                          dtype=np.float64)
-        return -raw if self._kind == "ranker" else np.exp(raw)
+        if self._kind == "ranker":
+            return -raw
+        if self._kind == "residual":
+            return _simulator_times(X, self._feature_names, "X") * np.exp(raw)
+        return np.exp(raw)
 
     def evaluate(self, X: Any, step_times: Any, workloads: Sequence[str]) -> dict[str, float]:
-        """Ranking quality on measured trials (and log-time error for a regressor).
+        """Ranking quality on measured trials (and log-time error for seconds).
 
         Returns:
             {"pairwise_accuracy", "kendall_tau", "num_rows", "num_workloads"},
-            plus "log_rmse" for a regressor.
+            plus "log_rmse" for a regressor or residual model.
         """
         pred = self.predict(X)
         times = as_vector(step_times, "step_times")
@@ -322,7 +351,7 @@ class CostModel(Predictor):
                "kendall_tau": kendall_tau(pred, times, names),
                "num_rows": float(len(times)),
                "num_workloads": float(len(set(names)))}
-        if self._kind == "regressor":
+        if self._kind in _SECONDS_KINDS:
             out["log_rmse"] = log_rmse(pred, times)
         return out
 
@@ -352,13 +381,13 @@ class CostModel(Predictor):
     # ------------------------------------------------ the search's role
     @property
     def name(self) -> str:
-        """"lightgbm-ranker" or "lightgbm-regressor"."""
+        """"lightgbm-ranker", "lightgbm-regressor" or "lightgbm-residual"."""
         return f"lightgbm-{self._kind}"
 
     @property
     def predicts_seconds(self) -> bool:
-        """A regressor predicts seconds; a ranker only orders."""
-        return self._kind == "regressor"
+        """A regressor or residual model predicts seconds; a ranker only orders."""
+        return self._kind in _SECONDS_KINDS
 
     def predict_candidates(self, simulator: Simulator, candidates: np.ndarray,
                            prediction: Prediction | None = None) -> np.ndarray:
@@ -457,6 +486,10 @@ class CostModel(Predictor):
             model = cls(data["kind"], data["params"], data["num_boost_round"], data["seed"])
         except CostModelError as e:
             raise CostModelError(f"{source}: {e}") from e
+        if model.kind == "residual" and SIMULATOR_FEATURE not in feature_list:
+            raise CostModelError(f"{source}: a residual model needs the feature "
+                                 f"{SIMULATOR_FEATURE!r}. Received feature_names: "
+                                 f"{short_repr(feature_list)}")
         lgb = _lightgbm()
         try:
             model._booster = lgb.Booster(model_str=model_text)
@@ -546,6 +579,20 @@ def _verify_checksum(data: Mapping[str, Any], model_text: str, source: str,
                              f"file records {short_repr(recorded, 80)}")
 
 
+def _simulator_times(X: np.ndarray, feature_names: Sequence[str], name: str) -> np.ndarray:
+    """The simulator's step times a residual model corrects: X's `SIMULATOR_FEATURE` column."""
+    if SIMULATOR_FEATURE not in feature_names:
+        raise CostModelError(f"a residual model needs the feature {SIMULATOR_FEATURE!r} (the "
+                             f"simulator's step time) among its features. Received: "
+                             f"{short_repr(list(feature_names))}")
+    base = X[:, list(feature_names).index(SIMULATOR_FEATURE)]
+    bad = np.flatnonzero(base <= 0)
+    if bad.size:
+        raise CostModelError(f"{name} column {SIMULATOR_FEATURE!r} must hold positive seconds. "
+                             f"Received {base[bad[0]]} at row {bad[0]}")
+    return base
+
+
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number a saved cost model holds")
 
@@ -615,13 +662,15 @@ class SimulatorCostModel(Predictor):
 
     Args:
         refit_kind: The kind of LightGBM model `update` trains ("regressor":
-            it predicts seconds, as the simulator does).
+            it predicts seconds, as the simulator does; "residual" learns
+            the simulator's error; "ranker").
 
     Example:
         >>> plan = autodist.optimize(model, cost_model=SimulatorCostModel())  # doctest: +SKIP
     """
 
-    def __init__(self, refit_kind: Literal["ranker", "regressor"] = "regressor") -> None:
+    def __init__(self, refit_kind: Literal["ranker", "regressor", "residual"] = "regressor"
+                 ) -> None:
         if refit_kind not in _KINDS:
             raise CostModelError(f"refit_kind must be one of {list(_KINDS)}. "
                                  f"Received: {refit_kind!r}")

@@ -6,7 +6,8 @@ implementations live in `autodist.search.cost_model`:
 
 * `SimulatorCostModel`: the analytic simulator's step time. It learns
   nothing; what learns from its trials is a LightGBM regressor.
-* `CostModel`: LightGBM (ranker or regressor) trained on measured trials.
+* `CostModel`: LightGBM trained on measured trials: a ranker, a regressor
+  of step time, or a residual model of the simulator's error.
 
 A predictor scores candidates of one workload through that workload's
 `Simulator` (the context: its search space, calibration and batch size), as

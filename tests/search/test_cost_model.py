@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from autodist.search.cost_model import (COST_MODEL_FORMAT_VERSION, CostModel, CostModelError,
-                                        SimulatorCostModel, leave_one_group_out,
+from autodist.search.cost_model import (COST_MODEL_FORMAT_VERSION, SIMULATOR_FEATURE, CostModel,
+                                        CostModelError, SimulatorCostModel, leave_one_group_out,
                                         load_cost_model, relevance_labels, resolve_cost_model,
                                         shipped_cost_model)
 from autodist.search.features import FEATURE_NAMES
@@ -45,6 +45,32 @@ def train_data():
 @pytest.fixture(scope="module")
 def test_data():
     return synthetic(10, 20, seed=2)
+
+
+RESIDUAL_FEATURES = ["x0", "x1", "x2", SIMULATOR_FEATURE]
+
+
+def synthetic_residual(num_workloads: int, trials: int, seed: int):
+    """A simulator that is right about x1 and x2 but blind to x0: the measured time is
+    its prediction times exp(0.8 * x0 - 0.4) and a noise."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(size=(num_workloads * trials, 3))
+    scale = np.repeat(rng.uniform(0.01, 1.0, num_workloads), trials)
+    simulated = scale * (1 + 1.5 * x[:, 1] + x[:, 2])
+    times = simulated * np.exp(0.8 * x[:, 0] - 0.4 + rng.normal(0.0, NOISE_SIGMA, len(x)))
+    workloads = [f"r{seed}_{i}" for i in np.repeat(np.arange(num_workloads), trials)]
+    return np.column_stack([x, simulated]), times, workloads
+
+
+@pytest.fixture(scope="module")
+def residual_data():
+    return synthetic_residual(30, 20, seed=11), synthetic_residual(10, 20, seed=12)
+
+
+@pytest.fixture(scope="module")
+def residual(residual_data):
+    (X, t, w), _ = residual_data
+    return CostModel("residual", num_boost_round=100).fit(X, t, w, RESIDUAL_FEATURES)
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +115,51 @@ def test_regressor_predicts_held_out_step_times(regressor, test_data):
     assert metrics["pairwise_accuracy"] > 0.85 and metrics["kendall_tau"] > 0.7
 
 
+def test_residual_model_corrects_the_simulator_on_held_out_workloads(residual, residual_data):
+    _, (X, t, w) = residual_data
+    simulated = X[:, 3]
+    pred = residual.predict(X)
+    # Its seconds are the simulator's times exp(the learned residual).
+    raw = residual._booster.predict(X)   # pylint: disable=protected-access
+    np.testing.assert_allclose(pred, simulated * np.exp(raw), rtol=1e-12)
+    # The simulator alone is off by exp(0.8 x0 - 0.4): log RMSE ~0.25 and a
+    # pairwise accuracy ~0.8; corrected, the noise (0.03) and the fit remain.
+    metrics = residual.evaluate(X, t, w)
+    assert log_rmse(simulated, t) > 0.2
+    assert metrics["log_rmse"] < 0.08, metrics
+    assert metrics["pairwise_accuracy"] > pairwise_accuracy(simulated, t, w) + 0.08, metrics
+    assert metrics["pairwise_accuracy"] > 0.9 and metrics["kendall_tau"] > 0.8
+    assert residual.predicts_seconds and residual.name == "lightgbm-residual"
+
+
+def test_residual_model_keeps_the_simulators_order_when_it_is_right():
+    # Measured = 1.5 x simulated: nothing to correct but the scale, so the
+    # seconds are the simulator's times 1.5 and the order is exactly its.
+    X, _, w = synthetic_residual(20, 15, seed=13)
+    model = CostModel("residual", num_boost_round=50).fit(X, 1.5 * X[:, 3], w,
+                                                          RESIDUAL_FEATURES)
+    Xt, tt, wt = synthetic_residual(5, 15, seed=14)
+    pred = model.predict(Xt)
+    np.testing.assert_allclose(pred, 1.5 * Xt[:, 3], rtol=1e-6)   # LightGBM: float32 labels
+    assert pairwise_accuracy(pred, tt, wt) == pairwise_accuracy(Xt[:, 3], tt, wt)
+
+
+def test_residual_model_needs_the_simulators_positive_step_time(residual_data, residual):
+    (X, t, w), _ = residual_data
+    with pytest.raises(CostModelError, match=r"needs the feature 'sim_step_time_s' .*"
+                                             r"Received: \['x0', 'x1', 'x2', 'x3'\]"):
+        CostModel("residual").fit(X, t, w, ["x0", "x1", "x2", "x3"])
+    bad = X.copy()
+    bad[7, 3] = 0.0
+    with pytest.raises(CostModelError, match=r"column 'sim_step_time_s' must hold positive "
+                                             r"seconds. Received 0.0 at row 7"):
+        CostModel("residual").fit(bad, t, w, RESIDUAL_FEATURES)
+    with pytest.raises(CostModelError, match=r"Received -1.0 at row 2"):
+        residual.predict(np.array([[0.5, 0.5, 0.5, 1.0]] * 2 + [[0.5, 0.5, 0.5, -1.0]]))
+    with pytest.raises(CostModelError, match="a residual needs at least 2 rows. Received: 1"):
+        CostModel("residual").fit(X[:1], t[:1], w[:1], RESIDUAL_FEATURES)
+
+
 def test_training_is_deterministic(train_data):
     X, t, w = train_data
     a = CostModel("ranker", num_boost_round=20, seed=3).fit(X, t, w, FEATURES)
@@ -116,19 +187,21 @@ def test_feature_importance_names_the_features(ranker):
 
 
 # ------------------------------------------------------------ persistence
-@pytest.mark.parametrize("kind", ["ranker", "regressor"])
-def test_save_and_load_give_identical_predictions(kind, ranker, regressor, test_data, tmp_path):
-    model = ranker if kind == "ranker" else regressor
+@pytest.mark.parametrize("kind", ["ranker", "regressor", "residual"])
+def test_save_and_load_give_identical_predictions(kind, ranker, regressor, residual, test_data,
+                                                  residual_data, tmp_path):
+    model = {"ranker": ranker, "regressor": regressor, "residual": residual}[kind]
+    features, X = ((RESIDUAL_FEATURES, residual_data[1][0]) if kind == "residual"
+                   else (FEATURES, test_data[0]))
     path = tmp_path / "model.json"
     model.save(path)
     assert [p.name for p in tmp_path.iterdir()] == ["model.json"]   # one file, no leftovers
     saved = json.loads(path.read_text())
-    assert saved["version"] == COST_MODEL_FORMAT_VERSION and saved["kind"] == kind
-    assert saved["feature_names"] == FEATURES and saved["training"]["num_rows"] == 600
-    loaded = CostModel.load(path, feature_names=FEATURES)
-    X, _, _ = test_data
+    assert saved["version"] == COST_MODEL_FORMAT_VERSION == 3 and saved["kind"] == kind
+    assert saved["feature_names"] == features and saved["training"]["num_rows"] == 600
+    loaded = CostModel.load(path, feature_names=features)
     np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
-    assert loaded.kind == kind and loaded.feature_names == FEATURES
+    assert loaded.kind == kind and loaded.feature_names == features
     assert loaded.training_stats == model.training_stats
     assert loaded.to_json() == model.to_json()
 
@@ -242,8 +315,8 @@ def test_fit_rejects_bad_input(train_data):
 
 
 def test_constructor_and_predict_reject_bad_input(ranker):
-    with pytest.raises(CostModelError, match=r"kind must be one of \['ranker', 'regressor'\]. "
-                                             r"Received: 'classifier'"):
+    with pytest.raises(CostModelError, match=r"kind must be one of \['ranker', 'regressor', "
+                                             r"'residual'\]. Received: 'classifier'"):
         CostModel("classifier")
     with pytest.raises(CostModelError, match=r"may not set \['objective'\]"):
         CostModel(params={"objective": "binary"})
@@ -356,6 +429,22 @@ def test_a_learned_model_updates_from_itself(workload_simulator, ranker):
     assert ranker.update(records).feature_names == list(FEATURE_NAMES)
 
 
+def test_a_residual_model_is_a_cost_model(workload_simulator):
+    gi, spec, simulator = workload_simulator
+    records = _records(gi, spec, simulator, n=16)
+    learned = SimulatorCostModel("residual").update(records, seed=2)
+    assert learned.kind == "residual" and learned.name == "lightgbm-residual"
+    candidates = simulator.space.sample(20, np.random.default_rng(4))
+    prediction = simulator.predict(candidates)
+    seconds = learned.predict_candidates(simulator, candidates, prediction)
+    # The trials are the simulator's times 0.9..1.1: the residual stays near 1.
+    ratio = seconds / prediction.step_time_s
+    assert ((ratio > 0.85) & (ratio < 1.15)).all(), ratio
+    refined = learned.update(records, seed=2)                # continues from itself
+    assert refined.kind == "residual"
+    assert refined._booster.num_trees() > learned._booster.num_trees()  # pylint: disable=W0212
+
+
 def _rows(records):
     from autodist.search.predictor import training_rows  # pylint: disable=C0415
 
@@ -410,7 +499,9 @@ def test_a_file_without_a_checksum_loads_only_unverified(ranker, test_data, tmp_
     ("train_params", {"num_threads": 2 ** 31}, r"num_threads must be an integer in \[1, 1024\]"),
     ("params", ["not", "a", "dict"], "params must be a JSON object"),
     ("feature_names", 7, "feature_names must be a sequence of names. Received: 7"),
-    ("kind", ["ranker"], r"kind must be one of \['ranker', 'regressor'\]"),
+    ("kind", ["ranker"], r"kind must be one of \['ranker', 'regressor', 'residual'\]"),
+    ("kind", "residual", r"a residual model needs the feature 'sim_step_time_s'. "
+                         r"Received feature_names: \['x0', 'x1', 'x2', 'x3', 'x4', 'log_scale'\]"),
     ("version", 10 ** 30, "newer than"),
 ])
 def test_malformed_metadata_is_named(ranker, tmp_path, field, value, match):

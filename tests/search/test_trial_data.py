@@ -17,7 +17,7 @@ import pytest
 from autodist.bench import shipping, trials
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.search import builders, metrics
-from autodist.search.database import Database
+from autodist.search.database import Database, TrialRecord, workload_key
 from autodist.search.features import FEATURE_NAMES, featurize_strategy
 from autodist.search.runner import MeasureResult
 from autodist.search.simulator import Simulator
@@ -121,10 +121,13 @@ def test_trainer_metrics():
 
 
 def test_trainer_ships_only_what_ranks_about_as_well_as_the_simulator():
-    def results(reg, rank, sim, top1=(1.05, 1.05, 1.05)):
-        return {"m": {"regressor": {"pairwise": reg, "top1": top1[0]},
-                      "ranker": {"pairwise": rank, "top1": top1[1]},
-                      "simulator": {"pairwise": sim, "top1": top1[2]}}}
+    def results(reg, rank, sim, top1=(1.05, 1.05, 1.05), resid=None):
+        out = {"m": {"regressor": {"pairwise": reg, "top1": top1[0]},
+                     "ranker": {"pairwise": rank, "top1": top1[1]},
+                     "simulator": {"pairwise": sim, "top1": top1[2]}}}
+        if resid is not None:
+            out["m"]["residual"] = {"pairwise": resid[0], "top1": resid[1]}
+        return out
 
     assert shipping.choose(results(0.70, 0.75, 0.755), 0.01)[0] == "ranker"
     assert shipping.choose(results(0.80, 0.75, 0.70), 0.01)[0] == "regressor"
@@ -134,6 +137,76 @@ def test_trainer_ships_only_what_ranks_about_as_well_as_the_simulator():
     assert shipping.choose(results(0.80, 0.75, 0.70, (1.15, 1.04, 1.10)), 0.01)[0] == "ranker"
     kind, why = shipping.choose(results(0.80, 0.75, 0.70, (1.15, 1.16, 1.10)), 0.01)
     assert kind == "simulator" and "top-1 slowdown" in why
+    # The residual model ships on the same rule, and only on it.
+    assert shipping.choose(results(0.80, 0.75, 0.70, (1.15, 1.16, 1.10), (0.72, 1.09)),
+                           0.01)[0] == "residual"
+    kind, why = shipping.choose(results(0.68, 0.67, 0.656, (1.14, 1.15, 1.10), (0.70, 1.12)),
+                                0.01)
+    assert kind == "simulator" and "residual 0.700 / 1.12; simulator 0.656 / 1.10" in why
+
+
+def synthetic_rows(num_models: int = 3, workloads_per_model: int = 2, pool: int = 12,
+                   seed: int = 0) -> trials.Rows:
+    """Rows of trials whose time is the simulator's times a factor the features explain."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for m in range(num_models):
+        for w in range(workloads_per_model):
+            graph, spec = f"graph{m}", f"spec{w}"
+            for _ in range(pool):
+                features = dict(zip(FEATURE_NAMES, rng.uniform(0.1, 1.0, len(FEATURE_NAMES))))
+                # The simulator sees little difference; the PS traffic it misses decides.
+                simulated = features["sim_step_time_s"] = float(rng.uniform(0.9, 1.0))
+                measured = simulated * np.exp(1.5 * features["ps_bytes"] + rng.normal(0, 0.02))
+                records.append(TrialRecord(
+                    workload=workload_key(graph, spec), graph_item_fingerprint=graph,
+                    resource_spec_fingerprint=spec, model_name=f"m{m}",
+                    graph_summary={"batch_size": 64.0}, resource_spec="", strategy=b"",
+                    features=features, step_times_s=(float(measured),),
+                    predicted_step_time_s=simulated))
+    return trials.Rows(records, FEATURE_NAMES)
+
+
+def _slowdowns(times, order, k_max):
+    return [times[order[0]] / times.min()] + [times[order[:k]].min() / times.min()
+                                              for k in range(1, k_max + 1)]
+
+
+def test_few_shot_measures_each_models_top_k_and_picks_the_best_measured():
+    rows = synthetic_rows()
+    shots = shipping.few_shot(rows, max_trials=8, refit_min_trials=9, random_seeds=5)
+    assert set(shots) == {"regressor", "ranker", "residual", "simulator", "random"}
+    names = np.array(rows.workloads)
+    for workload in dict.fromkeys(rows.workloads):
+        idx = np.flatnonzero(names == workload)
+        times = rows.times[idx]
+        # The simulator measures its own top k.
+        assert shots["simulator"][workload] == pytest.approx(
+            _slowdowns(times, np.argsort(rows.simulator[idx], kind="stable"), 8))
+        # Without refits, a learned model measures the pretrained model's top k.
+        pretrained = shipping.train_without(rows, rows.models[idx[0]], "residual",
+                                            FEATURE_NAMES)
+        assert shots["residual"][workload] == pytest.approx(
+            _slowdowns(times, np.argsort(pretrained.predict(rows.X[idx]), kind="stable"), 8))
+        for predictor, slowdowns in shots.items():
+            s = np.array(slowdowns[workload])
+            assert len(s) == 9 and s[0] == s[1] and (s >= 1.0).all(), (predictor, s)
+            assert (np.diff(s) <= 1e-12).all(), (predictor, s)
+    # The residual model learns what the simulator misses; random draws do worst.
+    means = {p: shipping.geometric_means(shots[p]) for p in shots}
+    assert means["residual"][0] < means["simulator"][0]
+    assert means["random"][3] > max(means[p][3] for p in shipping.PREDICTORS)
+
+
+def test_few_shot_refits_as_the_tuner_does_after_enough_trials():
+    rows = synthetic_rows(num_models=2, workloads_per_model=1)
+    fixed = shipping.few_shot(rows, max_trials=6, refit_min_trials=7, random_seeds=2)
+    refit = shipping.few_shot(rows, max_trials=6, refit_min_trials=2, random_seeds=2)
+    for kind in shipping.LEARNED:
+        for workload in refit[kind]:
+            # The first refit follows the second trial: the first three picks agree.
+            assert refit[kind][workload][:3] == fixed[kind][workload][:3]
+    assert refit["simulator"] == fixed["simulator"]
 
 
 def test_trainer_scores_stored_strategies_again_with_the_current_simulator():

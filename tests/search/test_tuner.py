@@ -13,7 +13,7 @@ from autodist.search.cost_model import SimulatorCostModel
 from autodist.search.database import Database
 from autodist.search.measure_callback import (AddToDatabase, LogProgress, MeasureCallback,
                                               RefitCostModel, default_callbacks)
-from autodist.search.metrics import CostModelError
+from autodist.search.metrics import CostModelError, log_rmse
 from autodist.search.runner import MeasureResult, Runner, RunnerError, SimulatedRunner
 from autodist.search.simulator import Calibration
 from autodist.search.tuner import Tuner
@@ -89,6 +89,28 @@ def test_refit_switches_to_a_learned_cost_model(workload, tmp_path):
     result = tuner.tune(trials=10, measure_per_round=5)
     assert tuner.cost_model is not None and tuner.cost_model.kind == "regressor"
     assert result.strategy.proto.performance.predictor == "lightgbm-regressor"
+
+
+def test_a_residual_model_ranks_predicts_seconds_and_refits_in_the_tuner(workload, tmp_path):
+    gi, spec = workload
+    db = Database(tmp_path / "trials.jsonl")
+    Tuner(gi, spec, database=db, runner=FakeRunner(gi, spec),
+          search_budget=400).tune(trials=10, measure_per_round=5)
+    residual = SimulatorCostModel("residual").update(db.records())
+    tuner = Tuner(gi, spec, cost_model=residual, database=db, runner=FakeRunner(gi, spec),
+                  search_budget=400)
+    result = tuner.tune(trials=4)
+    # Refitted after each round (14 trials >= 8), continuing from the residual model.
+    assert tuner.cost_model is not residual and tuner.cost_model.kind == "residual"
+    assert result.strategy.proto.performance.predictor == "lightgbm-residual"
+    # Its seconds are its own, and closer to the runner's than the simulator's are.
+    records = [r for r in db.records() if r.ok]
+    assert len(records) == 14
+    candidates = np.stack([tuner.space.encode(r.load_strategy()) for r in records])
+    measured = np.array([r.median_step_time_s for r in records])
+    seconds, _ = tuner.predict_seconds(candidates)
+    simulated = tuner.simulator.predict(candidates).step_time_s
+    assert log_rmse(seconds, measured) < 0.5 * log_rmse(simulated, measured)
 
 
 def test_measuring_needs_a_runner(workload):
