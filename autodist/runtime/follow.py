@@ -292,6 +292,8 @@ class ChiefFollower:
         # The driver's callbacks and validation run meanwhile: bounded by the job's time.
         deadline = time.monotonic() + self.config.job_timeout_s
         while not path.exists():
+            if self.job.stop_request().exists():
+                return STOP  # Ctrl-C in the driver: it decides nothing more
             if time.monotonic() > deadline:
                 raise FollowError(f"the driver did not decide how to go on after epoch {epoch} "
                                   f"within the job's {self.config.job_timeout_s:g}s")

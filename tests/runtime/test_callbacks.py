@@ -248,7 +248,16 @@ class InterruptAfter(keras.callbacks.Callback):
             raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("followed", [True, False], ids=["callbacks", "plain"])
+class InterruptAtEpochEnd(keras.callbacks.Callback):
+    """Raises KeyboardInterrupt in the first on_epoch_end: the chief waits at the
+    epoch's end for a decision the driver never writes."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("followed", ["batch", "epoch_end", False],
+                         ids=["callbacks", "at_epoch_end", "plain"])
 def test_ctrl_c_keeps_the_weights_so_far_and_the_data_is_removed(followed, monkeypatch):
     """Ctrl-C: as in Keras the model keeps the weights trained so far (those after
     some step the chief completed) and the interrupt goes on; the temporary job
@@ -262,9 +271,9 @@ def test_ctrl_c_keeps_the_weights_so_far_and_the_data_is_removed(followed, monke
     initial = model.get_weights()
     candidates = _keras_after_steps(model, x, y, batch, 12 * epochs)
     if followed:
+        callback = InterruptAfter(4) if followed == "batch" else InterruptAtEpochEnd()
         with pytest.raises(KeyboardInterrupt):
-            run.fit(x, y, batch_size=batch, epochs=epochs, verbose=0,
-                    callbacks=[InterruptAfter(4)])
+            run.fit(x, y, batch_size=batch, epochs=epochs, verbose=0, callbacks=[callback])
     else:
         # No callbacks: the interrupt arrives while the driver polls the cluster.
         from autodist.runtime import progress as progress_module
