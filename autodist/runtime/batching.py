@@ -113,6 +113,21 @@ def dataset_epochs(batches: int | None, cardinality_known: bool,
         ValueError: An infinite dataset without `requested_steps`, or an
             empty one.
     """
+    return _read_like_keras(batches, cardinality_known, requested_steps, epochs)[0]
+
+
+def dataset_passes(batches: int | None, cardinality_known: bool,
+                   requested_steps: int | None, epochs: int) -> int:
+    """How many times Keras 3's `fit(dataset)` calls `iter(dataset)` over `epochs`
+    epochs (passes it reads, and those it starts without reading); arguments as
+    `dataset_epochs`."""
+    return _read_like_keras(batches, cardinality_known, requested_steps, epochs)[1]
+
+
+def _read_like_keras(batches: int | None, cardinality_known: bool,
+                     requested_steps: int | None, epochs: int
+                     ) -> tuple[list[DatasetEpoch], int]:
+    """(`dataset_epochs`, `dataset_passes`)."""
     if batches is None and requested_steps is None:
         raise ValueError("an infinite dataset needs steps_per_epoch")
     if batches == 0:
@@ -143,7 +158,7 @@ def dataset_epochs(batches: int | None, cardinality_known: bool,
         if not ran_out and limit > 0 and known and seen >= known:
             current, position, seen = created, 0, 0   # Keras starts the next pass now
             created += 1
-    return out
+    return out, created
 
 
 class EpochSchedule:

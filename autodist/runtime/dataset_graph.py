@@ -80,6 +80,12 @@ def check_reproducible(graph: bytes) -> None:
                     f"the dataset's {node.op} reads in a nondeterministic order "
                     "(deterministic=False), so the workers would see different batches: "
                     "leave `deterministic` at its default")
+            if node.op in ("CacheDataset", "CacheDatasetV2") and len(node.input) > 1 and \
+                    _const_bytes(by_name, node.input[1].split(":")[0]) != b"":
+                raise DatasetGraphError(
+                    f"the dataset's cache writes files ({node.op} with a filename), which "
+                    "every worker would write at the same path at once: use cache() in "
+                    "memory, or write the cache once beforehand and read it")
             if node.op == "OptionsDataset":
                 options = dataset_options_pb2.Options()
                 options.ParseFromString(node.attr["serialized_options"].s)
@@ -112,21 +118,38 @@ def restore(graph: bytes, element_spec: Any):
     return tf.data.experimental.from_variant(variant, element_spec)
 
 
+def seed_generators(graph: bytes) -> tuple[str, ...]:
+    """The names of the resources `graph` holds: the seed generators of reshuffling ops,
+    which each pass over the dataset advances (unique to a dataset in its process)."""
+    from tensorflow.core.framework import graph_pb2  # pylint: disable=C0415
+
+    graph_def = graph_pb2.GraphDef()
+    graph_def.ParseFromString(graph)
+    return tuple(sorted(f"{h.container}/{h.name}" for h in _resource_handles(graph_def)))
+
+
 def _with_new_generators(graph: bytes) -> bytes:
     """`graph` with every resource it names renamed to a name of this call's own."""
-    from tensorflow.core.framework import graph_pb2, types_pb2  # pylint: disable=C0415
+    from tensorflow.core.framework import graph_pb2  # pylint: disable=C0415
 
     graph_def = graph_pb2.GraphDef()
     graph_def.ParseFromString(graph)
     suffix = f"/autodist_{next(_fresh_names)}"
+    for handle in _resource_handles(graph_def):
+        handle.name += suffix
+    return graph_def.SerializeToString()
+
+
+def _resource_handles(graph_def):
+    """The resource handles the Const nodes of `graph_def` (and its functions) hold."""
+    from tensorflow.core.framework import types_pb2  # pylint: disable=C0415
+
     nodes = list(graph_def.node)
     for function in graph_def.library.function:
         nodes += list(function.node_def)
     for node in nodes:
         if node.op == "Const" and node.attr["dtype"].type == types_pb2.DT_RESOURCE:
-            for handle in node.attr["value"].tensor.resource_handle_val:
-                handle.name += suffix
-    return graph_def.SerializeToString()
+            yield from node.attr["value"].tensor.resource_handle_val
 
 
 def _seed_inputs(node) -> list[int]:
@@ -166,3 +189,12 @@ def _const_value(by_name: dict, name: str) -> int | None:
         return None
     value = tf.make_ndarray(node.attr["value"].tensor)
     return int(value) if value.size == 1 else None
+
+
+def _const_bytes(by_name: dict, name: str) -> bytes | None:
+    """The string a scalar Const node holds, or None (another op, or a function argument)."""
+    node = by_name.get(name)
+    if node is None or node.op != "Const":
+        return None
+    values = node.attr["value"].tensor.string_val
+    return values[0] if len(values) == 1 else None

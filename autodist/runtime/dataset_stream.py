@@ -131,6 +131,8 @@ class DatasetStream:
             spec = tuple(tf.TensorSpec(shape, tf.as_dtype(dtype))
                          for dtype, shape in zip(d.dtypes, d.shapes))
             dataset = dataset_graph.restore(self._graph, spec)
+            for _ in range(d.passes_before):   # started by the run's earlier fits
+                iter(dataset)
             created, iterator = 0, None
             for epoch in self.epochs:
                 while created <= epoch.iterator:   # each pass Keras starts, read or not

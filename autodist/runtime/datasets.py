@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
-from typing import Any
+from typing import Any, Mapping
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
@@ -52,12 +52,15 @@ class StreamedDataset:
         epochs: What each epoch of the job reads.
         batch_size: Examples in every batch, when the element's shape says
             so (`batch(n, drop_remainder=True)`), else None.
+        seed_generators: The names of the dataset's seed generators (a
+            reshuffling `shuffle`), which each pass advances.
     """
 
     graph: bytes
     description: DatasetDescription
     epochs: list[batching.DatasetEpoch]
     batch_size: int | None
+    seed_generators: tuple[str, ...] = ()
 
     @property
     def epoch_steps(self) -> list[int]:
@@ -66,7 +69,8 @@ class StreamedDataset:
 
 def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epochs: int,
             num_virtual_nodes: int, fixed_batch: int | None,
-            class_weight: Any = None) -> StreamedDataset:
+            class_weight: Any = None,
+            earlier_passes: Mapping[tuple[str, ...], int] | None = None) -> StreamedDataset:
     """Checks `dataset` against the model and Keras' reading of it; serializes it.
 
     Args:
@@ -81,6 +85,9 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
         num_virtual_nodes: The parts each global batch is split into.
         fixed_batch: The strategy's fixed global batch, or None.
         class_weight: fit's class_weight (weights made from y, as Keras).
+        earlier_passes: Passes earlier fits started on each dataset, by its
+            seed generators' names (`StreamedDataset.seed_generators`): the
+            workers start this dataset's unread first, drawing their seeds.
 
     Raises:
         DatasetError: elements that do not match the model; a dataset that
@@ -110,6 +117,8 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
         batches, smallest, largest = _count(graph, flat.element_spec)
     if batches == 0:
         raise DatasetError("the dataset is empty")
+    generators = dataset_graph.seed_generators(graph)
+    passes_before = (earlier_passes or {}).get(generators, 0) if generators else 0
     plan = batching.dataset_epochs(batches, known, steps_per_epoch, epochs)
     empty = next((e for e, epoch in enumerate(plan) if epoch.steps == 0), None)
     if empty is not None:
@@ -123,8 +132,28 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
     static = flat.element_spec[0].shape[0] if flat.element_spec[0].shape.rank else None
     _check_batch_sizes(static, smallest, largest, num_virtual_nodes, fixed_batch)
     return StreamedDataset(graph, dataclasses.replace(description, batches=batches,
-                                                      cardinality_known=known),
-                           plan, static)
+                                                      cardinality_known=known,
+                                                      passes_before=passes_before),
+                           plan, static, generators)
+
+
+def start_passes_like_keras(dataset, streamed: StreamedDataset, steps_per_epoch: int | None,
+                            epochs: int) -> int:
+    """Starts on `dataset` (without reading it) the passes Keras' `fit` starts over
+    `epochs` epochs, so that its seed generators stand where Keras' fit leaves them:
+    Keras' next fit on it draws new shuffle orders, as after Keras' fit. (Creating an
+    iterator may start a `prefetch`'s background reading; it is dropped at once.)
+
+    Returns:
+        The passes started (0 for a dataset without seed generators).
+    """
+    if not streamed.seed_generators or epochs < 1:
+        return 0
+    d = streamed.description
+    passes = batching.dataset_passes(d.batches, d.cardinality_known, steps_per_epoch, epochs)
+    for _ in range(passes):
+        iter(dataset)
+    return passes
 
 
 def _warn_on_step_count(plan: list[batching.DatasetEpoch], graph_item: GraphItem,

@@ -65,7 +65,8 @@ class History(keras.callbacks.History):
         self.actions: list[dict[str, Any]] = []
 
 
-def read_results(history: History, job: JobDir, epochs: int, spec: ResourceSpec, earlier_losses: Sequence[float] = (),
+def read_results(history: History, job: JobDir, epochs: int, spec: ResourceSpec,
+                 earlier_losses: Sequence[float] = (),
                  earlier_times: Sequence[float] = (), initial_epoch: int = 0,
                  metric_logs: Callable[[Sequence[Any]], dict[str, float]] | None = None
                  ) -> None:

@@ -541,6 +541,8 @@ class DatasetDescription:
         batches: Batches in one pass over the dataset (None: infinite).
         cardinality_known: Whether the dataset's cardinality says so (else
             the driver counted them), which changes how Keras reads it.
+        passes_before: Passes earlier fits of the run started on the dataset
+            (each drew its shuffles' seeds): the workers start as many unread.
     """
 
     dtypes: tuple[str, ...]
@@ -550,13 +552,15 @@ class DatasetDescription:
     weighted: bool
     batches: int | None
     cardinality_known: bool
+    passes_before: int = 0
 
     def to_json(self) -> bytes:
         return json.dumps({"dtypes": list(self.dtypes),
                            "shapes": [list(s) for s in self.shapes],
                            "num_inputs": self.num_inputs, "num_targets": self.num_targets,
                            "weighted": self.weighted, "batches": self.batches,
-                           "cardinality_known": self.cardinality_known}).encode()
+                           "cardinality_known": self.cardinality_known,
+                           "passes_before": self.passes_before}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> DatasetDescription:
@@ -568,7 +572,8 @@ class DatasetDescription:
             num_targets=_field(data, kind, "num_targets", _int),
             weighted=_field(data, kind, "weighted", _bool),
             batches=_field(data, kind, "batches", _optional(_int)),
-            cardinality_known=_field(data, kind, "cardinality_known", _bool))
+            cardinality_known=_field(data, kind, "cardinality_known", _bool),
+            passes_before=_field(data, kind, "passes_before", _int, 0))
         components = description.num_inputs + description.num_targets + description.weighted
         if len(description.dtypes) != components or len(description.shapes) != components:
             raise RecordError(f"a {kind} needs {components} dtypes and shapes (inputs, "

@@ -111,6 +111,8 @@ class DistributedRun:
         self._requested_batch = 0
         self._num_examples: int | None = 0
         self._streaming = False
+        # Passes this run's fits started on each dataset (by its seed generators' names).
+        self._dataset_passes: dict[tuple[str, ...], int] = {}
         self._resizable: AutodistError | None = None
 
     def fit(self, x: Any, y: Any = None, *, batch_size: int | None = None, epochs: int = 1,
@@ -378,6 +380,11 @@ class DistributedRun:
         read_results(history, outcome.job, job_epochs, outcome.spec,
                      outcome.earlier_losses, outcome.earlier_times, options.initial_epoch,
                      None if outcome.recoveries else metric_logs)
+        if streamed is not None:   # as after Keras' fit, a later fit reshuffles anew
+            key = streamed.seed_generators
+            self._dataset_passes[key] = self._dataset_passes.get(key, 0) + \
+                datasets.start_passes_like_keras(x, streamed, steps_per_epoch,
+                                                 len(history.epoch))
         history.recoveries = outcome.recoveries
         if outcome.recoveries:  # the failed jobs' metric states are lost: no estimates
             for key in [k for k in history.history if k != "loss"]:
@@ -573,7 +580,8 @@ class DistributedRun:
         streamed = datasets.prepare(
             dataset, self.graph_item, steps_per_epoch=steps_per_epoch, epochs=epochs,
             num_virtual_nodes=self.strategy.num_virtual_nodes,
-            fixed_batch=self.strategy.global_batch_size, class_weight=class_weight)
+            fixed_batch=self.strategy.global_batch_size, class_weight=class_weight,
+            earlier_passes=self._dataset_passes)
         if streamed.description.weighted:
             self._check_weighted(None)
         return streamed

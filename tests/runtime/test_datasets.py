@@ -93,6 +93,31 @@ def test_workers_read_the_batches_keras_fit_reads(mlp_8, known, steps):
     assert _stream_reads(streamed, graph_item, steps, 4) == _keras_reads(dataset, steps, 4)
 
 
+@pytest.mark.parametrize("known,steps", [(True, None), (False, None), (True, 2), (False, 2)])
+def test_after_fit_the_dataset_reshuffles_anew_as_after_keras_fit(mlp_8, known, steps):
+    """The passes Keras' fit starts advance the dataset's seed generator: a second fit
+    reads new orders. The run's second fit does (its workers start the first fit's passes
+    first), and so does Keras' (they are started on the user's dataset after a fit)."""
+    model = models.mlp(input_dim=8, hidden=(16,), classes=10)
+    theirs, ours = _indexed(known=known), _indexed(known=known)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(theirs, epochs=3, steps_per_epoch=steps, verbose=0)
+    streamed = datasets.prepare(ours, mlp_8[1], steps_per_epoch=steps, epochs=3,
+                                num_virtual_nodes=1, fixed_batch=None)
+    assert streamed.seed_generators and streamed.description.passes_before == 0
+    passes = datasets.start_passes_like_keras(ours, streamed, steps, 3)
+    # The run's second fit: its workers start the first fit's passes unread.
+    second = datasets.prepare(ours, mlp_8[1], steps_per_epoch=steps, epochs=2,
+                              num_virtual_nodes=1, fixed_batch=None,
+                              earlier_passes={streamed.seed_generators: passes})
+    assert second.description.passes_before == passes
+    assert _stream_reads(second, mlp_8[1], steps, 2) == _keras_reads(theirs, steps, 2)
+    # Keras' own next pass over the dataset is the one after Keras' fit.
+    datasets.start_passes_like_keras(ours, second, steps, 2)
+    assert [b[1].numpy().tolist() for b in ours] == [b[1].numpy().tolist() for b in theirs]
+
+
 def test_an_unknown_length_running_out_at_an_epoch_end_is_refused(mlp_8):
     """Keras then runs an empty epoch (it learns of the end at the next epoch's step)."""
     dataset = _indexed(known=False)
@@ -203,6 +228,8 @@ def _generator_dataset(x, y):
     (lambda d: d.batch(32).map(lambda x, y: (x + tf.random.uniform([8]), y)),
      DatasetGraphError, "RandomUniform is stateful.*tf.random.stateless_"),
     (lambda d: _generator_dataset(*_data()), DatasetGraphError, "PyFunc is stateful"),
+    (lambda d: d.batch(32).cache("/tmp/autodist-test-cache"), DatasetGraphError,
+     r"cache writes files \(CacheDatasetV2 with a filename\)"),
     (lambda d: d.filter(lambda x, y: True).batch(32), DatasetError,
      "has a batch of 6 examples, fewer than the 8 virtual nodes"),
     (lambda d: d.batch(16, drop_remainder=True), DatasetError,
@@ -272,24 +299,44 @@ def test_fit_on_a_dataset_equals_keras_fit_on_it():
 @pytest.mark.cluster
 def test_a_dataset_reshuffled_each_epoch_trains_as_keras_fit():
     """3 epochs of a seeded reshuffling dataset (a new order each epoch, drawn where Keras
-    draws it): each epoch's weights and loss equal Keras fit's, on 2 workers + 1 PS."""
+    draws it): each epoch's weights and loss equal Keras fit's, on 2 workers + 1 PS; then a
+    second fit of the same run on the same dataset goes on with new orders, as Keras'."""
     model = models.mlp(input_dim=8, hidden=(16,), classes=3, optimizer="adam")
     x, y = _data(80)
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(80, seed=5).batch(32)
+
+    def dataset():   # one for each side: a fit advances its dataset's shuffle
+        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(80, seed=5).batch(32)
+
+    ds, keras_ds = dataset(), dataset()
     reference = models.single_device_twin(model)
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
     strategy = autodist.builders.PS().build(autodist.capture(model), spec)
     ours, theirs = _EpochWeights(), _EpochWeights()
-    history = autodist.distribute(model, strategy, spec).fit(ds, epochs=3, verbose=0,
-                                                             callbacks=[ours])
-    expected = reference.fit(ds, epochs=3, verbose=0, callbacks=[theirs])   # a fresh pass
+    run = autodist.distribute(model, strategy, spec)
+    history = run.fit(ds, epochs=3, verbose=0, callbacks=[ours])
+    expected = reference.fit(keras_ds, epochs=3, verbose=0, callbacks=[theirs])
     assert len(history.step_losses) == 9
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], atol=TOLERANCE)
     assert len(ours.weights) == 3
     for got, want in zip(ours.weights, theirs.weights):
         _assert_weights_equal(got, want)
+    # A second fit: Keras' optimizer state carries over and ours starts anew (README), so
+    # compare its first step's loss, which only the weights and the batch decide.
+    first_losses = []
+
+    class FirstLoss(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0:
+                first_losses.append(logs["loss"])
+
+    history = run.fit(ds, epochs=1, verbose=0)
+    reference.fit(keras_ds, epochs=1, verbose=0, callbacks=[FirstLoss()])
+    assert history.step_losses[0] == pytest.approx(first_losses[0], abs=TOLERANCE)
+    replayed = models.single_device_twin(reference)   # the first fit's first order again
+    replayed.fit(dataset(), epochs=1, verbose=0, callbacks=[FirstLoss()])
+    assert abs(first_losses[1] - first_losses[0]) > 100 * TOLERANCE
     # The epochs did see different orders: one epoch's order repeated would differ.
-    first = [b[1].numpy().tolist() for b in ds.take(1)]
+    first = [b[1].numpy().tolist() for b in dataset().take(1)]
     assert first != [b[1].numpy().tolist() for b in ds.take(1)]
 
 
@@ -300,14 +347,17 @@ def test_an_infinite_dataset_with_steps_per_epoch_and_sample_weights_trains_as_k
     model = models.mlp(input_dim=8, hidden=(16,), classes=3)
     x, y = _data(40)
     weights = np.linspace(0.5, 2.0, 40).astype("float32")
-    ds = tf.data.Dataset.from_tensor_slices((x, y, weights)).shuffle(40, seed=2).repeat()
-    ds = ds.batch(16)
+
+    def dataset():   # one for each side: a fit advances its dataset's shuffle
+        return tf.data.Dataset.from_tensor_slices((x, y, weights)).shuffle(
+            40, seed=2).repeat().batch(16)
+
     reference = models.single_device_twin(model)
     spec = autodist.ResourceSpec.local(workers=2)
     strategy = autodist.builders.AllReduce().build(autodist.capture(model), spec)
     run = autodist.distribute(model, strategy.with_virtual_nodes(16, 4), spec)
-    history = run.fit(ds, epochs=2, steps_per_epoch=3, verbose=0)
-    expected = reference.fit(ds, epochs=2, steps_per_epoch=3, verbose=0)
+    history = run.fit(dataset(), epochs=2, steps_per_epoch=3, verbose=0)
+    expected = reference.fit(dataset(), epochs=2, steps_per_epoch=3, verbose=0)
     assert len(history.step_losses) == 6
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], atol=TOLERANCE)
     _assert_weights_equal(model.get_weights(), reference.get_weights())
@@ -347,7 +397,8 @@ def test_tfrecord_files_with_a_map_train_as_keras_fit(tmp_path):
     model = models.mlp(input_dim=8, hidden=(16,), classes=3,
                        optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
     x, y = _data(60)
-    ds = _tfrecord_dataset(_write_tfrecords(tmp_path, x, y))
+    paths = _write_tfrecords(tmp_path, x, y)
+    ds = _tfrecord_dataset(paths)
     assert ds.cardinality() == tf.data.UNKNOWN_CARDINALITY
     reference = models.single_device_twin(model)
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
@@ -356,7 +407,24 @@ def test_tfrecord_files_with_a_map_train_as_keras_fit(tmp_path):
                                                              verbose=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # Keras: "Your input ran out of data"
-        expected = reference.fit(ds, epochs=3, steps_per_epoch=2, verbose=0)
+        expected = reference.fit(_tfrecord_dataset(paths), epochs=3, steps_per_epoch=2,
+                                 verbose=0)
     assert len(history.step_losses) == 5
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], atol=TOLERANCE)
     _assert_weights_equal(model.get_weights(), reference.get_weights())
+
+
+@pytest.mark.cluster
+def test_a_short_batch_found_while_reading_fails_at_its_step():
+    """An infinite dataset is not counted: a batch smaller than the virtual nodes (35
+    examples in batches of 16: the third has 3, for 4 virtual nodes) fails the run at
+    that step, naming it."""
+    model = models.mlp(input_dim=8, hidden=(16,), classes=3)
+    x, y = _data(35)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
+    spec = autodist.ResourceSpec.local(workers=2)
+    strategy = autodist.builders.AllReduce().build(autodist.capture(model), spec)
+    run = autodist.distribute(model, strategy.with_virtual_nodes(16, 4), spec)
+    with pytest.raises(autodist.AutodistError, match="step 2: the dataset's batch has 3 "
+                                                     "examples, fewer than the 4 virtual nodes"):
+        run.fit(ds, epochs=1, steps_per_epoch=4, verbose=0)
