@@ -167,10 +167,12 @@ def _build_keras_metrics(model, x_spec, y_spec) -> None:
     import keras  # pylint: disable=import-outside-toplevel
 
     compiled = model._compile_metrics  # pylint: disable=protected-access
-    if compiled is not None and not compiled.built:
+    compile_loss = model._compile_loss  # pylint: disable=protected-access
+    # The compiled loss makes its per-output trackers when built: build it (and the
+    # metrics) now, so the trace does not create metric state the capture never lists.
+    if any(part is not None and not part.built for part in (compiled, compile_loss)):
         model._symbolic_build(data_batch=(x_spec, y_spec))  # pylint: disable=protected-access
     known = [model._loss_tracker, compiled]  # pylint: disable=protected-access
-    compile_loss = model._compile_loss  # pylint: disable=protected-access
     known += list(compile_loss.metrics) if compile_loss is not None else []
     for metric in model.metrics:
         if not any(metric is k for k in known):

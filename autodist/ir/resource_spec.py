@@ -12,18 +12,25 @@ A node's ``gpus`` are positions among the GPUs its host shows (see
 `autodist.ir.gpus`); its task process is given only those, so they are its
 ``GPU:0`` .. ``GPU:n-1`` and are named so. Device names are TensorFlow's,
 e.g. ``/job:worker/task:1/device:GPU:0``.
+
+Memory is described per node: ``gpu_memory`` (each GPU's) and
+``cpu_memory`` (the host memory the node's task may use, shared by its CPU
+devices). Zero means unknown, and the search does not constrain it.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
+import re
 from typing import Any, Iterable, Mapping
 
 from google.protobuf import text_format
+from google.protobuf.message import DecodeError
 
-from autodist.ir.errors import ResourceSpecError
+from autodist.ir.errors import ResourceSpecError, short_repr, shorten
 from autodist.ir.fingerprint import fingerprint
 from autodist.ir.gpus import visible_gpus
 from autodist.proto import resource_spec_pb2
@@ -33,7 +40,22 @@ RESOURCE_SPEC_SCHEMA_VERSION = 1
 DEFAULT_BANDWIDTH_GBPS = 10.0
 VALID_ROLES = ("worker", "ps")
 _NODE_KEYS = {"address", "port", "chief", "cpus", "gpus", "network_bandwidth",
-              "roles", "ssh_config"}
+              "roles", "ssh_config", "gpu_memory", "cpu_memory"}
+# Units of memory sizes ("16GB", "16 GiB", "512Mi"): decimal and binary.
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
+               "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+               "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
+               "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+# Bounds past which a spec is a mistake (or hostile), checked before any work
+# that grows with the numbers.
+MAX_NODES = 10_000
+MAX_DEVICES_PER_NODE = 4096
+MAX_ADDRESS_CHARS = 1024
+# A YAML file larger than this, or whose aliases expand to more nodes, is refused.
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_NODES = 200_000
+MAX_YAML_DEPTH = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +103,108 @@ def read_tf_config(tf_config: str | Mapping[str, Any] | None = None) -> Any:
     if isinstance(tf_config, str):
         try:
             return json.loads(tf_config)
-        except json.JSONDecodeError as e:
-            raise ResourceSpecError(f"TF_CONFIG is not valid JSON: {e}. "
-                                    f"Received: {tf_config!r}") from e
+        except (json.JSONDecodeError, RecursionError) as e:
+            why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise ResourceSpecError(f"TF_CONFIG is not valid JSON: {why}. "
+                                    f"Received: {short_repr(tf_config)}") from e
     return tf_config
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    """YAML parsed safely and within bounds.
+
+    Refuses documents nested deeper than MAX_YAML_DEPTH, whose aliases expand
+    beyond MAX_YAML_NODES nodes, or that refer to themselves. Uses libyaml when
+    PyYAML has it (fast, and it bounds nesting itself), else a pure-Python
+    loader that stops composing at the depth bound (PyYAML's own scanner is
+    quadratic in the nesting of flow collections).
+    """
+    import yaml  # pylint: disable=import-outside-toplevel
+
+    loader = None
+    try:
+        loader = (getattr(yaml, "CSafeLoader", None) or _depth_bounded_loader(yaml))(text)
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        _check_yaml_graph(root, source)
+        return loader.construct_document(root)
+    except yaml.YAMLError as e:
+        raise ResourceSpecError(f"resource spec {source} is not valid YAML: "
+                                f"{shorten(str(e), 500)}") from e
+    except RecursionError as e:
+        raise ResourceSpecError(f"resource spec {source} is nested too deeply") from e
+    except (TypeError, ValueError, AttributeError) as e:
+        # PyYAML's constructors raise these for some malformed documents
+        # (e.g. a merge key whose value is of the wrong kind).
+        raise ResourceSpecError(f"resource spec {source} is not valid YAML: "
+                                f"{type(e).__name__}: {shorten(str(e), 300)}") from e
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def _depth_bounded_loader(yaml) -> type:
+    """PyYAML's pure-Python SafeLoader, refusing nesting deeper than MAX_YAML_DEPTH."""
+
+    class DepthBoundedLoader(yaml.SafeLoader):  # pylint: disable=too-many-ancestors
+        _depth = 0
+
+        def compose_node(self, parent, index):
+            self._depth += 1
+            try:
+                if self._depth > MAX_YAML_DEPTH:
+                    raise yaml.composer.ComposerError(
+                        None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                        self.peek_event().start_mark)
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+    return DepthBoundedLoader
+
+
+def _check_yaml_graph(root: Any, source: str) -> None:
+    """Bounds the composed document's depth and its size with every alias expanded.
+
+    Aliases make the document a graph whose nodes are shared. Each distinct
+    node is visited once (iteratively), so the check costs the size of the
+    file, not of the expansion.
+    """
+    def children(node: Any) -> list[Any]:
+        if not isinstance(node.value, list):
+            return []
+        return [c for item in node.value for c in (item if isinstance(item, tuple) else (item,))]
+
+    done: dict[int, tuple[int, int]] = {}   # id -> (expanded size, depth)
+    open_: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            kids = [done[id(c)] for c in children(node)]
+            size = min(1 + sum(k[0] for k in kids), MAX_YAML_NODES + 1)
+            depth = 1 + max((k[1] for k in kids), default=0)
+            if size > MAX_YAML_NODES:
+                raise ResourceSpecError(f"resource spec {source} expands to more than "
+                                        f"{MAX_YAML_NODES} YAML nodes (through its aliases); "
+                                        "refusing it")
+            if depth > MAX_YAML_DEPTH:
+                raise ResourceSpecError(f"resource spec {source} is nested deeper than "
+                                        f"{MAX_YAML_DEPTH} levels")
+            done[key] = (size, depth)
+            open_.discard(key)
+            continue
+        if key in done:
+            continue
+        if key in open_:
+            raise ResourceSpecError(f"resource spec {source} has an alias that refers to "
+                                    "itself (a recursive structure)")
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children(node) if id(c) not in done)
+
 
 class ResourceSpec:
     """The nodes, devices, roles and bandwidths of a cluster.
@@ -109,13 +229,15 @@ class ResourceSpec:
             self._proto.schema_version = RESOURCE_SPEC_SCHEMA_VERSION
         self._validate()
         self._tasks = self._assign_tasks()
+        self._node_by_device: dict[str, int] | None = None
 
     # ----------------------------------------------------------- constructors
     @classmethod
     def local(cls, workers: int = 2, ps: int = 0,
               bandwidth_gbps: float | None = None,
               address: str = "localhost", *, cpu_replicas_per_worker: int = 1,
-              gpus_per_worker: int = 0) -> ResourceSpec:
+              gpus_per_worker: int = 0,
+              cpu_memory: int | str | None = None) -> ResourceSpec:
         """A cluster of local processes on one host, ports chosen at launch.
 
         Example:
@@ -133,6 +255,10 @@ class ResourceSpec:
                 devices (the task splits its CPU into that many), >= 1.
             gpus_per_worker: GPUs per worker task, one replica each; worker i
                 gets the host's GPUs i*M .. i*M+M-1 (M = gpus_per_worker).
+            cpu_memory: Host memory of each task, in bytes or as a size such
+                as "2GB"; 0 = unknown (unconstrained). None detects it: this
+                host's memory (`host_memory_bytes`) split evenly between the
+                tasks and the driver process, which share the host.
 
         Returns:
             The spec; worker 0 is the chief.
@@ -144,23 +270,29 @@ class ResourceSpec:
             raise ResourceSpecError(
                 f"ResourceSpec.local: ps must be an integer >= 0. Received: {ps!r}")
         cpu_replicas = _count(cpu_replicas_per_worker, 1,
-                              "ResourceSpec.local: cpu_replicas_per_worker")
-        gpus = _count(gpus_per_worker, 0, "ResourceSpec.local: gpus_per_worker")
+                              "ResourceSpec.local: cpu_replicas_per_worker", MAX_DEVICES_PER_NODE)
+        gpus = _count(gpus_per_worker, 0, "ResourceSpec.local: gpus_per_worker",
+                      MAX_DEVICES_PER_NODE)
         if gpus and cpu_replicas > 1:
             raise ResourceSpecError(
                 "ResourceSpec.local: a worker runs its replicas on its GPUs or on its CPU "
                 f"devices, not both. Received: gpus_per_worker={gpus}, "
                 f"cpu_replicas_per_worker={cpu_replicas}")
+        if cpu_memory is None:
+            memory = host_memory_bytes() // (workers + ps + 1)
+        else:
+            memory = parse_size(cpu_memory, "ResourceSpec.local: cpu_memory")
         worker_roles = ["worker"] if ps else ["worker", "ps"]
         nodes = []
         for i in range(workers):
             nodes.append({"address": address, "chief": i == 0,
                           "cpus": list(range(cpu_replicas)),
                           "gpus": list(range(i * gpus, (i + 1) * gpus)),
-                          "roles": worker_roles, "network_bandwidth": bandwidth_gbps})
+                          "roles": worker_roles, "network_bandwidth": bandwidth_gbps,
+                          "cpu_memory": memory})
         for _ in range(ps):
             nodes.append({"address": address, "cpus": [0], "roles": ["ps"],
-                          "network_bandwidth": bandwidth_gbps})
+                          "network_bandwidth": bandwidth_gbps, "cpu_memory": memory})
         return cls.from_dict({"nodes": nodes}, source="ResourceSpec.local")
 
     @classmethod
@@ -173,16 +305,27 @@ class ResourceSpec:
         ``gpus`` (the host's GPUs, one replica each), ``chief`` (exactly one
         node), ``network_bandwidth`` (Gbit/s) and ``roles`` (default both
         ``worker`` and ``ps``). A count stands for indices from 0: ``cpus:
-        2`` is ``[0, 1]``::
+        2`` is ``[0, 1]``. ``gpu_memory`` (each GPU's memory) and
+        ``cpu_memory`` (the task's host memory) are optional, as bytes or
+        sizes such as ``80GB``, ``16GiB`` or ``512Mi``; left out, memory is
+        unknown and the search does not constrain it::
 
             nodes:
               - address: 10.0.0.1
                 gpus: [0, 1]
                 chief: true
                 network_bandwidth: 25
+                gpu_memory: 16GB
+                cpu_memory: 64GB
               - address: 10.0.0.2
                 gpus: [0, 1]
                 network_bandwidth: 25
+                gpu_memory: 16GB
+                cpu_memory: 64GB
+
+        Aliases are allowed, within bounds: a file over MAX_YAML_BYTES, nested
+        deeper than MAX_YAML_DEPTH, or whose aliases expand to more than
+        MAX_YAML_NODES nodes is refused before anything is built from it.
 
         Args:
             path: Path of the YAML file.
@@ -190,16 +333,20 @@ class ResourceSpec:
         Returns:
             The validated spec.
         """
-        import yaml  # pylint: disable=import-outside-toplevel
-
         path = pathlib.Path(path)
         try:
-            data = yaml.safe_load(path.read_text())
+            with open(path, "rb") as f:
+                raw = f.read(MAX_YAML_BYTES + 1)
         except OSError as e:
             raise ResourceSpecError(f"cannot read resource spec {str(path)!r}: {e}") from e
-        except yaml.YAMLError as e:
-            raise ResourceSpecError(f"resource spec {str(path)!r} is not valid YAML: {e}") from e
-        return cls.from_dict(data, source=str(path))
+        if len(raw) > MAX_YAML_BYTES:
+            raise ResourceSpecError(f"resource spec {str(path)!r} is larger than "
+                                    f"{MAX_YAML_BYTES} bytes; refusing it")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ResourceSpecError(f"resource spec {str(path)!r} is not UTF-8 text: {e}") from e
+        return cls.from_dict(_load_yaml(text, repr(str(path))), source=str(path))
 
     @classmethod
     def from_tf_config(cls, tf_config: str | Mapping[str, Any] | None = None, *,
@@ -229,16 +376,17 @@ class ResourceSpec:
         tf_config = read_tf_config(tf_config)
         cluster = tf_config.get("cluster") if isinstance(tf_config, Mapping) else None
         if not isinstance(cluster, Mapping) or not cluster:
-            raise ResourceSpecError(
-                f"TF_CONFIG must have a non-empty 'cluster' mapping. Received: {tf_config!r}")
-        unknown = set(cluster) - {"chief", "worker", "ps", "evaluator"}
+            raise ResourceSpecError(f"TF_CONFIG must have a non-empty 'cluster' mapping. "
+                                    f"Received: {short_repr(tf_config)}")
+        unknown = [job for job in cluster if job not in ("chief", "worker", "ps", "evaluator")]
         if unknown:
             raise ResourceSpecError(
-                f"TF_CONFIG cluster has unknown jobs {sorted(unknown)}; "
-                f"expected chief, worker, ps. Received: {dict(cluster)!r}")
+                f"TF_CONFIG cluster has unknown jobs {short_repr(unknown)}; "
+                f"expected chief, worker, ps. Received: {short_repr(dict(cluster))}")
         gpus = len(visible_gpus()) if gpus_per_worker is None else \
-            _count(gpus_per_worker, 0, "gpus_per_worker")
-        cpu_replicas = _count(cpu_replicas_per_worker, 1, "cpu_replicas_per_worker")
+            _count(gpus_per_worker, 0, "gpus_per_worker", MAX_DEVICES_PER_NODE)
+        cpu_replicas = _count(cpu_replicas_per_worker, 1, "cpu_replicas_per_worker",
+                              MAX_DEVICES_PER_NODE)
         nodes = []
         has_chief = bool(cluster.get("chief"))
         for job in ("chief", "worker", "ps"):
@@ -246,7 +394,7 @@ class ResourceSpec:
             if not isinstance(addresses, list):
                 raise ResourceSpecError(
                     f"TF_CONFIG cluster.{job} must be a list of 'host:port'. "
-                    f"Received: {addresses!r}")
+                    f"Received: {short_repr(addresses)}")
             for i, addr in enumerate(addresses):
                 node: dict[str, Any] = {"address": addr, "cpus": [0],
                                         "network_bandwidth": bandwidth_gbps}
@@ -264,12 +412,15 @@ class ResourceSpec:
     def from_dict(cls, data: Any, source: str = "resource spec") -> ResourceSpec:
         """Builds a spec from the parsed YAML structure ({"nodes": [...]})."""
         if not isinstance(data, Mapping) or "nodes" not in data:
-            raise ResourceSpecError(
-                f"{source}: expected a mapping with a 'nodes' list. Received: {data!r}")
+            raise ResourceSpecError(f"{source}: expected a mapping with a 'nodes' list. "
+                                    f"Received: {short_repr(data)}")
         nodes = data["nodes"]
         if not isinstance(nodes, list) or not nodes:
-            raise ResourceSpecError(
-                f"{source}: 'nodes' must be a non-empty list. Received: {nodes!r}")
+            raise ResourceSpecError(f"{source}: 'nodes' must be a non-empty list. "
+                                    f"Received: {short_repr(nodes)}")
+        if len(nodes) > MAX_NODES:
+            raise ResourceSpecError(f"{source}: 'nodes' has {len(nodes)} entries, more than "
+                                    f"{MAX_NODES}")
         proto = resource_spec_pb2.ResourceSpec(schema_version=RESOURCE_SPEC_SCHEMA_VERSION)
         for i, raw in enumerate(nodes):
             proto.nodes.append(_node_from_dict(raw, f"{source}: nodes[{i}]"))
@@ -368,16 +519,27 @@ class ResourceSpec:
 
     def node_of(self, device: str) -> int:
         """Index of the node holding `device`; raises KeyError if absent."""
-        for d in self.devices:
-            if d.name == device:
-                return d.node_index
-        raise KeyError(device)
+        if self._node_by_device is None:  # the spec is immutable: built once
+            self._node_by_device = {d.name: d.node_index for d in self.devices}
+        return self._node_by_device[device]
 
     def bandwidth_gbps(self, node_or_device: int | str) -> float:
         """Bandwidth of a node (by index or by one of its devices), in Gbit/s."""
         index = node_or_device if isinstance(node_or_device, int) else self.node_of(node_or_device)
         value = self._proto.nodes[index].network_bandwidth_gbps
         return value if value > 0 else DEFAULT_BANDWIDTH_GBPS
+
+    def memory_bytes(self, device: str) -> int:
+        """Memory of a device in bytes, 0 when unknown.
+
+        A GPU has its node's ``gpu_memory``; a CPU device has its node's
+        ``cpu_memory``, which all CPU devices of the node share.
+
+        Raises:
+            KeyError: `device` is not in the spec.
+        """
+        node = self._proto.nodes[self.node_of(device)]
+        return node.gpu_memory_bytes if "/device:GPU:" in device else node.cpu_memory_bytes
 
     def cluster_def(self, ports: Iterable[int] | None = None) -> dict[str, list[str]]:
         """The TensorFlow cluster as {job: ["host:port", ...]}.
@@ -390,14 +552,15 @@ class ResourceSpec:
         if len(ports) != len(self._proto.nodes):
             raise ResourceSpecError(
                 f"cluster_def needs one port per node ({len(self._proto.nodes)}). "
-                f"Received: {ports!r}")
+                f"Received: {short_repr(ports)}")
         jobs: dict[str, list[str]] = {}
+        for job, _ in self._tasks:   # tasks are not in node order when the chief is not first
+            jobs.setdefault(job, []).append("")
         for i, node in enumerate(self._proto.nodes):
             job, task = self._tasks[i]
             if not ports[i]:
                 raise ResourceSpecError(
                     f"node {i} ({node.address}) has no port; pass ports= or set one in the spec")
-            jobs.setdefault(job, []).append("")
             jobs[job][task] = f"{node.address}:{ports[i]}"
         return jobs
 
@@ -410,8 +573,9 @@ class ResourceSpec:
         proto = resource_spec_pb2.ResourceSpec()
         try:
             text_format.Parse(text, proto)
-        except text_format.ParseError as e:
-            raise ResourceSpecError(f"malformed resource spec text: {e}") from e
+        except (text_format.ParseError, RecursionError, ValueError, TypeError) as e:
+            raise ResourceSpecError(f"malformed resource spec text: "
+                                    f"{shorten(str(e), 500)}") from e
         return cls(proto)
 
     def serialize(self) -> bytes:
@@ -420,7 +584,11 @@ class ResourceSpec:
     @classmethod
     def deserialize(cls, data: bytes) -> ResourceSpec:
         proto = resource_spec_pb2.ResourceSpec()
-        proto.ParseFromString(data)
+        try:
+            proto.ParseFromString(data)
+        except (DecodeError, RecursionError, ValueError, TypeError) as e:
+            raise ResourceSpecError(f"not a ResourceSpec protobuf: "
+                                    f"{shorten(str(e), 500)}") from e
         return cls(proto)
 
     def __eq__(self, other: object) -> bool:
@@ -438,33 +606,47 @@ class ResourceSpec:
         nodes = self._proto.nodes
         if not nodes:
             raise ResourceSpecError("a resource spec needs at least one node. Received: 0 nodes")
+        if len(nodes) > MAX_NODES:
+            raise ResourceSpecError(f"a resource spec has at most {MAX_NODES} nodes. "
+                                    f"Received: {len(nodes)}")
         seen: dict[tuple[str, int], int] = {}
         for i, n in enumerate(nodes):
-            where = f"nodes[{i}] ({n.address or '?'})"
             if not n.address:
                 raise ResourceSpecError(f"nodes[{i}].address is empty")
+            if len(n.address) > MAX_ADDRESS_CHARS:
+                raise ResourceSpecError(f"nodes[{i}].address is longer than {MAX_ADDRESS_CHARS} "
+                                        f"characters. Received: {short_repr(n.address)}")
+            where = f"nodes[{i}] ({n.address})"
             if not 0 <= n.port <= 65535:
                 raise ResourceSpecError(f"{where}.port must be in 0..65535. Received: {n.port}")
             if not n.roles:
                 raise ResourceSpecError(f"{where}.roles is empty; expected worker and/or ps")
             for r in n.roles:
                 if r not in VALID_ROLES:
-                    raise ResourceSpecError(
-                        f"{where}.roles: unknown role {r!r}; expected one of {VALID_ROLES}")
+                    raise ResourceSpecError(f"{where}.roles: unknown role {short_repr(r)}; "
+                                            f"expected one of {VALID_ROLES}")
             if not n.cpus:
                 raise ResourceSpecError(f"{where}.cpus is empty; every task has a CPU")
             for field in ("cpus", "gpus"):
-                values = list(getattr(n, field))
+                values = getattr(n, field)
+                if len(values) > MAX_DEVICES_PER_NODE:
+                    raise ResourceSpecError(f"{where}.{field} lists {len(values)} devices, more "
+                                            f"than {MAX_DEVICES_PER_NODE}")
+                values = list(values)
                 if any(v < 0 for v in values) or len(set(values)) != len(values):
-                    raise ResourceSpecError(
-                        f"{where}.{field} must be distinct indices >= 0. Received: {values}")
+                    raise ResourceSpecError(f"{where}.{field} must be distinct indices >= 0. "
+                                            f"Received: {short_repr(values)}")
             if n.gpus and "worker" not in n.roles:
                 raise ResourceSpecError(
                     f"{where} has GPUs {list(n.gpus)} but no 'worker' role to use them")
-            if n.network_bandwidth_gbps < 0:
+            if not n.network_bandwidth_gbps >= 0 or math.isinf(n.network_bandwidth_gbps):
                 raise ResourceSpecError(
-                    f"{where}.network_bandwidth must be >= 0 Gbit/s. "
+                    f"{where}.network_bandwidth must be finite and >= 0 Gbit/s. "
                     f"Received: {n.network_bandwidth_gbps}")
+            if n.gpu_memory_bytes and not n.gpus:
+                raise ResourceSpecError(
+                    f"{where}.gpu_memory is {n.gpu_memory_bytes} bytes but the node has no "
+                    "gpus")
             if n.port:
                 key = (n.address, n.port)
                 if key in seen:
@@ -473,11 +655,11 @@ class ResourceSpec:
                 seen[key] = i
         if not any("worker" in n.roles for n in nodes):
             raise ResourceSpecError("no node has the 'worker' role: nothing can compute. "
-                                    f"Received roles: {[list(n.roles) for n in nodes]}")
+                                    f"Received roles: {short_repr([list(n.roles) for n in nodes])}")
         chiefs = [i for i, n in enumerate(nodes) if n.chief]
         if len(chiefs) != 1:
-            raise ResourceSpecError(
-                f"exactly one node must be the chief. Received: chief on nodes {chiefs}")
+            raise ResourceSpecError(f"exactly one node must be the chief. Received: chief on "
+                                    f"nodes {short_repr(chiefs)}")
         if "worker" not in nodes[chiefs[0]].roles:
             raise ResourceSpecError(
                 f"the chief (node {chiefs[0]}, {nodes[chiefs[0]].address}) must have the "
@@ -498,63 +680,154 @@ class ResourceSpec:
 
 def _node_from_dict(raw: Any, where: str) -> resource_spec_pb2.Node:
     if not isinstance(raw, Mapping):
-        raise ResourceSpecError(f"{where} must be a mapping. Received: {raw!r}")
-    unknown = set(raw) - _NODE_KEYS
+        raise ResourceSpecError(f"{where} must be a mapping. Received: {short_repr(raw)}")
+    unknown = [key for key in raw if key not in _NODE_KEYS]
     if unknown:
         raise ResourceSpecError(
-            f"{where} has unknown fields {sorted(unknown)}; expected some of "
-            f"{sorted(_NODE_KEYS)}. Received: {dict(raw)!r}")
+            f"{where} has unknown fields {short_repr(unknown)}; expected some of "
+            f"{sorted(_NODE_KEYS)}. Received: {short_repr(dict(raw))}")
     address = raw.get("address")
-    if not isinstance(address, str) or not address.strip():
-        raise ResourceSpecError(f"{where}.address must be a non-empty string. Received: {address!r}")
+    if not isinstance(address, str) or not address.strip() or not _is_utf8(address):
+        raise ResourceSpecError(f"{where}.address must be a non-empty string. "
+                                f"Received: {short_repr(address)}")
     address = address.strip()
+    if len(address) > MAX_ADDRESS_CHARS:
+        raise ResourceSpecError(f"{where}.address is longer than {MAX_ADDRESS_CHARS} characters. "
+                                f"Received: {short_repr(address)}")
     port = raw.get("port", 0)
     if ":" in address and not address.startswith("["):
         host, _, port_text = address.rpartition(":")
-        try:
-            port = int(port_text)
-        except ValueError as e:
+        if not port_text.isascii() or not port_text.isdigit():
             raise ResourceSpecError(
-                f"{where}.address has a malformed port. Received: {address!r}") from e
+                f"{where}.address has a malformed port. Received: {short_repr(address)}")
+        port = int(port_text)
         address = host
     if isinstance(port, bool) or not isinstance(port, int):
-        raise ResourceSpecError(f"{where}.port must be an integer. Received: {port!r}")
-    node = resource_spec_pb2.Node(address=address)
+        raise ResourceSpecError(f"{where}.port must be an integer. Received: {short_repr(port)}")
     if not 0 <= port <= 65535:
-        raise ResourceSpecError(f"{where}.port must be in 0..65535. Received: {port!r}")
-    node.port = port
+        raise ResourceSpecError(f"{where}.port must be in 0..65535. Received: {short_repr(port)}")
+    node = resource_spec_pb2.Node(address=address, port=port)
     chief = raw.get("chief", False)
     if not isinstance(chief, bool):
-        raise ResourceSpecError(f"{where}.chief must be true or false. Received: {chief!r}")
+        raise ResourceSpecError(f"{where}.chief must be true or false. "
+                                f"Received: {short_repr(chief)}")
     node.chief = chief
     node.cpus.extend(_indices(raw.get("cpus", [0]), f"{where}.cpus"))
     node.gpus.extend(_indices(raw.get("gpus", []), f"{where}.gpus"))
     bandwidth = raw.get("network_bandwidth")
     if bandwidth is not None:
-        if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or bandwidth <= 0:
+        if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or \
+                not 0 < bandwidth < math.inf:
             raise ResourceSpecError(
-                f"{where}.network_bandwidth must be a positive number of Gbit/s. "
-                f"Received: {bandwidth!r}")
-        node.network_bandwidth_gbps = float(bandwidth)
+                f"{where}.network_bandwidth must be a positive number of Gbit/s (finite). "
+                f"Received: {short_repr(bandwidth)}")
+        try:
+            node.network_bandwidth_gbps = float(bandwidth)
+        except OverflowError as e:   # an integer too large for a float
+            raise ResourceSpecError(f"{where}.network_bandwidth is too large. "
+                                    f"Received: {short_repr(bandwidth)}") from e
+    for key, field in (("gpu_memory", "gpu_memory_bytes"), ("cpu_memory", "cpu_memory_bytes")):
+        if raw.get(key) is not None:
+            setattr(node, field, parse_size(raw[key], f"{where}.{key}"))
     roles = raw.get("roles", ["worker", "ps"])
     if isinstance(roles, str):
         roles = [roles]
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
-        raise ResourceSpecError(f"{where}.roles must be a list of strings. Received: {roles!r}")
+        raise ResourceSpecError(f"{where}.roles must be a list of strings. "
+                                f"Received: {short_repr(roles)}")
+    for r in roles:
+        if r not in VALID_ROLES:
+            raise ResourceSpecError(f"{where}.roles: unknown role {short_repr(r)}; "
+                                    f"expected one of {VALID_ROLES}")
     node.roles.extend(roles)
     return node
 
 
-def _count(value: Any, minimum: int, where: str) -> int:
+def _count(value: Any, minimum: int, where: str, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ResourceSpecError(f"{where} must be an integer >= {minimum}. Received: {value!r}")
+        raise ResourceSpecError(
+            f"{where} must be an integer >= {minimum}. Received: {short_repr(value)}")
+    if maximum is not None and value > maximum:
+        raise ResourceSpecError(
+            f"{where} must be an integer <= {maximum}. Received: {short_repr(value)}")
     return value
 
 
+def parse_size(value: Any, where: str) -> int:
+    """A memory size in bytes: an integer, or a string such as "16GB", "16 GiB", "512Mi".
+
+    Units are decimal (k, KB, M, MB, G, GB, T, TB) or binary (Ki, KiB, Mi, MiB,
+    Gi, GiB, Ti, TiB), case-insensitive; no unit means bytes.
+
+    Args:
+        value: The size.
+        where: What the size is for, named in the error.
+
+    Raises:
+        ResourceSpecError: The value is not a size >= 0.
+    """
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value):
+        number = float(value)
+    elif isinstance(value, str) and len(value) <= 64:
+        match = _SIZE.match(value)
+        if match and match.group(2).lower() in _SIZE_UNITS:
+            number = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if number is None or number < 0 or number >= 2 ** 64:
+        raise ResourceSpecError(
+            f"{where} must be a number of bytes or a size such as '16GB', '16GiB' or "
+            f"'512Mi'. Received: {short_repr(value)}")
+    return int(round(number))
+
+
+def host_memory_bytes() -> int:
+    """This host's memory in bytes, within its cgroup's limit; 0 when unknown.
+
+    Physical memory from ``sysconf``; a container's cgroup limit
+    (``memory.max`` of cgroup v2, ``memory.limit_in_bytes`` of v1) when lower.
+    """
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        total = 0
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = int(pathlib.Path(path).read_text().strip())
+        except (OSError, ValueError):
+            continue  # absent, or "max": no limit
+        if 0 < limit and (not total or limit < total):
+            total = limit
+    return max(0, int(total))
+
+
+def _is_utf8(text: str) -> bool:
+    """False for strings with lone surrogates (YAML and JSON escapes can make them)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _indices(value: Any, where: str) -> list[int]:
+    """Device indices: a list of distinct integers, or a count ("gpus: 2" means [0, 1])."""
     if isinstance(value, int) and not isinstance(value, bool):
-        value = list(range(value))  # "gpus: 2" means GPUs 0 and 1
+        if not 0 <= value <= MAX_DEVICES_PER_NODE:
+            raise ResourceSpecError(f"{where} as a count must be in [0, {MAX_DEVICES_PER_NODE}]. "
+                                    f"Received: {short_repr(value)}")
+        return list(range(value))
     if not isinstance(value, list) or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise ResourceSpecError(f"{where} must be a list of device indices. Received: {value!r}")
+        raise ResourceSpecError(f"{where} must be a list of device indices. "
+                                f"Received: {short_repr(value)}")
+    if len(value) > MAX_DEVICES_PER_NODE:
+        raise ResourceSpecError(f"{where} lists {len(value)} devices, more than "
+                                f"{MAX_DEVICES_PER_NODE}")
+    if any(v < 0 for v in value) or len(set(value)) != len(value):
+        raise ResourceSpecError(f"{where} must be distinct indices >= 0. "
+                                f"Received: {short_repr(value)}")
+    if any(v >= 2 ** 31 for v in value):
+        raise ResourceSpecError(f"{where} has an index of 2^31 or more. "
+                                f"Received: {short_repr(value)}")
     return value

@@ -5,6 +5,7 @@ Builders, the search and users all produce the same object.
 """
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import uuid
@@ -14,7 +15,7 @@ from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 
 from autodist.ir.atomic import atomic_write
-from autodist.ir.errors import StrategyError
+from autodist.ir.errors import StrategyError, short_repr, shorten
 from autodist.ir.graph_item import GraphItem, gradient_clipping
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.proto import strategy_pb2
@@ -32,6 +33,18 @@ Partitioner = strategy_pb2.Partitioner
 STRUCTURAL_HYPERPARAMETERS = ("momentum", "nesterov", "amsgrad", "centered", "use_ema")
 # Files with these suffixes hold the text form; any other path the binary form.
 _TEXT_SUFFIXES = (".txt", ".pbtxt", ".textproto")
+# Bounds past which a value is a mistake, not a plan (the runtime would hang,
+# allocate without end, or behave as an unbounded asynchronous run).
+MAX_STALENESS = 100_000
+MAX_VIRTUAL_NODES = 65_536
+MAX_GLOBAL_BATCH_SIZE = 2 ** 31 - 1
+# Valid ranges of hyper-parameter overrides: (low, high, high included); every
+# other hyper-parameter must be finite and >= 0.
+_HYPERPARAMETER_RANGES = {
+    "beta_1": (0.0, 1.0, False),
+    "beta_2": (0.0, 1.0, False),
+    "rho": (0.0, 1.0, False),
+}
 
 
 class Strategy:
@@ -105,6 +118,12 @@ class Strategy:
         """
         out = Strategy(self._proto)
         for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise StrategyError(f"with_hyperparameters: {key} must be a number. "
+                                    f"Received: {short_repr(value)}",
+                                    field=f"graph_config.hyperparameters[{key!r}]",
+                                    received=value)
+            check_hyperparameter(key, float(value))
             out.proto.graph_config.hyperparameters[key] = float(value)
         return out
 
@@ -228,8 +247,9 @@ class Strategy:
         proto = strategy_pb2.Strategy()
         try:
             proto.ParseFromString(data)
-        except DecodeError as e:
-            raise StrategyError(f"{source} is not a Strategy protobuf: {e}") from e
+        except (DecodeError, RecursionError, ValueError, TypeError) as e:
+            raise StrategyError(f"{source} is not a Strategy protobuf: "
+                                f"{shorten(str(e), 500)}") from e
         if not proto.schema_version or not proto.id:
             raise StrategyError(f"{source} is not a Strategy protobuf "
                                 "(no schema_version or id)")
@@ -265,8 +285,8 @@ class Strategy:
         proto = strategy_pb2.Strategy()
         try:
             text_format.Parse(text, proto)
-        except text_format.ParseError as e:
-            raise StrategyError(f"malformed strategy text: {e}") from e
+        except (text_format.ParseError, RecursionError, ValueError, TypeError) as e:
+            raise StrategyError(f"malformed strategy text: {shorten(str(e), 500)}") from e
         return cls(proto)
 
     def __eq__(self, other: object) -> bool:
@@ -349,10 +369,34 @@ def describe_synchronizer(sync: Synchronizer) -> str:
         return f"PS({ps.reduction_destination}, {mode}{extra})"
     if kind == "all_reduce":
         ar = sync.all_reduce
-        spec = AllReduceSynchronizer.Spec.Name(ar.spec)
-        comp = AllReduceSynchronizer.Compressor.Name(ar.compressor)
+        spec = enum_name(AllReduceSynchronizer.Spec, ar.spec)
+        comp = enum_name(AllReduceSynchronizer.Compressor, ar.compressor)
         return f"AllReduce({spec}, {comp}, group {ar.group})"
     return "none"
+
+
+def enum_name(enum, value: int) -> str:
+    """The name of an enum value; "UNKNOWN(<number>)" for a number the enum lacks.
+
+    A proto3 enum field keeps any number it is parsed with, so a file from a
+    newer autodist (or a damaged one) can hold values this one has no name for.
+    """
+    try:
+        return enum.Name(value)
+    except ValueError:
+        return f"UNKNOWN({value})"
+
+
+def check_hyperparameter(key: str, value: float) -> None:
+    """Raises StrategyError unless `value` is a valid value of hyper-parameter `key`."""
+    field = f"graph_config.hyperparameters[{short_repr(key, 60)}]"
+    low, high, high_included = _HYPERPARAMETER_RANGES.get(key, (0.0, math.inf, False))
+    if not math.isfinite(value) or value < low or value > high or \
+            (value == high and not high_included):
+        bound = f"in [{low:g}, {high:g}{']' if high_included else ')'}" \
+            if math.isfinite(high) else f"finite and >= {low:g}"
+        raise StrategyError(f"{field} must be {bound}. Received: {value!r}", field=field,
+                            received=value)
 
 
 def is_gathered(sync: AllReduceSynchronizer, sparse_gradient: bool) -> bool:
@@ -404,9 +448,11 @@ class _Validator:
             if key in STRUCTURAL_HYPERPARAMETERS or key not in known:
                 tunable = sorted(k for k in known if k not in STRUCTURAL_HYPERPARAMETERS)
                 raise StrategyError(
-                    f"graph_config.hyperparameters overrides {key!r}, which is not a tunable "
-                    f"hyper-parameter of the optimizer (tunable: {tunable})",
-                    field=f"graph_config.hyperparameters[{key!r}]", received=value)
+                    f"graph_config.hyperparameters overrides {short_repr(key, 60)}, which is "
+                    f"not a tunable hyper-parameter of the optimizer (tunable: {tunable})",
+                    field=f"graph_config.hyperparameters[{short_repr(key, 60)}]",
+                    received=value)
+            check_hyperparameter(key, value)
 
     def _check_gradient_clipping(self) -> None:
         """A clipping norm must be computed in one update: within one task's run.
@@ -466,8 +512,8 @@ class _Validator:
         for device in replicas:
             if device not in self.devices:
                 raise StrategyError(
-                    f"graph_config.replicas names device {device!r}, which is not in the "
-                    f"resource spec (devices: {sorted(self.devices)})",
+                    f"graph_config.replicas names device {short_repr(device)}, which is not "
+                    f"in the resource spec (devices: {sorted(self.devices)})",
                     field="graph_config.replicas", received=device)
             if device not in compute:
                 raise StrategyError(
@@ -493,6 +539,15 @@ class _Validator:
             raise StrategyError(f"{field}.num_virtual_nodes must be >= 1. "
                                 f"Received: {vn.num_virtual_nodes}",
                                 field=f"{field}.num_virtual_nodes", received=vn.num_virtual_nodes)
+        if vn.num_virtual_nodes > MAX_VIRTUAL_NODES:
+            raise StrategyError(f"{field}.num_virtual_nodes must be at most {MAX_VIRTUAL_NODES}. "
+                                f"Received: {vn.num_virtual_nodes}",
+                                field=f"{field}.num_virtual_nodes", received=vn.num_virtual_nodes)
+        if vn.global_batch_size > MAX_GLOBAL_BATCH_SIZE:
+            raise StrategyError(f"{field}.global_batch_size must be at most "
+                                f"{MAX_GLOBAL_BATCH_SIZE}. Received: {vn.global_batch_size}",
+                                field=f"{field}.global_batch_size",
+                                received=vn.global_batch_size)
         if vn.global_batch_size <= 0 or vn.global_batch_size % vn.num_virtual_nodes:
             raise StrategyError(
                 f"{field}.global_batch_size must be a positive multiple of num_virtual_nodes "
@@ -506,8 +561,8 @@ class _Validator:
         for i, device in enumerate(vn.device):
             if device not in replicas:
                 raise StrategyError(
-                    f"{field}.device[{i}] is {device!r}, which is not one of the replicas "
-                    f"{replicas}", field=f"{field}.device", received=device)
+                    f"{field}.device[{i}] is {short_repr(device)}, which is not one of the "
+                    f"replicas {replicas}", field=f"{field}.device", received=device)
         idle = [r for r in replicas if r not in set(vn.device)]
         if idle:
             raise StrategyError(f"replicas {idle} run no virtual node; drop them from "
@@ -521,7 +576,7 @@ class _Validator:
             name = config.var_name
             if name not in self.gi:
                 raise StrategyError(
-                    f"strategy names unknown variable {name!r}; the GraphItem "
+                    f"strategy names unknown variable {short_repr(name)}; the GraphItem "
                     f"{self.gi.name!r} has {sorted(self.gi.variable_names)}",
                     variable=name, field="var_name", received=name)
             if name in seen:
@@ -580,7 +635,8 @@ class _Validator:
             if len(sizes) != p.num_shards or any(s <= 0 for s in sizes) or sum(sizes) != dim:
                 raise StrategyError(
                     f"variable {name!r}: partitioner.shard_sizes must be {p.num_shards} "
-                    f"positive sizes summing to {dim} (axis {p.axis}). Received: {sizes}",
+                    f"positive sizes summing to {dim} (axis {p.axis}). "
+                    f"Received: {short_repr(sizes)}",
                     variable=name, field="partitioner.shard_sizes", received=sizes)
         return p.num_shards
 
@@ -597,11 +653,16 @@ class _Validator:
             if ps.reduction_destination not in self.devices:
                 raise StrategyError(
                     f"variable {name!r}: {where}.ps.reduction_destination "
-                    f"{ps.reduction_destination!r} is not a device of the resource spec "
-                    f"(devices: {sorted(self.devices)})", variable=name,
+                    f"{short_repr(ps.reduction_destination)} is not a device of the resource "
+                    f"spec (devices: {sorted(self.devices)})", variable=name,
                     field=f"{where}.ps.reduction_destination", received=ps.reduction_destination)
             if ps.staleness < 0:
                 raise StrategyError(f"variable {name!r}: {where}.ps.staleness must be >= 0. "
+                                    f"Received: {ps.staleness}", variable=name,
+                                    field=f"{where}.ps.staleness", received=ps.staleness)
+            if ps.staleness > MAX_STALENESS:
+                raise StrategyError(f"variable {name!r}: {where}.ps.staleness must be at most "
+                                    f"{MAX_STALENESS} steps (sync=false has no bound). "
                                     f"Received: {ps.staleness}", variable=name,
                                     field=f"{where}.ps.staleness", received=ps.staleness)
             if ps.staleness and not ps.sync:
@@ -615,6 +676,15 @@ class _Validator:
             raise StrategyError(f"variable {name!r}: {where}.all_reduce.group must be >= 0. "
                                 f"Received: {ar.group}", variable=name,
                                 field=f"{where}.all_reduce.group", received=ar.group)
+        for enum, attr in ((AllReduceSynchronizer.Spec, "spec"),
+                           (AllReduceSynchronizer.Compressor, "compressor")):
+            value = getattr(ar, attr)
+            if value not in enum.values():
+                raise StrategyError(
+                    f"variable {name!r}: {where}.all_reduce.{attr} is {value}, which is not a "
+                    f"known value (known: {dict(zip(enum.keys(), enum.values()))}; a strategy "
+                    "from a newer autodist?)", variable=name,
+                    field=f"{where}.all_reduce.{attr}", received=value)
         spec_name = AllReduceSynchronizer.Spec.Name(ar.spec)
         compressor = AllReduceSynchronizer.Compressor.Name(ar.compressor)
         gathered = is_gathered(ar, var.sparse_gradient)

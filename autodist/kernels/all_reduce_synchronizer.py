@@ -11,9 +11,17 @@ its rows' squares, so repeated rows are squared one by one as Keras does. Keys a
 deterministic functions of the strategy, never hashes: every replica of every
 task builds the same collectives with the same keys.
 
-Compressors: ``FP16`` casts the wire buffer to float16 and back;
-``FP16_ERROR_FEEDBACK`` also keeps, per replica and group, the rounding error
-of the last step in a variable and adds it to the next step's buffer.
+Compressors: ``FP16`` casts the wire buffer to float16 and back (the
+collective sums in float16). ``FP16_ERROR_FEEDBACK`` also keeps, per replica
+and all-reduced shard, a residual variable: the part of its (corrected)
+gradient the cast did not send. Each step sends fp16(g + e) and keeps
+e' = (g + e) - fp16(g + e), so what a replica has sent over the steps plus
+its residual is exactly what it had to send. The residual is written once
+the step's collective is done: between two steps every replica's residual
+is that of the same step (a checkpoint reads them there), and a step whose
+collective fails leaves it unchanged. Residuals are by shard and replica
+(`StorageRole` "residual"), not by fused group, so they keep their meaning
+when a new strategy groups or partitions the variables differently.
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ import tensorflow as tf
 
 from autodist.ir.strategy import is_gathered
 from autodist.kernels.program import Program, Replica, Shard, StorageRole
+from autodist.kernels.variables import StorageVariable, VariableSpec, create_variables
 from autodist.proto import strategy_pb2
 
 ARSync = strategy_pb2.AllReduceSynchronizer
@@ -103,7 +112,8 @@ def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
         shards: Every all-reduce shard of the strategy, in a fixed order.
         gradients: Shard name -> this replica's gradient (dense or IndexedSlices).
         config: Group size and timeout.
-        step: The step number (int64 tensor), for the keys of all-gathers.
+        step: The number of updates applied before this step (int64 tensor),
+            for the keys of all-gathers and the residuals' step count.
         squares: The optimizer squares the gradient: densified sparse shards
             also reduce their rows' squares.
 
@@ -131,6 +141,7 @@ def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
             shapes[key] = tf.constant(list(key), tf.int32)
         return shapes[key]
 
+    reduced = []  # per group: (places, sizes, error feedback, the summed buffer)
     for group, members in sorted(groups.items()):
         sync = members[0].synchronizer.all_reduce
         parts, places = [], []  # flat tensors, and (shard, is its square) of each
@@ -145,11 +156,23 @@ def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
             else:
                 parts.append(grad)
                 places.append((s, False))
+        residuals = error_feedback_residuals(program, replica, places) \
+            if sync.compressor == ARSync.FP16_ERROR_FEEDBACK else None
         flat = tf.concat([tf.reshape(p, shape_constant([-1])) for p in parts], axis=0)
-        reduced = _reduce(program, replica, flat, group, tf.constant(keys[("group", group)]),
-                          config, sync)
         sizes = [tf.TensorShape(s.shape).num_elements() for s, _ in places]
-        for (s, is_square), part in zip(places, tf.split(reduced, sizes)):
+        reduced.append((places, sizes, residuals is not None,
+                        _reduce(flat, tf.constant(keys[("group", group)]), config, sync,
+                                residuals, sizes)))
+    kept = [r for _, _, feedback, r in reduced if feedback]
+    if kept:
+        # Once every residual of the step is written, its step count (see `residual_step`).
+        with tf.control_dependencies(kept):
+            stamp = residual_step(program, replica).assign(tf.cast(step, tf.int64) + 1,
+                                                           read_value=False)
+        with tf.control_dependencies([stamp]):
+            reduced = [(p, z, f, tf.identity(r) if f else r) for p, z, f, r in reduced]
+    for places, sizes, _, summed in reduced:
+        for (s, is_square), part in zip(places, tf.split(summed, sizes)):
             target = out.squares if is_square else out.gradients
             target[s.name] = tf.reshape(part, shape_constant(s.shape))
     return out
@@ -183,33 +206,101 @@ def _collective_gather(tensor, key, config: CollectiveConfig, hint: str):
         communication_hint=hint, timeout_seconds=config.timeout_s)
 
 
-def _reduce(program: Program, replica: Replica, flat, group: int, key,
-            config: CollectiveConfig, sync):
+def _reduce(flat, key, config: CollectiveConfig, sync,
+            residuals: list[StorageVariable] | None = None, sizes: list[int] | None = None):
+    """Sums a replica's flat buffer over all replicas, through its compressor.
+
+    Args:
+        flat: The replica's fused gradients (any static shape).
+        key: The collective's instance key.
+        config: Group size and timeout.
+        sync: The group's AllReduceSynchronizer.
+        residuals: With error feedback, the residual variable of each part of
+            `flat`, in order.
+        sizes: The number of elements of each part (with `residuals`).
+    """
     dtype = flat.dtype
     if sync.compressor == ARSync.NONE:
         return _collective_reduce(flat, key, config, _hint(sync))
     if sync.compressor == ARSync.FP16:
         wire = tf.cast(flat, tf.float16)
         return tf.cast(_collective_reduce(wire, key, config, _hint(sync)), dtype)
-    residual = error_feedback_residual(program, replica, group, flat)
-    corrected = flat + residual
+    corrected = flat + tf.concat([tf.reshape(r.read_value(), [-1]) for r in residuals], axis=0)
     wire = tf.cast(corrected, tf.float16)
-    update = residual.assign(corrected - tf.cast(wire, dtype))
-    with tf.control_dependencies([update]):
-        reduced = _collective_reduce(tf.identity(wire), key, config, _hint(sync))
-    return tf.cast(reduced, dtype)
+    reduced = _collective_reduce(wire, key, config, _hint(sync))
+    # Kept only once the step's collective is done (see the module docstring).
+    with tf.control_dependencies([reduced]):
+        kept = corrected - tf.cast(wire, dtype)
+    writes = [r.assign(tf.reshape(part, r.shape), read_value=False)
+              for r, part in zip(residuals, tf.split(kept, sizes))]
+    with tf.control_dependencies(writes):
+        return tf.cast(reduced, dtype)
 
 
-def error_feedback_residual(program: Program, replica: Replica, group: int, flat) -> tf.Variable:
-    """The residual variable of one replica's group (created on first use)."""
-    name = f"autodist/error_feedback/group_{group}/replica_{replica.index}"
-    if name not in program.storage:
-        with tf.device(replica.device):
-            program.storage[name] = tf.compat.v1.Variable(
-                tf.zeros([flat.shape.num_elements()], flat.dtype), name=name, trainable=False,
-                use_resource=True)
-        program.roles[name] = StorageRole("internal", replica=replica.index)
-    return program.storage[name]
+def has_residual(shard: Shard) -> bool:
+    """An all-reduced shard whose compressor keeps an error-feedback residual."""
+    return shard.kind == "all_reduce" and not gathers(shard) and \
+        shard.synchronizer.all_reduce.compressor == ARSync.FP16_ERROR_FEEDBACK
+
+
+def residual_spec(shard: Shard, replica: int, device: str,
+                  square: bool = False) -> VariableSpec:
+    """The residual variable of `shard` kept by replica `replica` (on `device`).
+
+    Its name (the shared name of its resource) depends on the shard and the
+    replica only, so any program of the job can name another replica's.
+
+    Args:
+        shard: An all-reduced shard with error feedback.
+        replica: The replica's index among the strategy's replicas.
+        device: The replica's device.
+        square: The residual of the shard's summed squares (a densified
+            sparse shard under an optimizer that squares the gradient).
+    """
+    kind = "residual_square" if square else "residual"
+    return VariableSpec(f"autodist/{kind}/{shard.name}/replica_{replica}", tuple(shard.shape),
+                        tf.as_dtype(shard.dtype), device,
+                        role=StorageRole("residual", shard=shard.name, replica=replica,
+                                         square=square))
+
+
+def residual_step_spec(replica: int, device: str) -> VariableSpec:
+    """The step count of replica `replica`'s residuals (see `residual_step`)."""
+    return VariableSpec(f"autodist/residual_step/replica_{replica}", (), tf.int64, device,
+                        role=StorageRole("residual_step", replica=replica))
+
+
+def residual_step(program: Program, replica: Replica) -> StorageVariable:
+    """How many updates had been applied when `replica` last wrote its residuals.
+
+    A replica writes its residuals once its step's collectives are done, so
+    its peers may finish the step before it has written them; it writes this
+    count after them. A task that reads another replica's residuals between
+    steps waits until its count is that of the step (it cannot run ahead: its
+    next write waits for the next step's collective).
+    """
+    spec = residual_step_spec(replica.index, replica.device)
+    if spec.name not in program.storage:
+        program.storage[spec.name] = create_variables(program.graph, [spec])[0]
+        program.roles[spec.name] = spec.role
+    return program.storage[spec.name]
+
+
+def error_feedback_residuals(program: Program, replica: Replica,
+                             places: list[tuple[Shard, bool]]) -> list[StorageVariable]:
+    """The residual variables of one replica's parts of a group (created on first use).
+
+    Args:
+        program: The program (its storage and roles get the new variables).
+        replica: The replica that keeps them.
+        places: (shard, is its square) of each part of the group's buffer.
+    """
+    specs = [residual_spec(s, replica.index, replica.device, square) for s, square in places]
+    new = [spec for spec in specs if spec.name not in program.storage]
+    for spec, var in zip(new, create_variables(program.graph, new)):
+        program.storage[spec.name] = var
+        program.roles[spec.name] = spec.role
+    return [program.storage[spec.name] for spec in specs]
 
 
 def _all_gather(grad, shard: Shard, key, config: CollectiveConfig, sync):

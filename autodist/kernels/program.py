@@ -173,15 +173,22 @@ class StorageRole:
         kind: "variable" (a shard of a trainable variable), "slot" (an
             optimizer slot of one), "local_copy" (a task's copy of a PS
             shard), "state" (a virtual node's copy of a state variable),
-            "shared" (a scalar every task shares: counters, flags), or
-            "internal" (compressor residuals, stashes: start at their
-            initial value).
-        shard: The shard's storage name ("variable", "slot", "local_copy").
+            "shared" (a scalar every task shares: counters, flags),
+            "residual" (a replica's error-feedback residual of one
+            all-reduced shard: what its compressor has not yet sent),
+            "residual_step" (the update count at which a replica last wrote
+            its residuals), or "internal" (stashes: start at their initial
+            value).
+        shard: The shard's storage name ("variable", "slot", "local_copy",
+            "residual").
         slot: The slot's name ("slot").
         state: The state variable's name ("state").
         replica: The replica whose mirrored copy this is (None: one copy
-            shared by every task, i.e. on a parameter server).
+            shared by every task, i.e. on a parameter server); for a
+            "residual", the replica whose compressor keeps it.
         virtual_node: The virtual node of a "state" copy.
+        square: A "residual" of the summed squares of a densified sparse
+            shard's rows (reduced beside its gradient), not of the gradient.
     """
 
     kind: str
@@ -190,6 +197,7 @@ class StorageRole:
     state: str | None = None
     replica: int | None = None
     virtual_node: int | None = None
+    square: bool = False
 
     @property
     def on_parameter_server(self) -> bool:

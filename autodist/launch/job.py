@@ -64,6 +64,8 @@ class RunConfig:
         startup_timeout_s: Bound on waiting for the cluster to come up.
         checkpoint_dir: Where the chief writes checkpoints (None: none).
         checkpoint_every_steps: Steps between checkpoints (None: each epoch's end).
+        checkpoints_to_keep: The chief keeps only the newest this many
+            checkpoints (None: all).
         task_step_delay_s: Worker task index (as a string) -> seconds to sleep
             before each step: an emulated slow worker, for tests and benchmarks.
         follow_steps: The driver follows every step (callbacks): the chief
@@ -112,6 +114,7 @@ class RunConfig:
     startup_timeout_s: float = 120.0
     checkpoint_dir: str | None = None
     checkpoint_every_steps: int | None = None
+    checkpoints_to_keep: int | None = None
     task_step_delay_s: dict[str, float] | None = None
     follow_steps: bool = False
     job_timeout_s: float = 3600.0

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13resource_spec.proto\x12\x08\x61utodist\"E\n\x0cResourceSpec\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x1d\n\x05nodes\x18\x02 \x03(\x0b\x32\x0e.autodist.Node\"\x7f\n\x04Node\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\x12\r\n\x05\x63hief\x18\x03 \x01(\x08\x12\x0c\n\x04\x63pus\x18\x04 \x03(\x05\x12\x0c\n\x04gpus\x18\x05 \x03(\x05\x12\x1e\n\x16network_bandwidth_gbps\x18\x06 \x01(\x01\x12\r\n\x05roles\x18\x07 \x03(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13resource_spec.proto\x12\x08\x61utodist\"E\n\x0cResourceSpec\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x1d\n\x05nodes\x18\x02 \x03(\x0b\x32\x0e.autodist.Node\"\xb3\x01\n\x04Node\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\x12\r\n\x05\x63hief\x18\x03 \x01(\x08\x12\x0c\n\x04\x63pus\x18\x04 \x03(\x05\x12\x0c\n\x04gpus\x18\x05 \x03(\x05\x12\x1e\n\x16network_bandwidth_gbps\x18\x06 \x01(\x01\x12\r\n\x05roles\x18\x07 \x03(\t\x12\x18\n\x10gpu_memory_bytes\x18\x08 \x01(\x04\x12\x18\n\x10\x63pu_memory_bytes\x18\t \x01(\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,6 +33,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RESOURCESPEC']._serialized_start=33
   _globals['_RESOURCESPEC']._serialized_end=102
-  _globals['_NODE']._serialized_start=104
-  _globals['_NODE']._serialized_end=231
+  _globals['_NODE']._serialized_start=105
+  _globals['_NODE']._serialized_end=284
 # @@protoc_insertion_point(module_scope)

@@ -12,8 +12,9 @@ Between segments no process restarts and nothing is written to disk: each
 member of the next segment builds a new program for the new membership (new
 collective group key, new PS accumulators, virtual nodes remapped over the
 new replicas) in a new session, and takes the variables, optimizer slots,
-step count and per-virtual-node state from the chief's memory, sent over
-the mailboxes. Parameter-server variables stay where they are. The global
+step count, per-virtual-node state and error-feedback residuals
+(`autodist.runtime.residuals`) from the chief's memory, sent over the
+mailboxes. Parameter-server variables stay where they are. The global
 batch and the number of virtual nodes stay fixed, and virtual node i always
 reads the same examples, so the run follows the same trajectory whatever
 the sizes (`docs/tf_elastic_notes.md` has what TensorFlow allows).

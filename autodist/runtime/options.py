@@ -37,6 +37,7 @@ class FitOptions:
     timeout_s: float = 3600.0
     checkpoint_dir: str | None = None
     checkpoint_every_steps: int | None = None
+    checkpoints_to_keep: int | None = None
     initial_checkpoint: str | None = None
     callbacks: Sequence[Any] = ()
     resize_at: Mapping[int, int] | None = None
@@ -157,6 +158,11 @@ class FitOptions:
                 or self.checkpoint_every_steps < 1):
             raise AutodistError("checkpoint_every_steps must be an integer >= 1. "
                                 f"Received: {self.checkpoint_every_steps!r}")
+        if self.checkpoints_to_keep is not None and (
+                isinstance(self.checkpoints_to_keep, bool)
+                or not isinstance(self.checkpoints_to_keep, int) or self.checkpoints_to_keep < 1):
+            raise AutodistError("checkpoints_to_keep must be an integer >= 1. "
+                                f"Received: {self.checkpoints_to_keep!r}")
         if not isinstance(self.monitor_every, int) or self.monitor_every < 0:
             raise AutodistError(f"monitor_every must be an integer >= 0. Received: "
                                 f"{self.monitor_every!r}")

@@ -119,6 +119,7 @@ class DistributedRun:
             steps_per_epoch: int | None = None, shuffle: bool = False, seed: int = 0,
             verbose: int = 1, timeout_s: float = 3600.0, checkpoint_dir: str | None = None,
             checkpoint_every_steps: int | None = None,
+            checkpoints_to_keep: int | None = None,
             initial_checkpoint: str | None = None,
             callbacks: Sequence[Any] | None = None,
             resize_at: Mapping[int, int] | None = None,
@@ -185,12 +186,15 @@ class DistributedRun:
             verbose: 1 shows a progress line.
             timeout_s: Bound on the whole fit.
             checkpoint_dir: The chief writes checkpoints here (see
-                `autodist.runtime.checkpoint`), atomically.
+                `autodist.runtime.checkpoint`), atomically and durably.
             checkpoint_every_steps: Steps between checkpoints (default: at the
                 end of each epoch).
+            checkpoints_to_keep: Keep only the newest this many checkpoints
+                in `checkpoint_dir` (default: all).
             initial_checkpoint: Continue from this checkpoint: variables,
                 optimizer slots and update count (else the model's weights
-                and fresh optimizer state).
+                and fresh optimizer state). Its files are verified against
+                its manifest first.
             callbacks: Keras callbacks run by the driver (see above). With
                 callbacks the workers report every step and wait for the
                 driver at each epoch's end (up to `step_timeout_s`).
@@ -260,6 +264,7 @@ class DistributedRun:
             shuffle=shuffle, seed=seed, verbose=verbose, timeout_s=timeout_s,
             checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
             checkpoint_every_steps=checkpoint_every_steps,
+            checkpoints_to_keep=checkpoints_to_keep,
             initial_checkpoint=initial_checkpoint, callbacks=callbacks or (),
             resize_at=resize_at, elastic=elastic, switch_at=switch_at,
             policies=policies or (), replanner=replanner, on_failure=on_failure,
@@ -312,6 +317,7 @@ class DistributedRun:
                            startup_timeout_s=self.startup_timeout_s,
                            checkpoint_dir=options.checkpoint_dir,
                            checkpoint_every_steps=checkpoint_every_steps,
+                           checkpoints_to_keep=checkpoints_to_keep,
                            task_step_delay_s=self.task_step_delay_s or None,
                            follow_steps=options.followed, job_timeout_s=timeout_s,
                            job_id=uuid.uuid4().hex,
@@ -427,7 +433,9 @@ class DistributedRun:
         new strategy's program, starting from the chief's state in memory:
         variables, optimizer slots, step count, per-virtual-node state. In
         synchronous training the weights are those the run would have had
-        without the switch. Compressor residuals start again at zero.
+        without the switch. Error-feedback residuals stay with the
+        variables the new strategy also compresses with error feedback,
+        and are dropped for the others (`autodist.runtime.residuals`).
 
         A strategy with another global batch (`with_virtual_nodes(B2, V)`,
         with the learning rate it needs in `with_hyperparameters`) starts

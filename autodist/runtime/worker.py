@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import pathlib
+import threading
 import time
 import traceback
 from typing import Any
@@ -36,6 +36,7 @@ from autodist.runtime import batching
 from autodist.runtime import elastic as elastic_
 from autodist.runtime import follow
 from autodist.runtime import recovery
+from autodist.runtime import residuals
 from autodist.runtime import targets as targets_
 from autodist.runtime.dataset_stream import DatasetStream
 from autodist.runtime.follow import ChiefFollower, WorkerFollower
@@ -85,6 +86,44 @@ def session_config(strategy: Strategy, task_index: int,
                     filters.add(f"/job:worker/task:{elastic_.replica_task(destination)}")
         config.device_filters.extend(sorted(filters))
     return config
+
+
+def open_session(target: str, graph: tf.Graph, config: tf.compat.v1.ConfigProto,
+                 timeout_s: float) -> tf.compat.v1.Session:
+    """A session on `target` whose creation is bounded by `timeout_s`.
+
+    TensorFlow creates the session on the master at the first run, and the
+    master waits without end for every task its device filters name (no
+    option bounds that wait: not `operation_timeout_in_ms`, not `RunOptions`).
+    So the first run, a no-op, goes on a helper thread, and a task that does
+    not answer in time is a `WorkerError` instead of a hang.
+
+    Raises:
+        WorkerError: naming the target, the device filters and the timeout.
+    """
+    session = tf.compat.v1.Session(target, graph=graph, config=config)
+    with graph.as_default():
+        noop = tf.no_op(name="autodist/session_ready")
+    outcome: list[BaseException | None] = []
+
+    def first_run() -> None:
+        try:
+            session.run(noop)
+            outcome.append(None)
+        except BaseException as e:  # pylint: disable=broad-except  # re-raised below
+            outcome.append(e)
+
+    thread = threading.Thread(target=first_run, name="autodist-session-create", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        # The thread stays blocked inside TensorFlow; the task is failing anyway.
+        raise WorkerError(f"creating a session on {target} did not finish within "
+                          f"{timeout_s:g}s: a task among {list(config.device_filters) or 'all'} "
+                          "does not answer (down or unreachable)")
+    if outcome[0] is not None:
+        raise outcome[0]
+    return session
 
 
 def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
@@ -147,6 +186,8 @@ class Trainer:
         self.plans: list[str] = list(self.config.plans or [])
         self._plan_strategies: dict[int, Strategy] = {0: self.strategy}
         self._init_shared = True  # the chief initializes the PS variables
+        # The chief's reads of every replica's residuals, and their program.
+        self._residual_reads: tuple[Program, residuals.ResidualReads | None] | None = None
         self.program: Program | None = None
         self.session: tf.compat.v1.Session | None = None
         self._snapshot: dict[str, np.ndarray] | None = None
@@ -187,10 +228,11 @@ class Trainer:
                                      self.config.step_timeout_s, version=segment.version,
                                      elastic=self.elastic,
                                      atomic=self.config.on_failure == "continue")
-        self.session = tf.compat.v1.Session(
-            self.target, graph=self.program.graph,
-            config=session_config(self.strategy, self.task_index,
-                                  segment.workers if self.elastic else None))
+        self.session = open_session(
+            self.target, self.program.graph,
+            session_config(self.strategy, self.task_index,
+                           segment.workers if self.elastic else None),
+            self.config.startup_timeout_s)
         self.segment = segment
         self._save = None
         self._monitor = None
@@ -240,7 +282,10 @@ class Trainer:
                 start = tf.compat.v1.placeholder(tf.int64, [])
                 assigns.append(step.assign(start, read_value=False))
                 feeds[start] = int(values[checkpoint.ITERATIONS])
-        self.initial_step = int(values.get(checkpoint.ITERATIONS, 0))
+        # The update count at the run's first step (values handed over at a
+        # resize or switch count the steps run since).
+        self.initial_step = int(values.get(checkpoint.ITERATIONS, 0)) - max(
+            self.segment.start - self.config.start_step, 0)
         self.session.run(inits, options=self.run_options)
         if assigns:
             self.session.run(assigns, feed_dict=feeds, options=self.run_options)
@@ -283,18 +328,19 @@ class Trainer:
         role = self.program.roles.get(name)
         if role is not None and role.kind == "state":
             return values.get(role.state)
+        if role is not None and role.kind == "residual":
+            shard = shards[role.shard]
+            full = residuals.replica_value(
+                values.get(residuals.checkpoint_key(shard.var_name, role.square)),
+                role.replica, len(self.strategy.replicas))
+            return None if full is None else _shard_part(full, shard)
         if role is None or role.kind not in ("variable", "slot"):
-            return None  # steps, stashes and residuals start at their initializers
+            return None  # steps and stashes start at their initializers
         shard = shards[role.shard]
         key = checkpoint.slot_key(shard.var_name, role.slot) if role.slot else shard.var_name
         if key not in values:
             return None  # a slot not in the checkpoint starts at its initial value
-        full = values[key]
-        if shard.num_shards == 1:
-            return full
-        index = [slice(None)] * full.ndim
-        index[shard.axis] = slice(shard.offset, shard.offset + shard.shape[shard.axis])
-        return full[tuple(index)]
+        return _shard_part(values[key], shard)
 
     def _wait_for(self, flag: tf.Variable) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
@@ -474,15 +520,16 @@ class Trainer:
         update, so every variable, slot and the update count are those after
         step `next_index - 1`. Reading them runs no collective (a process
         whose collectives were aborted can still do this). Written
-        atomically, with the index of the step to resume at.
+        atomically, with the index of the step to resume at. Error-feedback
+        residuals are not (a dead worker's cannot be read): after a
+        recovery they start at zero.
         """
         values = self.session.run(self._full_tensors(with_optimizer=True),
                                   options=self.run_options)
         values[recovery.NEXT_STEP] = np.asarray(self.next_index, np.int64)
-        tmp = self.job.file("recovery.tmp.npz")
-        with open(tmp, "wb") as f:
-            np.savez(f, **values)
-        tmp.replace(self.job.recovery())
+        buffer = io.BytesIO()
+        np.savez(buffer, **values)
+        atomic_write(self.job.recovery(), buffer.getvalue())
 
     def close(self) -> None:
         """Closes the current session (none after leaving an elastic job) and stops
@@ -517,7 +564,9 @@ class Trainer:
         snapshot = dict(own_state)
         for _ in range(1, segment.workers):
             snapshot.update(_unpack(self.mail.receive(CHIEF, mailbox.STATE_UP, timeout_s)))
-        snapshot.update(self.session.run(self._full_tensors(with_optimizer=True),
+        self._wait_for_residuals()
+        snapshot.update(self.session.run(self._full_tensors(with_optimizer=True,
+                                                            with_residuals=True),
                                          options=self.run_options))
         message = _pack(snapshot)
         for task in range(1, following.workers):
@@ -614,11 +663,15 @@ class Trainer:
             time.sleep(0.002)
 
     # ------------------------------------------------------------- finish
-    def _full_tensors(self, with_optimizer: bool) -> dict[str, tf.Tensor]:
+    def _full_tensors(self, with_optimizer: bool,
+                      with_residuals: bool = False) -> dict[str, tf.Tensor]:
         """Tensors of every variable (shards concatenated) by single-device name.
 
         The chief's view: PS shards and its own mirrored copies. With
         `with_optimizer`, also slots and the update count (for checkpoints).
+        With `with_residuals`, also every replica's error-feedback residuals
+        (`autodist.runtime.residuals`; run them only after
+        `_wait_for_residuals`).
         """
         program = self.program
         replica = program.replicas[0]
@@ -646,7 +699,21 @@ class Trainer:
                 tensors[state.name] = program.storage[key].read_value()
             if with_optimizer:
                 tensors[checkpoint.ITERATIONS] = program.outputs.step.read_value()
+        if with_residuals and self._residuals() is not None:
+            tensors.update(self._residuals().tensors)
         return tensors
+
+    def _residuals(self) -> residuals.ResidualReads | None:
+        """Reads of every replica's residuals (built once per program)."""
+        if self._residual_reads is None or self._residual_reads[0] is not self.program:
+            self._residual_reads = (self.program, residuals.reads(self.program, self.strategy))
+        return self._residual_reads[1]
+
+    def _wait_for_residuals(self) -> None:
+        """Chief: until every replica has written its residuals of the last step."""
+        if self._residuals() is not None:
+            residuals.wait_until_written(self.session, self._residuals(),
+                                         self.config.step_timeout_s, self.run_options)
 
     def final_weights(self) -> dict[str, np.ndarray]:
         """Trained values by variable name, shards reassembled (chief's view)."""
@@ -703,9 +770,9 @@ class Trainer:
         return done % every == 0 if every else last_of_epoch
 
     def save_checkpoint(self, step: int) -> pathlib.Path:
-        """Writes a checkpoint atomically (chief only); returns its directory."""
+        """Writes a checkpoint atomically and durably (chief only); returns its directory."""
         if self._save is None:
-            tensors = self._full_tensors(with_optimizer=True)
+            tensors = self._full_tensors(with_optimizer=True, with_residuals=True)
             names = sorted(tensors)
             with self.program.graph.as_default():
                 prefix = tf.compat.v1.placeholder(tf.string, [])
@@ -713,14 +780,14 @@ class Trainer:
                                        shape_and_slices=[""] * len(names),
                                        tensors=[tensors[n] for n in names])
             self._save = (prefix, op)
-        directory = pathlib.Path(self.config.checkpoint_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        final = checkpoint.step_dir(directory, step)
-        tmp = directory / f".tmp-{final.name}-{os.getpid()}"
         prefix, op = self._save
-        self.session.run(op, {prefix: str(tmp / checkpoint.PREFIX)}, options=self.run_options)
-        checkpoint.commit(tmp, final)
-        return final
+        self._wait_for_residuals()
+
+        def write(path: str) -> None:
+            self.session.run(op, {prefix: path}, options=self.run_options)
+
+        return checkpoint.save(self.config.checkpoint_dir, step, write,
+                               keep=self.config.checkpoints_to_keep)
 
 
 def open_step_data(job: JobDir, config: RunConfig, graph_item: GraphItem, strategy: Strategy,
@@ -793,6 +860,15 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
                 logger.warning("could not tell %s:%d the job is done: %s", *task, e)
     trainer.close()
     mail.close()
+
+
+def _shard_part(full: np.ndarray, shard) -> np.ndarray:
+    """The part of a variable's value (or residual) that `shard` holds."""
+    if shard.num_shards == 1:
+        return full
+    index = [slice(None)] * full.ndim
+    index[shard.axis] = slice(shard.offset, shard.offset + shard.shape[shard.axis])
+    return full[tuple(index)]
 
 
 def write_weights(path: pathlib.Path, values: dict[str, np.ndarray]) -> None:

@@ -43,10 +43,45 @@ class SearchResult:
 
 
 def _top(candidates: np.ndarray, scores: np.ndarray, keep: int, evaluated: int) -> SearchResult:
-    unique, index = np.unique(candidates, axis=0, return_index=True)
+    candidates, scores = _best_rows(candidates, scores, keep)
+    unique, index = _unique_rows(candidates)
     unique_scores = scores[index]
     order = np.lexsort((np.arange(len(unique)), unique_scores))[:keep]
     return SearchResult(unique[order], unique_scores[order], evaluated)
+
+
+def _unique_rows(candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(candidates, axis=0, return_index=True)`, fast for wide rows."""
+    if not len(candidates):
+        return candidates, np.zeros(0, dtype=np.int64)
+    order = np.lexsort(candidates.T[::-1])  # stable: equal rows keep their order
+    ordered = candidates[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    return ordered[first], order[first]
+
+
+def _best_rows(candidates: np.ndarray, scores: np.ndarray,
+               keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows that can be among the best `keep` distinct ones: by score, up to the
+    `keep`-th distinct row, with every row tied with it.
+
+    Sorting every row (as `np.unique` does) costs far more than scoring when
+    a search saw tens of thousands of wide candidates; repeats of a
+    candidate have its score, so the rows cut off cannot matter.
+    """
+    if len(candidates) <= 4 * keep:
+        return candidates, scores
+    order = np.argsort(scores, kind="stable")
+    seen: set[bytes] = set()
+    end = len(order)
+    for i, row in enumerate(order):
+        if len(seen) >= keep and scores[row] > scores[order[i - 1]]:
+            end = i
+            break
+        seen.add(candidates[row].tobytes())
+    chosen = order[:end]
+    return candidates[chosen], scores[chosen]
 
 
 def random_search(space: SearchSpace, score: Score, num_samples: int,
@@ -71,22 +106,22 @@ def coordinate_descent(space: SearchSpace, score: Score, start: np.ndarray,
     current = np.array(start, dtype=np.int64)
     counts = space.option_counts
     current_score = float(np.asarray(score(current[None, :]))[0])
-    seen_c, seen_s, evaluated = [current[None, :]], [np.array([current_score])], 1
+    # The best so far, merged after each entry (the trials of a wide model
+    # would not fit in memory all at once).
+    result = _top(current[None, :], np.array([current_score]), keep, 1)
     for _ in range(max_rounds):
         improved = False
         for j in rng.permutation(len(counts)):
             trial = np.repeat(current[None, :], counts[j], axis=0)
             trial[:, j] = np.arange(counts[j])
             scores = np.asarray(score(trial))
-            evaluated += len(trial)
-            seen_c.append(trial)
-            seen_s.append(scores)
+            result = result.merge(_top(trial, scores, keep, len(trial)), keep)
             best = int(np.argmin(scores))
             if scores[best] < current_score - 1e-15:
                 current, current_score, improved = trial[best].copy(), float(scores[best]), True
         if not improved:
             break
-    return _top(np.concatenate(seen_c), np.concatenate(seen_s), keep, evaluated)
+    return result
 
 
 def evolutionary(space: SearchSpace, score: Score, rng: np.random.Generator, *,

@@ -32,6 +32,8 @@ Example:
 """
 from __future__ import annotations
 
+import collections
+import hashlib
 import json
 import math
 import os
@@ -48,9 +50,12 @@ from autodist.search.metrics import (CostModelError, as_matrix, as_names, as_vec
                                      pairwise_accuracy)
 from autodist.search.predictor import Predictor, training_rows
 from autodist.search.simulator import Prediction, Simulator
+from autodist.ir.errors import short_repr, shorten
 
-# Version of the saved file; `load` refuses newer ones.
-COST_MODEL_FORMAT_VERSION = 1
+# Version of the saved file; `load` refuses newer ones. Version 2 added
+# "model_sha256", the checksum of the LightGBM model text, verified before
+# LightGBM parses it (LightGBM may abort the process on a damaged model).
+COST_MODEL_FORMAT_VERSION = 2
 _FORMAT = "autodist.cost_model"
 # Relevance labels of the ranker are integers 0 .. _RELEVANCE_LEVELS - 1
 # (LightGBM's lambdarank accepts labels up to 30 with its default tables).
@@ -58,6 +63,8 @@ _RELEVANCE_LEVELS = 31
 _KINDS = ("ranker", "regressor")
 # The kind decides these; a caller may not override them through `params`.
 _RESERVED_PARAMS = ("objective", "application", "app", "objective_type", "loss")
+# The most LightGBM threads a saved model may ask for.
+_MAX_THREADS = 1024
 
 
 def _lightgbm():
@@ -115,13 +122,14 @@ class CostModel(Predictor):
                  params: Mapping[str, Any] | None = None, num_boost_round: int = 200,
                  seed: int = 0) -> None:
         if kind not in _KINDS:
-            raise CostModelError(f"kind must be one of {list(_KINDS)}. Received: {kind!r}")
+            raise CostModelError(f"kind must be one of {list(_KINDS)}. "
+                                 f"Received: {short_repr(kind)}")
         if isinstance(num_boost_round, bool) or not isinstance(num_boost_round, int) \
                 or num_boost_round < 1:
             raise CostModelError(f"num_boost_round must be a positive integer. "
-                                 f"Received: {num_boost_round!r}")
+                                 f"Received: {short_repr(num_boost_round)}")
         if isinstance(seed, bool) or not isinstance(seed, int):
-            raise CostModelError(f"seed must be an integer. Received: {seed!r}")
+            raise CostModelError(f"seed must be an integer. Received: {short_repr(seed)}")
         params = dict(params or {})
         reserved = sorted(set(params) & set(_RESERVED_PARAMS))
         if reserved:
@@ -129,9 +137,10 @@ class CostModel(Predictor):
                                  "objective")
         try:
             json.dumps(params, allow_nan=False)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RecursionError) as e:
+            why = "nested too deeply" if isinstance(e, RecursionError) else shorten(str(e), 300)
             raise CostModelError(f"params must be JSON-able (they are saved with the model): "
-                                 f"{e}") from e
+                                 f"{why}") from e
         self._kind = kind
         self._params = params
         self._num_boost_round = num_boost_round
@@ -294,7 +303,7 @@ class CostModel(Predictor):
                                  f"{len(self._feature_names)} features: {self._feature_names}")
         if len(X) == 0:
             return np.zeros(0, dtype=np.float64)
-        raw = np.asarray(booster.predict(X, num_threads=self._train_params["num_threads"]),
+        raw = np.asarray(booster.predict(X, num_threads=self._train_params.get("num_threads", 1)),
                          dtype=np.float64)
         return -raw if self._kind == "ranker" else np.exp(raw)
 
@@ -373,6 +382,7 @@ class CostModel(Predictor):
         """The model and its metadata as one JSON document (what `save` writes)."""
         booster = self._require_fitted()
         lgb = _lightgbm()
+        model = booster.model_to_string()
         return json.dumps({
             "format": _FORMAT,
             "version": COST_MODEL_FORMAT_VERSION,
@@ -384,7 +394,8 @@ class CostModel(Predictor):
             "seed": self._seed,
             "training": self._training,
             "lightgbm_version": lgb.__version__,
-            "model": booster.model_to_string(),
+            "model": model,
+            "model_sha256": hashlib.sha256(model.encode()).hexdigest(),
         }, indent=1, sort_keys=True, allow_nan=False)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -393,17 +404,33 @@ class CostModel(Predictor):
 
     @classmethod
     def from_json(cls, text: str, source: str = "cost model JSON",
-                  feature_names: Sequence[str] | None = None) -> CostModel:
-        """Inverse of `to_json`; checks `feature_names` when given."""
+                  feature_names: Sequence[str] | None = None, *, verify: bool = True) -> CostModel:
+        """Inverse of `to_json`; checks `feature_names` when given.
+
+        Every field is checked, and the model text's checksum verified, before
+        LightGBM sees the model text.
+
+        Args:
+            text: The document.
+            source: Names the document in errors.
+            feature_names: If given, the features the caller will pass.
+            verify: Require the checksum (format version 2). False also reads
+                version-1 documents, which have none; LightGBM may then crash
+                the process on a damaged model.
+
+        Raises:
+            CostModelError: naming the field and the value received.
+        """
         try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise CostModelError(f"{source} is not a saved cost model (not JSON): {e}") from e
+            data = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as e:
+            why = "nested too deeply" if isinstance(e, RecursionError) else shorten(str(e), 300)
+            raise CostModelError(f"{source} is not a saved cost model (not JSON): {why}") from e
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise CostModelError(f"{source} is not a saved cost model (no format {_FORMAT!r})")
         version = data.get("version")
-        if not isinstance(version, int) or version < 1:
-            raise CostModelError(f"{source} has an invalid version {version!r}")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise CostModelError(f"{source} has an invalid version {short_repr(version)}")
         if version > COST_MODEL_FORMAT_VERSION:
             raise CostModelError(f"{source} has format version {version}, newer than "
                                  f"{COST_MODEL_FORMAT_VERSION}, the newest this autodist reads")
@@ -411,14 +438,32 @@ class CostModel(Predictor):
                                "num_boost_round", "seed", "training", "model") if k not in data]
         if missing:
             raise CostModelError(f"{source} misses fields {missing}")
-        model = cls(data["kind"], data["params"], data["num_boost_round"], data["seed"])
+        for key in ("params", "train_params", "training"):
+            if not isinstance(data[key], dict):
+                raise CostModelError(f"{source}: {key} must be a JSON object. "
+                                     f"Received: {short_repr(data[key])}")
+        threads = data["train_params"].get("num_threads", 1)
+        if isinstance(threads, bool) or not isinstance(threads, int) or \
+                not 1 <= threads <= _MAX_THREADS:
+            raise CostModelError(f"{source}: train_params.num_threads must be an integer in "
+                                 f"[1, {_MAX_THREADS}]. Received: {short_repr(threads)}")
+        model_text = data["model"]
+        if not isinstance(model_text, str) or not model_text:
+            raise CostModelError(f"{source}: model must be the LightGBM model text. "
+                                 f"Received: {short_repr(model_text)}")
+        _verify_checksum(data, model_text, source, verify)
+        feature_list = _feature_name_list(data["feature_names"])
+        try:
+            model = cls(data["kind"], data["params"], data["num_boost_round"], data["seed"])
+        except CostModelError as e:
+            raise CostModelError(f"{source}: {e}") from e
         lgb = _lightgbm()
         try:
-            model._booster = lgb.Booster(model_str=data["model"])
+            model._booster = lgb.Booster(model_str=model_text)
         except lgb.basic.LightGBMError as e:
             raise CostModelError(f"{source} holds a LightGBM model that cannot be read: "
-                                 f"{e}") from e
-        model._feature_names = _feature_name_list(data["feature_names"])
+                                 f"{shorten(str(e), 300)}") from e
+        model._feature_names = feature_list
         if model._booster.num_feature() != len(model._feature_names):
             raise CostModelError(f"{source}: the LightGBM model has "
                                  f"{model._booster.num_feature()} features, the metadata "
@@ -430,14 +475,21 @@ class CostModel(Predictor):
         return model
 
     @classmethod
-    def load(cls, path: str | os.PathLike,
-             feature_names: Sequence[str] | None = None) -> CostModel:
+    def load(cls, path: str | os.PathLike, feature_names: Sequence[str] | None = None, *,
+             verify: bool = True) -> CostModel:
         """Reads a model written by `save`.
+
+        The model text's checksum is verified before LightGBM parses it.
 
         Args:
             path: The file.
             feature_names: If given, the features the caller will pass; a model
                 trained with other features raises `CostModelError`.
+            verify: See `from_json` (False reads files without a checksum).
+
+        Raises:
+            CostModelError: The file is missing, damaged or malformed (naming
+                the field and the value), or its features differ.
         """
         path = pathlib.Path(path)
         try:
@@ -445,7 +497,7 @@ class CostModel(Predictor):
         except (OSError, UnicodeDecodeError) as e:
             raise CostModelError(f"cannot read cost model file {str(path)!r}: {e}") from e
         return cls.from_json(text, source=f"cost model file {str(path)!r}",
-                             feature_names=feature_names)
+                             feature_names=feature_names, verify=verify)
 
     def _require_fitted(self):
         if self._booster is None:
@@ -461,15 +513,41 @@ class CostModel(Predictor):
 def _feature_name_list(names: Sequence[str]) -> list[str]:
     if isinstance(names, (str, bytes)):
         raise CostModelError(f"feature_names must be a sequence of names, not one string. "
-                             f"Received: {names!r}")
-    out = list(names)
+                             f"Received: {short_repr(names)}")
+    try:
+        out = list(names)
+    except TypeError as e:
+        raise CostModelError(f"feature_names must be a sequence of names. "
+                             f"Received: {short_repr(names)}") from e
     bad = [n for n in out if not isinstance(n, str) or not n]
     if bad:
-        raise CostModelError(f"feature names must be non-empty strings. Received: {bad}")
-    dupes = sorted({n for n in out if out.count(n) > 1})
+        raise CostModelError(f"feature names must be non-empty strings. "
+                             f"Received: {short_repr(bad)}")
+    dupes = sorted(n for n, count in collections.Counter(out).items() if count > 1)
     if dupes:
-        raise CostModelError(f"feature names must be unique. Received duplicates: {dupes}")
+        raise CostModelError(f"feature names must be unique. "
+                             f"Received duplicates: {short_repr(dupes)}")
     return out
+
+
+def _verify_checksum(data: Mapping[str, Any], model_text: str, source: str,
+                     verify: bool) -> None:
+    """Raises CostModelError unless the model text matches its recorded checksum."""
+    recorded = data.get("model_sha256")
+    if recorded is None:
+        if verify:
+            raise CostModelError(
+                f"{source} has no model checksum (format version {data['version']}, written "
+                "by an older autodist); load it with verify=False and save it again")
+        return
+    actual = hashlib.sha256(model_text.encode("utf-8", "surrogatepass")).hexdigest()
+    if recorded != actual:
+        raise CostModelError(f"{source} is damaged: the model text's sha256 is {actual}, the "
+                             f"file records {short_repr(recorded, 80)}")
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a saved cost model holds")
 
 
 def _json_float(value: float) -> float | None:

@@ -3,7 +3,9 @@
 One file in JSON Lines. Each line holds one `TrialRecord` with the schema
 version and a CRC32 of its canonical JSON, so a line torn by a crash or
 corrupted on disk is detected and skipped (and reported), never mistaken for
-a trial. A failed trial is a record with its `error`, never a crash.
+a trial. The checksum is verified on the line's bytes before anything in it
+is parsed or believed (its schema included), so one damaged line never makes
+the file unreadable. A failed trial is a record with its `error`, never a crash.
 
 An append is one `os.write` of the complete line on an `O_APPEND` descriptor
 under an exclusive `flock`, followed by `fsync`: concurrent writers (threads
@@ -23,14 +25,16 @@ import binascii
 import dataclasses
 import fcntl
 import json
+import logging
 import math
 import os
+import re
 import pathlib
 import statistics
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from autodist.ir.errors import AutodistError
+from autodist.ir.errors import AutodistError, short_repr, shorten
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
@@ -40,6 +44,11 @@ from autodist.proto import strategy_pb2
 DATABASE_SCHEMA_VERSION = 1
 
 _FIELDS_OF_LINE = ("schema", "crc32", "record")
+# A line as `encode_line` writes it: '{"crc32":"<8 hex>",' + the checksummed
+# canonical JSON of {"record", "schema"} without its opening brace.
+_LINE_HEAD = re.compile(rb'\{"crc32":"([0-9a-f]{8})",')
+
+logger = logging.getLogger(__name__)
 
 
 class DatabaseError(AutodistError, ValueError):
@@ -132,15 +141,16 @@ class TrialRecord:
         for name in ("graph_item_fingerprint", "resource_spec_fingerprint", "workload"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise DatabaseError(f"TrialRecord.{name} must be a non-empty string. "
-                                    f"Received: {getattr(self, name)!r}")
+                                    f"Received: {short_repr(getattr(self, name))}")
         expected = workload_key(self.graph_item_fingerprint, self.resource_spec_fingerprint)
         if self.workload != expected:
-            raise DatabaseError(f"TrialRecord.workload must be {expected!r} (workload_key of the "
-                                f"two fingerprints). Received: {self.workload!r}")
+            raise DatabaseError(f"TrialRecord.workload must be {short_repr(expected)} "
+                                f"(workload_key of the two fingerprints). "
+                                f"Received: {short_repr(self.workload)}")
         for name in ("model_name", "resource_spec", "origin"):
             if not isinstance(getattr(self, name), str):
                 raise DatabaseError(f"TrialRecord.{name} must be a string. "
-                                    f"Received: {getattr(self, name)!r}")
+                                    f"Received: {short_repr(getattr(self, name))}")
         if not isinstance(self.strategy, (bytes, bytearray)):
             raise DatabaseError("TrialRecord.strategy must be the serialized Strategy "
                                 f"(bytes). Received: {type(self.strategy).__name__}")
@@ -151,18 +161,20 @@ class TrialRecord:
         object.__setattr__(self, "step_times_s", _step_times(self.step_times_s))
         if self.error is not None and not isinstance(self.error, str):
             raise DatabaseError(f"TrialRecord.error must be a string or None. "
-                                f"Received: {self.error!r}")
+                                f"Received: {short_repr(self.error)}")
         if self.predicted_step_time_s is not None:
             object.__setattr__(self, "predicted_step_time_s",
                                _finite(self.predicted_step_time_s, "predicted_step_time_s"))
         object.__setattr__(self, "created_at", _finite(self.created_at, "created_at"))
         if not isinstance(self.extra, Mapping):
-            raise DatabaseError(f"TrialRecord.extra must be a dict. Received: {self.extra!r}")
+            raise DatabaseError(f"TrialRecord.extra must be a dict. "
+                                f"Received: {short_repr(self.extra)}")
         try:
             json.dumps(self.extra, allow_nan=False)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, RecursionError) as e:
+            why = "nested too deeply" if isinstance(e, RecursionError) else shorten(str(e), 500)
             raise DatabaseError(f"TrialRecord.extra must be JSON-able (finite numbers, "
-                                f"strings, lists, dicts): {e}") from e
+                                f"strings, lists, dicts): {why}") from e
         object.__setattr__(self, "extra", dict(self.extra))
 
     @classmethod
@@ -262,21 +274,35 @@ class TrialRecord:
         if missing:
             raise DatabaseError(f"trial record misses fields {missing}")
         values = dict(data)
+        if not isinstance(values["strategy"], str):
+            raise DatabaseError(f"trial record strategy must be a base64 string. "
+                                f"Received: {short_repr(values['strategy'])}")
         try:
             values["strategy"] = base64.b64decode(values["strategy"], validate=True)
-        except (TypeError, binascii.Error) as e:
+        except (TypeError, ValueError) as e:   # binascii.Error is a ValueError
             raise DatabaseError(f"trial record strategy is not base64: {e}") from e
         if "step_times_s" in values:
+            if not isinstance(values["step_times_s"], list):
+                raise DatabaseError(f"trial record step_times_s must be a list of seconds. "
+                                    f"Received: {short_repr(values['step_times_s'])}")
             values["step_times_s"] = tuple(values["step_times_s"])
         return cls(**values)
 
 
-def _finite(value: Any, name: str) -> float:
+def _finite(value: Any, name: str, key: str | None = None) -> float:
+    """`value` as a finite float; `name` (and `key` of it, if given) name it in errors."""
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    where = name if key is None else f"{name}[{short_repr(key, 60)}]"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise DatabaseError(f"TrialRecord.{name} must be a number. Received: {value!r}")
-    value = float(value)
+        raise DatabaseError(f"TrialRecord.{where} must be a number. "
+                            f"Received: {short_repr(value)}")
+    try:
+        value = float(value)
+    except OverflowError:   # an integer beyond the float range
+        value = math.inf
     if not math.isfinite(value):
-        raise DatabaseError(f"TrialRecord.{name} must be finite. Received: {value!r}")
+        raise DatabaseError(f"TrialRecord.{where} must be finite. Received: {value!r}")
     return value
 
 
@@ -287,19 +313,21 @@ def _numeric_dict(values: Any, name: str) -> dict[str, float]:
     out = {}
     for key, value in values.items():
         if not isinstance(key, str):
-            raise DatabaseError(f"TrialRecord.{name} keys must be strings. Received: {key!r}")
-        out[key] = _finite(value, f"{name}[{key!r}]")
+            raise DatabaseError(f"TrialRecord.{name} keys must be strings. "
+                                f"Received: {short_repr(key)}")
+        out[key] = _finite(value, name, key)
     return out
 
 
 def _step_times(values: Any) -> tuple[float, ...]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise DatabaseError(f"TrialRecord.step_times_s must be a sequence of seconds. "
-                            f"Received: {values!r}")
+                            f"Received: {short_repr(values)}")
     out = tuple(_finite(v, "step_times_s") for v in values)
     bad = [v for v in out if v <= 0]
     if bad:
-        raise DatabaseError(f"TrialRecord.step_times_s must be positive. Received: {bad}")
+        raise DatabaseError(f"TrialRecord.step_times_s must be positive. "
+                            f"Received: {short_repr(bad)}")
     return out
 
 
@@ -322,28 +350,43 @@ def encode_line(record: TrialRecord) -> bytes:
 def decode_line(line: bytes) -> TrialRecord:
     """The record of one complete line (without its "\\n").
 
+    The checksum is verified on the line's bytes first; only a line that
+    matches it is parsed, and only then is its schema believed.
+
     Raises:
-        DatabaseSchemaError: The line has a newer schema than this reader knows.
-        DatabaseError: The line is not valid JSON, its checksum does not match,
+        DatabaseSchemaError: The line is intact and has a newer schema than
+            this reader knows.
+        DatabaseError: The line's checksum does not match (or it has none),
             or its record is malformed.
     """
+    head = _LINE_HEAD.match(line)
+    if head is None:
+        raise DatabaseError("not a database line: it does not start with "
+                            '\'{"crc32":"<8 hex digits>",\'')
+    stored = head.group(1).decode()
+    crc = f"{binascii.crc32(b'{' + line[head.end():]):08x}"
+    if stored != crc:
+        raise DatabaseError(f"checksum mismatch: stored {stored!r}, computed {crc!r}")
     try:
-        obj = json.loads(line)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise DatabaseError(f"not JSON: {e}") from e
-    if not isinstance(obj, dict) or sorted(obj) != sorted(_FIELDS_OF_LINE):
+        obj = json.loads(line, parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else shorten(str(e), 500)
+        raise DatabaseError(f"not JSON: {why}") from e
+    if not isinstance(obj, dict) or sorted(obj) != sorted(_FIELDS_OF_LINE) or \
+            obj["crc32"] != stored:
         raise DatabaseError(f"a line must be an object with fields {list(_FIELDS_OF_LINE)}")
     schema = obj["schema"]
     if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
-        raise DatabaseError(f"schema must be a positive integer. Received: {schema!r}")
+        raise DatabaseError(f"schema must be a positive integer. Received: {short_repr(schema)}")
     if schema > DATABASE_SCHEMA_VERSION:
         raise DatabaseSchemaError(
             f"line has schema version {schema}, newer than {DATABASE_SCHEMA_VERSION}, the "
             "newest this autodist reads; upgrade autodist to read this database")
-    crc = f"{binascii.crc32(_canonical(schema, obj['record'])):08x}"
-    if obj["crc32"] != crc:
-        raise DatabaseError(f"checksum mismatch: stored {obj['crc32']!r}, computed {crc!r}")
     return TrialRecord.from_json_dict(obj["record"])
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a trial record may hold")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,8 +468,13 @@ class Database:
     def read(self) -> DatabaseContents:
         """Reads every valid record, skipping (and listing) torn or corrupt lines.
 
+        A line is skipped, with its reason in `skipped` (and a logged warning),
+        when its checksum does not match its bytes or its record is malformed
+        (wrong types, null, NaN, too deeply nested, ...); the other lines read.
+
         Raises:
-            DatabaseSchemaError: A line was written with a newer schema.
+            DatabaseSchemaError: An intact line (its checksum matches) was
+                written with a newer schema.
         """
         try:
             with open(self._path, "rb") as f:
@@ -450,7 +498,15 @@ class Database:
             except DatabaseError as e:
                 skipped.append(SkippedLine(number, f"corrupt line: {e}"))
         if tail.strip():
-            skipped.append(SkippedLine(len(lines) + 1, "torn final line (no newline)"))
+            # A final line without its newline is a torn append, unless its
+            # checksum proves it complete (the crash came just before the newline).
+            try:
+                records.append(decode_line(tail))
+            except DatabaseError:
+                skipped.append(SkippedLine(len(lines) + 1, "torn final line (no newline)"))
+        if skipped:
+            logger.warning("trial database %s: skipped %d damaged line(s); first: line %d: %s",
+                           self._path, len(skipped), skipped[0].line_number, skipped[0].reason)
         self.skipped = skipped
         return DatabaseContents(records, skipped)
 

@@ -26,7 +26,9 @@ An α-β model of one synchronous training step on the ResourceSpec:
   all-reduce (the runtime runs them in two phases).
 
 The predicted step time adds these parts; the lower bound is max(compute,
-bandwidth time), i.e. perfect overlap and no latency. Everything is
+bandwidth time), i.e. perfect overlap and no latency. Each candidate's
+memory per device comes from the same tables (`autodist.search.memory`):
+`Prediction.fits` says whether every device holds it. Everything is
 vectorised over a matrix of candidates (see `SearchSpace`), so scoring
 thousands of candidates takes milliseconds.
 """
@@ -37,15 +39,17 @@ import time
 
 import numpy as np
 
-from autodist.ir.graph_item import GraphItem, VariableInfo, optimizer_squares_gradient
+from autodist.ir.graph_item import VariableInfo, optimizer_squares_gradient
 from autodist.ir.strategy import Strategy, is_gathered
 from autodist.proto import strategy_pb2
+from autodist.search.memory import (REPLICA, MemoryModel, option_key, shard_sizes,
+                                    sparse_updates_touch_rows_only)
 from autodist.search.space import NUM_COMPRESSORS, SearchSpace, lookups_per_example
 
 AllReduceSynchronizer = strategy_pb2.AllReduceSynchronizer
 
 _INDEX_BYTES = 8  # int64 row ids
-_CHUNK = 256      # candidates per gather (bounds temporary memory)
+_GATHER_ELEMENTS = 1 << 22  # table entries per gather (bounds temporary memory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +128,11 @@ class Prediction:
     lower_bound_s: np.ndarray
     parts: dict[str, np.ndarray]
 
+    @property
+    def fits(self) -> np.ndarray:
+        """Whether each candidate fits every device's memory (parts["memory_fraction"] <= 1)."""
+        return self.parts["memory_fraction"] <= 1.0 + 1e-12
+
 
 # Columns of the per-option table: bytes in/out, messages and updated bytes
 # per node, then scalar columns, then one column per fusion group.
@@ -138,8 +147,10 @@ class Simulator:
         space: The search space (its options are compiled into tables; call
             again after `space.encode` added options — done automatically).
         calibration: Machine constants (default: `Calibration()`).
-        batch_size: The global batch size (default: the GraphItem's estimate
-            batch per replica).
+        batch_size: The global batch size (default: the space's).
+
+    Attributes:
+        memory: The memory model at this batch size (the space's when equal).
     """
 
     def __init__(self, space: SearchSpace, calibration: Calibration | None = None,
@@ -151,10 +162,13 @@ class Simulator:
         self.num_replicas = len(self.replica_nodes)
         self.num_nodes = len(spec.nodes)
         estimate = max(1, space.graph_item.proto.estimate_batch_size)
-        self.batch_size = batch_size or estimate * self.num_replicas
+        self.batch_size = batch_size or space.batch_size
         if self.batch_size < self.num_replicas:
             raise ValueError(f"batch_size {self.batch_size} is smaller than the number of "
                              f"replicas {self.num_replicas}")
+        self.memory = (space.memory if self.batch_size == space.batch_size else
+                       MemoryModel(space.graph_item, spec, self.batch_size,
+                                   space.lookups_per_example))
         self.per_replica_batch = self.batch_size / self.num_replicas
         self.bandwidth = np.array([spec.bandwidth_gbps(n) * 1e9 / 8
                                    for n in range(self.num_nodes)])
@@ -169,8 +183,9 @@ class Simulator:
         self._rows = {name: per_example * self.per_replica_batch
                       for name, per_example in lookups_per_example(gi).items()}
         self._squares = optimizer_squares_gradient(gi.optimizer)
-        self._sparse_rows_only = _sparse_updates_touch_rows_only(gi)
+        self._sparse_rows_only = sparse_updates_touch_rows_only(gi)
         self._compiled_counts: tuple[int, ...] | None = None
+        self._rows_cache: dict[tuple, np.ndarray] = {}
 
     # ---------------------------------------------------------------- tables
     def _compile(self) -> None:
@@ -186,7 +201,9 @@ class Simulator:
         for i, name in enumerate(_SCALARS):
             self._cols[name] = base + i
         self._cols["groups"] = slice(base + len(_SCALARS), base + len(_SCALARS) + self._groups)
-        width = base + len(_SCALARS) + self._groups
+        base += len(_SCALARS) + self._groups
+        self._cols["memory"] = slice(base, base + self.memory.columns)
+        width = base + self.memory.columns
         rows = []
         self._offsets = np.zeros(len(counts), dtype=np.int64)
         total = 0
@@ -200,10 +217,20 @@ class Simulator:
 
     def _option_row(self, var: VariableInfo, config: strategy_pb2.VariableConfig,
                     width: int) -> np.ndarray:
+        # The layers of a deep model share shapes and options: compute each row once.
+        key = (width, self.space.num_slots,
+               option_key(var, config, self._rows.get(var.name, 0.0)))
+        row = self._rows_cache.get(key)
+        if row is None:
+            row = self._rows_cache[key] = self._compute_option_row(var, config, width)
+        return row
+
+    def _compute_option_row(self, var: VariableInfo, config: strategy_pb2.VariableConfig,
+                            width: int) -> np.ndarray:
         row = np.zeros(width)
         c = self._cols
         spec = self.space.resource_spec
-        sizes = _shard_sizes(var, config)
+        sizes = shard_sizes(var, config)
         dim = sum(sizes)
         row_bytes = var.byte_size / dim
         touched = self._rows.get(var.name, 0.0)
@@ -222,27 +249,25 @@ class Simulator:
                 else:
                     push = pull = shard_bytes
                     request = 0.0
-                for node in range(self.num_nodes):
-                    replicas = self.replicas_on[node]
-                    if not replicas:
-                        continue
-                    row[c["msgs"].start + home] += 2 * replicas
-                    if node == home:
-                        continue
-                    if shard.ps.local_replication:
-                        node_pull = shard_bytes          # one refresh per node
-                    else:
-                        node_pull = replicas * pull
-                    row[c["out"].start + node] += replicas * (push + request)
-                    row[c["in"].start + home] += replicas * (push + request)
-                    row[c["in"].start + node] += node_pull
-                    row[c["out"].start + home] += node_pull
-                    # Reads (and a sparse lookup's row ids) happen in the forward pass.
-                    row[c["pull_out"].start + node] += replicas * request
-                    row[c["pull_in"].start + home] += replicas * request
-                    row[c["pull_in"].start + node] += node_pull
-                    row[c["pull_out"].start + home] += node_pull
-                    row[c["ps_bytes"]] += replicas * (push + request) + node_pull
+                replicas = self.replicas_on
+                remote = replicas > 0
+                remote[home] = False
+                row[c["msgs"].start + home] += 2 * replicas.sum()
+                # One refresh per node with local replication, else one pull per replica.
+                node_pull = np.where(remote, shard_bytes if shard.ps.local_replication
+                                     else replicas * pull, 0.0)
+                node_push = np.where(remote, replicas * (push + request), 0.0)
+                node_request = np.where(remote, replicas * request, 0.0)
+                row[c["out"]] += node_push
+                row[c["in"].start + home] += node_push.sum()
+                row[c["in"]] += node_pull
+                row[c["out"].start + home] += node_pull.sum()
+                # Reads (and a sparse lookup's row ids) happen in the forward pass.
+                row[c["pull_out"]] += node_request
+                row[c["pull_in"].start + home] += node_request.sum()
+                row[c["pull_in"]] += node_pull
+                row[c["pull_out"].start + home] += node_pull.sum()
+                row[c["ps_bytes"]] += node_push.sum() + node_pull.sum()
                 row[c["update"].start + home] += self._update_bytes(var, shard_bytes, fraction)
                 row[c["ps_shards"]] += 1
                 row[c["var_bytes_on_ps"]] += shard_bytes
@@ -263,9 +288,8 @@ class Simulator:
                     row[c["ar_bytes"]] += wire
                 update = shard_bytes if densified else self._update_bytes(var, shard_bytes,
                                                                           fraction)
-                for node in range(self.num_nodes):
-                    if self.replicas_on[node]:
-                        row[c["update"].start + node] += update
+                row[c["update"]] += np.where(self.replicas_on > 0, update, 0.0)
+        row[c["memory"]] = self.memory.config_columns(var, config)
         kinds = {s.WhichOneof("kind") for s in config.shards}
         row[c["ps_vars"]] += "ps" in kinds
         row[c["ar_vars"]] += "all_reduce" in kinds
@@ -294,10 +318,16 @@ class Simulator:
         if candidates.shape[1] != v + 1:
             raise ValueError(f"candidates must have {v + 1} columns (variables + "
                              f"consistency). Received shape {candidates.shape}")
-        sums = np.empty((len(candidates), self._table.shape[1]))
-        for start in range(0, len(candidates), _CHUNK):
-            block = candidates[start:start + _CHUNK, :v] + self._offsets
-            sums[start:start + _CHUNK] = self._table[block].sum(axis=1)
+        width = self._table.shape[1]
+        sums = np.empty((len(candidates), width))
+        chunk = max(1, _GATHER_ELEMENTS // max(1, v * width))
+        for start in range(0, len(candidates), chunk):
+            block = candidates[start:start + chunk, :v] + self._offsets
+            # Entries every candidate of the block shares are summed once: a
+            # greedy step's candidates differ in one entry.
+            shared = (block == block[0]).all(axis=0)
+            base = self._table[block[0, shared]].sum(axis=0)
+            sums[start:start + chunk] = base + self._table[block[:, ~shared]].sum(axis=1)
         sync = np.array([c.sync for c in self.space.consistencies])[candidates[:, v]]
         staleness = np.array([c.staleness for c in self.space.consistencies])[candidates[:, v]]
         return self._times(sums, sync, staleness)
@@ -363,6 +393,9 @@ class Simulator:
             "var_bytes_on_ps": sums[:, c["var_bytes_on_ps"]],
             "ps_imbalance": _imbalance(sums[:, c["update"]], self.space, self.num_nodes),
             "sync": sync.astype(float), "staleness": staleness.astype(float),
+            "replica_memory_bytes": sums[:, c["memory"].start + REPLICA]
+            + self.memory.fixed[REPLICA],
+            "memory_fraction": self.memory.fractions(sums[:, c["memory"]]),
         }
         return Prediction(step_time_s=step, lower_bound_s=lower, parts=parts)
 
@@ -376,24 +409,3 @@ def _imbalance(update: np.ndarray, space: SearchSpace, num_nodes: int) -> np.nda
     ps = update[:, ps_nodes]
     mean = ps.mean(axis=1)
     return np.where(mean > 0, ps.max(axis=1) / np.maximum(mean, 1e-30), 0.0)
-
-
-def _shard_sizes(var: VariableInfo, config: strategy_pb2.VariableConfig) -> list[int]:
-    """Sizes of a config's shards along its axis (a whole variable: its rows)."""
-    p = config.partitioner
-    if p.num_shards <= 1:
-        return [var.shape[0] if var.shape else 1]
-    if p.shard_sizes:
-        return list(p.shard_sizes)
-    base, extra = divmod(var.shape[p.axis], p.num_shards)
-    return [base + (1 if i < extra else 0) for i in range(p.num_shards)]
-
-
-def _sparse_updates_touch_rows_only(graph_item: GraphItem) -> bool:
-    """Whether the optimizer updates only a sparse gradient's rows (plain SGD)."""
-    opt = graph_item.optimizer
-    if opt.algorithm != "sgd" or opt.hyperparameters.get("weight_decay", 0.0):
-        return False
-    if opt.family == "keras":
-        return opt.hyperparameters.get("momentum", 0.0) == 0.0
-    return not any(v.slots for v in graph_item.variables)

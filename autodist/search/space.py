@@ -20,8 +20,22 @@ constraint can never be violated:
 * shards are bounded by `max_shards` and by `min_shard_bytes`, and the shards
   of a variable sit on distinct parameter servers;
 * fused all-reduce groups are bounded by `max_groups` per compressor;
+* at scale (more parameter-server devices than `exhaustive_ps_devices`)
+  the PS layouts are thinned, since their number grows with the square of
+  the devices (and splits with the cube): a variable is split into a power
+  of two or the largest number of shards, the shards of an n-way split sit
+  on one of the aligned blocks of n consecutive devices (which tile the
+  devices, so load still spreads), and splits between PS and all-reduce
+  are left out. With 32 PS devices a dense variable then has 130 options
+  instead of about 75,000;
 * local replication is offered only where it can help: on a node that runs
   more than one replica (it saves repeated pulls by the replicas of a node);
+* memory: an option is left out when it cannot fit, i.e. when some device's
+  memory (`autodist.search.memory`) would overflow with it even if every
+  other variable took its smallest option (a 2 GB table on 1 GB GPUs is
+  never mirrored on them); what is left out is kept in `memory_refusals`
+  for `explain`. Whether a whole candidate fits is the simulator's check
+  (`Prediction.fits`): the tuner never picks one that does not;
 * a dense variable may also be split between the two kinds: its first
   shards on distinct parameter servers, the others all-reduced in one fusion
   slot. It spreads the gradient traffic over the PS links and the workers'
@@ -47,6 +61,7 @@ from autodist.ir.graph_item import GraphItem, VariableInfo, gradient_clipping
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy, is_gathered
 from autodist.proto import strategy_pb2
+from autodist.search.memory import DoesNotFitError, MemoryModel, MemoryRefusal, format_bytes
 
 AllReduceSynchronizer = strategy_pb2.AllReduceSynchronizer
 
@@ -111,6 +126,10 @@ class SpaceOptions:
         allow_hybrid: Offer dense variables split between parameter servers
             and all-reduce (at most `max_shards`, by default the number of PS
             devices + 2, shards; at least one of each kind).
+        exhaustive_ps_devices: Up to this many PS devices, every shard count
+            and every rotation of the PS layouts is offered; beyond, shard
+            counts are powers of two (and the largest), layouts are aligned
+            blocks, and splits between PS and all-reduce are left out.
     """
 
     max_shards: int | None = None
@@ -122,12 +141,16 @@ class SpaceOptions:
     allow_all_reduce: bool = True
     allow_local_replication: bool = True
     allow_hybrid: bool = True
+    exhaustive_ps_devices: int = 4
 
     def __post_init__(self) -> None:
         if self.max_shards is not None and self.max_shards < 1:
             raise ValueError(f"max_shards must be >= 1. Received: {self.max_shards!r}")
         if self.min_shard_bytes < 1:
             raise ValueError(f"min_shard_bytes must be >= 1. Received: {self.min_shard_bytes!r}")
+        if self.exhaustive_ps_devices < 1:
+            raise ValueError(f"exhaustive_ps_devices must be >= 1. "
+                             f"Received: {self.exhaustive_ps_devices!r}")
         if self.max_groups < 1:
             raise ValueError(f"max_groups must be >= 1. Received: {self.max_groups!r}")
         for name in self.compressors:
@@ -147,8 +170,18 @@ class SpaceOptions:
 class SearchSpace:
     """Every strategy the search may pick for one GraphItem on one ResourceSpec.
 
+    Args:
+        graph_item, resource_spec: The workload.
+        options: Bounds and switches of the space.
+        batch_size: The global batch size (default: the GraphItem's estimate
+            batch per replica); memory is checked at it.
+
     Attributes:
         graph_item, resource_spec: The workload.
+        batch_size: The global batch size memory is checked at.
+        memory: The memory model options are checked with.
+        memory_refusals: Per variable, the options left out because they
+            cannot fit.
         variables: The trainable variables, in the GraphItem's order.
         options: options[v] lists variable v's `VariableConfig`s; an all-reduce
             synchronizer's `group` holds a fusion slot that `decode` turns into
@@ -162,7 +195,7 @@ class SearchSpace:
     """
 
     def __init__(self, graph_item: GraphItem, resource_spec: ResourceSpec,
-                 options: SpaceOptions | None = None) -> None:
+                 options: SpaceOptions | None = None, batch_size: int | None = None) -> None:
         self.graph_item = graph_item
         self.resource_spec = resource_spec
         self.config = options or SpaceOptions()
@@ -181,9 +214,18 @@ class SearchSpace:
             self.ps_devices = []
         self.replicas_per_node = _replicas_per_node(resource_spec)
         self.lookups_per_example = lookups_per_example(graph_item)
+        replicas = len(resource_spec.replica_devices)
+        self.batch_size = batch_size or max(1, graph_item.proto.estimate_batch_size) * replicas
+        if self.batch_size < replicas:
+            raise ValueError(f"batch_size {self.batch_size} is smaller than the number of "
+                             f"replicas {replicas}")
+        self.memory = MemoryModel(graph_item, resource_spec, self.batch_size,
+                                  self.lookups_per_example)
         self.options: list[list[strategy_pb2.VariableConfig]] = [
             self._variable_options(v) for v in self.variables]
+        self.memory_refusals: list[list[MemoryRefusal]] = self._fit_to_memory()
         self._num_slots = self.config.max_groups
+        self._priors: dict[int, np.ndarray] = {}  # per variable, for its option count
 
     # ------------------------------------------------------------ the space
     @property
@@ -233,6 +275,13 @@ class SearchSpace:
         return out
 
     def _knowledge_prior(self, v: int) -> np.ndarray:
+        cached = self._priors.get(v)
+        if cached is not None and len(cached) == len(self.options[v]):
+            return cached
+        self._priors[v] = self._compute_knowledge_prior(v)
+        return self._priors[v]
+
+    def _compute_knowledge_prior(self, v: int) -> np.ndarray:
         kinds = [{s.WhichOneof("kind") for s in c.shards} for c in self.options[v]]
         want = "ps" if self.variables[v].sparse_gradient else "all_reduce"
         # Options split between the kinds count as not preferred.
@@ -376,7 +425,7 @@ class SearchSpace:
             for device in devices:
                 options.append(strategy_pb2.VariableConfig(
                     var_name=var.name, shards=[_ps(device, replicate)]))
-            for n in range(2, max_shards + 1):
+            for n in self._shard_counts(max_shards):
                 for layout in self._ps_layouts(n):
                     config = strategy_pb2.VariableConfig(var_name=var.name)
                     config.partitioner.axis = axis
@@ -385,11 +434,28 @@ class SearchSpace:
                     options.append(config)
         return options
 
+    @property
+    def at_scale(self) -> bool:
+        """Whether PS layouts are thinned (more PS devices than `exhaustive_ps_devices`)."""
+        return len(self.ps_devices) > self.config.exhaustive_ps_devices
+
+    def _shard_counts(self, max_shards: int) -> list[int]:
+        """Shard counts from 2 to `max_shards`; at scale powers of two and the largest."""
+        if not self.at_scale:
+            return list(range(2, max_shards + 1))
+        powers = {1 << k for k in range(1, max_shards.bit_length()) if 1 << k <= max_shards}
+        return sorted(powers | ({max_shards} if max_shards >= 2 else set()))
+
     def _ps_layouts(self, n: int) -> list[tuple[str, ...]]:
-        """n distinct consecutive PS devices; rotations differ only when some are left out."""
+        """n distinct consecutive PS devices; rotations differ only when some are left out.
+
+        At scale, only the aligned blocks: starts at multiples of n.
+        """
         devices = self.ps_devices
-        return [tuple(devices[(start + k) % len(devices)] for k in range(n))
-                for start in range(len(devices) if n < len(devices) else 1)]
+        starts = range(len(devices)) if n < len(devices) else range(1)
+        if self.at_scale and n < len(devices):
+            starts = range(0, len(devices), n)
+        return [tuple(devices[(start + k) % len(devices)] for k in range(n)) for start in starts]
 
     def _dense_all_reduce(self, var: VariableInfo) -> list[strategy_pb2.Synchronizer]:
         """All-reduce synchronizers (spec AUTO) for every compressor and fusion slot."""
@@ -445,7 +511,7 @@ class SearchSpace:
         """
         devices = self.ps_devices
         axis = _axis(var)
-        if var.sparse_gradient or not devices or axis is None:
+        if var.sparse_gradient or not devices or axis is None or self.at_scale:
             return []
         limit = self.config.max_shards or len(devices) + 2
         max_shards = min(limit, var.shape[axis], var.byte_size // self.config.min_shard_bytes)
@@ -461,6 +527,59 @@ class SearchSpace:
                     config.shards.extend([sync] * (n - j))
                     options.append(config)
         return options
+
+    def _fit_to_memory(self) -> list[list[MemoryRefusal]]:
+        """Leaves out the options that cannot fit, to a fixed point.
+
+        An option cannot fit when a pool overflows with it and every other
+        variable at its smallest bytes per column (a lower bound of what
+        they need). Leaving options out can raise those bounds, so the
+        check repeats until nothing changes.
+
+        Raises:
+            DoesNotFitError: A variable has no option that can fit.
+        """
+        refusals: list[list[MemoryRefusal]] = [[] for _ in self.variables]
+        memory = self.memory
+        if not memory.constrained:
+            return refusals
+        columns = [np.array([memory.config_columns(var, c) for c in options])
+                   for var, options in zip(self.variables, self.options)]
+        lows = np.array([c.min(axis=0) for c in columns])
+        changed = True
+        while changed:
+            changed = False
+            for v, var in enumerate(self.variables):
+                others = lows.sum(axis=0) - lows[v]
+                used = memory.pool_bytes(columns[v] + others)
+                ratio = np.where(np.isfinite(memory.capacities), used / memory.capacities, 0.0)
+                keep = ratio.max(axis=1) <= 1.0
+                if keep.all():
+                    continue
+                if not keep.any():
+                    raise self._does_not_fit(var, used, ratio)
+                for i in np.flatnonzero(~keep):
+                    pool = int(np.argmax(ratio[i]))
+                    refusals[v].append(MemoryRefusal(self.options[v][i], memory.pools[pool],
+                                                     float(used[i, pool])))
+                self.options[v] = [o for o, k in zip(self.options[v], keep) if k]
+                columns[v] = columns[v][keep]
+                lows[v] = columns[v].min(axis=0)
+                changed = True
+        return refusals
+
+    def _does_not_fit(self, var: VariableInfo, used: np.ndarray,
+                      ratio: np.ndarray) -> DoesNotFitError:
+        best = int(np.argmin(ratio.max(axis=1)))
+        pool = int(np.argmax(ratio[best]))
+        return DoesNotFitError(
+            f"variable {var.name!r} ({format_bytes(var.byte_size)}, "
+            f"{'sparse' if var.sparse_gradient else 'dense'} gradient) fits no device: its "
+            f"smallest option needs {format_bytes(used[best, pool])} in "
+            f"{self.memory.pools[pool].name} (capacity "
+            f"{format_bytes(self.memory.pools[pool].capacity_bytes)}), with every other "
+            f"variable at its smallest and a batch of {self.batch_size}; add devices or "
+            "memory, allow parameter servers, or lower the batch")
 
     def describe(self) -> str:
         """A one-paragraph account of the space (size, options, constraints)."""

@@ -12,8 +12,10 @@ strategies are always candidates, so the pick is never predicted slower than
 the best builder; when measuring, the builders predicted fastest are
 measured in the first round, so the pick is never measured slower than them
 (its `origin` then names the builder it is). A builder that fails for the
-workload is recorded in `builder_errors` and the explanation, not dropped. A
-tuner resumes from its database: strategies already measured for the
+workload, or whose strategy does not fit the devices' memory, is recorded in
+`builder_errors` and the explanation, not dropped. Candidates that do not
+fit (`Prediction.fits`) score infinitely slow, so the search never returns
+one. A tuner resumes from its database: strategies already measured for the
 workload are not measured again.
 """
 from __future__ import annotations
@@ -33,9 +35,10 @@ from autodist.search.cost_model import SimulatorCostModel
 from autodist.search.database import Database, TrialRecord, workload_key
 from autodist.search.features import FEATURE_NAMES, featurize
 from autodist.search.measure_callback import MeasureCallback, Trial, default_callbacks
+from autodist.search.memory import DoesNotFitError, format_bytes
 from autodist.search.predictor import Predictor
 from autodist.search.runner import Runner, checked_run
-from autodist.search.simulator import Calibration, Simulator
+from autodist.search.simulator import Calibration, Prediction, Simulator
 from autodist.search.space import SearchSpace, SpaceOptions
 
 __all__ = ["Runner", "Trial", "TuneResult", "Tuner"]
@@ -105,7 +108,7 @@ class Tuner:
                  callbacks: Sequence[MeasureCallback] | None = None) -> None:
         self.graph_item = graph_item
         self.resource_spec = resource_spec
-        self.space = SearchSpace(graph_item, resource_spec, space_options)
+        self.space = SearchSpace(graph_item, resource_spec, space_options, batch_size)
         self.simulator = Simulator(self.space, calibration, batch_size)
         self.cost_model: Predictor = (cost_model if cost_model is not None
                                       else SimulatorCostModel())
@@ -125,16 +128,25 @@ class Tuner:
 
     # -------------------------------------------------------------- scoring
     def score(self, candidates: np.ndarray) -> np.ndarray:
-        """Ranking scores (lower = faster) of a candidate matrix."""
-        return np.asarray(self.cost_model.predict_candidates(self.simulator, candidates))
+        """Ranking scores (lower = faster) of a candidate matrix; inf where it does not fit."""
+        prediction = self.simulator.predict(candidates)
+        scores = np.asarray(self.cost_model.predict_candidates(self.simulator, candidates,
+                                                               prediction), dtype=np.float64)
+        return np.where(prediction.fits, scores, np.inf)
 
-    def predict_seconds(self, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def predict_seconds(self, candidates: np.ndarray, prediction: Prediction | None = None
+                        ) -> tuple[np.ndarray, np.ndarray]:
         """Predicted step times and lower bounds in seconds.
 
         A cost model that predicts seconds (the simulator, a regressor) gives
         them; a ranker only orders, so the simulator gives the seconds then.
+
+        Args:
+            candidates: An (N, V + 1) candidate matrix.
+            prediction: The simulator's prediction for them, when known.
         """
-        prediction = self.simulator.predict(candidates)
+        if prediction is None:
+            prediction = self.simulator.predict(candidates)
         seconds = prediction.step_time_s
         if self.cost_model.predicts_seconds:
             seconds = np.asarray(self.cost_model.predict_candidates(self.simulator, candidates,
@@ -196,7 +208,8 @@ class Tuner:
                 result = self._search()
                 scored += result.evaluated
         best, predicted, lower = self._pick(result, measured)
-        builder_seconds, _ = self.predict_seconds(np.stack(list(self.seeds.values())))
+        builder_seconds = (self.predict_seconds(np.stack(list(self.seeds.values())))[0]
+                           if self.seeds else [])
         return TuneResult(
             strategy=best, predicted_step_time_s=predicted, lower_bound_s=lower,
             builder_step_times_s=dict(zip(self.seeds, (float(t) for t in builder_seconds))),
@@ -205,13 +218,26 @@ class Tuner:
             builder_errors=dict(self.builder_errors))
 
     def _builders_by_prediction(self) -> list[str]:
+        if not self.seeds:
+            return []
         seconds, _ = self.predict_seconds(np.stack(list(self.seeds.values())))
         return [name for _, name in sorted(zip(seconds, self.seeds))]
 
     def _search(self) -> SearchResult:
-        return search(self.space, self.score, algorithm=self.algorithm,
-                      budget=self.search_budget, seed=self.seed,
-                      seeds=list(self.seeds.values()))
+        result = search(self.space, self.score, algorithm=self.algorithm,
+                        budget=self.search_budget, seed=self.seed,
+                        seeds=list(self.seeds.values()))
+        fits = np.isfinite(result.scores)
+        if not fits.any():
+            columns = self.simulator.memory.strategy_columns(
+                self.space.decode(result.best)) if len(result.candidates) else None
+            detail = ("" if columns is None else
+                      "; the best candidate found needs:\n" + self.simulator.memory.describe(columns))
+            raise DoesNotFitError(
+                f"no strategy the search found for {self.graph_item.name!r} fits the devices' "
+                f"memory at a global batch of {self.simulator.batch_size} "
+                f"({result.evaluated} candidates scored){detail}")
+        return SearchResult(result.candidates[fits], result.scores[fits], result.evaluated)
 
     def _pick(self, result: SearchResult,
               measured: dict[tuple, Trial]) -> tuple[Strategy, float, float]:
@@ -281,35 +307,77 @@ class Tuner:
 
     # -------------------------------------------------------------- explain
     def explain(self, candidate: np.ndarray) -> str:
-        """Per variable: the choice, the best alternative of the other kind and its cost."""
+        """Per variable: the choice, the best alternative of the other kind and its cost.
+
+        Where memory forced the choice, it says so: the kinds the space left
+        out because they cannot fit (with the bytes they would need), and a
+        faster alternative that does not fit with the rest of the candidate.
+        """
         candidate = np.asarray(candidate, dtype=np.int64)
         base = float(self.predict_seconds(candidate[None, :])[0][0])
-        lines = [f"predicted step time {base * 1e3:.3f} ms ({self.predictor})", "",
-                 "variable: choice — the best alternative of another kind (PS, all-reduce, "
-                 "all-gather, split), with the rest fixed"]
+        lines = [f"predicted step time {base * 1e3:.3f} ms ({self.predictor})"]
+        memory = self.simulator.memory
+        if memory.constrained:
+            columns = self.space.memory.strategy_columns(self.space.decode(candidate))
+            used = memory.pool_bytes(columns)[0]
+            ratio = np.where(np.isfinite(memory.capacities), used / memory.capacities, 0.0)
+            fullest = int(np.argmax(ratio))
+            lines.append(f"memory: fullest {memory.pools[fullest].name}, "
+                         f"{format_bytes(used[fullest])} of "
+                         f"{format_bytes(memory.pools[fullest].capacity_bytes)} "
+                         f"({ratio[fullest]:.0%}) at a global batch of {memory.batch_size}")
+        lines += ["", "variable: choice — the best alternative of another kind (PS, all-reduce, "
+                  "all-gather, split), with the rest fixed"]
         for v, var in enumerate(self.space.variables):
             options = self.space.options[v]
             trial = np.repeat(candidate[None, :], len(options), axis=0)
             trial[:, v] = np.arange(len(options))
-            seconds = self.predict_seconds(trial)[0]
+            prediction = self.simulator.predict(trial)
+            seconds = self.predict_seconds(trial, prediction)[0]
+            fits = prediction.fits
             chosen = options[int(candidate[v])]
             kind = _how(chosen, var.sparse_gradient)
-            others = [i for i, o in enumerate(options) if _how(o, var.sparse_gradient) != kind]
+            kinds = [_how(o, var.sparse_gradient) for o in options]
+            others = [i for i, k in enumerate(kinds) if k != kind]
             what = _describe(chosen, var.sparse_gradient)
             kind_note = "sparse" if var.sparse_gradient else "dense"
             why = "the only kind available"
-            if others:
-                alt = min(others, key=lambda i: seconds[i])
+            fitting = [i for i in others if fits[i]]
+            if fitting:
+                alt = min(fitting, key=lambda i: seconds[i])
                 why = (f"{_describe(options[alt], var.sparse_gradient)} would be "
                        f"{(seconds[alt] - base) * 1e3:+.3f} ms")
+            elif others:
+                why = "no other kind fits in memory with the rest"
+            if others and not fits[min(others, key=lambda i: seconds[i])]:
+                alt = min(others, key=lambda i: seconds[i])
+                why += (f"; {_describe(options[alt], var.sparse_gradient)} "
+                        f"({(seconds[alt] - base) * 1e3:+.3f} ms) does not fit in memory "
+                        "with the rest")
+            why += self._refused(v, set(kinds))
             lines.append(f"  {var.name} ({kind_note}, {var.byte_size} B): {what} — {why}")
         lines += ["", "builders (predicted step time):"]
-        builder_seconds = self.predict_seconds(np.stack(list(self.seeds.values())))[0]
-        for name, seconds in sorted(zip(self.seeds, builder_seconds), key=lambda p: p[1]):
-            lines.append(f"  {name:<22} {seconds * 1e3:.3f} ms  ({seconds / base:.2f}x)")
+        if self.seeds:
+            builder_seconds = self.predict_seconds(np.stack(list(self.seeds.values())))[0]
+            for name, seconds in sorted(zip(self.seeds, builder_seconds), key=lambda p: p[1]):
+                lines.append(f"  {name:<22} {seconds * 1e3:.3f} ms  ({seconds / base:.2f}x)")
         for name, error in self.builder_errors.items():
             lines.append(f"  {name:<22} failed to build: {error.splitlines()[0][:160]}")
         return "\n".join(lines)
+
+    def _refused(self, v: int, offered: set[str]) -> str:
+        """The kinds the space left out for variable `v` for memory, and what they need."""
+        sparse = self.space.variables[v].sparse_gradient
+        smallest: dict[str, tuple[float, str, float]] = {}
+        for refusal in self.space.memory_refusals[v]:
+            kind = _how(refusal.config, sparse)
+            if kind not in offered and (kind not in smallest
+                                        or refusal.needed_bytes < smallest[kind][0]):
+                smallest[kind] = (refusal.needed_bytes, refusal.pool.name,
+                                  refusal.pool.capacity_bytes)
+        return "".join(f"; memory: {kind} would need {format_bytes(needed)} in {pool} > "
+                       f"{format_bytes(capacity)}: not offered"
+                       for kind, (needed, pool, capacity) in sorted(smallest.items()))
 
     def _builder_strategies(self) -> tuple[dict[str, Strategy], dict[str, str]]:
         """Each builder's strategy for the workload, and why the others failed to build."""
@@ -321,12 +389,20 @@ class Tuner:
                 # e.g. a PS builder on a spec without PS devices: recorded, no candidate.
                 errors[name] = f"{type(e).__name__}: {e}"
                 continue
-            if self.space.admits(strategy):
-                strategies[name] = strategy
-            else:  # e.g. mixed synchronizers under the optimizer's gradient clipping
+            if not self.space.admits(strategy):
+                # e.g. mixed synchronizers under the optimizer's gradient clipping
                 errors[name] = ("not admitted by the search space (its synchronizers do not "
                                 "fit the optimizer's gradient clipping: "
                                 f"{self.space.clipping!r})")
+                continue
+            overflow = self.simulator.memory.overflow(
+                self.simulator.memory.strategy_columns(strategy))
+            if overflow is not None:
+                pool, needed = overflow
+                errors[name] = (f"does not fit in memory: needs {format_bytes(needed)} in "
+                                f"{pool.name} (capacity {format_bytes(pool.capacity_bytes)})")
+                continue
+            strategies[name] = strategy
         return strategies, errors
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -73,7 +74,7 @@ nodes:
     ("nodes:\n  - address: a\n    gpus: [0, 0]", "gpus must be distinct indices >= 0. "
                                                "Received: \\[0, 0\\]"),
     ("nodes:\n  - address: a\n    network_bandwidth: -3",
-     "network_bandwidth must be a positive number of Gbit/s. Received: -3"),
+     "network_bandwidth must be a positive number of Gbit/s \\(finite\\). Received: -3"),
     ("nodes:\n  - address: a\n    roles: [trainer]", "unknown role 'trainer'"),
     ("nodes:\n  - address: a\n    cpu: [0]", "unknown fields \\['cpu'\\]"),
     ("nodes:\n  - address: a:notaport", "malformed port. Received: 'a:notaport'"),
@@ -219,3 +220,60 @@ def test_tf_config_cpu_replicas(monkeypatch):
     with pytest.raises(ResourceSpecError, match="gpus_per_worker must be an integer >= 0. "
                                                 "Received: -2"):
         ResourceSpec.from_tf_config(_CLUSTER, gpus_per_worker=-2)
+
+
+def test_cluster_def_when_the_chief_is_not_the_first_worker():
+    spec = ResourceSpec.from_dict({"nodes": [
+        {"address": "w1:1", "roles": ["worker"]}, {"address": "p:1", "roles": ["ps"]},
+        {"address": "c:1", "chief": True, "roles": ["worker"]}]})
+    assert spec.cluster_def() == {"worker": ["c:1", "w1:1"], "ps": ["p:1"]}
+
+
+def test_yaml_alias_bomb_is_refused_quickly_with_a_short_message(tmp_path):
+    lines = ["a0: &a0 [0, 0, 0, 0, 0, 0, 0, 0, 0]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines + ["nodes: [{address: h, gpus: *a8}]"]) + "\n")
+    assert path.stat().st_size < 600        # 9^9 = 387 million numbers when expanded
+    start = time.monotonic()
+    with pytest.raises(ResourceSpecError, match="expands to more than 200000 YAML nodes") as e:
+        ResourceSpec.from_yaml(path)
+    assert time.monotonic() - start < 2 and len(str(e.value)) < 300
+
+
+@pytest.mark.parametrize("text, match", [
+    ("nodes:\n  - address: a\n    gpus: 1000000000",
+     r"gpus as a count must be in \[0, 4096\]. Received: 1000000000"),
+    ("nodes:\n  - address: a\n    network_bandwidth: .nan",
+     r"network_bandwidth must be a positive number of Gbit/s \(finite\). Received: nan"),
+    ("nodes:\n  - address: a\n    network_bandwidth: .inf", r"\(finite\). Received: inf"),
+    ("nodes:\n  - address: a\n    gpus: [2147483648]", "has an index of 2\\^31 or more"),
+    ("nodes: " + "[" * 5000 + "]" * 5000, "nested|not valid YAML"),
+    ("a: &a [*a]\nnodes: *a", "refers to itself|not valid YAML"),
+    ("nodes:\n  - address: " + "h" * 5000, "address is longer than 1024 characters"),
+])
+def test_absurd_yaml_values_are_named_errors(tmp_path, text, match):
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    with pytest.raises(ResourceSpecError, match=match) as e:
+        ResourceSpec.from_yaml(path)
+    assert len(str(e.value)) < 700
+
+
+def test_huge_values_are_echoed_in_short(tmp_path):
+    path = tmp_path / "spec.yaml"
+    path.write_text("nodes:\n  - address: a\n    gpus: [" + ", ".join(["x"] * 100_000) + "]\n")
+    with pytest.raises(ResourceSpecError, match=r"gpus must be a list of device indices. "
+                                                r"Received: \['x', 'x', 'x', 'x', 'x', 'x', "
+                                                r"\.\.\.\]$"):
+        ResourceSpec.from_yaml(path)
+
+
+def test_deserialize_and_tf_config_damage_are_named_errors():
+    with pytest.raises(ResourceSpecError, match="not a ResourceSpec protobuf"):
+        ResourceSpec.deserialize(b"\xff\xff\xff")
+    with pytest.raises(ResourceSpecError, match="TF_CONFIG is not valid JSON: nested too deeply"):
+        ResourceSpec.from_tf_config("[" * 100_000)
+    with pytest.raises(ResourceSpecError, match="address must be a non-empty string. "
+                                                r"Received: '\\udc80:1'"):   # a lone surrogate
+        ResourceSpec.from_tf_config('{"cluster": {"worker": ["\\udc80:1"]}}')

@@ -654,3 +654,62 @@ def test_hyperparameter_overrides_are_validated(ps_ncf, ncf_item, local_spec):
         ps_ncf.with_hyperparameters(momentum=0.9).validate(ncf_item, local_spec)
     with pytest.raises(StrategyError, match="overrides 'nope'"):
         ps_ncf.with_hyperparameters(nope=1.0).validate(ncf_item, local_spec)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.1])
+def test_hyperparameter_values_must_be_finite_and_in_range(ps_ncf, ncf_item, local_spec, value):
+    with pytest.raises(StrategyError, match=r"graph_config.hyperparameters\['learning_rate'\] "
+                                            rf"must be finite and >= 0. Received: {value!r}"):
+        ps_ncf.with_hyperparameters(learning_rate=value)
+    ps_ncf.proto.graph_config.hyperparameters["learning_rate"] = value   # as a file may hold it
+    with pytest.raises(StrategyError, match="must be finite and >= 0") as info:
+        ps_ncf.validate(ncf_item, local_spec)
+    assert info.value.field == "graph_config.hyperparameters['learning_rate']"
+    assert repr(info.value.received) == repr(value)      # nan != nan
+
+
+def test_unknown_enum_numbers_are_named(ar_ncf, ncf_item, local_spec):
+    """A file from a newer autodist (or a damaged one) may hold enum numbers without names."""
+    ar = _config(ar_ncf, HIDDEN).shards[0].all_reduce
+    ar.compressor = 7
+    assert "UNKNOWN(7), group" in ar_ncf.summary()
+    loaded = Strategy.deserialize(ar_ncf.serialize())
+    assert_invalid(loaded, ncf_item, local_spec, "all_reduce.compressor is 7, which is not a "
+                   "known value", variable=HIDDEN, field="shards[0].all_reduce.compressor",
+                   received=7)
+    ar.compressor, ar.spec = 0, -1
+    assert "UNKNOWN(-1)" in Strategy.from_text(ar_ncf.to_text()).summary()
+    assert_invalid(ar_ncf, ncf_item, local_spec, "all_reduce.spec is -1", variable=HIDDEN,
+                   field="shards[0].all_reduce.spec", received=-1)
+
+
+def test_absurd_staleness_and_virtual_nodes_are_refused(ps_ncf, ncf_item, local_spec):
+    ps = _config(ps_ncf, HIDDEN).shards[0].ps
+    ps.sync, ps.staleness = True, 2 ** 31 - 1
+    assert_invalid(ps_ncf, ncf_item, local_spec, "staleness must be at most 100000 steps",
+                   variable=HIDDEN, field="shards[0].ps.staleness", received=2 ** 31 - 1)
+    ps.staleness = 0
+    _virtual_nodes(ps_ncf, 2 ** 31 - 1, 65_537, [])
+    assert_invalid(ps_ncf, ncf_item, local_spec, "num_virtual_nodes must be at most 65536",
+                   field=f"{VN}.num_virtual_nodes", received=65_537)
+    _virtual_nodes(ps_ncf, 2 ** 40, 2, [W0, W1])
+    assert_invalid(ps_ncf, ncf_item, local_spec, "global_batch_size must be at most 2147483647",
+                   field=f"{VN}.global_batch_size", received=2 ** 40)
+
+
+def test_a_huge_value_in_a_file_gives_a_short_message(ps_ncf, ncf_item, local_spec):
+    ps_ncf.proto.graph_config.replicas[0] = "x" * 1_000_000
+    err = assert_invalid(ps_ncf, ncf_item, local_spec, "names device .xxxx",
+                         field="graph_config.replicas", received="x" * 1_000_000)
+    assert len(str(err)) < 1000
+
+
+def test_damaged_files_are_named_errors(ps_ncf, tmp_path):
+    path = tmp_path / "s.pb"
+    path.write_bytes(ps_ncf.serialize()[:-3] + b"\xff\xff\xff")
+    with pytest.raises(StrategyError, match="is not a Strategy protobuf"):
+        Strategy.load(path)
+    text = tmp_path / "s.pbtxt"
+    text.write_bytes(b"graph_config { replicas: \xff }")
+    with pytest.raises(StrategyError, match="strategy file .*s.pbtxt"):
+        Strategy.load(text)

@@ -67,3 +67,19 @@ def test_continuing_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path):
 def test_missing_checkpoint_is_named(tmp_path):
     with pytest.raises(autodist.AutodistError, match="no checkpoint at"):
         checkpoint.resolve(tmp_path / "nothing")
+
+
+def test_checkpoints_to_keep_retains_the_newest(tmp_path):
+    model, x, y, spec, graph_item, strategy = _setup()
+    run = autodist.distribute(model, strategy, spec, graph_item=graph_item)
+    with pytest.raises(autodist.AutodistError, match="checkpoints_to_keep must be an integer "
+                                                     ">= 1. Received: 0"):
+        run.fit(x, y, batch_size=32, epochs=1, verbose=0, checkpoint_dir=str(tmp_path),
+                checkpoints_to_keep=0)
+    ckpt_dir = tmp_path / "ckpt"
+    run.fit(x, y, batch_size=32, epochs=3, verbose=0, checkpoint_dir=str(ckpt_dir),
+            checkpoints_to_keep=2)
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step-00000006",
+                                                          "step-00000009"]
+    assert (ckpt_dir / "step-00000009" / "manifest.json").exists()
+    assert checkpoint.load(ckpt_dir)["optimizer/iterations"] == 9

@@ -8,6 +8,7 @@ simulator and the LightGBM models are checked as the search's cost-model role
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 
@@ -375,3 +376,47 @@ def test_resolve_cost_model_accepts_what_optimize_accepts(ranker, tmp_path):
         resolve_cost_model(tmp_path / "missing.json")
     with pytest.raises(CostModelError, match="cost_model must be a Predictor.*Received: int"):
         resolve_cost_model(3)
+
+
+# ------------------------------------------------------------- damaged files
+def test_a_damaged_model_text_is_caught_before_lightgbm_reads_it(ranker, tmp_path):
+    path = tmp_path / "model.json"
+    ranker.save(path)
+    doc = json.loads(path.read_text())
+    assert doc["model_sha256"] == hashlib.sha256(doc["model"].encode()).hexdigest()
+    doc["model"] = doc["model"].replace("leaf_value=", "leaf_valuf=", 1)   # one flipped bit
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CostModelError, match="is damaged: the model text's sha256 is [0-9a-f]{64}"
+                                             ", the file records '[0-9a-f]{64}'"):
+        CostModel.load(path)
+
+
+def test_a_file_without_a_checksum_loads_only_unverified(ranker, test_data, tmp_path):
+    doc = json.loads(ranker.to_json())
+    del doc["model_sha256"]
+    doc["version"] = 1                     # as autodist wrote it before checksums
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CostModelError, match="has no model checksum .*verify=False"):
+        CostModel.load(path)
+    X, _, _ = test_data
+    old = CostModel.load(path, verify=False)
+    np.testing.assert_array_equal(old.predict(X), ranker.predict(X))
+    old.save(path)                         # saved again: verified from now on
+    CostModel.load(path)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("train_params", {"num_threads": 2 ** 31}, r"num_threads must be an integer in \[1, 1024\]"),
+    ("params", ["not", "a", "dict"], "params must be a JSON object"),
+    ("feature_names", 7, "feature_names must be a sequence of names. Received: 7"),
+    ("kind", ["ranker"], r"kind must be one of \['ranker', 'regressor'\]"),
+    ("version", 10 ** 30, "newer than"),
+])
+def test_malformed_metadata_is_named(ranker, tmp_path, field, value, match):
+    doc = json.loads(ranker.to_json())
+    doc[field] = value
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CostModelError, match=match):
+        CostModel.load(path)

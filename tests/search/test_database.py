@@ -5,9 +5,11 @@ appends, a torn line written by hand, and two writers appending at once.
 """
 from __future__ import annotations
 
+import binascii
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -50,6 +52,13 @@ def make_record(i: int = 0, *, workload_gi: str = GI_FP, error: str | None = Non
         strategy=make_strategy().serialize(), features={"ps_load_max": 0.5 + i, "shards": 2.0},
         step_times_s=() if error else step_times, error=error, origin="PS",
         predicted_step_time_s=0.3, created_at=1700000000.5 + i, extra={"i": i, "tag": ["x"]})
+
+
+def _line(record: object, schema: object = DATABASE_SCHEMA_VERSION) -> bytes:
+    """A line with a valid checksum around any JSON value (NaN written as NaN)."""
+    canonical = json.dumps({"record": record, "schema": schema}, sort_keys=True,
+                           separators=(",", ":"), ensure_ascii=True).encode()
+    return b'{"crc32":"%08x",' % binascii.crc32(canonical) + canonical[1:]
 
 
 # ------------------------------------------------------------------ records
@@ -253,14 +262,69 @@ def test_concurrent_appenders_do_not_interleave(tmp_path):
 def test_newer_schema_is_a_clear_error(tmp_path):
     db = Database(tmp_path / "t.jsonl")
     db.append(make_record(0))
-    newer = json.loads(encode_line(make_record(1)))
-    newer["schema"] = DATABASE_SCHEMA_VERSION + 1
-    with open(db.path, "a") as f:
-        f.write(json.dumps(newer) + "\n")
+    with open(db.path, "ab") as f:
+        f.write(_line(make_record(1).to_json_dict(), schema=DATABASE_SCHEMA_VERSION + 1) + b"\n")
     with pytest.raises(DatabaseSchemaError,
                        match=rf"line 2: line has schema version {DATABASE_SCHEMA_VERSION + 1}, "
                              r"newer than .*upgrade autodist"):
         db.records()
+
+
+def test_a_flipped_bit_in_the_schema_skips_only_that_line(tmp_path):
+    db = Database(tmp_path / "t.jsonl")
+    db.extend(make_record(i) for i in range(3))
+    lines = db.path.read_bytes().split(b"\n")
+    assert lines[1].endswith(b'"schema":1}')
+    lines[1] = lines[1][:-2] + b"3}"        # 0x31 -> 0x33: a newer schema, if believed
+    db.path.write_bytes(b"\n".join(lines))
+    contents = db.read()
+    assert [r.extra["i"] for r in contents.records] == [0, 2]
+    assert [s.line_number for s in contents.skipped] == [2]
+    assert "checksum mismatch" in contents.skipped[0].reason
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("step_times_s", None, "step_times_s must be a list of seconds. Received: None"),
+    ("step_times_s", [float("nan")], "not JSON: NaN is not a number a trial record may hold"),
+    ("created_at", float("inf"), "not JSON: Infinity is not a number"),
+    ("created_at", 10 ** 400, "created_at must be finite. Received: inf"),
+    ("extra", {"a": None}, None),
+    ("features", {"x": "1"}, r"features\['x'\] must be a number. Received: '1'"),
+    ("strategy", ["not", "base64"], "strategy must be a base64 string"),
+    ("model_name", "x" * 100_000, None),
+])
+def test_malformed_records_with_valid_checksums_are_skipped(tmp_path, field, value, reason):
+    record = make_record(1).to_json_dict()
+    record[field] = value
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(encode_line(make_record(0)) + _line(record) + b"\n" +
+                     encode_line(make_record(2)))
+    contents = Database(path).read()
+    if reason is None:           # harmless: the record reads
+        assert len(contents.records) == 3 and contents.skipped == []
+        return
+    assert [r.extra["i"] for r in contents.records] == [0, 2]
+    assert len(contents.skipped) == 1 and contents.skipped[0].line_number == 2
+    assert re.search(reason, contents.skipped[0].reason), contents.skipped[0].reason
+
+
+def test_deep_nesting_is_a_skipped_line(tmp_path):
+    deep = "[" * 100_000 + "]" * 100_000
+    record = json.dumps(make_record(1).to_json_dict(), sort_keys=True, separators=(",", ":"))
+    record = record.replace('"tag":["x"]', f'"tag":{deep}')
+    canonical = ('{"record":' + record + ',"schema":1}').encode()
+    line = b'{"crc32":"%08x",' % binascii.crc32(canonical) + canonical[1:]
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(encode_line(make_record(0)) + line + b"\n")
+    contents = Database(path).read()
+    assert [r.extra["i"] for r in contents.records] == [0]
+    assert "nested too deeply" in contents.skipped[0].reason
+    assert len(contents.skipped[0].reason) < 200
+
+
+def test_the_shipped_trial_data_reads_completely():
+    contents = Database(pathlib.Path(REPO_ROOT) / "benchmarks" / "data" / "trials.jsonl").read()
+    assert len(contents.records) == 720 and contents.skipped == []
 
 
 def test_path_that_is_a_directory_is_rejected(tmp_path):

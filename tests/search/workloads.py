@@ -10,12 +10,15 @@ from autodist.proto import graph_item_pb2
 def graph_item(variables: Sequence[tuple[str, Sequence[int], bool]], *, name: str = "synthetic",
                flops: float = 0.0, estimate_batch_size: int = 10,
                lookups_per_example: float = 1.0, optimizer: str = "",
-               momentum: float = 0.0) -> GraphItem:
+               momentum: float = 0.0, slots: Sequence[str] = (),
+               ops: Sequence[tuple[str, str, int]] = ()) -> GraphItem:
     """A GraphItem with float32 variables (name, shape, sparse gradient).
 
     Each sparse variable's gradient values come from an op whose size at the
     estimate batch means `lookups_per_example` rows per example. `flops`
-    goes to one op. `optimizer` names a Keras algorithm ("sgd", "adam", ...).
+    goes to one op. `optimizer` names a Keras algorithm ("sgd", "adam", ...);
+    every variable gets the optimizer `slots`. `ops` adds (type, phase,
+    output bytes at the estimate batch) ops, e.g. activations.
     """
     proto = graph_item_pb2.GraphItem(name=name, estimate_batch_size=estimate_batch_size)
     if optimizer:
@@ -24,6 +27,8 @@ def graph_item(variables: Sequence[tuple[str, Sequence[int], bool]], *, name: st
         proto.optimizer.hyperparameters["momentum"] = momentum
     if flops:
         proto.ops.add(name="matmul", type="MatMul", phase="forward", flops=flops)
+    for i, (op_type, phase, output_bytes) in enumerate(ops):
+        proto.ops.add(name=f"op_{i}", type=op_type, phase=phase, output_bytes=output_bytes)
     for order, (var_name, shape, sparse) in enumerate(variables):
         size = 4
         for d in shape:
@@ -31,6 +36,7 @@ def graph_item(variables: Sequence[tuple[str, Sequence[int], bool]], *, name: st
         v = proto.variables.add(name=var_name, dtype="float32", shape=list(shape),
                                 byte_size=size, sparse_gradient=sparse, gradient_order=order)
         v.partitionable_axes.extend([0] if sparse else range(len(shape)))
+        v.slots.extend(slots)
         if sparse:
             values = f"{var_name}/grad_values"
             v.gradient.values = values + ":0"
