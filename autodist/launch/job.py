@@ -16,6 +16,9 @@ replicas read. Only the chief writes outputs, into the driver's directory
       data/x_0.npy ... data/y.npy
       data/shard.json, data/rows.npy   a shipped shard: the full example count,
                                        and which examples the arrays hold
+      data/dataset.pb, data/dataset.json   instead of arrays: a dataset the
+                                       workers read themselves (its graph, and
+                                       how to read it)
       logs/<job>_<task>.log
       ready/<job>_<task>         written when a (local) task's server is up
       control/stop               driver -> chief: stop at the next step boundary
@@ -130,10 +133,24 @@ class RunConfig:
     first_epoch: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class DatasetFiles:
+    """A dataset the workers read themselves, instead of arrays (opaque to the launcher).
+
+    Attributes:
+        graph: Its serialized graph.
+        description: How to read it (JSON).
+    """
+
+    graph: bytes
+    description: bytes
+
+
 # Files an archive may hold (anything else in one is refused).
 _ARCHIVE_FILES = ("graph_item.pb", "strategy.pb", "resource_spec.pb", "run.json",
                   "cluster.json", "init.npz")
-_ARCHIVE_DATA = re.compile(r"data/(x_[0-9]{1,6}\.npy|y\.npy|rows\.npy|shard\.json)")
+_ARCHIVE_DATA = re.compile(
+    r"data/(x_[0-9]{1,6}\.npy|y\.npy|rows\.npy|shard\.json|dataset\.pb|dataset\.json)")
 _MAX_ARCHIVE_MEMBERS = 10_000
 _SUBDIRS = ("logs", "ready", "results", "data", "control")
 
@@ -189,11 +206,17 @@ class JobDir:
     # writing (driver side)
     def write(self, graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
               config: RunConfig, init_values: dict[str, np.ndarray],
-              inputs: list[np.ndarray], targets: np.ndarray) -> None:
-        """Writes a job; clears what an earlier job in the same directory left behind."""
+              inputs: list[np.ndarray], targets: np.ndarray | None,
+              dataset: DatasetFiles | None = None) -> None:
+        """Writes a job; clears what an earlier job in the same directory left behind.
+
+        The data are `inputs` and `targets`, or a `dataset` (then neither).
+        """
         self._make_subdirs()
         stale = [self.file("progress.jsonl"), self.file("final_weights.npz"),
-                 self.path / "data" / "shard.json", self.path / "data" / "rows.npy"]
+                 self.path / "data" / "shard.json", self.path / "data" / "rows.npy",
+                 self.path / "data" / "y.npy", self.path / "data" / "dataset.pb",
+                 self.path / "data" / "dataset.json"]
         for sub in ("results", "control"):
             stale += (self.path / sub).iterdir()
         stale += (self.path / "data").glob("x_*.npy")
@@ -205,6 +228,10 @@ class JobDir:
         write_private(self.file("run.json"), json.dumps(dataclasses.asdict(config)).encode())
         with private_writer(self.file("init.npz")) as f:
             np.savez(f, **init_values)
+        if dataset is not None:
+            write_private(self.path / "data" / "dataset.pb", dataset.graph)
+            write_private(self.path / "data" / "dataset.json", dataset.description)
+            return
         for i, x in enumerate(inputs):
             with private_writer(self.path / "data" / f"x_{i}.npy") as f:
                 np.save(f, x)
@@ -250,6 +277,14 @@ class JobDir:
         return ([np.load(p, mmap_mode="r") for p in xs],
                 np.load(self.path / "data" / "y.npy", mmap_mode="r"))
 
+    def dataset(self) -> DatasetFiles | None:
+        """The dataset the workers read, or None when the data are arrays."""
+        graph = self.path / "data" / "dataset.pb"
+        if not graph.exists():
+            return None
+        return DatasetFiles(graph.read_bytes(),
+                            (self.path / "data" / "dataset.json").read_bytes())
+
     def shard(self) -> tuple[int, np.ndarray | None]:
         """(examples in the full data set, sorted example indices the arrays hold).
 
@@ -266,7 +301,8 @@ class JobDir:
         """This job as one uncompressed tar archive.
 
         Args:
-            rows: Sorted example indices to ship (None: every example).
+            rows: Sorted example indices to ship (None: every example; a
+                job with a dataset ships the dataset's files).
             with_data: False leaves out the data and initial values (for a
                 parameter-server task, which needs neither).
         """
@@ -275,7 +311,12 @@ class JobDir:
             names = _ARCHIVE_FILES if with_data else _ARCHIVE_FILES[:-1]
             for name in names:
                 tar.add(self.file(name), arcname=name)
-            if with_data:
+            if with_data and self.dataset() is not None:
+                if rows is not None:
+                    raise JobArchiveError("a job with a dataset ships the dataset, not rows")
+                for name in ("data/dataset.pb", "data/dataset.json"):
+                    tar.add(self.file(name), arcname=name)
+            elif with_data:
                 inputs, targets = self.data()
                 num_examples, held = self.shard()
                 if held is not None:

@@ -1,19 +1,40 @@
-"""`fit` on a `tf.data.Dataset`: its batches become arrays batched the same way.
+"""`fit` on a `tf.data.Dataset`: the workers read it themselves, as Keras would.
 
-As in Keras, each element of the dataset is one (global) batch `(x, y)`. A
-finite dataset whose batches all have one size, except possibly a smaller
-last one, is read once in the driver and concatenated; batching the arrays
-with that size gives back exactly the dataset's batches, so the run trains
-on the same batches in the same order as Keras `fit(dataset)` (with
-`shuffle` off: a dataset shuffles itself, once here).
+As in Keras, each element of the dataset is one global batch `(x, y)` or
+`(x, y, sample_weight)`. The driver does not read the data: it flattens
+the elements (a `map` that orders the model's inputs and targets and casts
+them), serializes the dataset's graph into the job (`dataset_graph`), and
+every worker rebuilds it and reads every element, in the order Keras'
+`fit(dataset)` reads them (`batching.dataset_epochs`: new passes, and the
+shuffle seeds they draw, where Keras starts them), keeping the rows of its
+virtual nodes. So every worker agrees on each global batch, at the cost of
+each worker reading (and preprocessing) the whole dataset.
+
+The driver reads the data only to count the batches of a dataset whose
+cardinality is unknown (a `filter`, or TFRecord files): one pass through
+the input pipeline, holding nothing (give the length with
+`dataset.apply(tf.data.experimental.assert_cardinality(n))` to skip it).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
-
-import numpy as np
+import dataclasses
+import logging
+import warnings
+from typing import Any, Mapping
 
 from autodist.ir.errors import AutodistError
+from autodist.ir.graph_item import GraphItem
+from autodist.runtime import batching, dataset_graph
+from autodist.runtime import targets as targets_
+from autodist.runtime.records import DatasetDescription
+
+logger = logging.getLogger(__name__)
+
+_INT64_MAX = 2 ** 63 - 1
+
+
+class DatasetError(AutodistError, ValueError):
+    """A dataset `fit` cannot read as Keras would, or a batch it cannot train on."""
 
 
 def is_dataset(x: Any) -> bool:
@@ -21,93 +42,307 @@ def is_dataset(x: Any) -> bool:
     return type(x).__module__.startswith("tensorflow") and hasattr(x, "element_spec")
 
 
-def dataset_arrays(dataset, input_names: Sequence[str], max_batches: int = 1_000_000
-                   ) -> tuple[list[np.ndarray], Any, np.ndarray | None, int]:
-    """Reads a finite dataset of (x, y[, sample_weight]) batches into
-    (x arrays, y, sample weights or None, batch size).
+@dataclasses.dataclass(frozen=True)
+class StreamedDataset:
+    """A dataset made ready for the workers to read.
 
-    y is one array, or a list / dict of arrays where the dataset's y is a
-    tuple / dict (a model with several outputs).
+    Attributes:
+        graph: Its graph, elements flattened (see `DatasetDescription`).
+        description: How the workers read it.
+        epochs: What each epoch of the job reads.
+        batch_size: Examples in every batch, when the element's shape says
+            so (`batch(n, drop_remainder=True)`), else None.
+        seed_generators: The names of the dataset's seed generators (a
+            reshuffling `shuffle`), which each pass advances.
+    """
+
+    graph: bytes
+    description: DatasetDescription
+    epochs: list[batching.DatasetEpoch]
+    batch_size: int | None
+    seed_generators: tuple[str, ...] = ()
+
+    @property
+    def epoch_steps(self) -> list[int]:
+        return [e.steps for e in self.epochs]
+
+
+def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epochs: int,
+            num_virtual_nodes: int, fixed_batch: int | None,
+            class_weight: Any = None,
+            earlier_passes: Mapping[tuple[str, ...], int] | None = None) -> StreamedDataset:
+    """Checks `dataset` against the model and Keras' reading of it; serializes it.
 
     Args:
-        dataset: Yields `(x, y)` or `(x, y, sample_weight)`: x a tensor, a
-            tuple/list of tensors (one per model input) or a dict keyed by
-            the model's input names; sample_weight one weight per example.
-        input_names: The model's input names, in order.
-        max_batches: Bound on the batches read.
+        dataset: Yields `(x, y)` or `(x, y, sample_weight)` batches: x a
+            tensor, a tuple/list of tensors (one per model input) or a dict
+            keyed by the model's input names; y a tensor, or a tuple/list
+            (in output order) / dict (by output name) for several outputs;
+            sample_weight one weight per example.
+        graph_item: The model's capture.
+        steps_per_epoch: fit's steps_per_epoch (None: every batch).
+        epochs: Epochs the job runs.
+        num_virtual_nodes: The parts each global batch is split into.
+        fixed_batch: The strategy's fixed global batch, or None.
+        class_weight: fit's class_weight (weights made from y, as Keras).
+        earlier_passes: Passes earlier fits started on each dataset, by its
+            seed generators' names (`StreamedDataset.seed_generators`): the
+            workers start this dataset's unread first, drawing their seeds.
 
     Raises:
-        AutodistError: An infinite dataset, batches of uneven size, or x
-            that does not match the model's inputs.
+        DatasetError: elements that do not match the model; a dataset that
+            cannot be serialized or would differ between workers; an
+            infinite dataset without steps_per_epoch; an epoch Keras would
+            run empty; batches too small for the virtual nodes or not the
+            strategy's global batch.
     """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
-        raise AutodistError("fit reads a dataset once in the driver, so it must be finite; "
-                            "received an infinite (repeated) dataset: drop .repeat()")
-    xs: list[list[np.ndarray]] = []
-    ys: list[np.ndarray] = []
-    weights: list[np.ndarray] = []
-    sizes: list[int] = []
-    for i, element in enumerate(dataset):
-        if i >= max_batches:
-            raise AutodistError(f"the dataset has more than {max_batches} batches")
-        if not isinstance(element, tuple) or len(element) not in (2, 3):
-            raise AutodistError("each dataset element must be an (x, y) or (x, y, "
-                                f"sample_weight) batch; received {_describe(element)}")
-        x, y = element[:2]
-        arrays = _x_arrays(x, input_names)
-        xs.append(arrays)
-        ys.append(_y_arrays(y))
+    flat, description = _flattened(dataset, graph_item, class_weight)
+    graph = dataset_graph.serialize(flat)
+    dataset_graph.check_reproducible(graph)
+    if any(s.shape.rank is None for s in flat.element_spec):
+        raise DatasetError("the dataset's batches must have a known rank; received element "
+                           f"spec {str(flat.element_spec)[:300]}")
+    cardinality = int(flat.cardinality())
+    known = cardinality >= 0
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        batches, smallest, largest = None, None, None
+        if steps_per_epoch is None:
+            raise DatasetError("the dataset is infinite (it repeats): give steps_per_epoch, "
+                               "as Keras needs")
+    elif known:
+        batches, smallest, largest = cardinality, None, None
+    else:
+        batches, smallest, largest = _count(graph, flat.element_spec)
+    if batches == 0:
+        raise DatasetError("the dataset is empty")
+    generators = dataset_graph.seed_generators(graph)
+    passes_before = (earlier_passes or {}).get(generators, 0) if generators else 0
+    plan = batching.dataset_epochs(batches, known, steps_per_epoch, epochs)
+    empty = next((e for e, epoch in enumerate(plan) if epoch.steps == 0), None)
+    if empty is not None:
+        raise DatasetError(
+            f"with steps_per_epoch={steps_per_epoch}, this dataset of unknown cardinality "
+            f"({batches} batches, counted) runs out exactly at the end of epoch {empty - 1}, "
+            f"and Keras finds that out in epoch {empty}, which then runs no step. Declare "
+            f"its length (dataset.apply(tf.data.experimental.assert_cardinality({batches}))) "
+            "or change steps_per_epoch")
+    _warn_on_step_count(plan, graph_item, batches)
+    static = flat.element_spec[0].shape[0] if flat.element_spec[0].shape.rank else None
+    _check_batch_sizes(static, smallest, largest, num_virtual_nodes, fixed_batch)
+    return StreamedDataset(graph, dataclasses.replace(description, batches=batches,
+                                                      cardinality_known=known,
+                                                      passes_before=passes_before),
+                           plan, static, generators)
+
+
+def start_passes_like_keras(dataset, streamed: StreamedDataset, steps_per_epoch: int | None,
+                            epochs: int) -> int:
+    """Starts on `dataset` (without reading it) the passes Keras' `fit` starts over
+    `epochs` epochs, so that its seed generators stand where Keras' fit leaves them:
+    Keras' next fit on it draws new shuffle orders, as after Keras' fit. (Creating an
+    iterator may start a `prefetch`'s background reading; it is dropped at once.)
+
+    Returns:
+        The passes started (0 for a dataset without seed generators).
+    """
+    if not streamed.seed_generators or epochs < 1:
+        return 0
+    d = streamed.description
+    passes = batching.dataset_passes(d.batches, d.cardinality_known, steps_per_epoch, epochs)
+    for _ in range(passes):
+        iter(dataset)
+    return passes
+
+
+def _warn_on_step_count(plan: list[batching.DatasetEpoch], graph_item: GraphItem,
+                        batches: int | None) -> None:
+    """Warns where Keras' update count would run ahead of the updates applied.
+
+    When Keras' `next()` finds a pass at its end, the TensorFlow backend's
+    train function has already run the optimizer's `iterations.assign_add(1)`
+    (it waits for no data), so Keras counts one update more than it applied
+    per pass that runs out. The cluster counts the updates applied: Adam's
+    bias correction and learning-rate schedules then differ slightly from
+    Keras after such a pass. With a known cardinality Keras stops before
+    the end and never runs out.
+    """
+    optimizer = graph_item.optimizer
+    counts_steps = optimizer.algorithm in ("adam", "adamw") or \
+        optimizer.HasField("learning_rate_schedule")
+    run_outs = sum(1 for epoch in plan[:-1] if epoch.runs_out)
+    if counts_steps and run_outs:
+        warnings.warn(
+            f"Keras' fit would find this dataset's end {run_outs} time(s) before the last "
+            "epoch (its cardinality is unknown, or steps_per_epoch outlasts it) and count one "
+            f"optimizer iteration more each time; {optimizer.class_name or optimizer.algorithm}"
+            "'s update depends on that count, so the run will differ slightly from Keras "
+            "after the first such epoch. Declare the length to read as Keras does without "
+            "this quirk: dataset.apply(tf.data.experimental.assert_cardinality("
+            f"{batches}))", UserWarning, stacklevel=4)
+
+
+def _check_batch_sizes(static: int | None, smallest: int | None, largest: int | None,
+                       num_virtual_nodes: int, fixed_batch: int | None) -> None:
+    """What can be known of the batches before the run (the workers check each one)."""
+    smallest = static if static is not None else smallest
+    largest = static if static is not None else largest
+    if smallest is not None and smallest < num_virtual_nodes:
+        raise DatasetError(
+            f"the dataset has a batch of {smallest} examples, fewer than the "
+            f"{num_virtual_nodes} virtual nodes or replicas that split each batch: drop the "
+            "short batch (batch(n, drop_remainder=True)) or batch more examples")
+    if fixed_batch is not None and largest is not None and largest != fixed_batch:
+        raise DatasetError(
+            f"the strategy fixes the global batch at {fixed_batch} examples; the dataset's "
+            f"batches have {largest}: batch the dataset by {fixed_batch}, or change the "
+            "strategy's virtual nodes")
+
+
+def _count(graph: bytes, element_spec) -> tuple[int, int, int]:
+    """(batches, smallest, largest batch) of one pass, read in the driver without keeping
+    anything (a copy of the dataset with its own seeds: the user's is not advanced)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    logger.info("counting the dataset's batches (its cardinality is unknown): one pass")
+    copy = dataset_graph.restore(graph, element_spec)
+
+    def add(state, element):
+        size = tf.shape(element[0], out_type=tf.int64)[0]
+        return state[0] + 1, tf.minimum(state[1], size), tf.maximum(state[2], size)
+
+    zero = tf.constant(0, tf.int64)
+    count, smallest, largest = copy.reduce(
+        (zero, tf.constant(_INT64_MAX, tf.int64), zero), add)
+    return int(count), int(smallest), int(largest)
+
+
+def _flattened(dataset, graph_item: GraphItem, class_weight: Any
+               ) -> tuple[Any, DatasetDescription]:
+    """The dataset with flat elements (model inputs, targets, weights), cast to the
+    model's dtypes, and their description (before counting)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    spec = dataset.element_spec
+    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+        raise DatasetError("each dataset element must be an (x, y) or (x, y, sample_weight) "
+                           f"batch; received {_describe(spec)}")
+    x_infos = list(graph_item.model_inputs)
+    y_infos = list(graph_item.target_inputs)
+    x_specs = _x_parts(spec[0], [i.name for i in x_infos])
+    y_specs = _y_parts(spec[1], y_infos)
+    for part, info in zip(x_specs + y_specs, x_infos + y_infos):
+        _check_shape(part, info)
+    weighted = len(spec) == 3 or class_weight is not None
+    if len(spec) == 3:
+        if class_weight is not None:
+            raise DatasetError("give sample_weight or class_weight, not both (as Keras): the "
+                               "dataset yields sample weights")
+        _check_weight_shape(spec[2])
+    table = targets_.class_weight_table(class_weight, len(y_infos)) \
+        if class_weight is not None else None
+    x_dtypes = [tf.as_dtype(i.dtype) for i in x_infos]
+    y_dtypes = [tf.as_dtype(i.dtype) for i in y_infos]
+
+    def flatten(*element):
+        xs = [tf.cast(t, d) for t, d in zip(_x_parts(element[0], [i.name for i in x_infos]),
+                                            x_dtypes)]
+        ys = [tf.cast(t, d) for t, d in zip(_y_parts(element[1], y_infos), y_dtypes)]
+        out = xs + ys
         if len(element) == 3:
-            weights.append(np.asarray(element[2], np.float32).reshape(-1))
-        sizes.append(len(_first(ys[-1])))
-    if not sizes:
-        raise AutodistError("the dataset is empty")
-    batch = sizes[0]
-    if any(s != batch for s in sizes[:-1]) or sizes[-1] > batch:
-        raise AutodistError(f"dataset batches must all have one size except a smaller last "
-                            f"one (as `.batch(n)` makes); received sizes {sizes[:10]}"
-                            f"{' ...' if len(sizes) > 10 else ''}")
-    inputs = [np.concatenate([b[j] for b in xs]) for j in range(len(input_names))]
-    return inputs, _concatenate_y(ys), np.concatenate(weights) if weights else None, batch
+            out.append(tf.reshape(tf.cast(element[2], tf.float32), [-1]))
+        elif table is not None:
+            out.append(_class_weights(ys[0], table))
+        return tuple(out)
+
+    flat = dataset.map(flatten)
+    description = DatasetDescription(
+        dtypes=tuple(s.dtype.name for s in flat.element_spec),
+        shapes=tuple(tuple(s.shape.as_list()) if s.shape.rank is not None else ()
+                     for s in flat.element_spec),
+        num_inputs=len(x_infos), num_targets=len(y_infos), weighted=weighted,
+        batches=None, cardinality_known=False)
+    return flat, description
 
 
-def _y_arrays(y) -> Any:
-    """A batch's targets: one array, or a list / dict of arrays (one per output)."""
-    if isinstance(y, dict):
-        return {k: np.asarray(v) for k, v in y.items()}
-    if isinstance(y, (tuple, list)):
-        return [np.asarray(v) for v in y]
-    return np.asarray(y)
+def _class_weights(y, table: dict[int, float]):
+    """Per-example weights of a batch's classes, as `targets.sample_weights` makes them."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    labels = y
+    if labels.shape.rank > 1:
+        labels = tf.argmax(labels, axis=-1) if labels.shape[-1] != 1 else labels[..., 0]
+    labels = tf.cast(tf.round(tf.cast(labels, tf.float64)), tf.int64)
+    labels = tf.reshape(labels, [tf.shape(labels)[0], -1])[:, 0]
+    keys = tf.constant(list(table), tf.int64)
+    values = tf.constant(list(table.values()), tf.float32)
+    match = tf.equal(labels[:, None], keys[None, :])
+    found = tf.reduce_sum(tf.where(match, values[None, :], 0.0), axis=1)
+    return tf.where(tf.reduce_any(match, axis=1), found, 1.0)
 
 
-def _first(y) -> np.ndarray:
-    if isinstance(y, dict):
-        return next(iter(y.values()))
-    return y[0] if isinstance(y, list) else y
-
-
-def _concatenate_y(ys: list) -> Any:
-    if isinstance(ys[0], dict):
-        return {k: np.concatenate([b[k] for b in ys]) for k in ys[0]}
-    if isinstance(ys[0], list):
-        return [np.concatenate([b[j] for b in ys]) for j in range(len(ys[0]))]
-    return np.concatenate(ys)
-
-
-def _x_arrays(x, input_names: Sequence[str]) -> list[np.ndarray]:
+def _x_parts(x, input_names: list[str]) -> list[Any]:
+    """The model inputs of an element's x (specs or tensors), in the model's order."""
     if isinstance(x, dict):
         missing = [n for n in input_names if n not in x]
         if missing:
-            raise AutodistError(f"dataset x is a dict without the model's inputs {missing}; "
-                                f"its keys: {sorted(x)}")
-        return [np.asarray(x[n]) for n in input_names]
-    arrays = [np.asarray(a) for a in x] if isinstance(x, (tuple, list)) else [np.asarray(x)]
-    if len(arrays) != len(input_names):
-        raise AutodistError(f"the model takes {len(input_names)} inputs ({list(input_names)}); "
-                            f"the dataset's x has {len(arrays)}")
-    return arrays
+            raise DatasetError(f"dataset x is a dict without the model's inputs {missing}; "
+                               f"its keys: {sorted(x)[:20]}")
+        return [x[n] for n in input_names]
+    parts = list(x) if isinstance(x, (tuple, list)) else [x]
+    if len(parts) != len(input_names):
+        raise DatasetError(f"the model takes {len(input_names)} inputs ({input_names[:20]}); "
+                           f"the dataset's x has {len(parts)}")
+    return parts
+
+
+def _y_parts(y, infos: list[Any]) -> list[Any]:
+    """The targets of an element's y, in the GraphItem's order (as `targets.pack`)."""
+    names = [i.name[len("y/"):] if i.name.startswith("y/") else i.name for i in infos]
+    if isinstance(y, dict):
+        if len(infos) == 1 and len(y) == 1:
+            return list(y.values())
+        missing = [n for n in names if n not in y]
+        if missing:
+            raise DatasetError(f"dataset y is a dict without targets for outputs {missing}; "
+                               f"its keys: {sorted(y)[:20]}")
+        return [y[n] for n in names]
+    if isinstance(y, (tuple, list)):
+        if len(y) != len(infos):
+            raise DatasetError(f"the model has {len(infos)} targets ({names[:20]}); the "
+                               f"dataset's y has {len(y)}")
+        return list(y)
+    if len(infos) != 1:
+        raise DatasetError(f"the model has {len(infos)} outputs ({names[:20]}): the dataset's "
+                           "y must be a tuple (in output order) or a dict keyed by output name")
+    return [y]
+
+
+def _check_shape(spec, info) -> None:
+    """An input's or target's examples must have the captured shape (known dimensions)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(spec, tf.TensorSpec):
+        raise DatasetError(f"dataset component for {info.name!r} must be a dense tensor; "
+                           f"received {str(spec)[:200]}")
+    expected = list(info.shape)[1:]
+    shape = spec.shape
+    if shape.rank is None:
+        return
+    got = shape.as_list()[1:]
+    if len(got) != len(expected) or any(g is not None and e >= 0 and g != e
+                                        for g, e in zip(got, expected)):
+        raise DatasetError(f"input {info.name!r} needs examples of shape {expected}; the "
+                           f"dataset's batches have shape {shape.as_list()}")
+
+
+def _check_weight_shape(spec) -> None:
+    shape = spec.shape
+    if shape.rank is not None and not (shape.rank == 1 or shape.rank == 2 and
+                                       shape.as_list()[1] in (1, None)):
+        raise DatasetError("sample_weight must be one weight per example (applied to every "
+                           f"output); the dataset's have shape {shape.as_list()}")
 
 
 def _describe(element: Any) -> str:

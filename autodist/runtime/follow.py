@@ -136,6 +136,7 @@ class ChiefFollower:
         self._times: dict[int, float] = {}
         self._monitors: dict[int, list[MonitorSample]] = {}
         self._metrics: dict[int, tuple] = {}
+        self._examples: dict[int, int] = {}
         self._written = 0  # steps whose record is in progress.jsonl
         self._progress = job.file("progress.jsonl")
 
@@ -170,14 +171,16 @@ class ChiefFollower:
             self._set(done, True)
 
     def record(self, step: int, loss: float, seconds: float,
-               monitor: MonitorSample | None = None, metrics: Sequence = ()) -> None:
+               monitor: MonitorSample | None = None, metrics: Sequence = (),
+               examples: int = 0) -> None:
         """The chief's own loss of `step`; writes every record now complete.
 
         `monitor`: the chief's squared gradient norms of a monitored step
         (batch sizes and norms); the record gets every member's. `metrics`:
         the chief's contribution to the metrics' state; the record gets the
-        sum over members.
+        sum over members. `examples`: the step's global batch.
         """
+        self._examples[step] = examples
         self._losses.setdefault(step, {})[0] = loss
         self._times[step] = seconds
         self._metrics[step] = add_states(self._metrics.get(step, ()), metrics)
@@ -328,7 +331,7 @@ class ChiefFollower:
                        self.segments[-1])
         monitors = self._monitors.pop(step, None)
         return ProgressRecord(step=step, epoch=epoch, epoch_step=in_epoch, loss=loss,
-                              seconds=seconds, examples=self.schedule.examples(step),
+                              seconds=seconds, examples=self._examples.pop(step, 0),
                               last_of_epoch=in_epoch == epoch_steps - 1,
                               workers=segment.workers, plan=segment.plan,
                               monitor=MonitorSample.merge(monitors) if monitors else None,

@@ -66,8 +66,8 @@ class History(keras.callbacks.History):
         self.actions: list[dict[str, Any]] = []
 
 
-def read_results(history: History, job: JobDir, batch_sizes: list[int], epochs: int,
-                 spec: ResourceSpec, earlier_losses: Sequence[float] = (),
+def read_results(history: History, job: JobDir, epochs: int, spec: ResourceSpec,
+                 earlier_losses: Sequence[float] = (),
                  earlier_times: Sequence[float] = (), initial_epoch: int = 0,
                  metric_logs: Callable[[Sequence[Any]], dict[str, float]] | None = None
                  ) -> None:
@@ -79,7 +79,6 @@ def read_results(history: History, job: JobDir, batch_sizes: list[int], epochs: 
     Args:
         history: The fit's History.
         job: The (last) job.
-        batch_sizes: The examples of each step of the first epoch.
         epochs: Epochs the job ran (at most).
         spec: The job's cluster.
         earlier_losses, earlier_times: Steps completed before a recovery.
@@ -96,12 +95,10 @@ def read_results(history: History, job: JobDir, batch_sizes: list[int], epochs: 
     losses = list(earlier_losses) + np.sum([r.losses[:done] for r in results],
                                            axis=0).tolist()
     done += len(earlier_losses)
-    steps = len(batch_sizes)
-    # The chief's epochs (their batch may have changed with the strategy).
-    starts = list(results[0].epoch_starts) or [e * steps for e in range(epochs + 1)]
+    # The chief's epochs (their batch may have changed with the strategy), and the
+    # examples of every step from the run's first.
+    starts = list(results[0].epoch_starts)
     examples = list(results[0].step_examples)
-    examples = examples if len(examples) >= done else \
-        [batch_sizes[i % steps] for i in range(done)]
     # As Keras: the epoch loss is the mean over examples (batches weighted by size).
     ran = sum(1 for start in starts[:epochs] if start < done)
     epoch_losses = []

@@ -148,6 +148,11 @@ class FitOptions:
     def _check_values(self) -> None:
         if not isinstance(self.epochs, int) or isinstance(self.epochs, bool) or self.epochs < 1:
             raise AutodistError(f"epochs must be an integer >= 1. Received: {self.epochs!r}")
+        if self.steps_per_epoch is not None and (
+                not isinstance(self.steps_per_epoch, int) or
+                isinstance(self.steps_per_epoch, bool) or self.steps_per_epoch < 1):
+            raise AutodistError("steps_per_epoch must be an integer >= 1 (or None: every "
+                                f"batch). Received: {self.steps_per_epoch!r}")
         if self.checkpoint_every_steps is not None and (
                 not isinstance(self.checkpoint_every_steps, int)
                 or self.checkpoint_every_steps < 1):

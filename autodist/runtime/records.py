@@ -19,6 +19,8 @@ to write, and a malformed message is a `RecordError` naming the field:
   recoverable runs.
 * `ChangeRequest`: the driver -> the chief: the membership to run next
   (`DistributedRun.resize` / `replan`).
+* `DatasetDescription`: the driver -> every worker, in the job: how to read
+  the dataset of a `fit(dataset)` that the workers stream.
 """
 from __future__ import annotations
 
@@ -540,3 +542,66 @@ class ChangeRequest:
         return cls(sequence=_field(data, kind, "sequence", _int),
                    members=_field(data, kind, "members", _optional(_members), None),
                    strategy=_field(data, kind, "strategy", _optional(_str), None))
+
+
+def _shape(value: Any) -> tuple[int | None, ...]:
+    if not isinstance(value, list):
+        raise TypeError("expected a list of dimensions")
+    return tuple(None if d is None else _int(d) for d in value)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetDescription:
+    """How a worker reads the dataset of a `fit(dataset)` (its graph is beside it).
+
+    Each element of the dataset, as the job holds it, is one global batch as
+    a flat tuple: the model inputs in the GraphItem's order, then the
+    targets, then the per-example weights when `weighted`.
+
+    Attributes:
+        dtypes: Each component's dtype name.
+        shapes: Each component's static shape (None: unknown dimension).
+        num_inputs: Model inputs among the components.
+        num_targets: Targets after them.
+        weighted: The last component holds the per-example weights.
+        batches: Batches in one pass over the dataset (None: infinite).
+        cardinality_known: Whether the dataset's cardinality says so (else
+            the driver counted them), which changes how Keras reads it.
+        passes_before: Passes earlier fits of the run started on the dataset
+            (each drew its shuffles' seeds): the workers start as many unread.
+    """
+
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int | None, ...], ...]
+    num_inputs: int
+    num_targets: int
+    weighted: bool
+    batches: int | None
+    cardinality_known: bool
+    passes_before: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps({"dtypes": list(self.dtypes),
+                           "shapes": [list(s) for s in self.shapes],
+                           "num_inputs": self.num_inputs, "num_targets": self.num_targets,
+                           "weighted": self.weighted, "batches": self.batches,
+                           "cardinality_known": self.cardinality_known,
+                           "passes_before": self.passes_before}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> DatasetDescription:
+        data, kind = _loads(raw, "dataset description"), "dataset description"
+        description = cls(
+            dtypes=tuple(_field(data, kind, "dtypes", _list_of(_str))),
+            shapes=tuple(_field(data, kind, "shapes", _list_of(_shape))),
+            num_inputs=_field(data, kind, "num_inputs", _int),
+            num_targets=_field(data, kind, "num_targets", _int),
+            weighted=_field(data, kind, "weighted", _bool),
+            batches=_field(data, kind, "batches", _optional(_int)),
+            cardinality_known=_field(data, kind, "cardinality_known", _bool),
+            passes_before=_field(data, kind, "passes_before", _int, 0))
+        components = description.num_inputs + description.num_targets + description.weighted
+        if len(description.dtypes) != components or len(description.shapes) != components:
+            raise RecordError(f"a {kind} needs {components} dtypes and shapes (inputs, "
+                              f"targets, weights). Received: {_short(data)}")
+        return description

@@ -19,7 +19,7 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.kernels.optimizers import check_supported as check_optimizer
 from autodist.launch.errors import TaskFailedError
-from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.job import DatasetFiles, JobDir, RunConfig
 from autodist.launch.local import LocalCluster, check_local
 from autodist.launch.remote import RemoteCluster
 from autodist.launch.signing import load_secret
@@ -111,7 +111,10 @@ class DistributedRun:
         self._members: tuple[int, ...] = tuple(range(resource_spec.num_worker_tasks))
         self._requested_strategy: str | None = None
         self._requested_batch = 0
-        self._num_examples = 0
+        self._num_examples: int | None = 0
+        self._streaming = False
+        # Passes this run's fits started on each dataset (by its seed generators' names).
+        self._dataset_passes: dict[tuple[str, ...], int] = {}
         self._resizable: AutodistError | None = None
 
     def fit(self, x: Any, y: Any = None, *, batch_size: int | None = None, epochs: int = 1,
@@ -283,20 +286,39 @@ class DistributedRun:
                                     "validation_data")
             x, y, sample_weight, options.validation_data = _split_validation(
                 x, y, sample_weight, options.validation_split)
-        inputs, targets, batch_size = self._arrays(x, y, options.batch_size, sample_weight,
-                                                   class_weight)
-        n = len(targets)
         job_epochs = options.job_epochs
-        steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
-        sizes = [len(batching.batch_rows(np.arange(n), s, batch_size)) for s in range(steps)]
-        self._check_batches(sizes, n, batch_size)
+        streamed = None
+        if datasets.is_dataset(x):
+            streamed = self._stream(x, y, options.batch_size, sample_weight, class_weight,
+                                    steps_per_epoch, job_epochs)
+            inputs, targets, n = [], None, None
+            batch_size = self.strategy.global_batch_size or streamed.batch_size or 0
+            lengths = streamed.epoch_steps
+            for step, new in (switch_at or {}).items():
+                if isinstance(new, Strategy) and \
+                        new.global_batch_size != self.strategy.global_batch_size:
+                    raise AutodistError(
+                        f"switch_at[{step}]: with a dataset the global batch is the dataset's "
+                        f"batch; a strategy switched to must keep it (global batch "
+                        f"{self.strategy.global_batch_size}); received one with "
+                        f"{new.global_batch_size}")
+        else:
+            inputs, targets, batch_size = self._arrays(x, y, options.batch_size, sample_weight,
+                                                       class_weight)
+            n = len(targets)
+            steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
+            self._check_batches([len(batching.batch_rows(np.arange(n), s, batch_size))
+                                 for s in range(steps)], n, batch_size)
+            lengths = [steps] * job_epochs
+        steps = lengths[0]
         plans, switch_plans = options.switch_plans()
         self._members = tuple(range(self.resource_spec.num_worker_tasks))
         if options.membership_may_change:
-            self._members = segments(steps * job_epochs, self.resource_spec.num_worker_tasks,
+            self._members = segments(sum(lengths), self.resource_spec.num_worker_tasks,
                                      resize_at, switch_plans)[0].members
         config = RunConfig(global_batch_size=batch_size, epochs=job_epochs,
-                           steps_per_epoch=steps_per_epoch, shuffle=shuffle, seed=seed,
+                           steps_per_epoch=steps_per_epoch,
+                           shuffle=shuffle and streamed is None, seed=seed,
                            step_timeout_s=self.step_timeout_s,
                            startup_timeout_s=self.startup_timeout_s,
                            checkpoint_dir=options.checkpoint_dir,
@@ -316,7 +338,9 @@ class DistributedRun:
         init_values = self._initial_values()
         if initial_checkpoint:
             init_values.update(checkpoint.load(initial_checkpoint))
-        path, job = self._new_job(config, init_values, inputs, targets)
+        dataset_files = None if streamed is None else \
+            DatasetFiles(streamed.graph, streamed.description.to_json())
+        path, job = self._new_job(config, init_values, inputs, targets, dataset_files)
         control = None
         driver = None
         if options.policies:
@@ -330,13 +354,15 @@ class DistributedRun:
             callbacks=options.callbacks, history=history, policies=driver,
             followed=options.followed, epoch_weights=config.epoch_weights,
             load_weights=self._load_weights,
-            validate=self._validator(options, batch_size, lambda: progress.callbacks)
+            validate=self._validator(options, batch_size if streamed is None else None,
+                                     lambda: progress.callbacks)
             if options.validates else None,
             metric_logs=metric_logs, initial_epoch=options.initial_epoch,
             wait_s=self.step_timeout_s + self.startup_timeout_s)
         self._following = (job, config) if options.followed else None
         self._requested_members = self._requested_strategy = None
         self._requested_batch, self._num_examples = batch_size, n
+        self._streaming = streamed is not None
         finished = False
         try:
             progress.begin()
@@ -347,7 +373,7 @@ class DistributedRun:
                         job_k, timeout_s, progress.update, spec_k, wait_for_chief=True),
                     write_job=lambda job_k, strategy_k, spec_k, config_k, values: job_k.write(
                         self.graph_item, strategy_k, spec_k, config_k, values, inputs,
-                        targets),
+                        targets, dataset_files),
                     on_new_job=progress.follow)
             else:
                 self._run_cluster(job, timeout_s, progress.update)
@@ -363,9 +389,14 @@ class DistributedRun:
             self._following = None
             if self.job_dir is None and not finished:
                 _discard(path)
-        read_results(history, outcome.job, sizes, job_epochs, outcome.spec,
+        read_results(history, outcome.job, job_epochs, outcome.spec,
                      outcome.earlier_losses, outcome.earlier_times, options.initial_epoch,
                      None if outcome.recoveries else metric_logs)
+        if streamed is not None:   # as after Keras' fit, a later fit reshuffles anew
+            key = streamed.seed_generators
+            self._dataset_passes[key] = self._dataset_passes.get(key, 0) + \
+                datasets.start_passes_like_keras(x, streamed, steps_per_epoch,
+                                                 len(history.epoch))
         history.recoveries = outcome.recoveries
         if outcome.recoveries:  # the failed jobs' metric states are lost: no estimates
             for key in [k for k in history.history if k != "loss"]:
@@ -447,6 +478,11 @@ class DistributedRun:
         """
         self._following_elastic("replan(strategy)")
         _, config = self._following
+        if self._streaming and strategy.global_batch_size != self.strategy.global_batch_size:
+            raise AutodistError(
+                "with a dataset the global batch is the dataset's batch; a strategy switched "
+                f"to must keep it (global batch {self.strategy.global_batch_size}); received "
+                f"one with {strategy.global_batch_size}")
         batch = strategy.global_batch_size or config.global_batch_size
         changes_batch = batch != self._requested_batch
         check_switch(self.strategy, strategy, self.graph_item, self.resource_spec,
@@ -495,14 +531,25 @@ class DistributedRun:
         """
         if not isinstance(steps, int) or steps < 1:
             raise AutodistError(f"steps must be an integer >= 1. Received: {steps!r}")
-        inputs, targets, batch_size = self._arrays(x, y, batch_size)
-        n = len(targets)
-        self._check_batches([len(batching.batch_rows(np.arange(n), 0, batch_size))], n,
-                            batch_size)
+        dataset_files = None
+        if datasets.is_dataset(x):
+            streamed = self._stream(x, y, batch_size, None, None, steps + 1, 1)
+            if streamed.epoch_steps[0] < steps + 1:
+                raise AutodistError(f"measuring {steps} steps reads {steps + 1} batches (one "
+                                    f"to warm up); the dataset has {streamed.epoch_steps[0]}")
+            inputs, targets = [], None
+            batch_size = self.strategy.global_batch_size or streamed.batch_size or 0
+            dataset_files = DatasetFiles(streamed.graph, streamed.description.to_json())
+        else:
+            inputs, targets, batch_size = self._arrays(x, y, batch_size)
+            n = len(targets)
+            self._check_batches([len(batching.batch_rows(np.arange(n), 0, batch_size))], n,
+                                batch_size)
         config = RunConfig(global_batch_size=batch_size, step_timeout_s=self.step_timeout_s,
                            startup_timeout_s=self.startup_timeout_s, job_timeout_s=timeout_s,
                            job_id=uuid.uuid4().hex, probe_steps=steps)
-        path, job = self._new_job(config, self._initial_values(), inputs, targets)
+        path, job = self._new_job(config, self._initial_values(), inputs, targets,
+                                  dataset_files)
         self._run_cluster(job, timeout_s, lambda: None)
         throughputs = {}
         for i in range(self.resource_spec.num_worker_tasks):
@@ -529,14 +576,6 @@ class DistributedRun:
                 class_weight: Any = None):
         """(inputs, targets and sample weights as one array, global batch) from fit's
         arguments, checked."""
-        if datasets.is_dataset(x):
-            if y is not None or batch_size is not None or sample_weight is not None:
-                raise AutodistError("with a dataset, pass neither y, sample_weight nor "
-                                    "batch_size: the dataset yields (x, y[, sample_weight]) "
-                                    f"batches. Received y={'an array' if y is not None else None}"
-                                    f", batch_size={batch_size!r}")
-            x, y, sample_weight, batch_size = datasets.dataset_arrays(
-                x, [i.name for i in self.graph_item.model_inputs])
         if y is None:
             raise AutodistError("fit needs targets y (or a dataset of (x, y) batches)")
         fixed = self.strategy.global_batch_size
@@ -561,10 +600,33 @@ class DistributedRun:
             raise AutodistError(f"batch_size must be >= 1. Received: {batch_size}")
         return inputs, targets, batch_size
 
-    def _check_weighted(self, weights: np.ndarray) -> None:
+    def _stream(self, dataset, y: Any, batch_size: int | None, sample_weight: Any,
+                class_weight: Any, steps_per_epoch: int | None,
+                epochs: int) -> datasets.StreamedDataset:
+        """A dataset made ready for the workers to read (see `datasets.prepare`)."""
+        if y is not None or batch_size is not None or sample_weight is not None:
+            raise AutodistError("with a dataset, pass neither y, sample_weight nor "
+                                "batch_size: the dataset yields (x, y[, sample_weight]) "
+                                f"batches. Received y={'an array' if y is not None else None}"
+                                f", batch_size={batch_size!r}")
+        streamed = datasets.prepare(
+            dataset, self.graph_item, steps_per_epoch=steps_per_epoch, epochs=epochs,
+            num_virtual_nodes=self.strategy.num_virtual_nodes,
+            fixed_batch=self.strategy.global_batch_size, class_weight=class_weight,
+            earlier_passes=self._dataset_passes)
+        if streamed.description.weighted:
+            self._check_weighted(None)
+        return streamed
+
+    def _check_weighted(self, weights: np.ndarray | None) -> None:
         """Sample weights need a step that takes them, and losses that average over the
         batch (a replica's loss weighted by its share of the batch reproduces a mean
-        over the batch, not one over the weights' sum)."""
+        over the batch, not one over the weights' sum).
+
+        Args:
+            weights: The per-example weights, or None when not known before the
+                run (a dataset's).
+        """
         if self.graph_item.sample_weight_input is None:
             raise AutodistError(f"the capture of {self.graph_item.name!r} takes no sample "
                                 "weights (a function or v1 graph, or an old capture): capture "
@@ -573,13 +635,14 @@ class DistributedRun:
         losses = list(losses.values()) if isinstance(losses, dict) else \
             list(losses) if isinstance(losses, (list, tuple)) else [losses]
         for loss in losses:
-            if getattr(loss, "reduction", None) == "mean_with_sample_weight" and \
-                    not np.all(weights == weights[0]):
+            if getattr(loss, "reduction", None) == "mean_with_sample_weight" and (
+                    weights is None or not np.all(weights == weights[0])):
                 raise AutodistError(
                     f"loss {getattr(loss, 'name', type(loss).__name__)!r} divides by the sum "
                     "of the sample weights (reduction='mean_with_sample_weight'), which a "
-                    "data-parallel step does not reproduce with uneven weights; use the "
-                    "default reduction 'sum_over_batch_size'")
+                    "data-parallel step does not reproduce with uneven weights (a dataset's "
+                    "weights are not known before the run); use the default reduction "
+                    "'sum_over_batch_size'")
 
     def _check_batches(self, sizes: list[int], n: int, batch_size: int) -> None:
         if min(sizes) < self.strategy.num_virtual_nodes:
@@ -589,12 +652,13 @@ class DistributedRun:
                 "virtual nodes or replicas that split it; drop the remainder "
                 "(steps_per_epoch) or change the number of examples")
 
-    def _new_job(self, config: RunConfig, init_values, inputs, targets):
+    def _new_job(self, config: RunConfig, init_values, inputs, targets,
+                 dataset: DatasetFiles | None = None):
         job = JobDir.create(self.job_dir)
         path = job.path
         self.last_job_dir = path
         job.write(self.graph_item, self.strategy, self.resource_spec, config,
-                  init_values, inputs, targets)
+                  init_values, inputs, targets, dataset)
         return path, job
 
     def _run_cluster(self, job: JobDir, timeout_s: float, on_poll,
@@ -756,8 +820,11 @@ def _discard(path: pathlib.Path) -> None:
             target.unlink()
 
 
-def _rows_read_by(job: JobDir, task_index: int) -> np.ndarray:
-    """The rows of the job's data that worker task `task_index` reads over the run."""
+def _rows_read_by(job: JobDir, task_index: int) -> np.ndarray | None:
+    """The rows of the job's data that worker task `task_index` reads over the run (None:
+    a job with a dataset, which every worker reads whole)."""
+    if job.dataset() is not None:
+        return None
     config = job.config()
     num_examples, _ = job.shard()
     devices = job.strategy().virtual_node_devices

@@ -111,6 +111,22 @@ def sample_weights(sample_weight: Any, class_weight: Any, y: Any, num_targets: i
         return weights
     if class_weight is None:
         return None
+    table = class_weight_table(class_weight, num_targets)
+    labels = np.asarray(y)
+    if labels.ndim > 1:
+        labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else labels[..., 0]
+    labels = np.round(labels).astype("int32")
+    return np.asarray([table.get(int(c), 1.0) for c in labels.reshape(len(labels), -1)[:, 0]],
+                      dtype=np.float32)
+
+
+def class_weight_table(class_weight: Any, num_targets: int) -> dict[int, float]:
+    """fit's `class_weight`, checked: class index -> weight (other classes weigh 1).
+
+    Raises:
+        AutodistError: not a dict of int -> weight, or a model with several
+            outputs (Keras supports one).
+    """
     if not isinstance(class_weight, dict) or not all(
             isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in class_weight):
         raise AutodistError("class_weight must be a dict of class index (int) -> weight. "
@@ -118,10 +134,4 @@ def sample_weights(sample_weight: Any, class_weight: Any, y: Any, num_targets: i
     if num_targets != 1:
         raise AutodistError("class_weight is supported for models with one output, as in "
                             f"Keras; this model has {num_targets}")
-    labels = np.asarray(y)
-    if labels.ndim > 1:
-        labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else labels[..., 0]
-    labels = np.round(labels).astype("int32")
-    table = {int(k): float(v) for k, v in class_weight.items()}
-    return np.asarray([table.get(int(c), 1.0) for c in labels.reshape(len(labels), -1)[:, 0]],
-                      dtype=np.float32)
+    return {int(k): float(v) for k, v in class_weight.items()}

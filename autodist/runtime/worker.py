@@ -39,10 +39,12 @@ from autodist.runtime import follow
 from autodist.runtime import recovery
 from autodist.runtime import residuals
 from autodist.runtime import targets as targets_
+from autodist.runtime.dataset_stream import DatasetStream
 from autodist.runtime.follow import ChiefFollower, WorkerFollower
 from autodist.runtime.records import (LossRecord, MonitoredStep, MonitorSample, Probe,
                                       ProgressRecord, ResizeEvent, WorkerMessage, WorkerResult,
                                       add_states)
+from autodist.runtime.step_data import ArrayData, GlobalBatch, StepData
 
 logger = logging.getLogger(__name__)
 
@@ -172,19 +174,19 @@ class Trainer:
         self.follower: ChiefFollower | WorkerFollower | None = None
         self.elastic = self.config.elastic  # set with resize_at too (see fit)
         self.full_strategy = self.strategy
-        num_examples, _ = job.shard()
-        self.steps_per_epoch = batching.steps_per_epoch(
-            num_examples, self.config.global_batch_size, self.config.steps_per_epoch)
+        # Each step's global batch, and the epochs (a strategy switched to may
+        # bring another global batch).
+        self.data = open_step_data(job, self.config, self.graph_item, self.strategy,
+                                   self._batch_at)
+        self.schedule = self.data.schedule
+        lengths = self.data.lengths
+        self.steps_per_epoch = lengths[0]
         # Who runs which steps, with which strategy; a followed elastic run
         # extends both while it goes.
-        self.segments = elastic_.segments(self.steps_per_epoch * self.config.epochs,
-                                          self.spec.num_worker_tasks,
+        self.segments = elastic_.segments(sum(lengths), self.spec.num_worker_tasks,
                                           self.config.resize_at, self.config.switch_at)
         self.plans: list[str] = list(self.config.plans or [])
         self._plan_strategies: dict[int, Strategy] = {0: self.strategy}
-        # The epochs; a strategy switched to may bring another global batch.
-        self.schedule = batching.EpochSchedule(num_examples, self.config.epochs,
-                                               self.config.steps_per_epoch, self._batch_at)
         self._init_shared = True  # the chief initializes the PS variables
         # The chief's reads of every replica's residuals, and their program.
         self._residual_reads: tuple[Program, residuals.ResidualReads | None] | None = None
@@ -364,11 +366,9 @@ class Trainer:
         In a followed run (`RunConfig.follow_steps`) the run limit may end it
         early, at the same step on every synchronous worker.
         """
-        inputs, targets = self.job.data()
-        num_examples, held_rows = self.job.shard()
         config = self.config
         if config.probe_steps:
-            return self._probe(inputs, targets, num_examples, held_rows)
+            return self._probe()
         steps = self.steps_per_epoch
         if config.follow_steps:
             self.follower = (ChiefFollower(self.job, self.mail, self.spec.num_worker_tasks,
@@ -384,7 +384,6 @@ class Trainer:
         max_lead = 0
         losses, times = [], []
         progress = self.job.file("progress.jsonl") if self.is_chief and follower is None else None
-        order = None
         resizes = []
         monitored = []
         epoch_metrics: dict[int, tuple] = {}
@@ -423,15 +422,12 @@ class Trainer:
             if self.program.metric_states:
                 fetches["metrics"] = self.program.metric_states
             ps_op, after, ssp = outputs.ps_op, outputs.after_step, outputs.ssp
-            epoch, step, batch, epoch_steps = self.schedule.locate(index)
-            if step == 0 or order is None:
-                order = batching.epoch_order(num_examples, config.first_epoch + epoch,
-                                             config.shuffle, config.seed)
-            rows = batching.batch_rows(order, step, batch)
-            parts = batching.virtual_node_rows(rows, self.strategy.num_virtual_nodes)
+            epoch, step, _, epoch_steps = self.schedule.locate(index)
+            data = self.data.batch(index)
+            parts = batching.virtual_node_rows(data.rows, self.strategy.num_virtual_nodes)
             feed = {}
             for replica in self.program.replicas:
-                feed.update(self._replica_feed(replica, parts, inputs, targets, held_rows))
+                feed.update(self._replica_feed(replica, parts, data))
             if ssp is not None:
                 max_lead = max(max_lead, self._wait_for_stragglers(ssp, index))
             if delay:
@@ -465,17 +461,17 @@ class Trainer:
             metrics = tuple(np.asarray(v).tolist() for v in result.get("metrics", ()))
             epoch_metrics[epoch] = add_states(epoch_metrics.get(epoch, ()), metrics)
             if isinstance(follower, ChiefFollower):
-                follower.record(index, losses[-1], times[-1], monitor, metrics)
+                follower.record(index, losses[-1], times[-1], monitor, metrics, data.size)
             elif isinstance(follower, WorkerFollower):
                 follower.record(index, losses[-1], monitor, metrics)
             elif progress is not None:
                 # This task's replicas' mean loss: an estimate of the global loss.
                 share = sum(len(parts[vn.index]) for r in self.program.replicas
-                            for vn in r.virtual_nodes) / len(rows)
+                            for vn in r.virtual_nodes) / data.size
                 record = ProgressRecord(
                     step=index, epoch=epoch, epoch_step=step,
                     loss=losses[-1] / max(share, 1e-12), seconds=times[-1],
-                    examples=len(rows), last_of_epoch=step == epoch_steps - 1,
+                    examples=data.size, last_of_epoch=step == epoch_steps - 1,
                     workers=self.segment.workers, plan=self.segment.plan, estimate=True,
                     metrics=metrics)
                 with open(progress, "a") as f:
@@ -486,8 +482,9 @@ class Trainer:
         return WorkerResult(
             losses=tuple(losses), step_times=tuple(times), steps_per_epoch=steps,
             epoch_starts=tuple(self.schedule.starts()),
-            step_examples=tuple(self.schedule.examples(config.start_step + i)
-                                for i in range(len(losses))),
+            # The chief's, from the run's first step (History weighs epochs by them).
+            step_examples=tuple(self.data.examples(i) for i in range(
+                config.start_step + len(losses))) if self.is_chief else (),
             max_lead=max_lead, resizes=tuple(resizes), monitor=tuple(monitored),
             epoch_metrics=tuple(epoch_metrics.get(e, ()) for e in range(
                 max(epoch_metrics) + 1 if epoch_metrics else 0)))
@@ -541,7 +538,9 @@ class Trainer:
         atomic_write(self.job.recovery(), buffer.getvalue())
 
     def close(self) -> None:
-        """Closes the current session (none after leaving an elastic job)."""
+        """Closes the current session (none after leaving an elastic job) and stops
+        reading data."""
+        self.data.close()
         if self.session is not None:
             self.session.close()
             self.session = None
@@ -585,16 +584,13 @@ class Trainer:
         return _unpack(self.mail.receive(("worker", self.task_index), mailbox.STATE,
                                          self.config.job_timeout_s))
 
-    def _replica_feed(self, replica, parts: list[np.ndarray], inputs, targets,
-                      held_rows: np.ndarray | None) -> dict:
+    def _replica_feed(self, replica, parts: list[np.ndarray], data: GlobalBatch) -> dict:
         """The feed of one replica: its virtual nodes' examples, weights and scale.
 
         Args:
             replica: The replica.
             parts: The rows of each virtual node in this step's global batch.
-            inputs: The model inputs (arrays of this task's examples).
-            targets: The targets.
-            held_rows: The rows this task holds (a shipped shard), or None.
+            data: The step's global batch.
         """
         x_names = [info.name for info in self.graph_item.model_inputs]
         y_names = [info.name for info in self.graph_item.target_inputs]
@@ -605,12 +601,12 @@ class Trainer:
         sizes = [len(m) for m in mine]
         if replica.sizes is not None and sizes != replica.default_sizes:
             feed[replica.sizes] = np.asarray(sizes, np.int32)  # a smaller batch
-        if held_rows is not None:  # a shipped shard holds only these examples
-            rows = np.searchsorted(held_rows, rows)
-        for name, array in zip(x_names, inputs):
+        if data.held_rows is not None:  # a shipped shard holds only these examples
+            rows = np.searchsorted(data.held_rows, rows)
+        for name, array in zip(x_names, data.inputs):
             feed[replica.inputs[name]] = np.asarray(array[rows])
         if y_names or weight_info is not None:
-            arrays, weights = targets_.unpack(targets[rows], len(y_names))
+            arrays, weights = targets_.unpack(data.targets[rows], len(y_names))
             for name, array in zip(y_names, arrays):
                 feed[replica.inputs[name]] = array
             if weights is not None:
@@ -618,8 +614,7 @@ class Trainer:
         feed[self.program.outputs.scales[replica.index]] = len(rows) / sum(map(len, parts))
         return feed
 
-    def _probe(self, inputs, targets, num_examples: int,
-               held_rows: np.ndarray | None) -> WorkerResult:
+    def _probe(self) -> WorkerResult:
         """Times each local replica's forward and backward passes; no update.
 
         Runs the first `probe_steps + 1` global batches of the schedule; the
@@ -630,25 +625,23 @@ class Trainer:
             A result with no losses and a probe per replica device.
         """
         config = self.config
-        order = batching.epoch_order(num_examples, 0, config.shuffle, config.seed)
-        steps = batching.steps_per_epoch(num_examples, config.global_batch_size)
+        batches = [self.data.probe_batch(i) for i in range(config.probe_steps + 1)]
         probe = {}
         for replica in self.program.replicas:
             fetches = [replica.loss] + [
                 g.values if isinstance(g, tf.IndexedSlices) else g
                 for g in replica.gradients.values()]
             seconds, examples = [], 0
-            for index in range(config.probe_steps + 1):
-                rows = batching.batch_rows(order, index % steps, config.global_batch_size)
-                parts = batching.virtual_node_rows(rows, self.strategy.num_virtual_nodes)
-                feed = self._replica_feed(replica, parts, inputs, targets, held_rows)
+            for index, data in enumerate(batches):
+                parts = batching.virtual_node_rows(data.rows, self.strategy.num_virtual_nodes)
+                feed = self._replica_feed(replica, parts, data)
                 start = time.perf_counter()
                 self.session.run(fetches, feed_dict=feed, options=self.run_options)
                 if index:
                     seconds.append(time.perf_counter() - start)
                 examples = sum(len(parts[vn.index]) for vn in replica.virtual_nodes)
             probe[replica.device] = Probe(examples, tuple(seconds))
-        return WorkerResult(steps_per_epoch=steps, probe=probe)
+        return WorkerResult(steps_per_epoch=self.steps_per_epoch, probe=probe)
 
     def _wait_for_stragglers(self, ssp, done: int) -> int:
         """Bounded staleness: waits until no task is more than `s` steps behind.
@@ -801,6 +794,17 @@ class Trainer:
 
         return checkpoint.save(self.config.checkpoint_dir, step, write,
                                keep=self.config.checkpoints_to_keep)
+
+
+def open_step_data(job: JobDir, config: RunConfig, graph_item: GraphItem, strategy: Strategy,
+                   batch_at) -> StepData:
+    """The job's data: its dataset, streamed, or its arrays (batched by `batch_at`, the
+    global batch of the strategy running a step)."""
+    files = job.dataset()
+    if files is None:
+        return ArrayData(job, config, batch_at)
+    return DatasetStream(files, config, graph_item, strategy.num_virtual_nodes,
+                         strategy.global_batch_size)
 
 
 def run_worker(job: JobDir, task_index: int, target: str) -> None:

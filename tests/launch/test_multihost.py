@@ -245,3 +245,59 @@ def test_a_job_without_the_secret_is_rejected_and_the_task_serves_on(tmp_path, m
     assert "bad signature" in text and "the job is unsigned" in text
     assert SECRET not in text and "not-the-cluster-secret" not in text
     assert "task worker:1 received a job" in text and "task worker:1 done" in text
+
+
+def test_served_workers_read_a_tfrecord_dataset_at_the_same_paths(tmp_path, monkeypatch,
+                                                                   secret_file):
+    """fit(dataset) on a served cluster: the job ships the dataset's graph (no rows); the
+    served worker reads the TFRecord files at the paths the driver named, reshuffled
+    each epoch as Keras reads them."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"]}
+    servers = [_serve(tmp_path, cluster, "worker", 1, 120)]
+    try:
+        rng = np.random.default_rng(1)
+        x = rng.normal(size=(48, 8)).astype("float32")
+        y = rng.integers(0, 3, 48)
+        path = str(tmp_path / "data.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for features, label in zip(x, y):
+                writer.write(tf.train.Example(features=tf.train.Features(feature={
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=features)),
+                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}))
+                    .SerializeToString())
+        spec_ = {"x": tf.io.FixedLenFeature([8], tf.float32),
+                 "y": tf.io.FixedLenFeature([], tf.int64)}
+
+        def parse(record):
+            example = tf.io.parse_single_example(record, spec_)
+            return example["x"], example["y"]
+
+        ds = tf.data.TFRecordDataset([path]).map(parse)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(48))
+        ds = ds.shuffle(48, seed=3).batch(16)
+        model = models.mlp(input_dim=8, hidden=(16,), classes=3, optimizer="adam")
+        reference = models.single_device_twin(model)
+        reference.fit(ds, epochs=2, verbose=0)
+
+        monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+        spec = autodist.ResourceSpec.from_tf_config()
+        graph_item = autodist.capture(model)
+        strategy = builders.AllReduce().build(graph_item, spec)
+        run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
+                                  job_dir=str(tmp_path / "chief"))
+        history = run.fit(ds, epochs=2, verbose=0)
+
+        assert len(history.step_losses) == 6
+        for got, want in zip(model.get_weights(), reference.get_weights()):
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+        process, log = servers[0]
+        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+        assert "task worker:1 received a job" in log.read_text()
+    finally:
+        for process, _ in servers:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)

@@ -133,3 +133,26 @@ def test_callbacks_must_be_keras_callbacks(mlp_item):
     with pytest.raises(AutodistError, match="callbacks must be keras.callbacks.Callback objects. "
                                             "Received: 'print'"):
         run.fit(np.zeros((4, 784), "float32"), np.zeros(4, "int32"), callbacks=["print"])
+
+
+def test_a_dataset_job_ships_the_dataset_not_rows(tmp_path, mlp_item):
+    """A fit(dataset) job holds the dataset's graph and description, no arrays; every
+    worker is shipped both whole (it reads every element), a PS neither."""
+    from autodist.launch.job import DatasetFiles  # pylint: disable=import-outside-toplevel
+    from autodist.runtime.run import _rows_read_by  # pylint: disable=import-outside-toplevel
+
+    spec = autodist.ResourceSpec.local(workers=2)
+    strategy = autodist.builders.AllReduce().build(mlp_item, spec)
+    job = JobDir(tmp_path / "chief")
+    job.write(mlp_item, strategy, spec, RunConfig(global_batch_size=8, job_id="j2"),
+              {}, [], None, DatasetFiles(b"graph-bytes", b'{"d": 1}'))
+    job.write_ports([2222, 2223])
+    assert sorted(p.name for p in (job.path / "data").iterdir()) == ["dataset.json",
+                                                                     "dataset.pb"]
+    assert _rows_read_by(job, 1) is None
+    shipped = JobDir.unpack(job.pack(_rows_read_by(job, 1)), tmp_path / "worker1")
+    assert shipped.dataset() == DatasetFiles(b"graph-bytes", b'{"d": 1}')
+    with pytest.raises(ValueError, match="ships the dataset, not rows"):
+        job.pack(np.array([0, 1]))
+    ps = JobDir.unpack(job.pack(with_data=False), tmp_path / "ps0")
+    assert ps.dataset() is None and not list((ps.path / "data").iterdir())

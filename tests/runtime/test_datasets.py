@@ -1,13 +1,35 @@
-"""fit on a tf.data.Dataset: the same batches as Keras, clear errors otherwise."""
+"""fit on a tf.data.Dataset: the workers read it as Keras' fit does; clear errors otherwise.
+
+The reading order is checked against Keras' own `EpochIterator` (TensorFlow
+backend) in this process; the cluster tests train on 2 workers and compare
+the weights (and per-epoch losses) with Keras `fit` on the same dataset.
+"""
 from __future__ import annotations
 
+import warnings
+
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import autodist
 from autodist import models
-from autodist.runtime.datasets import dataset_arrays, is_dataset
+from autodist.launch.job import DatasetFiles, RunConfig
+from autodist.runtime import datasets
+from autodist.runtime.batching import dataset_epochs
+from autodist.runtime.dataset_graph import DatasetGraphError
+from autodist.runtime.dataset_stream import DatasetStream
+from autodist.runtime.datasets import DatasetError, is_dataset
+
+TOLERANCE = 2e-5
+
+
+@pytest.fixture(scope="module")
+def mlp_8():
+    """A small MLP (8 features, 3 classes) and its capture."""
+    model = models.mlp(input_dim=8, hidden=(16,), classes=3)
+    return model, autodist.capture(model)
 
 
 def _data(n=70):
@@ -15,40 +37,248 @@ def _data(n=70):
     return rng.normal(size=(n, 8)).astype("float32"), rng.integers(0, 3, n).astype("int32")
 
 
-def test_batches_become_arrays_batched_the_same_way():
+def _indexed(n=10, known=True, seed=3):
+    """Examples whose label is their index, reshuffled each pass, in batches of 4."""
+    x = np.repeat(np.arange(n, dtype="float32")[:, None], 8, axis=1)
+    ds = tf.data.Dataset.from_tensor_slices((x, np.arange(n, dtype="int32")))
+    ds = ds.shuffle(n, seed=seed)
+    if not known:
+        ds = ds.filter(lambda x, y: True)   # cardinality unknown, as TFRecord files
+    return ds.batch(4)
+
+
+def _keras_reads(dataset, steps_per_epoch, epochs):
+    """The labels of each batch Keras 3's fit reads, per epoch (its own EpochIterator,
+    driven as `fit` drives it; the train step's next() is done here)."""
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator  # pylint: disable=C0415
+
+    iterator = TFEpochIterator(x=dataset, steps_per_epoch=steps_per_epoch,
+                               distribute_strategy=tf.distribute.get_strategy())
+    iterator.reset()
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # "Your input ran out of data"
+        for _ in range(epochs):
+            batches = []
+            with iterator.catch_stop_iteration():
+                for _, _, it in iterator:
+                    batches.append(next(it)[1].numpy().tolist())
+            out.append(batches)
+    return out
+
+
+def _stream_reads(streamed, graph_item, steps_per_epoch, epochs):
+    stream = DatasetStream(DatasetFiles(streamed.graph, streamed.description.to_json()),
+                           RunConfig(global_batch_size=0, epochs=epochs,
+                                     steps_per_epoch=steps_per_epoch), graph_item, 1, None)
+    try:
+        starts = stream.schedule.starts()
+        return [[stream.batch(i).targets.tolist() for i in range(starts[e], starts[e + 1])]
+                for e in range(epochs)]
+    finally:
+        stream.close()
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["cardinality", "no-cardinality"])
+@pytest.mark.parametrize("steps", [None, 2, 4])
+def test_workers_read_the_batches_keras_fit_reads(mlp_8, known, steps):
+    """Every epoch's batches, reshuffled, equal Keras' (which starts two passes per
+    epoch when the cardinality is known, and with steps_per_epoch goes on across
+    epochs); preparing never advances the user's dataset."""
+    _, graph_item = mlp_8
+    dataset = _indexed(known=known)
+    streamed = datasets.prepare(dataset, graph_item, steps_per_epoch=steps, epochs=4,
+                                num_virtual_nodes=1, fixed_batch=None)
+    assert streamed.description.batches == 3 and streamed.description.cardinality_known == known
+    assert _stream_reads(streamed, graph_item, steps, 4) == _keras_reads(dataset, steps, 4)
+
+
+@pytest.mark.parametrize("known,steps", [(True, None), (False, None), (True, 2), (False, 2)])
+def test_after_fit_the_dataset_reshuffles_anew_as_after_keras_fit(mlp_8, known, steps):
+    """The passes Keras' fit starts advance the dataset's seed generator: a second fit
+    reads new orders. The run's second fit does (its workers start the first fit's passes
+    first), and so does Keras' (they are started on the user's dataset after a fit)."""
+    model = models.mlp(input_dim=8, hidden=(16,), classes=10)
+    theirs, ours = _indexed(known=known), _indexed(known=known)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(theirs, epochs=3, steps_per_epoch=steps, verbose=0)
+    streamed = datasets.prepare(ours, mlp_8[1], steps_per_epoch=steps, epochs=3,
+                                num_virtual_nodes=1, fixed_batch=None)
+    assert streamed.seed_generators and streamed.description.passes_before == 0
+    passes = datasets.start_passes_like_keras(ours, streamed, steps, 3)
+    # The run's second fit: its workers start the first fit's passes unread.
+    second = datasets.prepare(ours, mlp_8[1], steps_per_epoch=steps, epochs=2,
+                              num_virtual_nodes=1, fixed_batch=None,
+                              earlier_passes={streamed.seed_generators: passes})
+    assert second.description.passes_before == passes
+    assert _stream_reads(second, mlp_8[1], steps, 2) == _keras_reads(theirs, steps, 2)
+    # Keras' own next pass over the dataset is the one after Keras' fit.
+    datasets.start_passes_like_keras(ours, second, steps, 2)
+    assert [b[1].numpy().tolist() for b in ours] == [b[1].numpy().tolist() for b in theirs]
+
+
+def test_an_unknown_length_running_out_at_an_epoch_end_is_refused(mlp_8):
+    """Keras then runs an empty epoch (it learns of the end at the next epoch's step)."""
+    dataset = _indexed(known=False)
+    empty = [len(e) for e in _keras_reads(dataset, 3, 3)]
+    assert [e.steps for e in dataset_epochs(3, False, 3, 3)] == empty == [3, 0, 3]
+    with pytest.raises(DatasetError, match=r"runs out exactly at the end of epoch 0.*"
+                                           r"assert_cardinality\(3\)"):
+        datasets.prepare(dataset, mlp_8[1], steps_per_epoch=3, epochs=3,
+                         num_virtual_nodes=1, fixed_batch=None)
+    datasets.prepare(dataset, mlp_8[1], steps_per_epoch=3, epochs=1, num_virtual_nodes=1,
+                     fixed_batch=None)   # the empty epoch is not reached
+
+
+def test_a_step_counting_optimizer_is_warned_when_keras_would_run_out(mlp_8):
+    """Keras' TF backend counts one optimizer iteration more each time a pass runs out
+    (measured here: 4 per epoch of 3 batches); Adam's bias correction depends on it."""
+    model = models.mlp(input_dim=8, hidden=(16,), classes=10, optimizer="adam")
+    counts = []
+
+    class Iterations(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            counts.append(int(self.model.optimizer.iterations.numpy()))
+
+    dataset = _indexed(known=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(dataset, epochs=2, verbose=0, callbacks=[Iterations()])
+    assert counts == [4, 8]   # 3 batches a pass: Keras' quirk, as the warning says
+    adam = autodist.capture(model)
+    with pytest.warns(UserWarning, match=r"count one optimizer iteration more.*"
+                                         r"assert_cardinality\(3\)"):
+        datasets.prepare(dataset, adam, steps_per_epoch=None, epochs=2, num_virtual_nodes=1,
+                         fixed_batch=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # none: a known length, or an optimizer without a count
+        datasets.prepare(_indexed(known=True), adam, steps_per_epoch=None, epochs=2,
+                         num_virtual_nodes=1, fixed_batch=None)
+        datasets.prepare(dataset, mlp_8[1], steps_per_epoch=None, epochs=2,
+                         num_virtual_nodes=1, fixed_batch=None)
+
+
+def test_a_global_seed_makes_a_shuffle_without_seed_reproducible(mlp_8):
+    tf.random.set_seed(7)
+    try:
+        x, y = _data()
+        dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(70).batch(16)
+    finally:
+        tf.random.set_seed(None)   # later tests build unseeded shuffles
+    streamed = datasets.prepare(dataset, mlp_8[1], steps_per_epoch=None, epochs=2,
+                                num_virtual_nodes=1, fixed_batch=None)
+    assert _stream_reads(streamed, mlp_8[1], None, 2) == _keras_reads(dataset, None, 2)
+
+
+def test_elements_are_flattened_and_cast_for_the_model(mlp_8):
+    """x as a dict, y as int64, weights as [b, 1]: model order, model dtypes, one weight
+    per example packed with the targets; class weights made from y as Keras makes them."""
     x, y = _data()
+    w = np.arange(70, dtype="float64")[:, None]
+    dataset = tf.data.Dataset.from_tensor_slices(({"features": x}, y.astype("int64"), w))
+    streamed = datasets.prepare(dataset.batch(32), mlp_8[1], steps_per_epoch=None, epochs=1,
+                                num_virtual_nodes=1, fixed_batch=None)
+    d = streamed.description
+    assert d.dtypes == ("float32", "int32", "float32") and d.weighted and d.num_inputs == 1
+    stream = DatasetStream(DatasetFiles(streamed.graph, d.to_json()),
+                           RunConfig(global_batch_size=0), mlp_8[1], 1, None)
+    last = [stream.batch(i) for i in range(3)][-1]
+    stream.close()
+    assert last.size == 6
+    np.testing.assert_array_equal(last.inputs[0], x[64:])
+    np.testing.assert_array_equal(last.targets["t0"], y[64:])
+    np.testing.assert_array_equal(last.targets["w"], np.arange(64, 70))
+
+    weighted = datasets.prepare(tf.data.Dataset.from_tensor_slices((x, y)).batch(70),
+                                mlp_8[1], steps_per_epoch=None, epochs=1, num_virtual_nodes=1,
+                                fixed_batch=None, class_weight={0: 0.5, 2: 3.0})
+    stream = DatasetStream(DatasetFiles(weighted.graph, weighted.description.to_json()),
+                           RunConfig(global_batch_size=0), mlp_8[1], 1, None)
+    batch = stream.batch(0)
+    stream.close()
+    np.testing.assert_array_equal(batch.targets["w"],
+                                  np.asarray([0.5, 1.0, 3.0], "float32")[y])
+
+
+def _generator_dataset(x, y):
+    def generate():
+        yield x[:8], y[:8]
+
+    return tf.data.Dataset.from_generator(generate, output_signature=(
+        tf.TensorSpec([None, 8], tf.float32), tf.TensorSpec([None], tf.int32)))
+
+
+@pytest.mark.parametrize("make,error,message", [
+    (lambda d: d.batch(32).map(lambda x, y: (x, y, y, y)), DatasetError,
+     r"\(x, y, sample_weight\) batch; received a tuple of 4"),
+    (lambda d: d.take(0).batch(4), DatasetError, "empty"),
+    (lambda d: d.batch(32).repeat(), DatasetError, "infinite .*give steps_per_epoch"),
+    (lambda d: d.map(lambda x, y: ({"other": x}, y)).batch(8), DatasetError,
+     r"without the model's inputs \['features'\]"),
+    (lambda d: d.map(lambda x, y: (x[:4], y)).batch(8), DatasetError,
+     r"'features' needs examples of shape \[8\]; the dataset's batches have shape \[None, 4\]"),
+    (lambda d: d.shuffle(70).batch(32), DatasetGraphError,
+     r"ShuffleDatasetV3 has no random seed.*shuffle\(buffer_size, seed=1\)"),
+    (lambda d: d.batch(32).map(lambda x, y: (x * 2, y), num_parallel_calls=2,
+                               deterministic=False), DatasetGraphError,
+     "nondeterministic order"),
+    (lambda d: d.batch(32).map(lambda x, y: (tf.py_function(lambda a: a, [x], tf.float32), y)),
+     DatasetGraphError, "could not serialize it: EagerPyFunc is stateful.*from_generator"),
+    (lambda d: d.batch(32).map(lambda x, y: (x + tf.random.uniform([8]), y)),
+     DatasetGraphError, "RandomUniform is stateful.*tf.random.stateless_"),
+    (lambda d: _generator_dataset(*_data()), DatasetGraphError, "PyFunc is stateful"),
+    (lambda d: d.batch(32).cache("/tmp/autodist-test-cache"), DatasetGraphError,
+     r"cache writes files \(CacheDatasetV2 with a filename\)"),
+    (lambda d: d.filter(lambda x, y: True).batch(32), DatasetError,
+     "has a batch of 6 examples, fewer than the 8 virtual nodes"),
+    (lambda d: d.batch(16, drop_remainder=True), DatasetError,
+     "fixes the global batch at 32 examples; the dataset's batches have 16"),
+])
+def test_datasets_fit_cannot_read_as_keras_are_named(mlp_8, make, error, message):
+    x, y = _data()
+    dataset = make(tf.data.Dataset.from_tensor_slices((x, y)))
+    fixed = 32 if "fixes" in message else None
+    with pytest.raises(error, match=message):
+        datasets.prepare(dataset, mlp_8[1], steps_per_epoch=None, epochs=1,
+                         num_virtual_nodes=8, fixed_batch=fixed)
+
+
+def test_fit_refuses_before_launch(mlp_8):
+    """Arguments a dataset replaces, and a dataset the workers cannot rebuild: errors
+    before any process starts."""
+    model, graph_item = mlp_8
+    x, y = _data()
+    spec = autodist.ResourceSpec.local(workers=2)
+    run = autodist.distribute(model, autodist.builders.AllReduce().build(graph_item, spec), spec,
+                              graph_item=graph_item)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
     assert is_dataset(ds) and not is_dataset(x)
-    inputs, targets, weights, batch = dataset_arrays(ds, ["features"])
-    assert batch == 32 and weights is None
-    np.testing.assert_array_equal(inputs[0], x)
-    np.testing.assert_array_equal(targets, y)
-    named = tf.data.Dataset.from_tensor_slices(({"b": x[:, :2], "a": x}, y)).batch(10)
-    inputs, _, _, batch = dataset_arrays(named, ["a", "b"])
-    assert batch == 10 and inputs[0].shape == (70, 8) and inputs[1].shape == (70, 2)
-    weighted = tf.data.Dataset.from_tensor_slices((x, y, np.arange(70, dtype="float32")))
-    _, _, weights, _ = dataset_arrays(weighted.batch(32), ["features"])
-    np.testing.assert_array_equal(weights, np.arange(70))
+    with pytest.raises(autodist.AutodistError, match="pass neither y, sample_weight nor "
+                                                     "batch_size"):
+        run.fit(ds, batch_size=32)
+    with pytest.raises(DatasetGraphError, match="PyFunc is stateful"):
+        run.fit(_generator_dataset(x, y), verbose=0)
+    with pytest.raises(autodist.AutodistError, match="steps_per_epoch must be an integer >= 1"):
+        run.fit(ds, steps_per_epoch=0)
+    assert run.last_job_dir is None
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda d: d.batch(32).repeat(), "must be finite"),
-    (lambda d: d.batch(32).map(lambda x, y: (x, y, y, y)), "\\(x, y, sample_weight\\) batch; "
-                                                           "received a tuple of 4"),
-    (lambda d: d.take(10).batch(3).concatenate(d.skip(10).batch(20)), "one size except"),
-    (lambda d: d.take(0).batch(4), "empty"),
-])
-def test_bad_datasets_are_named(make, message):
-    x, y = _data()
-    with pytest.raises(autodist.AutodistError, match=message):
-        dataset_arrays(make(tf.data.Dataset.from_tensor_slices((x, y))), ["features"])
+# ------------------------------------------------------------------ on clusters
+class _EpochWeights(keras.callbacks.Callback):
+    """The model's weights at each epoch's end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights.append([w.copy() for w in self.model.get_weights()])
 
 
-def test_dict_without_the_model_inputs():
-    x, y = _data()
-    ds = tf.data.Dataset.from_tensor_slices(({"other": x}, y)).batch(8)
-    with pytest.raises(autodist.AutodistError, match=r"without the model's inputs \['features'\]"):
-        dataset_arrays(ds, ["features"])
+def _assert_weights_equal(got, want):
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=0, atol=TOLERANCE)
 
 
 @pytest.mark.cluster
@@ -60,10 +290,141 @@ def test_fit_on_a_dataset_equals_keras_fit_on_it():
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
     strategy = autodist.builders.PSLoadBalancing().build(autodist.capture(model), spec)
     run = autodist.distribute(model, strategy, spec)
-    with pytest.raises(autodist.AutodistError, match="pass neither y, sample_weight nor batch_size"):
-        run.fit(ds, batch_size=32)
     history = run.fit(ds, epochs=2, verbose=0)
     reference.fit(ds, epochs=2, verbose=0)
     assert len(history.step_losses) == 6
-    for got, want in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+    _assert_weights_equal(model.get_weights(), reference.get_weights())
+
+
+@pytest.mark.cluster
+def test_a_dataset_reshuffled_each_epoch_trains_as_keras_fit():
+    """3 epochs of a seeded reshuffling dataset (a new order each epoch, drawn where Keras
+    draws it): each epoch's weights and loss equal Keras fit's, on 2 workers + 1 PS; then a
+    second fit of the same run on the same dataset goes on with new orders, as Keras'."""
+    model = models.mlp(input_dim=8, hidden=(16,), classes=3, optimizer="adam")
+    x, y = _data(80)
+
+    def dataset():   # one for each side: a fit advances its dataset's shuffle
+        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(80, seed=5).batch(32)
+
+    ds, keras_ds = dataset(), dataset()
+    reference = models.single_device_twin(model)
+    spec = autodist.ResourceSpec.local(workers=2, ps=1)
+    strategy = autodist.builders.PS().build(autodist.capture(model), spec)
+    ours, theirs = _EpochWeights(), _EpochWeights()
+    run = autodist.distribute(model, strategy, spec)
+    history = run.fit(ds, epochs=3, verbose=0, callbacks=[ours])
+    expected = reference.fit(keras_ds, epochs=3, verbose=0, callbacks=[theirs])
+    assert len(history.step_losses) == 9
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], atol=TOLERANCE)
+    assert len(ours.weights) == 3
+    for got, want in zip(ours.weights, theirs.weights):
+        _assert_weights_equal(got, want)
+    # A second fit: Keras' optimizer state carries over and ours starts anew (README), so
+    # compare its first step's loss, which only the weights and the batch decide.
+    first_losses = []
+
+    class FirstLoss(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 0:
+                first_losses.append(logs["loss"])
+
+    history = run.fit(ds, epochs=1, verbose=0)
+    reference.fit(keras_ds, epochs=1, verbose=0, callbacks=[FirstLoss()])
+    assert history.step_losses[0] == pytest.approx(first_losses[0], abs=TOLERANCE)
+    replayed = models.single_device_twin(reference)   # the first fit's first order again
+    replayed.fit(dataset(), epochs=1, verbose=0, callbacks=[FirstLoss()])
+    assert abs(first_losses[1] - first_losses[0]) > 100 * TOLERANCE
+    # The epochs did see different orders: one epoch's order repeated would differ.
+    first = [b[1].numpy().tolist() for b in dataset().take(1)]
+    assert first != [b[1].numpy().tolist() for b in ds.take(1)]
+
+
+@pytest.mark.cluster
+def test_an_infinite_dataset_with_steps_per_epoch_and_sample_weights_trains_as_keras_fit():
+    """shuffle(seed).repeat() with (x, y, sample_weight) batches, steps_per_epoch=3 over 2
+    epochs (one pass runs on across epochs), 4 virtual nodes on 2 workers (all-reduce)."""
+    model = models.mlp(input_dim=8, hidden=(16,), classes=3)
+    x, y = _data(40)
+    weights = np.linspace(0.5, 2.0, 40).astype("float32")
+
+    def dataset():   # one for each side: a fit advances its dataset's shuffle
+        return tf.data.Dataset.from_tensor_slices((x, y, weights)).shuffle(
+            40, seed=2).repeat().batch(16)
+
+    reference = models.single_device_twin(model)
+    spec = autodist.ResourceSpec.local(workers=2)
+    strategy = autodist.builders.AllReduce().build(autodist.capture(model), spec)
+    run = autodist.distribute(model, strategy.with_virtual_nodes(16, 4), spec)
+    history = run.fit(dataset(), epochs=2, steps_per_epoch=3, verbose=0)
+    expected = reference.fit(dataset(), epochs=2, steps_per_epoch=3, verbose=0)
+    assert len(history.step_losses) == 6
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], atol=TOLERANCE)
+    _assert_weights_equal(model.get_weights(), reference.get_weights())
+
+
+def _write_tfrecords(directory, x, y, files=2):
+    paths = []
+    for f in range(files):
+        path = str(directory / f"part-{f}.tfrecord")
+        with tf.io.TFRecordWriter(path) as writer:
+            for i in range(f, len(y), files):
+                example = tf.train.Example(features=tf.train.Features(feature={
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=x[i])),
+                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[y[i]]))}))
+                writer.write(example.SerializeToString())
+        paths.append(path)
+    return paths
+
+
+def _tfrecord_dataset(paths, seed=4):
+    """TFRecord files parsed by a map, shuffled with a seed, batched: cardinality unknown."""
+    spec = {"x": tf.io.FixedLenFeature([8], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, spec)
+        return example["x"] * 2.0, example["y"]
+
+    return tf.data.TFRecordDataset(paths).map(parse).shuffle(64, seed=seed).batch(24)
+
+
+@pytest.mark.cluster
+def test_tfrecord_files_with_a_map_train_as_keras_fit(tmp_path):
+    """Unknown cardinality (counted by the driver: 3 batches), steps_per_epoch=2 over 3
+    epochs: epochs of 2, 1 and 2 steps, a new pass when the files run out; PS on 2 workers.
+    Momentum SGD: its update does not depend on Keras' iteration count, which counts the
+    step that runs out (see the test of the warning)."""
+    model = models.mlp(input_dim=8, hidden=(16,), classes=3,
+                       optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
+    x, y = _data(60)
+    paths = _write_tfrecords(tmp_path, x, y)
+    ds = _tfrecord_dataset(paths)
+    assert ds.cardinality() == tf.data.UNKNOWN_CARDINALITY
+    reference = models.single_device_twin(model)
+    spec = autodist.ResourceSpec.local(workers=2, ps=1)
+    strategy = autodist.builders.PSLoadBalancing().build(autodist.capture(model), spec)
+    history = autodist.distribute(model, strategy, spec).fit(ds, epochs=3, steps_per_epoch=2,
+                                                             verbose=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # Keras: "Your input ran out of data"
+        expected = reference.fit(_tfrecord_dataset(paths), epochs=3, steps_per_epoch=2,
+                                 verbose=0)
+    assert len(history.step_losses) == 5
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], atol=TOLERANCE)
+    _assert_weights_equal(model.get_weights(), reference.get_weights())
+
+
+@pytest.mark.cluster
+def test_a_short_batch_found_while_reading_fails_at_its_step():
+    """An infinite dataset is not counted: a batch smaller than the virtual nodes (35
+    examples in batches of 16: the third has 3, for 4 virtual nodes) fails the run at
+    that step, naming it."""
+    model = models.mlp(input_dim=8, hidden=(16,), classes=3)
+    x, y = _data(35)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
+    spec = autodist.ResourceSpec.local(workers=2)
+    strategy = autodist.builders.AllReduce().build(autodist.capture(model), spec)
+    run = autodist.distribute(model, strategy.with_virtual_nodes(16, 4), spec)
+    with pytest.raises(autodist.AutodistError, match="step 2: the dataset's batch has 3 "
+                                                     "examples, fewer than the 4 virtual nodes"):
+        run.fit(ds, epochs=1, steps_per_epoch=4, verbose=0)

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from autodist.runtime.elastic import Segment
-from autodist.runtime.records import (ChangeRequest, LossRecord, MonitoredStep, MonitorSample,
+from autodist.runtime.records import (ChangeRequest, DatasetDescription, LossRecord, MonitoredStep, MonitorSample,
                                       Probe, ProgressRecord, RecordError, ResizeEvent, RunLimit,
                                       StepReport, WorkerMessage, WorkerResult)
 
@@ -34,10 +34,24 @@ SAMPLE = MonitorSample(batches=(8, 8, 16), sq_norms=(3.0, 5.0, 2.5), compute_s=(
     ChangeRequest(sequence=3, members=(0, 2)),
     ChangeRequest(sequence=4, strategy="text"),
     LossRecord(step=5, loss=0.125),
+    DatasetDescription(dtypes=("float32", "int32", "float32"), shapes=((None, 8), (None,),
+                                                                      (None,)),
+                       num_inputs=1, num_targets=1, weighted=True, batches=None,
+                       cardinality_known=False, passes_before=3),
 ], ids=lambda r: type(r).__name__)
 def test_json_round_trip(record):
     raw = record.to_json()
     assert type(record).from_json(raw) == record
+
+
+def test_a_dataset_description_needs_a_dtype_and_shape_per_component():
+    raw = json.dumps({"dtypes": ["float32"], "shapes": [[None, 8]], "num_inputs": 1,
+                      "num_targets": 1, "weighted": False, "batches": 3,
+                      "cardinality_known": True})
+    with pytest.raises(RecordError, match="needs 2 dtypes and shapes"):
+        DatasetDescription.from_json(raw)
+    with pytest.raises(RecordError, match="'shapes' is malformed"):
+        DatasetDescription.from_json(raw.replace("[[null, 8]]", "[7]"))
 
 
 def test_a_merged_monitor_sample_keeps_every_task_in_order():

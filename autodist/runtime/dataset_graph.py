@@ -1,0 +1,200 @@
+"""A `tf.data.Dataset` as a GraphDef: what the workers rebuild it from.
+
+`serialize` writes a dataset's graph with TensorFlow's own serializer
+(`DatasetToGraphV2`), refusing external state: Python functions
+(`from_generator`, `py_function`), variables and stateful random ops cannot
+run in another process. `check_reproducible` refuses what would differ from
+one process to another: a random seed left to chance (a shuffle without a
+seed and without `tf.random.set_seed`) and a nondeterministic order.
+`restore` rebuilds the dataset from its graph with new seed generators, so
+its passes draw the shuffle seeds from the start, as the passes over the
+dataset object Keras iterates do.
+
+Why new generators: a serialized shuffle names its seed generator, and
+rebuilding the graph in the process that holds that generator (the driver)
+would share it, drawing the seeds of its next passes instead.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from autodist.ir.errors import AutodistError
+
+# DatasetToGraphV2's external_state_policy: refuse state that cannot be serialized.
+_FAIL_ON_EXTERNAL_STATE = 2
+_MESSAGE_LIMIT = 300
+_fresh_names = itertools.count()
+
+
+class DatasetGraphError(AutodistError, ValueError):
+    """A dataset cannot be rebuilt in the workers the way it reads in the driver."""
+
+
+def serialize(dataset) -> bytes:
+    """The dataset's graph (a serialized GraphDef).
+
+    Raises:
+        DatasetGraphError: it holds state TensorFlow cannot serialize,
+            naming the op, and how to avoid it.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    try:
+        return tf.raw_ops.DatasetToGraphV2(
+            input_dataset=tf.data.experimental.to_variant(dataset),
+            external_state_policy=_FAIL_ON_EXTERNAL_STATE,
+            strip_device_assignment=True).numpy()
+    except tf.errors.OpError as e:
+        reason = e.message.rsplit("graph:", 1)[-1].strip()[:_MESSAGE_LIMIT]
+        raise DatasetGraphError(
+            "the workers read the dataset themselves, so its graph must be serializable, "
+            f"and TensorFlow could not serialize it: {reason}. Python code "
+            "(Dataset.from_generator, tf.py_function, tf.numpy_function), variables, "
+            "stateful random ops (tf.random.uniform, tf.image.random_*, Keras preprocessing "
+            "layers) and shuffles inside a map or interleave function cannot run in another "
+            "process: read files (e.g. TFRecordDataset) or tensors (from_tensor_slices), use "
+            "stateless random ops (tf.random.stateless_*), or pass arrays as x and y") from None
+
+
+def check_reproducible(graph: bytes) -> None:
+    """Raises unless every process that rebuilds `graph` reads the same elements.
+
+    Raises:
+        DatasetGraphError: an op whose random seeds are left to chance (both
+            seeds 0: `shuffle`, `Dataset.random`, `sample_from_datasets`
+            without a seed), or a nondeterministic order
+            (`deterministic=False`, `Options.deterministic = False`).
+    """
+    from tensorflow.core.framework import dataset_options_pb2  # pylint: disable=C0415
+    from tensorflow.core.framework import graph_pb2  # pylint: disable=C0415
+
+    graph_def = graph_pb2.GraphDef()
+    graph_def.ParseFromString(graph)
+    bodies = [list(graph_def.node)] + [list(f.node_def) for f in graph_def.library.function]
+    for nodes in bodies:
+        by_name = {node.name: node for node in nodes}
+        for node in nodes:
+            if _attr(node, "deterministic").s == b"false" or _attr(node, "sloppy").b:
+                raise DatasetGraphError(
+                    f"the dataset's {node.op} reads in a nondeterministic order "
+                    "(deterministic=False), so the workers would see different batches: "
+                    "leave `deterministic` at its default")
+            if node.op in ("CacheDataset", "CacheDatasetV2") and len(node.input) > 1 and \
+                    _const_bytes(by_name, node.input[1].split(":")[0]) != b"":
+                raise DatasetGraphError(
+                    f"the dataset's cache writes files ({node.op} with a filename), which "
+                    "every worker would write at the same path at once: use cache() in "
+                    "memory, or write the cache once beforehand and read it")
+            if node.op == "OptionsDataset":
+                options = dataset_options_pb2.Options()
+                options.ParseFromString(node.attr["serialized_options"].s)
+                if options.WhichOneof("optional_deterministic") and not options.deterministic:
+                    raise DatasetGraphError(
+                        "the dataset's options allow a nondeterministic order "
+                        "(Options.deterministic = False), so the workers would see "
+                        "different batches: leave it at its default")
+            # An input is "node", "node:index" or, in a function, "node:output:index".
+            seeds = [_const_value(by_name, node.input[i].split(":")[0])
+                     for i in _seed_inputs(node)]
+            if len(seeds) == 2 and seeds[0] == 0 and seeds[1] == 0:
+                raise DatasetGraphError(
+                    f"the dataset's {node.op} has no random seed, so every worker would draw "
+                    "its own order and no run could repeat Keras' one: give it a seed "
+                    "(e.g. shuffle(buffer_size, seed=1)), or call tf.random.set_seed(...) "
+                    "before building the dataset")
+
+
+def restore(graph: bytes, element_spec: Any):
+    """The dataset of `graph`, with seed generators of its own.
+
+    Args:
+        graph: What `serialize` returned.
+        element_spec: The dataset's element spec.
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    variant = tf.raw_ops.DatasetFromGraph(graph_def=_with_new_generators(graph))
+    return tf.data.experimental.from_variant(variant, element_spec)
+
+
+def seed_generators(graph: bytes) -> tuple[str, ...]:
+    """The names of the resources `graph` holds: the seed generators of reshuffling ops,
+    which each pass over the dataset advances (unique to a dataset in its process)."""
+    from tensorflow.core.framework import graph_pb2  # pylint: disable=C0415
+
+    graph_def = graph_pb2.GraphDef()
+    graph_def.ParseFromString(graph)
+    return tuple(sorted(f"{h.container}/{h.name}" for h in _resource_handles(graph_def)))
+
+
+def _with_new_generators(graph: bytes) -> bytes:
+    """`graph` with every resource it names renamed to a name of this call's own."""
+    from tensorflow.core.framework import graph_pb2  # pylint: disable=C0415
+
+    graph_def = graph_pb2.GraphDef()
+    graph_def.ParseFromString(graph)
+    suffix = f"/autodist_{next(_fresh_names)}"
+    for handle in _resource_handles(graph_def):
+        handle.name += suffix
+    return graph_def.SerializeToString()
+
+
+def _resource_handles(graph_def):
+    """The resource handles the Const nodes of `graph_def` (and its functions) hold."""
+    from tensorflow.core.framework import types_pb2  # pylint: disable=C0415
+
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes += list(function.node_def)
+    for node in nodes:
+        if node.op == "Const" and node.attr["dtype"].type == types_pb2.DT_RESOURCE:
+            yield from node.attr["value"].tensor.resource_handle_val
+
+
+def _seed_inputs(node) -> list[int]:
+    """Indices of `node`'s inputs named seed and seed2 (none if it has no such inputs)."""
+    from tensorflow.python.framework import op_def_registry  # pylint: disable=C0415
+
+    op_def = op_def_registry.get(node.op)
+    if op_def is None:
+        return []
+    indices, position = [], 0
+    for arg in op_def.input_arg:
+        if arg.number_attr:
+            count = node.attr[arg.number_attr].i
+        elif arg.type_list_attr:
+            count = len(node.attr[arg.type_list_attr].list.type)
+        else:
+            count = 1
+        if arg.name in ("seed", "seed2") and count == 1:
+            indices.append(position)
+        position += count
+    return indices if len(indices) == 2 and max(indices) < len(node.input) else []
+
+
+def _attr(node, name: str):
+    """`node`'s attribute `name`, or an empty one (without adding it to the node)."""
+    from tensorflow.core.framework import attr_value_pb2  # pylint: disable=C0415
+
+    return node.attr[name] if name in node.attr else attr_value_pb2.AttrValue()
+
+
+def _const_value(by_name: dict, name: str) -> int | None:
+    """The integer a Const node holds, or None (another op, or a function argument)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    node = by_name.get(name)
+    if node is None or node.op != "Const":
+        return None
+    value = tf.make_ndarray(node.attr["value"].tensor)
+    return int(value) if value.size == 1 else None
+
+
+def _const_bytes(by_name: dict, name: str) -> bytes | None:
+    """The string a scalar Const node holds, or None (another op, or a function argument)."""
+    node = by_name.get(name)
+    if node is None or node.op != "Const":
+        return None
+    values = node.attr["value"].tensor.string_val
+    return values[0] if len(values) == 1 else None

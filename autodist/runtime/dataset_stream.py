@@ -1,0 +1,200 @@
+"""A worker's side of `fit(dataset)`: the dataset's global batches, read ahead.
+
+The worker rebuilds the job's dataset from its graph (with seed generators
+of its own, `dataset_graph.restore`) and a background thread reads its
+elements in the order Keras' `fit` reads them: for each epoch, the pass
+Keras reads it from (creating every pass Keras creates, also those it never
+reads, since each draws the next shuffle seeds) and as many batches as
+Keras reads. The thread turns each element into a `GlobalBatch` and checks
+it, at most `depth` batches ahead of the training loop (a bounded queue),
+so reading and preprocessing overlap the steps and memory stays bounded.
+
+Every worker reads every element; each trains on its virtual nodes' rows.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Sequence
+
+import numpy as np
+
+from autodist.ir.graph_item import GraphItem
+from autodist.launch.job import DatasetFiles, RunConfig
+from autodist.runtime import batching, dataset_graph
+from autodist.runtime import targets as targets_
+from autodist.runtime.datasets import DatasetError
+from autodist.runtime.records import DatasetDescription
+from autodist.runtime.step_data import GlobalBatch
+
+_POLL_S = 0.1
+
+
+class _Failure:
+    """What the producer hands the training loop when reading fails."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class DatasetStream:
+    """The global batches of the job's dataset, by the step's global index.
+
+    Args:
+        files: The job's dataset (graph and description).
+        config: The run's config (epochs, steps_per_epoch, probe_steps, timeouts).
+        graph_item: The model's capture (what each batch must hold).
+        num_virtual_nodes: The parts each global batch is split into.
+        fixed_batch: The strategy's fixed global batch, or None.
+        depth: Batches read ahead of the training loop.
+    """
+
+    def __init__(self, files: DatasetFiles, config: RunConfig, graph_item: GraphItem,
+                 num_virtual_nodes: int, fixed_batch: int | None, depth: int = 2) -> None:
+        self.description = DatasetDescription.from_json(files.description)
+        self._graph = files.graph
+        self.config = config
+        d = self.description
+        requested = config.steps_per_epoch
+        epochs = config.epochs
+        if config.probe_steps:   # measure_throughput: the first probe_steps + 1 batches
+            requested, epochs = config.probe_steps + 1, 1
+        self.epochs = batching.dataset_epochs(d.batches, d.cardinality_known, requested, epochs)
+        self.schedule = batching.EpochSchedule(0, epochs, requested, lambda step: fixed_batch or
+                                               config.global_batch_size, self.lengths)
+        self._infos = list(graph_item.model_inputs) + list(graph_item.target_inputs)
+        self._target_infos = list(graph_item.target_inputs)
+        self._num_virtual_nodes = num_virtual_nodes
+        self._fixed_batch = fixed_batch
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next = 0
+        self._sizes: list[int] = []
+
+    @property
+    def lengths(self) -> list[int]:
+        return [e.steps for e in self.epochs]
+
+    def batch(self, index: int) -> GlobalBatch:
+        """The global batch of step `index`; the earlier ones not asked for are skipped.
+
+        Raises:
+            DatasetError: a batch the run cannot train on, or reading failed.
+        """
+        if index < self._next:
+            raise DatasetError(f"step {index}'s batch was read already (next: {self._next})")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._produce, name="autodist-dataset",
+                                            daemon=True)
+            self._thread.start()
+        while True:
+            try:
+                item = self._queue.get(timeout=self.config.job_timeout_s)
+            except queue.Empty:
+                raise DatasetError(f"the dataset gave no batch for step {self._next} within "
+                                   f"{self.config.job_timeout_s:g}s") from None
+            if isinstance(item, _Failure):
+                raise item.error
+            self._sizes.append(item.size)
+            self._next += 1
+            if self._next > index:
+                return item
+
+    def probe_batch(self, index: int) -> GlobalBatch:
+        return self.batch(index)
+
+    def examples(self, index: int) -> int:
+        return self._sizes[index]
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stops the producer (waiting up to `timeout_s` for a read in progress)."""
+        self._stop.set()
+        if self._thread is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            try:   # unblocks a producer waiting to put
+                self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            self._thread.join(_POLL_S)
+
+    # ------------------------------------------------------------ producer
+    def _produce(self) -> None:
+        index = 0
+        try:
+            import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+            d = self.description
+            spec = tuple(tf.TensorSpec(shape, tf.as_dtype(dtype))
+                         for dtype, shape in zip(d.dtypes, d.shapes))
+            dataset = dataset_graph.restore(self._graph, spec)
+            for _ in range(d.passes_before):   # started by the run's earlier fits
+                iter(dataset)
+            created, iterator = 0, None
+            for epoch in self.epochs:
+                while created <= epoch.iterator:   # each pass Keras starts, read or not
+                    iterator = iter(dataset)
+                    created += 1
+                for k in range(epoch.steps):
+                    try:
+                        element = next(iterator)
+                    except StopIteration:
+                        raise DatasetError(
+                            f"the dataset ran out at step {index}, after {epoch.start + k} of "
+                            f"the {d.batches} batches of a pass it had when the driver "
+                            "prepared the run: did its files change?") from None
+                    arrays = [t.numpy() for t in element]
+                    last = d.batches is not None and epoch.start + k == d.batches - 1
+                    if not self._put(self._global_batch(index, arrays, last)):
+                        return
+                    index += 1
+        except Exception as e:  # pylint: disable=broad-except
+            if not isinstance(e, DatasetError):
+                e = DatasetError(f"reading the dataset failed at step {index} "
+                                 f"({type(e).__name__}): {str(e)[:500]}. The workers read "
+                                 "the files a dataset names at the same paths as the driver")
+            self._put(_Failure(e))
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _global_batch(self, index: int, arrays: Sequence[np.ndarray],
+                      last_of_pass: bool) -> GlobalBatch:
+        """An element as a checked global batch."""
+        d = self.description
+        size = len(arrays[0])
+        for array, info in zip(arrays, self._infos):
+            expected = list(info.shape)[1:]
+            if len(array) != size or len(array.shape) - 1 != len(expected) or any(
+                    e >= 0 and g != e for g, e in zip(array.shape[1:], expected)):
+                raise DatasetError(
+                    f"step {index}: the dataset's batch gives {info.name!r} shape "
+                    f"{list(array.shape)}; the model needs {size} examples of shape {expected}")
+        if size < self._num_virtual_nodes:
+            raise DatasetError(
+                f"step {index}: the dataset's batch has {size} examples, fewer than the "
+                f"{self._num_virtual_nodes} virtual nodes or replicas that split it: drop the "
+                "short batch (batch(n, drop_remainder=True)) or batch more examples")
+        if self._fixed_batch is not None and (
+                size > self._fixed_batch or size < self._fixed_batch and not last_of_pass):
+            raise DatasetError(
+                f"step {index}: the dataset's batch has {size} examples; the strategy fixes "
+                f"the global batch at {self._fixed_batch} (only a pass's last batch may be "
+                "smaller)")
+        inputs = list(arrays[:d.num_inputs])
+        ys = list(arrays[d.num_inputs:d.num_inputs + d.num_targets])
+        weights = arrays[-1] if d.weighted else None
+        if weights is not None and len(weights) != size:
+            raise DatasetError(f"step {index}: the dataset's batch has {len(weights)} sample "
+                               f"weights for {size} examples")
+        targets = targets_.pack(ys, self._target_infos, lambda array, _: array, weights)
+        return GlobalBatch(inputs, targets, np.arange(size))
