@@ -14,7 +14,12 @@ running job in place, so trial k owns steps [k * (warmup + steps), (k + 1) *
 (warmup + steps)) of the launch and its first `warmup` steps (the first
 steps of a new program are slow) are not timed. If a launch fails, its
 strategies are measured again in halves, down to one strategy per launch; a
-strategy that still fails becomes a record with its `error`. Each record
+strategy that still fails becomes a record with its `error`. With
+`--repeats r` every group of strategies is launched r times (every other
+launch in reverse order) and a record holds the timed steps of all r
+launches: its median is the median over all of them, and `extra` keeps each
+launch's median (`launch_medians_s`), so launch-to-launch noise is visible
+next to step-to-step noise. Each record
 holds the strategy, its features, the simulator's prediction and the command
 line (`extra`). Extending the data set is running this again with another
 `--seed` and `--append`; strategies the database already holds for a
@@ -37,7 +42,7 @@ import time
 from emulated_cluster import capped_spec, clear_lo, in_private_netns
 
 from autodist.bench.trials import (Shape, candidate_strategies, make_record,
-                                   measured_keys)
+                                   measure_repeated, measured_keys)
 from autodist.models import BENCH_MODELS
 from autodist.runtime.runner import chunks
 
@@ -57,6 +62,8 @@ def main() -> int:
     parser.add_argument("--strategies", type=int, default=40,
                         help="strategies per workload (builders included)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per strategy")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="separate launches per strategy; its record pools their timed steps")
     parser.add_argument("--warmup", type=int, default=2,
                         help="untimed steps after each switch (>= 2)")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch")
@@ -80,6 +87,8 @@ def main() -> int:
     if args.warmup < 2:
         parser.error(f"--warmup must be >= 2 (a new program's first step is slow). "
                      f"Received: {args.warmup}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1. Received: {args.repeats}")
     if os.path.exists(args.database) and os.path.getsize(args.database) and not args.append:
         parser.error(f"{args.database} exists; pass --append to extend it")
 
@@ -122,13 +131,17 @@ def main() -> int:
                                      data_seed=args.seed, timeout_s=args.timeout, log=log)
                 for group in chunks(todo, args.per_launch):
                     started = time.perf_counter()
-                    outcomes = runner.run([s for _, s, _ in group])
+                    outcomes = measure_repeated(runner, [s for _, s, _ in group],
+                                                args.repeats)
                     records = []
-                    for (origin, strategy, _key), outcome in zip(group, outcomes):
+                    for (origin, strategy, _key), (outcome, launch_medians) in zip(group,
+                                                                                   outcomes):
                         features = featurize_strategy(simulator, strategy)
                         predicted = float(simulator.predict_strategy(strategy).step_time_s[0])
                         extra = {"command": command, "shape": str(shape),
                                  "warmup_steps": args.warmup, "steps": args.steps,
+                                 "repeats": args.repeats,
+                                 "launch_medians_s": launch_medians,
                                  "seed": args.seed, "host": platform.node(),
                                  "cores": os.cpu_count(), "model_kwargs": kwargs,
                                  "builder": origin if origin != "sample" else None}

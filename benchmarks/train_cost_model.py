@@ -80,7 +80,7 @@ def report(results, rows: Rows, records: Sequence[Any], skipped: int, decision: 
         "training). Metrics within each workload (model × shape × batch): pairwise accuracy "
         "(all pairs; a tie in the prediction counts half), pairwise accuracy on the pairs "
         f"whose measured times differ by more than {round((SIGNIFICANT - 1) * 100)}% (the "
-        "rest are within the noise of 5 timed steps on a 2-core machine), Kendall's "
+        "rest are within the measurement noise, below), Kendall's "
         "τ-b (mean over workloads) and the top-1 slowdown (measured time of the strategy "
         "ranked first / best measured time; geometric mean over workloads, 1.00 = "
         "perfect).", ""]
@@ -109,14 +109,14 @@ def report(results, rows: Rows, records: Sequence[Any], skipped: int, decision: 
                   + ", ".join(f"`{k}` {v / total:.0%}" for k, v in top) + ".", ""]
     measured = [r for r in rows.records if r.extra.get("steps")]
     if measured:
-        setup = sorted({(int(r.graph_summary.get("batch_size", 0)), r.extra["warmup_steps"],
-                         r.extra["steps"]) for r in measured})
         ratio = np.array([r.median_step_time_s / r.predicted_step_time_s for r in measured
                           if r.predicted_step_time_s])
-        lines += ["Measurement: " + "; ".join(f"global batch {b}, {s} timed steps after {w} "
-                                                f"warm-up steps per strategy"
-                                                for b, w, s in setup)
-                  + ", several strategies per cluster launch (switched in place). The "
+        lines += ["Measurement: " + "; ".join(
+            f"{', '.join(shapes)}: global batch {b}, {s} timed steps after {w} warm-up "
+            f"steps per strategy in {n} launch{'es' if n > 1 else ''}"
+            f"{f' (its record pools the {n * s} timed steps)' if n > 1 else ''}"
+            for (b, w, s, n), shapes in measurement_setups(measured).items())
+                  + "; several strategies per cluster launch (switched in place). The "
                   "simulator's seconds are uncalibrated here (default constants): measured / "
                   f"predicted step time is {np.median(ratio):.1f}× in the median "
                   f"({np.percentile(ratio, 5):.1f}–{np.percentile(ratio, 95):.1f}× for 90% of "
@@ -172,14 +172,55 @@ def few_shot_section(shots: dict[str, dict[str, dict[str, list[float]]]],
         f"{kind} better in {_count(first, kind, -1)}, equal in {_count(first, kind, 0)}, "
         f"worse in {_count(first, kind, 1)}" for kind in LEARNED) + ".")
     lines.append("")
-    cv = [float(np.std(r.step_times_s) / np.median(r.step_times_s)) for r in rows.records
-          if len(r.step_times_s) > 1]
-    if cv:
-        lines.append(f"Noise: the timed steps of a trial vary by {np.median(cv):.0%} "
-                     "(standard deviation / median, median over trials), so a trial's median "
-                     "of 5 steps is uncertain by several percent and most first-choice "
-                     "differences above lie within it.")
+    by_shape = {str(r.extra.get("shape", "?")): [] for r in rows.records}
+    for workload, record in zip(rows.workloads, rows.records):
+        if workload not in by_shape[str(record.extra.get("shape", "?"))]:
+            by_shape[str(record.extra.get("shape", "?"))].append(workload)
+    if len(by_shape) > 1:
+        lines.append("First choices (k = 0) per cluster shape, geometric mean over its "
+                     f"workloads ({' / '.join(PREDICTORS)}): " + "; ".join(
+                         f"{shape} ({len(names)} workloads) " + " / ".join(
+                             f"{np.exp(np.mean([np.log(first[p][w][0]) for w in names])):.3f}"
+                             for p in PREDICTORS)
+                         for shape, names in by_shape.items()) + ".")
+        lines.append("")
+    noise = []
+    for (_b, _w, steps, repeats), shapes in measurement_setups(rows.records).items():
+        group = [r for r in rows.records if setup_of(r) == (_b, _w, steps, repeats)]
+        cv = [float(np.std(r.step_times_s) / np.median(r.step_times_s)) for r in group
+              if len(r.step_times_s) > 1]
+        text = (f"{', '.join(shapes)} ({steps} steps × {repeats} launch"
+                f"{'es' if repeats > 1 else ''}): steps vary by {np.median(cv):.0%}")
+        spread = [(max(m) - min(m)) / float(np.median(r.step_times_s)) for r in group
+                  for m in [r.extra.get("launch_medians_s") or []] if len(m) > 1]
+        if spread:
+            text += (f", a strategy's launch medians differ by {np.median(spread):.0%} "
+                     f"(median; {np.percentile(spread, 90):.0%} at the 90th percentile)")
+        noise.append(text)
+    if noise:
+        lines.append("Noise (standard deviation / median of a trial's timed steps, median "
+                     "over trials; launch spread = (slowest - fastest launch median) / the "
+                     "trial's median): " + "; ".join(noise) + ". A trial's median is "
+                     "uncertain by several percent, and many first-choice differences above "
+                     "lie within it.")
     return lines
+
+
+def setup_of(record: Any) -> tuple[int, int, int, int]:
+    """A trial's measurement: (global batch, warm-up steps, timed steps, launches)."""
+    return (int(record.graph_summary.get("batch_size", 0)),
+            int(record.extra.get("warmup_steps", 0)), int(record.extra.get("steps", 0)),
+            int(record.extra.get("repeats", 1)))
+
+
+def measurement_setups(records: Sequence[Any]) -> dict[tuple[int, int, int, int], list[str]]:
+    """The measurement setups of the trials, each with its cluster shapes."""
+    out: dict[tuple[int, int, int, int], list[str]] = {}
+    for record in records:
+        shapes = out.setdefault(setup_of(record), [])
+        if str(record.extra.get("shape", "?")) not in shapes:
+            shapes.append(str(record.extra.get("shape", "?")))
+    return dict(sorted(out.items()))
 
 
 def _count(results: dict[str, dict[str, list[float]]], kind: str, sign: int) -> int:

@@ -25,7 +25,7 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.search.database import (Database, DatabaseError, TrialRecord, decode_line,
                                       summarize_graph_item)
-from autodist.search.runner import MeasureResult
+from autodist.search.runner import MeasureResult, Runner, pool
 from autodist.search.space import SearchSpace
 
 
@@ -111,6 +111,40 @@ def candidate_strategies(graph_item: GraphItem, spec: ResourceSpec, space: Searc
             seen.add(key)
             out.append(("sample", strategy, key))
     return out
+
+
+def measure_repeated(runner: Runner, strategies: Sequence[Strategy], repeats: int
+                     ) -> list[tuple[MeasureResult, list[float]]]:
+    """Measures strategies in `repeats` separate runs and pools each one's timed steps.
+
+    Every run is a fresh `runner.run` (with the collector's `per_launch`, a
+    fresh cluster launch); every other run takes the strategies in reverse
+    order, so no strategy is always measured late in a launch. A strategy's
+    pooled result holds the timed steps of all its successful runs (its
+    record's median is the median over all of them: one definition of a
+    trial's time, whatever `repeats`), or the first run's error when none
+    succeeded.
+
+    Args:
+        runner: Measures a list of strategies (one launch per call here).
+        strategies: The strategies, in launch order.
+        repeats: Runs per strategy (>= 1).
+
+    Returns:
+        [(pooled result, median step time of each successful run)], in the
+        order of `strategies`.
+    """
+    if repeats < 1:
+        raise InvalidArgumentError(f"repeats must be >= 1. Received: {repeats!r}")
+    n = len(strategies)
+    runs: list[list[MeasureResult]] = [[] for _ in range(n)]
+    for repeat in range(repeats):
+        order = list(range(n)) if repeat % 2 == 0 else list(reversed(range(n)))
+        outcomes = runner.run([strategies[i] for i in order])
+        for i, outcome in zip(order, outcomes):
+            runs[i].append(outcome)
+    return [(pool(results), [float(np.median(r.step_times_s)) for r in results if r.ok])
+            for results in runs]
 
 
 def make_record(graph_item: GraphItem, spec: ResourceSpec, strategy: Strategy,

@@ -108,6 +108,34 @@ def test_records_round_trip_and_resume(tmp_path, workload):
         trials.read_records(tmp_path / "missing.jsonl")
 
 
+def test_repeated_launches_pool_steps_and_alternate_order():
+    class FakeRunner:
+        """Strategy i takes 0.1 * (i + 1) s plus 0.01 s per launch; "b" fails in launch 1."""
+
+        def __init__(self):
+            self.orders = []
+
+        def run(self, strategies):
+            launch = len(self.orders)
+            self.orders.append(list(strategies))
+            return [MeasureResult(error="AutodistError: lost") if (s == "b" and launch == 1)
+                    else MeasureResult((0.1 * (ord(s) - 96) + 0.01 * launch,) * 2,
+                                       launch_size=len(strategies))
+                    for s in strategies]
+
+    runner = FakeRunner()
+    out = trials.measure_repeated(runner, ["a", "b", "c"], repeats=3)
+    assert runner.orders == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+    (a, a_medians), (b, b_medians), _ = out
+    assert a.step_times_s == pytest.approx((0.1, 0.1, 0.11, 0.11, 0.12, 0.12))
+    assert a_medians == pytest.approx([0.1, 0.11, 0.12])
+    # A failed launch drops out of the pool; the others still count.
+    assert b.ok and b.step_times_s == pytest.approx((0.2, 0.2, 0.22, 0.22))
+    assert b_medians == pytest.approx([0.2, 0.22])
+    with pytest.raises(ValueError, match="repeats must be >= 1. Received: 0"):
+        trials.measure_repeated(runner, ["a"], repeats=0)
+
+
 def test_trainer_metrics():
     actual = np.array([1.0, 1.05, 2.0, 1.0, 3.0])
     workloads = ["a", "a", "a", "b", "b"]
