@@ -55,6 +55,22 @@ class Segment:
         return task_index in self.members
 
 
+def members_for(current: tuple[int, ...], workers, max_workers: int,
+                where: str) -> tuple[int, ...]:
+    """The members a resize asks for: a number n (`resized` from `current`) or a list.
+
+    Raises:
+        AutodistError: naming `where` and the value received.
+    """
+    if isinstance(workers, int) and not isinstance(workers, bool):
+        if not 1 <= workers <= max_workers:
+            raise AutodistError(f"{where} must be a number of workers in 1..{max_workers} "
+                                "(the cluster's worker tasks) or a list of worker tasks. "
+                                f"Received: {workers!r}")
+        return resized(current, workers, max_workers)
+    return check_members(workers, max_workers, where)
+
+
 def check_members(members, max_workers: int, what: str = "members") -> tuple[int, ...]:
     """`members` as a sorted tuple of worker task indices, checked.
 
@@ -127,14 +143,7 @@ def segments(total_steps: int, max_workers: int, resize_at: Mapping[int, int] | 
         if not 0 <= step < total_steps:
             raise AutodistError(f"resize_at step {step} is outside the run's steps "
                                 f"0..{total_steps - 1}")
-        if isinstance(workers, int) and not isinstance(workers, bool):
-            if not 1 <= workers <= max_workers:
-                raise AutodistError(f"resize_at[{step}] must be a number of workers in "
-                                    f"1..{max_workers} (the cluster's worker tasks) or a list "
-                                    f"of worker tasks. Received: {workers!r}")
-            members = resized(members, workers, max_workers)
-        else:
-            members = check_members(workers, max_workers, f"resize_at[{step}]")
+        members = members_for(members, workers, max_workers, f"resize_at[{step}]")
         sizes[step] = members
     starts = sorted(set(sizes) | set(plans))
     out = []

@@ -26,8 +26,7 @@ from autodist.launch.signing import load_secret
 from autodist.launch.tf_config import check_this_is_the_chief
 from autodist.runtime import batching, checkpoint, datasets, follow, recovery
 from autodist.runtime import targets as targets_
-from autodist.runtime.elastic import (check_elastic, check_members, check_switch, resized,
-                                      segments)
+from autodist.runtime.elastic import check_elastic, check_switch, members_for, segments
 from autodist.runtime.entry import TASK_MODULE
 from autodist.runtime.history import History, read_results
 from autodist.runtime.metric_logs import MetricLogs
@@ -436,14 +435,7 @@ class DistributedRun:
             raise self._resizable
         limit = self.resource_spec.num_worker_tasks
         current = self._requested_members or self._members
-        if isinstance(workers, int) and not isinstance(workers, bool):
-            if not 1 <= workers <= limit:
-                raise AutodistError(f"resize needs a number of workers in 1..{limit} (the "
-                                    f"spec's worker tasks) or a list of worker tasks. "
-                                    f"Received: {workers!r}")
-            members = resized(current, workers, limit)
-        else:
-            members = check_members(workers, limit, "resize's workers")
+        members = members_for(current, workers, limit, "resize's workers")
         self._requested_members = members
         self._request_change()
         return members
