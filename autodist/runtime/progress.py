@@ -11,8 +11,9 @@ callbacks, policies or validation) writes its decisions back for the chief
 In a followed run the records hold the global loss. Before a callback sees
 an epoch's end, the model gets that epoch's trained weights (the chief sends
 them), so `ModelCheckpoint`, `EarlyStopping(restore_best_weights=True)` or
-a validation pass see what Keras would show them. The last epoch's end waits
-for the run's final weights. Without followers the records hold the chief's
+a validation pass see what Keras would show them. The last epoch's end, and
+the end of one reached after a stop request (the run's last, too), wait for
+the run's final weights. Without followers the records hold the chief's
 estimate of the loss (its replicas' mean): the progress bar shows it, and the
 History gets the exact values when the run ends.
 """
@@ -124,6 +125,8 @@ class Progress:
         if self._pending is not None:
             epoch, logs = self._pending
             self._pending = None
+            # The chief may have sent this epoch's weights too (a stop decided at its end).
+            follow.epoch_weights_path(self.job, epoch).unlink(missing_ok=True)
             self._close_epoch(epoch, logs)
         self._dispatch("on_train_end", dict(self._logs))
         if self.policies is not None:
@@ -168,8 +171,11 @@ class Progress:
             self._check_stop()
         if record.last_of_epoch:
             self._epoch_open = None
-            if epoch == self.epochs - 1:
-                self._pending = (epoch, self._epoch_logs())  # needs the final weights
+            # The last epoch, or one ended after a stop request (the chief stops at the
+            # next step boundary, which may be this epoch's end, without the epoch's
+            # weights): its end needs the final weights.
+            if epoch == self.epochs - 1 or self._stop_sent:
+                self._pending = (epoch, self._epoch_logs())
                 return
             if self.epoch_weights:
                 self._load_epoch_weights(epoch)
