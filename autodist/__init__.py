@@ -33,10 +33,13 @@ _LAZY = {
     "load_checkpoint": ("autodist.runtime.checkpoint", "load"),
     "policies": ("autodist.adapt.policies", None),
     "autoscaler": ("autodist.adapt.autoscaler", None),
+    "ShardedDataset": ("autodist.runtime.sharded_input", "ShardedDataset"),
+    "InputShard": ("autodist.runtime.sharded_input", "InputShard"),
 }
 
-__all__ = ["AutodistError", "CaptureError", "GraphItem", "ResourceSpec", "ResourceSpecError",
-           "Plan", "Strategy", "StrategyError", "autoscaler", "builders", "capture",
+__all__ = ["AutodistError", "CaptureError", "GraphItem", "InputShard", "ResourceSpec",
+           "ResourceSpecError", "Plan", "ShardedDataset", "Strategy", "StrategyError",
+           "autoscaler", "builders", "capture",
            "distribute", "load_checkpoint", "models", "optimize", "policies",
            "restore_keras_weights"]
 

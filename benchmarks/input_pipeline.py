@@ -1,4 +1,4 @@
-"""Benchmark: `fit(dataset)` streamed by the workers vs the feed path it replaced.
+"""Benchmark: `fit(dataset)` streamed by the workers (whole, or sharded) vs the feed path.
 
 Run as root inside a private network namespace (TF servers bind every
 interface):
@@ -12,17 +12,20 @@ the label), MLP with one hidden layer of 8 units, 2 workers, all-reduce:
 (a) Input-bound steps: the dataset's `map` does heavy per-batch
     preprocessing (`--preprocess` rounds of `tanh(x @ W)`). Streaming: each
     worker reads and preprocesses every batch in a background producer,
-    overlapped with its steps. Feed path (what `fit(dataset)` did before):
-    the driver reads the whole dataset into arrays, which the workers are
-    fed from. Rounds interleaved; median step time and fit wall time (the
-    feed path's includes the driver's read).
+    overlapped with its steps. Sharded (`autodist.ShardedDataset`): each
+    worker reads and preprocesses only its half of the files, in batches of
+    its share (half the global batch). Feed path (what `fit(dataset)` did
+    before): the driver reads the whole dataset into arrays, which the
+    workers are fed from. Rounds interleaved; median step time and fit
+    wall time (the feed path's includes the driver's read).
 (b) The driver's peak RSS as the data grow 100x (same steps trained):
     streaming with the length declared (`assert_cardinality`), streaming
     with it unknown (the driver counts one pass, keeping nothing), and the
     feed path.
 
-Both paths train on the same batches; the benchmark checks that their step
-losses agree.
+Streaming and feed train on the same batches; the benchmark checks that
+their step losses agree. The sharded run's global batches hold other
+examples (each worker's files), so its losses differ.
 """
 from __future__ import annotations
 
@@ -63,7 +66,8 @@ def write_records(directory: str, examples: int, dim: int, files: int = 4) -> li
     return paths
 
 
-def make_dataset(paths: list[str], dim: int, preprocess: int, examples: int | None):
+def make_dataset(paths: list[str], dim: int, preprocess: int, examples: int | None,
+                 batch: int = BATCH):
     """Batches of (features, label); `preprocess` rounds of tanh(x @ W) per batch;
     `examples` given: the length declared."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -78,9 +82,9 @@ def make_dataset(paths: list[str], dim: int, preprocess: int, examples: int | No
             x = tf.tanh(tf.matmul(x, weights))
         return x, tf.cast(values[:, dim], tf.int32)
 
-    ds = tf.data.TFRecordDataset(paths).batch(BATCH, drop_remainder=True).map(parse)
+    ds = tf.data.TFRecordDataset(paths).batch(batch, drop_remainder=True).map(parse)
     if examples is not None:
-        ds = ds.apply(tf.data.experimental.assert_cardinality(examples // BATCH))
+        ds = ds.apply(tf.data.experimental.assert_cardinality(examples // batch))
     return ds
 
 
@@ -104,6 +108,14 @@ def child(args) -> None:
         del xs, ys
         history = run.fit(x, y, batch_size=BATCH, shuffle=False, steps_per_epoch=args.steps,
                           verbose=0)
+    elif args.mode == "sharded":   # each worker its share of the files, preprocessed there
+        def shard(s):
+            mine = paths[s.index::s.count]
+            return make_dataset(mine, args.dim, args.preprocess,
+                                args.examples * len(mine) // len(paths), s.batch_size)
+
+        history = run.fit(autodist.ShardedDataset(shard, global_batch_size=BATCH),
+                          steps_per_epoch=args.steps, verbose=0)
     else:
         history = run.fit(ds, steps_per_epoch=args.steps, verbose=0)
     wall = time.perf_counter() - start
@@ -130,6 +142,7 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=4096, help="part (b)'s 1x size")
     parser.add_argument("--growth", type=int, default=100)
     parser.add_argument("--out", help="write the markdown tables here")
+    parser.add_argument("--parts", default="ab", help="a: input-bound steps; b: driver memory")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--dim", type=int, default=512, help=argparse.SUPPRESS)
@@ -149,40 +162,62 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="autodist-input-bench-")
     lines = [f"machine: {platform.machine()}, {os.cpu_count()} cores; command: "
              f"`python benchmarks/input_pipeline.py --rounds {args.rounds} --examples "
-             f"{args.examples} --growth {args.growth}` (as root inside `unshare -n`)", ""]
+             f"{args.examples} --growth {args.growth} --parts {args.parts}` (as root inside "
+             "`unshare -n`)", ""]
+    if "a" in args.parts:
+        lines += input_bound(work, args.rounds)
+    if "b" in args.parts:
+        lines += driver_memory(work, args.examples, args.growth)
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(table + "\n")
+    return 0
 
-    # (a) input-bound steps: 30 steps of 128 examples x 512 features, 30 rounds of preprocessing
+
+def input_bound(work: str, rounds: int) -> list[str]:
+    """(a): step and fit times of the three paths, interleaved rounds: 30 steps of 128
+    examples x 512 features, 30 rounds of preprocessing."""
     steps_a, dim_a, rounds_a = 30, 512, 30
     data_a = os.path.join(work, "a")
     os.mkdir(data_a)
     write_records(data_a, steps_a * BATCH, dim_a)
-    runs: dict[str, list[dict]] = {"stream": [], "feed": []}
-    for i in range(args.rounds):
-        for mode in (("stream", "feed") if i % 2 == 0 else ("feed", "stream")):
+    runs: dict[str, list[dict]] = {"stream": [], "sharded": [], "feed": []}
+    order = ("stream", "sharded", "feed")
+    for i in range(rounds):
+        for mode in (order if i % 2 == 0 else order[::-1]):
             runs[mode].append(measure(mode, data_a, steps_a * BATCH, dim_a, steps_a, rounds_a))
     gap = max(np.max(np.abs(np.subtract(s["losses"], f["losses"])))
               for s, f in zip(runs["stream"], runs["feed"]))
     step = {m: statistics.median(r["step_s"] for r in runs[m]) for m in runs}
     wall = {m: statistics.median(r["wall_s"] for r in runs[m]) for m in runs}
-    lines += [f"(a) input-bound: {steps_a} steps of {BATCH} x {dim_a} float32, {rounds_a} rounds "
-              f"of tanh(x @ W) per batch in the map; median of {args.rounds} fits each", "",
+    return [f"(a) input-bound: {steps_a} steps of {BATCH} x {dim_a} float32, {rounds_a} rounds "
+              f"of tanh(x @ W) per batch in the map; median of {rounds} fits each", "",
               "| path | step ms | fit wall s |", "|---|---:|---:|",
               f"| streaming (each worker reads and preprocesses every batch) | "
               f"{step['stream'] * 1e3:.1f} | {wall['stream']:.1f} |",
+              f"| sharded (each worker reads and preprocesses its half of the files) | "
+              f"{step['sharded'] * 1e3:.1f} | {wall['sharded']:.1f} |",
               f"| feed (driver reads and preprocesses once, then feeds) | "
               f"{step['feed'] * 1e3:.1f} | {wall['feed']:.1f} |", "",
               f"stream / feed: step {step['stream'] / step['feed']:.2f}x, fit wall "
-              f"{wall['stream'] / wall['feed']:.2f}x; largest step-loss difference between "
-              f"the paths {gap:.2e}", ""]
+              f"{wall['stream'] / wall['feed']:.2f}x; sharded / feed: step "
+              f"{step['sharded'] / step['feed']:.2f}x, fit wall "
+              f"{wall['sharded'] / wall['feed']:.2f}x; sharded / stream: step "
+              f"{step['sharded'] / step['stream']:.2f}x. Largest step-loss difference between "
+              f"streaming and feed {gap:.2e}", ""]
 
-    # (b) the driver's peak RSS as the data grow
+
+def driver_memory(work: str, base: int, growth: int) -> list[str]:
+    """(b): the driver's peak RSS as the data grow."""
     dim_b, steps_b = 1024, 20
-    lines += [f"(b) the driver's peak RSS (MiB), {steps_b} steps of {BATCH} x {dim_b} float32 "
+    lines = [f"(b) the driver's peak RSS (MiB), {steps_b} steps of {BATCH} x {dim_b} float32 "
               "(4 KiB examples), no preprocessing", "",
               "| examples (file bytes) | streaming, length declared | streaming, counted | "
               "feed |", "|---|---:|---:|---:|"]
-    for factor in (1, args.growth):
-        examples = args.examples * factor
+    for factor in (1, growth):
+        examples = base * factor
         data_b = os.path.join(work, f"b{factor}")
         os.mkdir(data_b)
         write_records(data_b, examples, dim_b)
@@ -193,12 +228,7 @@ def main() -> int:
                      " | ".join(f"{p:.0f}" for p in peaks) + " |")
         for p in os.listdir(data_b):
             os.remove(os.path.join(data_b, p))
-    table = "\n".join(lines)
-    print(table)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write(table + "\n")
-    return 0
+    return lines
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ replicas read. Only the chief writes outputs, into the driver's directory
       data/dataset.pb, data/dataset.json   instead of arrays: a dataset the
                                        workers read themselves (its graph, and
                                        how to read it)
+      data/dataset_shard_<t>.pb       instead of dataset.pb: worker task t's
+                                       own shard of every batch (ShardedDataset)
       logs/<job>_<task>.log
       ready/<job>_<task>         written when a (local) task's server is up
       control/stop               driver -> chief: stop at the next step boundary
@@ -138,19 +140,25 @@ class DatasetFiles:
     """A dataset the workers read themselves, instead of arrays (opaque to the launcher).
 
     Attributes:
-        graph: Its serialized graph.
+        graph: Its serialized graph, which every worker reads (empty when
+            sharded).
         description: How to read it (JSON).
+        shard_graphs: Instead of `graph`, each worker task's own dataset
+            (its rows of every global batch), by task index; empty for a
+            task that reads none.
     """
 
     graph: bytes
     description: bytes
+    shard_graphs: tuple[bytes, ...] = ()
 
 
 # Files an archive may hold (anything else in one is refused).
 _ARCHIVE_FILES = ("graph_item.pb", "strategy.pb", "resource_spec.pb", "run.json",
                   "cluster.json", "init.npz")
 _ARCHIVE_DATA = re.compile(
-    r"data/(x_[0-9]{1,6}\.npy|y\.npy|rows\.npy|shard\.json|dataset\.pb|dataset\.json)")
+    r"data/(x_[0-9]{1,6}\.npy|y\.npy|rows\.npy|shard\.json|dataset\.pb|dataset\.json|"
+    r"dataset_shard_[0-9]{1,6}\.pb)")
 _MAX_ARCHIVE_MEMBERS = 10_000
 _SUBDIRS = ("logs", "ready", "results", "data", "control")
 
@@ -220,6 +228,7 @@ class JobDir:
         for sub in ("results", "control"):
             stale += (self.path / sub).iterdir()
         stale += (self.path / "data").glob("x_*.npy")
+        stale += (self.path / "data").glob("dataset_shard_*.pb")
         for path in stale:
             path.unlink(missing_ok=True)
         write_private(self.file("graph_item.pb"), graph_item.serialize())
@@ -229,7 +238,12 @@ class JobDir:
         with private_writer(self.file("init.npz")) as f:
             np.savez(f, **init_values)
         if dataset is not None:
-            write_private(self.path / "data" / "dataset.pb", dataset.graph)
+            if dataset.shard_graphs:
+                for task, graph in enumerate(dataset.shard_graphs):
+                    if graph:
+                        write_private(self._shard_graph(task), graph)
+            else:
+                write_private(self.path / "data" / "dataset.pb", dataset.graph)
             write_private(self.path / "data" / "dataset.json", dataset.description)
             return
         for i, x in enumerate(inputs):
@@ -279,11 +293,20 @@ class JobDir:
 
     def dataset(self) -> DatasetFiles | None:
         """The dataset the workers read, or None when the data are arrays."""
-        graph = self.path / "data" / "dataset.pb"
-        if not graph.exists():
+        description = self.path / "data" / "dataset.json"
+        if not description.exists():
             return None
-        return DatasetFiles(graph.read_bytes(),
-                            (self.path / "data" / "dataset.json").read_bytes())
+        graph = self.path / "data" / "dataset.pb"
+        if graph.exists():
+            return DatasetFiles(graph.read_bytes(), description.read_bytes())
+        shards = {int(p.stem[len("dataset_shard_"):]): p.read_bytes()
+                  for p in (self.path / "data").glob("dataset_shard_*.pb")}
+        count = max(shards, default=-1) + 1
+        return DatasetFiles(b"", description.read_bytes(),
+                            tuple(shards.get(t, b"") for t in range(count)))
+
+    def _shard_graph(self, task: int) -> pathlib.Path:
+        return self.path / "data" / f"dataset_shard_{task}.pb"
 
     def shard(self) -> tuple[int, np.ndarray | None]:
         """(examples in the full data set, sorted example indices the arrays hold).
@@ -314,7 +337,11 @@ class JobDir:
             if with_data and self.dataset() is not None:
                 if rows is not None:
                     raise JobArchiveError("a job with a dataset ships the dataset, not rows")
-                for name in ("data/dataset.pb", "data/dataset.json"):
+                names = ["data/dataset.json"] + [
+                    str(p.relative_to(self.path)) for p in
+                    [self.path / "data" / "dataset.pb", *sorted(
+                        (self.path / "data").glob("dataset_shard_*.pb"))] if p.exists()]
+                for name in names:
                     tar.add(self.file(name), arcname=name)
             elif with_data:
                 inputs, targets = self.data()

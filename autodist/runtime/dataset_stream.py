@@ -10,6 +10,9 @@ it, at most `depth` batches ahead of the training loop (a bounded queue),
 so reading and preprocessing overlap the steps and memory stays bounded.
 
 Every worker reads every element; each trains on its virtual nodes' rows.
+With a sharded dataset (`sharded_input`) each worker reads its own shard
+instead, whose elements hold only its virtual nodes' rows of each global
+batch (`GlobalBatch.held_rows`).
 """
 from __future__ import annotations
 
@@ -48,12 +51,24 @@ class DatasetStream:
         num_virtual_nodes: The parts each global batch is split into.
         fixed_batch: The strategy's fixed global batch, or None.
         depth: Batches read ahead of the training loop.
+        held_rows: A sharded dataset: the rows of each global batch
+            (`config.global_batch_size` examples) this worker's shard holds,
+            sorted; None when the worker reads whole global batches.
+        task: The worker task (whose shard it reads).
     """
 
     def __init__(self, files: DatasetFiles, config: RunConfig, graph_item: GraphItem,
-                 num_virtual_nodes: int, fixed_batch: int | None, depth: int = 2) -> None:
+                 num_virtual_nodes: int, fixed_batch: int | None, depth: int = 2,
+                 held_rows: np.ndarray | None = None, task: int = 0) -> None:
         self.description = DatasetDescription.from_json(files.description)
-        self._graph = files.graph
+        self._held_rows = held_rows
+        self._task = task
+        if held_rows is not None:
+            if task >= len(files.shard_graphs) or not files.shard_graphs[task]:
+                raise DatasetError(f"the job holds no dataset shard for worker task {task}")
+            self._graph = files.shard_graphs[task]
+        else:
+            self._graph = files.graph
         self.config = config
         d = self.description
         requested = config.steps_per_epoch
@@ -169,9 +184,16 @@ class DatasetStream:
 
     def _global_batch(self, index: int, arrays: Sequence[np.ndarray],
                       last_of_pass: bool) -> GlobalBatch:
-        """An element as a checked global batch."""
+        """An element as a checked global batch (a shard's: this worker's rows of it)."""
         d = self.description
         size = len(arrays[0])
+        held = self._held_rows
+        if held is not None and size != len(held):
+            raise DatasetError(
+                f"step {index}: worker task {self._task}'s shard gave a batch of {size} "
+                f"examples; its share of the global batch of {self.config.global_batch_size} "
+                f"is {len(held)} (InputShard.batch_size): batch each shard by its batch_size "
+                "with drop_remainder=True")
         for array, info in zip(arrays, self._infos):
             expected = list(info.shape)[1:]
             if len(array) != size or len(array.shape) - 1 != len(expected) or any(
@@ -179,12 +201,12 @@ class DatasetStream:
                 raise DatasetError(
                     f"step {index}: the dataset's batch gives {info.name!r} shape "
                     f"{list(array.shape)}; the model needs {size} examples of shape {expected}")
-        if size < self._num_virtual_nodes:
+        if held is None and size < self._num_virtual_nodes:
             raise DatasetError(
                 f"step {index}: the dataset's batch has {size} examples, fewer than the "
                 f"{self._num_virtual_nodes} virtual nodes or replicas that split it: drop the "
                 "short batch (batch(n, drop_remainder=True)) or batch more examples")
-        if self._fixed_batch is not None and (
+        if held is None and self._fixed_batch is not None and (
                 size > self._fixed_batch or size < self._fixed_batch and not last_of_pass):
             raise DatasetError(
                 f"step {index}: the dataset's batch has {size} examples; the strategy fixes "
@@ -197,4 +219,6 @@ class DatasetStream:
             raise DatasetError(f"step {index}: the dataset's batch has {len(weights)} sample "
                                f"weights for {size} examples")
         targets = targets_.pack(ys, self._target_infos, lambda array, _: array, weights)
+        if held is not None:
+            return GlobalBatch(inputs, targets, np.arange(self.config.global_batch_size), held)
         return GlobalBatch(inputs, targets, np.arange(size))

@@ -24,7 +24,7 @@ from autodist.launch.local import LocalCluster, check_local
 from autodist.launch.remote import RemoteCluster
 from autodist.launch.signing import load_secret
 from autodist.launch.tf_config import check_this_is_the_chief
-from autodist.runtime import batching, checkpoint, datasets, follow, recovery
+from autodist.runtime import batching, checkpoint, datasets, follow, recovery, sharded_input
 from autodist.runtime import targets as targets_
 from autodist.runtime.elastic import check_elastic, check_switch, members_for, segments
 from autodist.runtime.entry import TASK_MODULE
@@ -33,6 +33,7 @@ from autodist.runtime.metric_logs import MetricLogs
 from autodist.runtime.options import FitOptions
 from autodist.runtime.progress import Progress, learning_rate_of
 from autodist.runtime.records import WorkerResult
+from autodist.runtime.sharded_input import ShardedDataset
 
 LAUNCH_MODES = ("local", "remote")
 
@@ -171,9 +172,12 @@ class DistributedRun:
         `step_timeout_s`); then the interrupt goes on.
 
         Args:
-            x: Input array, a list of arrays for a multi-input model, or a
-                finite `tf.data.Dataset` of `(x, y)` batches (each one global
-                batch, as in Keras; see `autodist.runtime.datasets`).
+            x: Input array, a list of arrays for a multi-input model, a
+                `tf.data.Dataset` of `(x, y)` batches (each one global
+                batch, as in Keras; see `autodist.runtime.datasets`), or a
+                `ShardedDataset` (each worker task builds and reads its own
+                share of every global batch; see
+                `autodist.runtime.sharded_input`).
             y: Target array (None with a dataset).
             batch_size: The global batch (split over all replicas); default
                 the strategy's fixed global batch when it has virtual nodes
@@ -286,8 +290,13 @@ class DistributedRun:
             x, y, sample_weight, options.validation_data = _split_validation(
                 x, y, sample_weight, options.validation_split)
         job_epochs = options.job_epochs
-        streamed = None
-        if datasets.is_dataset(x):
+        streamed = shards = None
+        if isinstance(x, ShardedDataset):
+            shards = self._shards(x, y, options, sample_weight, class_weight, job_epochs)
+            inputs, targets, n = [], None, None
+            batch_size = shards.global_batch_size
+            lengths = shards.epoch_steps
+        elif datasets.is_dataset(x):
             streamed = self._stream(x, y, options.batch_size, sample_weight, class_weight,
                                     steps_per_epoch, job_epochs)
             inputs, targets, n = [], None, None
@@ -317,7 +326,8 @@ class DistributedRun:
                                      resize_at, switch_plans)[0].members
         config = RunConfig(global_batch_size=batch_size, epochs=job_epochs,
                            steps_per_epoch=steps_per_epoch,
-                           shuffle=shuffle and streamed is None, seed=seed,
+                           shuffle=shuffle and streamed is None and shards is None,
+                           seed=seed,
                            step_timeout_s=self.step_timeout_s,
                            startup_timeout_s=self.startup_timeout_s,
                            checkpoint_dir=options.checkpoint_dir,
@@ -339,6 +349,8 @@ class DistributedRun:
             init_values.update(checkpoint.load(initial_checkpoint))
         dataset_files = None if streamed is None else \
             DatasetFiles(streamed.graph, streamed.description.to_json())
+        if shards is not None:
+            dataset_files = DatasetFiles(b"", shards.description.to_json(), shards.graphs)
         path, job = self._new_job(config, init_values, inputs, targets, dataset_files)
         control = None
         driver = None
@@ -353,7 +365,7 @@ class DistributedRun:
             callbacks=options.callbacks, history=history, policies=driver,
             followed=options.followed, epoch_weights=config.epoch_weights,
             load_weights=self._load_weights,
-            validate=self._validator(options, batch_size if streamed is None else None,
+            validate=self._validator(options, None if streamed or shards else batch_size,
                                      lambda: progress.callbacks)
             if options.validates else None,
             metric_logs=metric_logs, initial_epoch=options.initial_epoch,
@@ -361,7 +373,7 @@ class DistributedRun:
         self._following = (job, config) if options.followed else None
         self._requested_members = self._requested_strategy = None
         self._requested_batch, self._num_examples = batch_size, n
-        self._streaming = streamed is not None
+        self._streaming = streamed is not None or shards is not None
         finished = False
         try:
             progress.begin()
@@ -524,7 +536,18 @@ class DistributedRun:
         if not isinstance(steps, int) or steps < 1:
             raise AutodistError(f"steps must be an integer >= 1. Received: {steps!r}")
         dataset_files = None
-        if datasets.is_dataset(x):
+        if isinstance(x, ShardedDataset):
+            if y is not None or batch_size is not None:
+                raise AutodistError("with a ShardedDataset, pass neither y nor batch_size: "
+                                    "its shards yield (x, y) batches of the global batch it "
+                                    "names")
+            shards = sharded_input.prepare(x, self.graph_item, self.strategy,
+                                           self.resource_spec.num_worker_tasks,
+                                           steps_per_epoch=steps + 1, epochs=1)
+            inputs, targets = [], None
+            batch_size = shards.global_batch_size
+            dataset_files = DatasetFiles(b"", shards.description.to_json(), shards.graphs)
+        elif datasets.is_dataset(x):
             streamed = self._stream(x, y, batch_size, None, None, steps + 1, 1)
             if streamed.epoch_steps[0] < steps + 1:
                 raise AutodistError(f"measuring {steps} steps reads {steps + 1} batches (one "
@@ -591,6 +614,31 @@ class DistributedRun:
         if batch_size < 1:
             raise AutodistError(f"batch_size must be >= 1. Received: {batch_size}")
         return inputs, targets, batch_size
+
+    def _shards(self, sharded: ShardedDataset, y: Any, options: FitOptions,
+                sample_weight: Any, class_weight: Any,
+                epochs: int) -> sharded_input.PreparedShards:
+        """Each worker task's shard, made ready (see `sharded_input.prepare`); refuses
+        what a run whose workers each read a fixed share cannot do."""
+        if y is not None or options.batch_size is not None or sample_weight is not None:
+            raise AutodistError("with a ShardedDataset, pass neither y, sample_weight nor "
+                                "batch_size: its shards yield (x, y[, sample_weight]) "
+                                "batches of the global batch it names")
+        fixed = [name for name, value in (
+            ("policies (which may resize or re-plan)", options.policies),
+            ("elastic=True", options.elastic), ("resize_at", options.resize_at),
+            ("switch_at", options.switch_at),
+            ("on_failure='continue'", options.on_failure == "continue")) if value]
+        if fixed:
+            raise AutodistError(
+                f"{fixed[0]} cannot work with a ShardedDataset: each worker task reads a fixed "
+                "share of every global batch, so the workers and the strategy cannot change "
+                "during the run; pass a tf.data.Dataset (every worker reads every batch) or "
+                "arrays")
+        return sharded_input.prepare(sharded, self.graph_item, self.strategy,
+                                     self.resource_spec.num_worker_tasks,
+                                     steps_per_epoch=options.steps_per_epoch, epochs=epochs,
+                                     class_weight=class_weight)
 
     def _stream(self, dataset, y: Any, batch_size: int | None, sample_weight: Any,
                 class_weight: Any, steps_per_epoch: int | None,

@@ -38,6 +38,7 @@ from autodist.runtime import elastic as elastic_
 from autodist.runtime import follow
 from autodist.runtime import recovery
 from autodist.runtime import residuals
+from autodist.runtime import sharded_input
 from autodist.runtime import targets as targets_
 from autodist.runtime.dataset_stream import DatasetStream
 from autodist.runtime.follow import ChiefFollower, WorkerFollower
@@ -177,7 +178,7 @@ class Trainer:
         # Each step's global batch, and the epochs (a strategy switched to may
         # bring another global batch).
         self.data = open_step_data(job, self.config, self.graph_item, self.strategy,
-                                   self._batch_at)
+                                   self._batch_at, self.task_index)
         self.schedule = self.data.schedule
         lengths = self.data.lengths
         self.steps_per_epoch = lengths[0]
@@ -797,14 +798,18 @@ class Trainer:
 
 
 def open_step_data(job: JobDir, config: RunConfig, graph_item: GraphItem, strategy: Strategy,
-                   batch_at) -> StepData:
-    """The job's data: its dataset, streamed, or its arrays (batched by `batch_at`, the
-    global batch of the strategy running a step)."""
+                   batch_at, task: int) -> StepData:
+    """The job's data: its dataset (or worker task `task`'s shard of it), streamed, or
+    its arrays (batched by `batch_at`, the global batch of the strategy running a step)."""
     files = job.dataset()
     if files is None:
         return ArrayData(job, config, batch_at)
+    held = None
+    if files.shard_graphs:
+        held = sharded_input.task_rows(strategy, config.global_batch_size,
+                                       job.resource_spec().num_worker_tasks)[task]
     return DatasetStream(files, config, graph_item, strategy.num_virtual_nodes,
-                         strategy.global_batch_size)
+                         strategy.global_batch_size, held_rows=held, task=task)
 
 
 def run_worker(job: JobDir, task_index: int, target: str) -> None:
