@@ -436,6 +436,8 @@ class Trainer:
             watch = self._monitor is not None and index % config.monitor_every == 0
             if watch:
                 fetches = dict(fetches, monitor=self._monitor)
+            if watch:
+                feed[self._monitor["times"]["start"]] = time.time()
             start = time.perf_counter()
             result = self.session.run(fetches, feed_dict=feed, options=self.run_options)
             loss = float(result["loss"])

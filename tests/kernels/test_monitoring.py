@@ -114,3 +114,40 @@ def test_fit_equals_the_two_point_estimate():
     fit = monitoring.noise_scale_fit([2, 2, 8], [1 + 8 / 2, 1 + 8 / 2, 1 + 8 / 8])
     assert (fit.gradient_sq, fit.trace_sigma) == pytest.approx((two.gradient_sq, two.trace_sigma))
     assert monitoring.noise_scale_fit([4, 4], [1.0, 2.0]) is None
+
+
+def test_step_timestamps_put_the_gradients_after_the_start_of_every_step(mlp_item):
+    """The start is fed by the host before the run: a timestamp op with no inputs ran
+    after the gradients in some steps (then the step had no compute time)."""
+    import time  # pylint: disable=import-outside-toplevel
+
+    spec = autodist.ResourceSpec.local(workers=1)
+    strategy = builders.AllReduce().build(mlp_item, spec)
+    program = Program(mlp_item, spec, ("worker", 0))
+    partitioner.apply(program, strategy)
+    replicator.apply(program, strategy)
+    (replica,) = program.replicas
+    with program.graph.as_default():
+        update = tf.group(*[tf.convert_to_tensor(g) for g in replica.gradients.values()])
+        times = monitoring.step_timestamps(program.replicas, update)
+    graph_def = program.graph.as_graph_def()
+    for node in graph_def.node:  # run here, without the cluster's devices
+        node.device = ""
+    local = tf.Graph()
+    with local.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+        init = [op.name for op in local.get_operations() if op.type == "AssignVariableOp"]
+    rng = np.random.default_rng(0)
+    feed = {replica.inputs["y"].name: rng.integers(0, 10, 4).astype(np.int32)}
+    x = next(i for i in mlp_item.inputs if i.role != "y")
+    feed[replica.inputs[x.name].name] = rng.normal(size=(4, x.shape[1])).astype(np.float32)
+    names = {k: t.name for k, t in times.items()}
+    with tf.compat.v1.Session(graph=local) as session:
+        session.run(init)
+        marks = []
+        for _ in range(300):
+            feed[names["start"]] = time.time()
+            marks.append(session.run(names, feed))
+    bad = [(m["gradients"] - m["start"], m["end"] - m["gradients"]) for m in marks
+           if not m["start"] < m["gradients"] <= m["end"]]
+    assert not bad, bad[:5]
