@@ -109,8 +109,7 @@ class PreparedShards:
     """A sharded dataset made ready for the workers.
 
     Attributes:
-        graphs: Each worker task's dataset graph (empty for a task that
-            trains on no rows), by task index.
+        graphs: Each worker task's dataset graph, by task index.
         description: How the workers read them (the batch dimension
             unknown: shards may differ by an example).
         epochs: What each epoch of the job reads (the same on every shard).
@@ -169,7 +168,13 @@ def prepare(sharded: ShardedDataset, graph_item: GraphItem, strategy: Strategy,
                            f"{strategy.num_virtual_nodes} virtual nodes or replicas that split "
                            "it")
     rows = task_rows(strategy, batch, num_worker_tasks)
-    tasks = [t for t, r in enumerate(rows) if len(r)]
+    idle = [t for t, r in enumerate(rows) if not len(r)]
+    if idle:
+        raise DatasetError(
+            f"worker task {idle[0]} trains on no rows of the global batch (the strategy gives "
+            "it no replica or virtual node), so it has no shard to read: use a strategy "
+            "whose replicas cover every worker task, or pass a tf.data.Dataset")
+    tasks = list(range(num_worker_tasks))
     graphs = [b""] * num_worker_tasks
     prepared = {}
     for index, task in enumerate(tasks):

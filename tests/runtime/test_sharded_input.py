@@ -268,3 +268,12 @@ def test_sharded_tfrecord_files_repeated_with_steps_per_epoch_equal_keras_on_ps(
     assert sorted(speeds) == sorted(strategy.replicas) and min(speeds.values()) > 0
     for got, want in zip(model.get_weights(), before):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_worker_task_without_rows_is_refused(mlp_8):
+    _, graph_item, _, _ = mlp_8
+    one = autodist.builders.AllReduce().build(graph_item, autodist.ResourceSpec.local(workers=1))
+    x, y = _data(48)
+    with pytest.raises(DatasetError, match="worker task 1 trains on no rows"):
+        sharded_input.prepare(ShardedDataset(_by_shard(x, y), global_batch_size=12), graph_item,
+                              one, 2, steps_per_epoch=None, epochs=1)
