@@ -428,3 +428,30 @@ def test_a_short_batch_found_while_reading_fails_at_its_step():
     with pytest.raises(autodist.AutodistError, match="step 2: the dataset's batch has 3 "
                                                      "examples, fewer than the 4 virtual nodes"):
         run.fit(ds, epochs=1, steps_per_epoch=4, verbose=0)
+
+
+@pytest.mark.cluster
+def test_a_dataset_read_across_a_resize_trains_as_keras_fit_and_measures_throughput():
+    """A reshuffling dataset on 3 workers with 6 virtual nodes: 3 -> 2 workers at step 2,
+    back to 3 at step 5 (a resize hands the workers' read position over with the state:
+    each member reads every batch); 2 epochs equal Keras fit. measure_throughput reads the
+    same dataset and trains nothing."""
+    model = models.mlp(input_dim=8, hidden=(16,), classes=3)
+    x, y = _data(48)
+
+    def dataset():
+        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(48, seed=6).batch(12)
+
+    reference = models.single_device_twin(model)
+    spec = autodist.ResourceSpec.local(workers=3)
+    strategy = autodist.builders.AllReduce().build(autodist.capture(model), spec)
+    run = autodist.distribute(model, strategy.with_virtual_nodes(12, 6), spec)
+    before = model.get_weights()
+    speeds = run.measure_throughput(dataset(), steps=1)
+    assert sorted(speeds) == sorted(strategy.replicas) and min(speeds.values()) > 0
+    _assert_weights_equal(model.get_weights(), before)
+    history = run.fit(dataset(), epochs=2, verbose=0, resize_at={2: 2, 5: 3})
+    expected = reference.fit(dataset(), epochs=2, verbose=0)
+    assert [(r["step"], r["workers"]) for r in history.resizes] == [(2, 2), (5, 3)]
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], atol=TOLERANCE)
+    _assert_weights_equal(model.get_weights(), reference.get_weights())
