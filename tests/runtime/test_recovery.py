@@ -82,6 +82,36 @@ def test_killed_worker_loses_no_update(builder, ps, tmp_path):
         assert got == pytest.approx(want, rel=5e-2 if epoch in estimated_epochs else 1e-4)
 
 
+@pytest.mark.cluster
+def test_a_recovered_run_reads_a_dataset_on_where_it_stopped(tmp_path):
+    """fit(dataset) (reshuffled each epoch) with worker 2 of 3 killed after 4 steps: the
+    recovery job's workers read the dataset anew up to the step it resumes at, so the run
+    trains on Keras' batches and its weights equal Keras fit's."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    x, y = small_mlp.data(EXAMPLES)
+
+    def dataset():
+        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(EXAMPLES, seed=8).batch(BATCH)
+
+    reference = models.single_device_twin(small_mlp.mlp())
+    reference.fit(dataset(), epochs=EPOCHS, verbose=0)
+    model = small_mlp.mlp()
+    spec = autodist.ResourceSpec.local(workers=3)
+    strategy = builders.AllReduce().build(autodist.capture(model), spec).with_virtual_nodes(
+        BATCH, 4)
+    job_dir = str(tmp_path / "job")
+    run = autodist.distribute(model, strategy, spec, job_dir=job_dir, step_timeout_s=10,
+                              task_step_delay_s={0: 0.2, 1: 0.2, 2: 0.2})
+    killer = _kill_after(job_dir, task=2, steps=4)
+    history = run.fit(dataset(), epochs=EPOCHS, verbose=0, on_failure="continue")
+    killer.join(timeout=5)
+    assert len(history.recoveries) == 1 and history.recoveries[0]["failed_task"] == 2
+    assert len(history.step_losses) == EPOCHS * EXAMPLES // BATCH
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+
+
 # ------------------------------------------------------------------ pieces
 def test_dead_worker_names_a_non_chief_worker():
     assert recovery.dead_worker("worker:2") == 2
