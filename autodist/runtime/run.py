@@ -284,7 +284,7 @@ class DistributedRun:
                                         self.launch)
         self._check_learning_rate()
         if options.validation_split:
-            if datasets.is_dataset(x):
+            if datasets.is_dataset(x) or isinstance(x, ShardedDataset):
                 raise AutodistError("validation_split needs arrays; with a dataset, pass "
                                     "validation_data")
             x, y, sample_weight, options.validation_data = _split_validation(
@@ -544,6 +544,9 @@ class DistributedRun:
             shards = sharded_input.prepare(x, self.graph_item, self.strategy,
                                            self.resource_spec.num_worker_tasks,
                                            steps_per_epoch=steps + 1, epochs=1)
+            if shards.epoch_steps[0] < steps + 1:
+                raise AutodistError(f"measuring {steps} steps reads {steps + 1} batches (one "
+                                    f"to warm up); the shards have {shards.epoch_steps[0]}")
             inputs, targets = [], None
             batch_size = shards.global_batch_size
             dataset_files = DatasetFiles(b"", shards.description.to_json(), shards.graphs)

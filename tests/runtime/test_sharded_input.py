@@ -145,6 +145,7 @@ def test_the_global_batch_must_be_known_and_agree(mlp_8):
     ({"on_failure": "continue"}, "on_failure='continue' cannot work"),
     ({"policies": [autodist.policies.ScheduledResize({2: 1})]}, "policies .* cannot work"),
     ({"batch_size": 12}, "pass neither y, sample_weight nor batch_size"),
+    ({"validation_split": 0.2}, "validation_split needs arrays"),
 ])
 def test_fit_refuses_what_fixed_shares_cannot_do_before_launch(mlp_8, options, message):
     model, graph_item, spec, strategy = mlp_8
