@@ -175,18 +175,23 @@ class Mailboxes:
             remaining = max(1.0, min(_PING_TIMEOUT_S, deadline - time.monotonic()))
             self._run(task, self._box(task, DONE)["size"], remaining, "answer")
 
-    def close(self) -> None:
-        """Closes the client sessions (the boxes stay with their tasks).
+    def close(self, tasks: Sequence[Task] | None = None) -> None:
+        """Closes the client sessions to `tasks` (default: all; the boxes stay with their
+        tasks).
 
-        A task may be gone already (it ends once it has its last message):
-        closing its session then fails, which does not matter.
+        Close a task's session before the task can end (right after sending
+        it its last message): closing a session whose task is gone waits for
+        gRPC to give up (about 10 s). If it is gone already, closing fails,
+        which does not matter.
         """
-        for session in self._sessions.values():
+        for task in list(self._sessions) if tasks is None else tasks:
+            session = self._sessions.pop(task, None)
+            if session is None:
+                continue
             try:
                 session.close()
             except tf.errors.OpError:
                 pass
-        self._sessions.clear()
 
     # ------------------------------------------------------------ internals
     def _untag(self, raw: bytes) -> bytes | None:

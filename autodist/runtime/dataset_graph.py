@@ -105,6 +105,58 @@ def check_reproducible(graph: bytes) -> None:
                     "before building the dataset")
 
 
+# The inputs of tf.data ops that autotuning tunes when they are AUTOTUNE (-1). (Elsewhere
+# -1 may mean something else: a TFRecordDataset's buffer_size -1 is its default buffer.)
+_PARALLEL_CALLS = ("num_parallel_calls",)
+_TUNABLE_INPUTS = {
+    "ParallelMapDataset": _PARALLEL_CALLS, "ParallelMapDatasetV2": _PARALLEL_CALLS,
+    "ParallelBatchDataset": _PARALLEL_CALLS, "MapAndBatchDataset": _PARALLEL_CALLS,
+    "ParallelFilterDataset": _PARALLEL_CALLS, "PrefetchDataset": ("buffer_size",),
+    "ParallelInterleaveDatasetV2": ("cycle_length", "num_parallel_calls"),
+    "ParallelInterleaveDatasetV3": ("cycle_length", "num_parallel_calls"),
+    "ParallelInterleaveDatasetV4": ("cycle_length", "num_parallel_calls",
+                                    "buffer_output_elements", "prefetch_input_elements"),
+}
+
+
+def relies_on_autotune(graph: bytes) -> bool:
+    """Whether the dataset of `graph` uses tf.data's autotuning: a knob set to
+    `tf.data.AUTOTUNE` (a parallel map's calls, a prefetch's buffer, ...), or options
+    that set `autotune` themselves.
+
+    Without either, autotuning tunes nothing, and it is not free: an iterator's
+    destruction waits for the tuning thread's current sleep (observed up to 4 s
+    on this TensorFlow), which stalls a reader at every pass's end.
+    """
+    from tensorflow.core.framework import dataset_options_pb2  # pylint: disable=C0415
+    from tensorflow.core.framework import graph_pb2  # pylint: disable=C0415
+
+    graph_def = graph_pb2.GraphDef()
+    graph_def.ParseFromString(graph)
+    bodies = [list(graph_def.node)] + [list(f.node_def) for f in graph_def.library.function]
+    for nodes in bodies:
+        by_name = {node.name: node for node in nodes}
+        for node in nodes:
+            if node.op == "OptionsDataset":
+                options = dataset_options_pb2.Options()
+                options.ParseFromString(node.attr["serialized_options"].s)
+                if options.autotune_options.ListFields():   # any autotune option set
+                    return True
+            for index in _named_inputs(node, _TUNABLE_INPUTS.get(node.op, ())):
+                if _const_value(by_name, node.input[index].split(":")[0]) == -1:
+                    return True
+    return False
+
+
+def without_autotune(dataset):
+    """`dataset` with tf.data's autotuning off (see `relies_on_autotune`)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
+
+
 def restore(graph: bytes, element_spec: Any):
     """The dataset of `graph`, with seed generators of its own.
 
@@ -154,6 +206,12 @@ def _resource_handles(graph_def):
 
 def _seed_inputs(node) -> list[int]:
     """Indices of `node`'s inputs named seed and seed2 (none if it has no such inputs)."""
+    indices = _named_inputs(node, ("seed", "seed2"))
+    return indices if len(indices) == 2 else []
+
+
+def _named_inputs(node, names: tuple[str, ...]) -> list[int]:
+    """Indices in `node.input` of its single inputs called one of `names` (by its op)."""
     from tensorflow.python.framework import op_def_registry  # pylint: disable=C0415
 
     op_def = op_def_registry.get(node.op)
@@ -167,10 +225,10 @@ def _seed_inputs(node) -> list[int]:
             count = len(node.attr[arg.type_list_attr].list.type)
         else:
             count = 1
-        if arg.name in ("seed", "seed2") and count == 1:
+        if arg.name in names and count == 1 and position < len(node.input):
             indices.append(position)
         position += count
-    return indices if len(indices) == 2 and max(indices) < len(node.input) else []
+    return indices
 
 
 def _attr(node, name: str):

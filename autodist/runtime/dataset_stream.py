@@ -146,6 +146,8 @@ class DatasetStream:
             spec = tuple(tf.TensorSpec(shape, tf.as_dtype(dtype))
                          for dtype, shape in zip(d.dtypes, d.shapes))
             dataset = dataset_graph.restore(self._graph, spec)
+            if not dataset_graph.relies_on_autotune(self._graph):
+                dataset = dataset_graph.without_autotune(dataset)   # no stall at a pass's end
             for _ in range(d.passes_before):   # started by the run's earlier fits
                 iter(dataset)
             created, iterator = 0, None

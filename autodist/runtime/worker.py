@@ -854,8 +854,8 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
                   config.step_timeout_s + config.startup_timeout_s)
         mail.receive(("worker", task_index), mailbox.DONE,
                      config.step_timeout_s + config.startup_timeout_s)
+        mail.close()   # first: the chief may end at once
         trainer.close()
-        mail.close()
         return
     # First, so that a driver that stopped the job early gets them at once.
     write_weights(job.file("final_weights.npz"), trainer.final_weights())
@@ -871,6 +871,7 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
                 mail.send(task, mailbox.DONE, b"done", timeout_s=10.0)
             except mailbox.MailboxError as e:  # it may be gone already; it times out alone
                 logger.warning("could not tell %s:%d the job is done: %s", *task, e)
+            mail.close([task])   # before it ends (see Mailboxes.close)
     trainer.close()
     mail.close()
 

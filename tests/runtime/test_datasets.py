@@ -118,6 +118,44 @@ def test_after_fit_the_dataset_reshuffles_anew_as_after_keras_fit(mlp_8, known, 
     assert [b[1].numpy().tolist() for b in ours] == [b[1].numpy().tolist() for b in theirs]
 
 
+def _autotuned():
+    options = tf.data.Options()
+    options.autotune.cpu_budget = 1
+    return options
+
+
+@pytest.mark.parametrize("make,relies", [
+    (lambda ds: ds.map(lambda x, y: (x * 2, y)).batch(4), False),
+    (lambda ds: ds.map(lambda x, y: (x * 2, y), num_parallel_calls=2).prefetch(2), False),
+    (lambda ds: ds.map(lambda x, y: (x * 2, y), num_parallel_calls=tf.data.AUTOTUNE), True),
+    (lambda ds: ds.batch(4).prefetch(tf.data.AUTOTUNE), True),
+    (lambda ds: ds.interleave(lambda x, y: tf.data.Dataset.from_tensors((x, y)),
+                              num_parallel_calls=tf.data.AUTOTUNE), True),
+    (lambda ds: ds.batch(4).with_options(_autotuned()), True),
+])
+def test_autotuning_is_kept_only_where_a_dataset_relies_on_it(make, relies):
+    """The workers turn tf.data's autotuning off where it tunes nothing: destroying an
+    autotuned iterator waits for its tuning thread (seconds, at every pass's end)."""
+    from autodist.runtime import dataset_graph  # pylint: disable=import-outside-toplevel
+
+    ds = make(tf.data.Dataset.from_tensor_slices((np.ones((8, 2), "float32"), np.arange(8))))
+    assert dataset_graph.relies_on_autotune(dataset_graph.serialize(ds)) == relies
+    off = dataset_graph.without_autotune(ds)
+    assert off.options().autotune.enabled is False
+    assert [b[1].numpy().tolist() for b in off] == [b[1].numpy().tolist() for b in ds]
+
+
+def test_tfrecord_files_do_not_count_as_autotuned(tmp_path):
+    """A TFRecordDataset's buffer_size -1 is its default buffer, not AUTOTUNE."""
+    from autodist.runtime import dataset_graph  # pylint: disable=import-outside-toplevel
+
+    path = str(tmp_path / "r.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        writer.write(b"x")
+    ds = tf.data.Dataset.from_tensor_slices([path]).interleave(tf.data.TFRecordDataset)
+    assert not dataset_graph.relies_on_autotune(dataset_graph.serialize(ds))
+
+
 def test_an_unknown_length_running_out_at_an_epoch_end_is_refused(mlp_8):
     """Keras then runs an empty epoch (it learns of the end at the next epoch's step)."""
     dataset = _indexed(known=False)
