@@ -25,8 +25,10 @@ simulator's top k and random draws; the pick is the best measured.
 The better learned kind (mean pairwise accuracy over held-out models) is
 trained on every trial and written to `autodist/search/data/cost_model.txt`
 when it ranks held-out models at least about as well as the simulator
-(`--margin`) and its top-1 slowdown is no worse (what `optimize` trains is
-the strategy ranked first); otherwise nothing is shipped (and an old shipped file is
+(`--margin`), its top-1 slowdown is no worse (what `optimize` trains is
+the strategy ranked first), and on no cluster shape are its first choices
+slower than the simulator's by more than `--shape-margin` (a mean won on
+some shapes and lost on others does not help every user); otherwise nothing is shipped (and an old shipped file is
 removed), so `autodist.optimize` ranks with the simulator. The tables go to
 `benchmarks/results/cost_model.md`. The library parts live in the package:
 `autodist.bench.trials` (reading, rescoring, rows), `autodist.bench.shipping`
@@ -46,8 +48,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from autodist.bench.shipping import (LEARNED, PREDICTORS, RANDOM, choose, few_shot,
-                                     geometric_means, leave_one_model_out, mean_over_models)
+from autodist.bench.shipping import (LEARNED, PREDICTORS, RANDOM, choose,
+                                     first_choices_by_shape, few_shot, geometric_means,
+                                     leave_one_model_out, mean_over_models)
 from autodist.bench.trials import Rows, read_records, rescore
 from autodist.search.metrics import SIGNIFICANT
 
@@ -243,6 +246,9 @@ def main() -> int:
     parser.add_argument("--margin", type=float, default=0.01,
                         help="ship when the learned model's mean held-out pairwise accuracy "
                              "is at least the simulator's minus this")
+    parser.add_argument("--shape-margin", type=float, default=0.01,
+                        help="ship only if on no cluster shape the learned model's first "
+                             "choices are slower than the simulator's by more than this")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--few-shot-trials", type=int, default=8,
                         help="the largest k of the few-shot evaluation")
@@ -269,7 +275,10 @@ def main() -> int:
              "refitted after every trial from 2 (`update`, as `RefitCostModel(min_trials=2)`)":
              few_shot(rows, refit_min_trials=2, seed=args.seed,
                       max_trials=args.few_shot_trials)}
-    decision, why = choose(results, args.margin)
+    shape_of = {w: str(r.extra.get("shape", "?")) for w, r in zip(rows.workloads, rows.records)}
+    first = next(iter(shots.values()))   # the pretrained models' first choices (k = 0)
+    decision, why = choose(results, args.margin, first_choices_by_shape(first, shape_of),
+                           args.shape_margin)
     out = pathlib.Path(args.out)
     importance = None
     if decision == "simulator":

@@ -164,15 +164,38 @@ def mean_over_models(results: dict[str, dict[str, dict[str, float]]], predictor:
     return float(np.mean(values)) if values else float("nan")
 
 
-def choose(results: dict[str, dict[str, dict[str, float]]], margin: float) -> tuple[str, str]:
+def first_choices_by_shape(first: dict[str, dict[str, list[float]]],
+                           shape_of: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Per cluster shape, each predictor's geometric-mean first-choice slowdown.
+
+    Args:
+        first: `few_shot`'s result (predictor -> workload -> slowdown per k).
+        shape_of: Workload -> its cluster shape.
+    """
+    out: dict[str, dict[str, float]] = {}
+    for shape in sorted(set(shape_of.values())):
+        names = [w for w, s in shape_of.items() if s == shape]
+        out[shape] = {p: float(math.exp(np.mean([math.log(by_workload[w][0]) for w in names])))
+                      for p, by_workload in first.items()
+                      if all(w in by_workload for w in names)}
+    return out
+
+
+def choose(results: dict[str, dict[str, dict[str, float]]], margin: float,
+           by_shape: dict[str, dict[str, float]] | None = None,
+           shape_margin: float = 0.01) -> tuple[str, str]:
     """(the kind to ship or "simulator", why).
 
     A learned kind ships when its mean held-out pairwise accuracy is at
-    least the simulator's minus `margin` and its mean top-1 slowdown is no
-    worse than the simulator's: `optimize` without measurements trains the
-    strategy ranked first, so a better overall order that picks slower
-    strategies does not help users. Of the kinds that qualify, the one with
-    the better pairwise accuracy ships.
+    least the simulator's minus `margin`, its mean top-1 slowdown is no
+    worse than the simulator's, and (with `by_shape`: per cluster shape,
+    each predictor's first-choice slowdown) on no cluster shape are its
+    first choices slower than the simulator's by more than `shape_margin`:
+    `optimize` without measurements trains the strategy ranked first, on
+    whatever cluster the user has, so a better overall order that picks
+    slower strategies, or a mean won on some cluster shapes and lost on
+    others, does not help every user. Of the kinds that qualify, the one
+    with the better pairwise accuracy ships.
     """
     sim = mean_over_models(results, "simulator", "pairwise")
     sim_top1 = mean_over_models(results, "simulator", "top1")
@@ -180,16 +203,29 @@ def choose(results: dict[str, dict[str, dict[str, float]]], margin: float) -> tu
               for k in LEARNED if all(k in r for r in results.values())}
     rule = (f"ship when at least the simulator's pairwise accuracy minus {margin:g} and a "
             "top-1 slowdown no worse than its")
+    if by_shape:
+        rule += (f", and on no cluster shape first choices more than {shape_margin:.0%} "
+                 "slower than its")
+
+    def lost_shapes(kind: str) -> list[str]:
+        return [f"{shape} {v[kind]:.3f} vs {v['simulator']:.3f}"
+                for shape, v in (by_shape or {}).items()
+                if kind in v and "simulator" in v and
+                v[kind] > v["simulator"] * (1 + shape_margin)]
+
     qualified = [k for k, (pairwise, top1) in scores.items()
-                 if pairwise >= sim - margin and not top1 > sim_top1]
+                 if pairwise >= sim - margin and not top1 > sim_top1 and not lost_shapes(k)]
     if qualified:
         best = max(qualified, key=lambda k: scores[k][0])
         return best, (f"the {best} ranks held-out models with mean pairwise accuracy "
                       f"{scores[best][0]:.3f} and top-1 slowdown {scores[best][1]:.2f}, against "
                       f"the simulator's {sim:.3f} and {sim_top1:.2f} ({rule})")
     found = ", ".join(f"{k} {p:.3f} / {t:.2f}" for k, (p, t) in scores.items())
+    lost = "; ".join(f"{k} loses on {', '.join(lost_shapes(k))}" for k in scores
+                     if lost_shapes(k))
     return "simulator", (f"no learned model both orders held-out models about as well as "
                          f"the simulator and picks first strategies as fast (pairwise "
                          f"accuracy / top-1 slowdown: {found}; simulator "
-                         f"{sim:.3f} / {sim_top1:.2f}; {rule}): nothing shipped, the "
-                         "simulator ranks")
+                         f"{sim:.3f} / {sim_top1:.2f}"
+                         f"{'; first choices by cluster shape: ' + lost if lost else ''}; "
+                         f"{rule}): nothing shipped, the simulator ranks")

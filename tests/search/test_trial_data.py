@@ -173,6 +173,27 @@ def test_trainer_ships_only_what_ranks_about_as_well_as_the_simulator():
     assert kind == "simulator" and "residual 0.700 / 1.12; simulator 0.656 / 1.10" in why
 
 
+def test_trainer_ships_nothing_whose_first_choices_lose_on_a_cluster_shape():
+    """A mean won on one cluster shape and lost on another does not ship (the
+    1200-trial data set: the regressor won 6x3 and lost 2x2, and picked a 2x slower
+    strategy than all-reduce for NCF on 2 workers + 2 PS at 1 Gbit/s)."""
+    results = {"m": {"regressor": {"pairwise": 0.70, "top1": 1.11},
+                     "ranker": {"pairwise": 0.68, "top1": 1.14},
+                     "simulator": {"pairwise": 0.61, "top1": 1.14}}}
+    by_shape = {"2x2@1000": {"regressor": 1.125, "ranker": 1.152, "simulator": 1.104},
+                "6x3@1000": {"regressor": 1.117, "ranker": 1.117, "simulator": 1.235}}
+    assert shipping.choose(results, 0.01)[0] == "regressor"
+    kind, why = shipping.choose(results, 0.01, by_shape)
+    assert kind == "simulator"
+    assert "regressor loses on 2x2@1000 1.125 vs 1.104" in why
+    assert shipping.choose(results, 0.01, by_shape, shape_margin=0.05)[0] == "regressor"
+    first = {"regressor": {"a": [1.2, 1.0], "b": [1.0, 1.0], "c": [1.5, 1.1]},
+             "simulator": {"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [1.0, 1.0]}}
+    got = shipping.first_choices_by_shape(first, {"a": "2x1", "b": "2x1", "c": "4x2"})
+    assert got["2x1"]["regressor"] == pytest.approx(1.2 ** 0.5)
+    assert got["4x2"] == {"regressor": pytest.approx(1.5), "simulator": pytest.approx(1.0)}
+
+
 def synthetic_rows(num_models: int = 3, workloads_per_model: int = 2, pool: int = 12,
                    seed: int = 0) -> trials.Rows:
     """Rows of trials whose time is the simulator's times a factor the features explain."""
