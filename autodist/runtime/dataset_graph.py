@@ -66,13 +66,7 @@ def check_reproducible(graph: bytes) -> None:
             without a seed), or a nondeterministic order
             (`deterministic=False`, `Options.deterministic = False`).
     """
-    from tensorflow.core.framework import dataset_options_pb2  # pylint: disable=C0415
-    from tensorflow.core.framework import graph_pb2  # pylint: disable=C0415
-
-    graph_def = graph_pb2.GraphDef()
-    graph_def.ParseFromString(graph)
-    bodies = [list(graph_def.node)] + [list(f.node_def) for f in graph_def.library.function]
-    for nodes in bodies:
+    for nodes in _bodies(graph):
         by_name = {node.name: node for node in nodes}
         for node in nodes:
             if _attr(node, "deterministic").s == b"false" or _attr(node, "sloppy").b:
@@ -87,8 +81,7 @@ def check_reproducible(graph: bytes) -> None:
                     "every worker would write at the same path at once: use cache() in "
                     "memory, or write the cache once beforehand and read it")
             if node.op == "OptionsDataset":
-                options = dataset_options_pb2.Options()
-                options.ParseFromString(node.attr["serialized_options"].s)
+                options = _options(node)
                 if options.WhichOneof("optional_deterministic") and not options.deterministic:
                     raise DatasetGraphError(
                         "the dataset's options allow a nondeterministic order "
@@ -128,20 +121,11 @@ def relies_on_autotune(graph: bytes) -> bool:
     destruction waits for the tuning thread's current sleep (observed up to 4 s
     on this TensorFlow), which stalls a reader at every pass's end.
     """
-    from tensorflow.core.framework import dataset_options_pb2  # pylint: disable=C0415
-    from tensorflow.core.framework import graph_pb2  # pylint: disable=C0415
-
-    graph_def = graph_pb2.GraphDef()
-    graph_def.ParseFromString(graph)
-    bodies = [list(graph_def.node)] + [list(f.node_def) for f in graph_def.library.function]
-    for nodes in bodies:
+    for nodes in _bodies(graph):
         by_name = {node.name: node for node in nodes}
         for node in nodes:
-            if node.op == "OptionsDataset":
-                options = dataset_options_pb2.Options()
-                options.ParseFromString(node.attr["serialized_options"].s)
-                if options.autotune_options.ListFields():   # any autotune option set
-                    return True
+            if node.op == "OptionsDataset" and _options(node).autotune_options.ListFields():
+                return True   # options that set autotune (any of its fields)
             for index in _named_inputs(node, _TUNABLE_INPUTS.get(node.op, ())):
                 if _const_value(by_name, node.input[index].split(":")[0]) == -1:
                     return True
@@ -202,6 +186,24 @@ def _resource_handles(graph_def):
     for node in nodes:
         if node.op == "Const" and node.attr["dtype"].type == types_pb2.DT_RESOURCE:
             yield from node.attr["value"].tensor.resource_handle_val
+
+
+def _bodies(graph: bytes) -> list[list]:
+    """The node lists of a serialized GraphDef: its own, then each function's."""
+    from tensorflow.core.framework import graph_pb2  # pylint: disable=C0415
+
+    graph_def = graph_pb2.GraphDef()
+    graph_def.ParseFromString(graph)
+    return [list(graph_def.node)] + [list(f.node_def) for f in graph_def.library.function]
+
+
+def _options(node):
+    """The `tf.data.Options` an OptionsDataset node sets (as their protobuf)."""
+    from tensorflow.core.framework import dataset_options_pb2  # pylint: disable=C0415
+
+    options = dataset_options_pb2.Options()
+    options.ParseFromString(node.attr["serialized_options"].s)
+    return options
 
 
 def _seed_inputs(node) -> list[int]:

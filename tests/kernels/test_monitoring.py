@@ -11,6 +11,17 @@ from autodist.kernels.program import Program
 from autodist.search import builders
 
 
+def _without_devices(graph: tf.Graph) -> tf.Graph:
+    """A copy of `graph` that runs here, without the cluster's devices."""
+    graph_def = graph.as_graph_def()
+    for node in graph_def.node:
+        node.device = ""
+    local = tf.Graph()
+    with local.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return local
+
+
 def test_sq_norm_sums_repeated_sparse_rows():
     values = np.arange(12, dtype=np.float32).reshape(4, 3)
     indices = np.array([2, 0, 2, 5], np.int64)
@@ -43,12 +54,7 @@ def test_replica_statistics_equal_numpy(model, mlp_item, ncf_item):
                               read_value=False)
                    for name, var in program.storage.items() if "/slot/" not in name
                    and name.startswith(f"{replicator.SCOPE}/vars/")]
-    graph_def = program.graph.as_graph_def()
-    for node in graph_def.node:  # run here, without the cluster's devices
-        node.device = ""
-    local = tf.Graph()
-    with local.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
+    local = _without_devices(program.graph)
     n = 24
     if model == "mlp":
         inputs = [rng.normal(size=(n, graph_item.inputs[0].shape[1])).astype(np.float32)]
@@ -130,13 +136,8 @@ def test_step_timestamps_put_the_gradients_after_the_start_of_every_step(mlp_ite
     with program.graph.as_default():
         update = tf.group(*[tf.convert_to_tensor(g) for g in replica.gradients.values()])
         times = monitoring.step_timestamps(program.replicas, update)
-    graph_def = program.graph.as_graph_def()
-    for node in graph_def.node:  # run here, without the cluster's devices
-        node.device = ""
-    local = tf.Graph()
-    with local.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
-        init = [op.name for op in local.get_operations() if op.type == "AssignVariableOp"]
+    local = _without_devices(program.graph)
+    init = [op.name for op in local.get_operations() if op.type == "AssignVariableOp"]
     rng = np.random.default_rng(0)
     feed = {replica.inputs["y"].name: rng.integers(0, 10, 4).astype(np.int32)}
     x = next(i for i in mlp_item.inputs if i.role != "y")
