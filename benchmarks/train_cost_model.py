@@ -60,6 +60,11 @@ DEFAULT_OUT = "autodist/search/data/cost_model.txt"
 DEFAULT_REPORT = "benchmarks/results/cost_model.md"
 
 
+def workload_shapes(rows: Rows) -> dict[str, str]:
+    """Each workload's cluster shape ("<workers>x<ps>@<Mbit/s>")."""
+    return {w: str(r.extra.get("shape", "?")) for w, r in zip(rows.workloads, rows.records)}
+
+
 def report(results, rows: Rows, records: Sequence[Any], skipped: int, decision: str,
            why: str, importance: dict[str, float] | None, args, command: str,
            shots: dict[str, dict[str, dict[str, list[float]]]]) -> str:
@@ -175,17 +180,15 @@ def few_shot_section(shots: dict[str, dict[str, dict[str, list[float]]]],
         f"{kind} better in {_count(first, kind, -1)}, equal in {_count(first, kind, 0)}, "
         f"worse in {_count(first, kind, 1)}" for kind in LEARNED) + ".")
     lines.append("")
-    by_shape = {str(r.extra.get("shape", "?")): [] for r in rows.records}
-    for workload, record in zip(rows.workloads, rows.records):
-        if workload not in by_shape[str(record.extra.get("shape", "?"))]:
-            by_shape[str(record.extra.get("shape", "?"))].append(workload)
+    shape_of = workload_shapes(rows)
+    by_shape = first_choices_by_shape(first, shape_of)
     if len(by_shape) > 1:
+        counts = {shape: list(shape_of.values()).count(shape) for shape in by_shape}
         lines.append("First choices (k = 0) per cluster shape, geometric mean over its "
                      f"workloads ({' / '.join(PREDICTORS)}): " + "; ".join(
-                         f"{shape} ({len(names)} workloads) " + " / ".join(
-                             f"{np.exp(np.mean([np.log(first[p][w][0]) for w in names])):.3f}"
-                             for p in PREDICTORS)
-                         for shape, names in by_shape.items()) + ".")
+                         f"{shape} ({counts[shape]} workloads) " + " / ".join(
+                             f"{by_shape[shape][p]:.3f}" for p in PREDICTORS)
+                         for shape in by_shape) + ".")
         lines.append("")
     noise = []
     for (_b, _w, steps, repeats), shapes in measurement_setups(rows.records).items():
@@ -275,7 +278,7 @@ def main() -> int:
              "refitted after every trial from 2 (`update`, as `RefitCostModel(min_trials=2)`)":
              few_shot(rows, refit_min_trials=2, seed=args.seed,
                       max_trials=args.few_shot_trials)}
-    shape_of = {w: str(r.extra.get("shape", "?")) for w, r in zip(rows.workloads, rows.records)}
+    shape_of = workload_shapes(rows)
     first = next(iter(shots.values()))   # the pretrained models' first choices (k = 0)
     decision, why = choose(results, args.margin, first_choices_by_shape(first, shape_of),
                            args.shape_margin)

@@ -175,7 +175,7 @@ def first_choices_by_shape(first: dict[str, dict[str, list[float]]],
     out: dict[str, dict[str, float]] = {}
     for shape in sorted(set(shape_of.values())):
         names = [w for w, s in shape_of.items() if s == shape]
-        out[shape] = {p: float(math.exp(np.mean([math.log(by_workload[w][0]) for w in names])))
+        out[shape] = {p: geometric_means({w: by_workload[w] for w in names})[0]
                       for p, by_workload in first.items()
                       if all(w in by_workload for w in names)}
     return out

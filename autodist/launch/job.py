@@ -337,11 +337,9 @@ class JobDir:
             if with_data and self.dataset() is not None:
                 if rows is not None:
                     raise JobArchiveError("a job with a dataset ships the dataset, not rows")
-                names = ["data/dataset.json"] + [
-                    str(p.relative_to(self.path)) for p in
-                    [self.path / "data" / "dataset.pb", *sorted(
-                        (self.path / "data").glob("dataset_shard_*.pb"))] if p.exists()]
-                for name in names:
+                # dataset.pb, or each task's dataset_shard_<t>.pb
+                graphs = sorted((self.path / "data").glob("dataset*.pb"))
+                for name in ["data/dataset.json"] + [f"data/{p.name}" for p in graphs]:
                     tar.add(self.file(name), arcname=name)
             elif with_data:
                 inputs, targets = self.data()
