@@ -140,15 +140,16 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
         return loss, grads, _metric_contributions(model, metric_variables, inputs, targets,
                                                   predictions, sample_weight, loss)
 
-    weight_spec = tf.TensorSpec([None], tf.float32, name="sample_weight")
+    target_names = _keras_target_names(model, y_spec)
+    weight_spec = _sample_weight_spec(model, x_spec, y_spec)
     concrete = tf.function(step, autograph=False).get_concrete_function(x_spec, y_spec,
                                                                          weight_spec)
     names = unique_names([v.path for v in trainable])
     state = [v for v in model.variables if not v.trainable]
     input_names = _keras_input_names(model, x_spec)
     input_infos = [(n, "x") for n in input_names] + \
-        [(n, "y") for n in _keras_target_names(model, y_spec)] + \
-        [("sample_weight", "sample_weight")]
+        [(n, "y") for n in target_names] + \
+        [(_weight_name(n), "sample_weight") for n in target_names]
     return _from_concrete_function(
         concrete, trainable, names, state, unique_names([v.path for v in state]),
         input_infos, _optimizer_info(model.optimizer, trainable, names),
@@ -235,7 +236,8 @@ def _metric_contributions(model, metric_variables, inputs, targets, predictions,
     with keras.StatelessScope(state_mapping=list(zip(metric_variables, zeros))) as scope:
         compile_loss = model._compile_loss
         if compile_loss is not None and compile_loss.metrics:
-            compile_loss(targets, predictions, sample_weight)  # its per-output trackers
+            # Its per-output trackers.
+            compile_loss(targets, predictions, _loss_weights_structure(model, sample_weight))
         if model._loss_tracker is not None:
             model._loss_tracker.update_state(
                 loss, sample_weight=tf.shape(tf.nest.flatten(inputs)[0])[0])
@@ -259,8 +261,19 @@ def keras_metric_variables(model) -> list:
     return out
 
 
+def _loss_weights_structure(model, sample_weight):
+    """Per-output sample weights in the structure Keras' compiled loss resolves its
+    losses in: a list of outputs compiled with a dict of losses is keyed by output
+    name there."""
+    if not isinstance(sample_weight, (list, tuple)) or not isinstance(model.loss, dict):
+        return sample_weight
+    names = _output_names(model, len(sample_weight))
+    return dict(zip(names, sample_weight))
+
+
 def _keras_compute_loss(model, inputs, targets, predictions, sample_weight=None):
     """The loss as Keras' train step computes it (a `compute_loss` override included)."""
+    sample_weight = _loss_weights_structure(model, sample_weight)
     if hasattr(model, "_compute_loss"):  # handles overrides without a `training` argument
         return model._compute_loss(x=inputs, y=targets, y_pred=predictions,  # pylint: disable=W0212
                                    sample_weight=sample_weight, training=True)
@@ -319,25 +332,118 @@ def keras_variable_names(model) -> tuple[list[str], list[str]]:
 
 
 def _keras_input_spec(model, x):
+    """The step's input specs, in the structure the model is called with.
+
+    A functional model built on a dict of inputs is called with a dict (its
+    keys name the inputs); otherwise a list in `model.inputs` order, or the
+    structure of the example `x`.
+    """
     if x is not None:
+        if isinstance(x, dict):
+            return {key: _named(_spec_of(value), str(key)) for key, value in x.items()}
         return tf.nest.map_structure(_spec_of, x)
     try:
         inputs = model.inputs
     except (AttributeError, ValueError):
         inputs = None
     if inputs:
+        struct = getattr(model, "_inputs_struct", None)
+        if isinstance(struct, dict) and all(not tf.nest.is_nested(t) for t in struct.values()):
+            return {key: tf.TensorSpec(_batch_free(t.shape), tf.as_dtype(t.dtype),
+                                       name=_clean(str(key)))
+                    for key, t in struct.items()}
         specs = [tf.TensorSpec(_batch_free(t.shape), tf.as_dtype(t.dtype),
-                               name=_clean(getattr(t, "name", f"input_{i}")))
+                               name=_input_name(getattr(t, "name", None), i))
                  for i, t in enumerate(inputs)]
         return specs[0] if len(specs) == 1 else specs
     raise CaptureError(f"cannot infer the input shape of model {model.name!r} "
                        "(a subclassed model): pass capture(model, x=example_batch)")
 
 
+# What Keras names an `Input` the user did not name.
+_KERAS_AUTO_NAME = re.compile(r"keras_tensor(_\d+)?")
+
+
+def _input_name(name: str | None, index: int) -> str:
+    """An input's name as the user gave it (`Input(name=...)`), else ``input_<i>``."""
+    if not name or _KERAS_AUTO_NAME.fullmatch(name.split(":")[0]):
+        return f"input_{index}"
+    return _clean(name)
+
+
+def _named(spec: tf.TensorSpec, name: str) -> tf.TensorSpec:
+    return tf.TensorSpec(spec.shape, spec.dtype, name=_clean(name))
+
+
 def _keras_input_names(model, x_spec) -> list[str]:
     flat = tf.nest.flatten(x_spec)
     names = [s.name or f"input_{i}" for i, s in enumerate(flat)]
     return unique_names(names) if len(flat) > 1 else [names[0] or "x"]
+
+
+def _weight_name(target_name: str) -> str:
+    """The sample-weight input of a target: "sample_weight", or "sample_weight/<output>"."""
+    return "sample_weight" if target_name == "y" else "sample_weight" + target_name[1:]
+
+
+def _sample_weight_spec(model, x_spec, y_spec):
+    """Per target, the spec of its sample weights, in the targets' structure.
+
+    A weight multiplies each value of the output's unreduced loss (Keras'
+    `reduce_weighted_values`), so its shape is that of the loss values: one
+    per example, or one per example and timestep for a loss over a sequence
+    (a `(N, T)` target of a `(N, T, V)` output, a `(N, T, F)` sequence).
+    """
+    losses = _losses_by_target(model, y_spec)
+    try:
+        outputs = model.compute_output_spec(tf.nest.map_structure(_symbolic, x_spec))
+    except Exception:  # pylint: disable=broad-except  # Keras raises many types here
+        outputs = None
+    flat_y = tf.nest.flatten(y_spec)
+    flat_out = tf.nest.flatten(outputs) if outputs is not None else []
+    specs = []
+    for i, target in enumerate(flat_y):
+        output = flat_out[i] if len(flat_out) == len(flat_y) else None
+        shape = _loss_values_shape(losses[i] if i < len(losses) else None, target, output)
+        specs.append(tf.TensorSpec(shape, tf.float32))
+    return tf.nest.pack_sequence_as(y_spec, specs)
+
+
+def _losses_by_target(model, y_spec) -> list:
+    """The compiled loss of each target, in the flat order of `y_spec` (None: none)."""
+    flat_y = tf.nest.flatten(y_spec)
+    if isinstance(y_spec, tf.TensorSpec):
+        return [model.loss]
+    names = _keras_target_names(model, y_spec)
+    out = []
+    for i, name in enumerate(names):
+        try:
+            out.append(_loss_of(model, name[len("y/"):], i))
+        except CaptureError:
+            out.append(None)
+    return out + [None] * (len(flat_y) - len(out))
+
+
+def _loss_values_shape(loss, target: tf.TensorSpec, output) -> list[int | None]:
+    """The shape of a loss's values before reduction (`Loss.call`), batch unknown;
+    one value per example where it cannot be traced."""
+    import keras  # pylint: disable=import-outside-toplevel
+    from keras.src.trainers import compile_utils  # pylint: disable=import-outside-toplevel
+
+    if loss is None or output is None:
+        return [None]
+    y_pred = tf.TensorSpec(_batch_free(output.shape), tf.as_dtype(output.dtype))
+    try:
+        resolved = compile_utils.get_loss(loss, _symbolic(target), _symbolic(y_pred))
+        if not isinstance(resolved, keras.losses.Loss):
+            return [None]
+        values = tf.function(lambda t, p: resolved.call(t, p), autograph=False) \
+            .get_concrete_function(target, y_pred).structured_outputs
+    except Exception:  # pylint: disable=broad-except  # a user's loss may raise anything
+        return [None]
+    if not isinstance(values, tf.Tensor) or values.shape.rank in (None, 0):
+        return [None]
+    return _batch_free(values.shape)
 
 
 def _keras_target_spec(model, x_spec, y):

@@ -106,8 +106,15 @@ class GraphItem:
 
     @property
     def sample_weight_input(self) -> graph_item_pb2.TensorInfo | None:
-        """The per-example weights of the loss and metrics (Keras captures), or None."""
+        """The first target's sample weights (Keras captures), or None."""
         return next((i for i in self._proto.inputs if i.role == "sample_weight"), None)
+
+    @property
+    def sample_weight_inputs(self) -> list[graph_item_pb2.TensorInfo]:
+        """The sample weights of the loss and metrics, one per target in the targets'
+        order (Keras captures; an older capture has one, for every target), shaped
+        as the target's loss values: one per example, or per example and timestep."""
+        return [i for i in self._proto.inputs if i.role == "sample_weight"]
 
     @property
     def metric_states(self) -> list[graph_item_pb2.TensorInfo]:

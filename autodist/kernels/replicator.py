@@ -207,10 +207,11 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
             shape = tf.TensorShape(node.attr["shape"].shape)
             name = f"{SCOPE}/replica_{index}/input/{info.name}"
             if info.role == "sample_weight" and gi.model_inputs:
-                # Fed only when the data has weights: by default each example weighs 1.
-                examples = tf.shape(replica.inputs[gi.model_inputs[0].name])[0]
+                # Fed only when the data has weights: by default each value of the
+                # target's loss weighs 1 (the leading dimensions of its target).
                 replica.inputs[info.name] = tf.compat.v1.placeholder_with_default(
-                    tf.ones([examples], dtype), shape, name=name)
+                    tf.ones(_default_weight_shape(gi, info, replica), dtype), shape,
+                    name=name)
             else:
                 replica.inputs[info.name] = tf.compat.v1.placeholder(dtype, shape, name=name)
         if not single:
@@ -272,6 +273,17 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
         replica.virtual_nodes.append(vn)
     _accumulate(replica, single)
     return replica
+
+
+def _default_weight_shape(gi, info, replica: Replica):
+    """The shape of unit sample weights for weight input `info`: the leading
+    dimensions (as many as the weights have) of its target, else the examples."""
+    weights = gi.sample_weight_inputs
+    targets = gi.target_inputs
+    k = next(i for i, w in enumerate(weights) if w.name == info.name)
+    if k < len(targets) and targets[k].name in replica.inputs and info.shape:
+        return tf.shape(replica.inputs[targets[k].name])[:len(info.shape)]
+    return tf.shape(replica.inputs[gi.model_inputs[0].name])[:1]
 
 
 def _task_metric_states(program: Program) -> list:

@@ -79,7 +79,6 @@ class DatasetStream:
         self.schedule = batching.EpochSchedule(0, epochs, requested, lambda step: fixed_batch or
                                                config.global_batch_size, self.lengths)
         self._infos = list(graph_item.model_inputs) + list(graph_item.target_inputs)
-        self._target_infos = list(graph_item.target_inputs)
         self._num_virtual_nodes = num_virtual_nodes
         self._fixed_batch = fixed_batch
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
@@ -220,7 +219,7 @@ class DatasetStream:
         if weights is not None and len(weights) != size:
             raise DatasetError(f"step {index}: the dataset's batch has {len(weights)} sample "
                                f"weights for {size} examples")
-        targets = targets_.pack(ys, self._target_infos, lambda array, _: array, weights)
+        targets = targets_.pack(ys, weights)
         if held is not None:
             return GlobalBatch(inputs, targets, np.arange(self.config.global_batch_size), held)
         return GlobalBatch(inputs, targets, np.arange(size))

@@ -232,14 +232,17 @@ def _flattened(dataset, graph_item: GraphItem, class_weight: Any
     y_infos = list(graph_item.target_inputs)
     x_specs = _x_parts(spec[0], [i.name for i in x_infos])
     y_specs = _y_parts(spec[1], y_infos)
-    for part, info in zip(x_specs + y_specs, x_infos + y_infos):
+    for part, info in zip(x_specs, x_infos):
         _check_shape(part, info)
+    for part, info in zip(y_specs, y_infos):
+        _check_shape(part, info, squeezable=True)
     weighted = len(spec) == 3 or class_weight is not None
+    weight_rank = _weight_rank(graph_item, weighted)
     if len(spec) == 3:
         if class_weight is not None:
             raise DatasetError("give sample_weight or class_weight, not both (as Keras): the "
                                "dataset yields sample weights")
-        _check_weight_shape(spec[2])
+        _check_weight_shape(spec[2], weight_rank)
     table = targets_.class_weight_table(class_weight, len(y_infos)) \
         if class_weight is not None else None
     x_dtypes = [tf.as_dtype(i.dtype) for i in x_infos]
@@ -248,10 +251,11 @@ def _flattened(dataset, graph_item: GraphItem, class_weight: Any
     def flatten(*element):
         xs = [tf.cast(t, d) for t, d in zip(_x_parts(element[0], [i.name for i in x_infos]),
                                             x_dtypes)]
-        ys = [tf.cast(t, d) for t, d in zip(_y_parts(element[1], y_infos), y_dtypes)]
+        ys = [_conform_rank(tf.cast(t, d), len(info.shape))
+              for t, d, info in zip(_y_parts(element[1], y_infos), y_dtypes, y_infos)]
         out = xs + ys
         if len(element) == 3:
-            out.append(tf.reshape(tf.cast(element[2], tf.float32), [-1]))
+            out.append(_conform_rank(tf.cast(element[2], tf.float32), weight_rank))
         elif table is not None:
             out.append(_class_weights(ys[0], table))
         return tuple(out)
@@ -319,8 +323,10 @@ def _y_parts(y, infos: list[Any]) -> list[Any]:
     return [y]
 
 
-def _check_shape(spec, info) -> None:
-    """An input's or target's examples must have the captured shape (known dimensions)."""
+def _check_shape(spec, info, squeezable: bool = False) -> None:
+    """An input's or target's examples must have the captured shape (known dimensions);
+    a target may have a trailing dimension of 1 more or less (Keras' losses squeeze or
+    expand it)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     if not isinstance(spec, tf.TensorSpec):
@@ -331,18 +337,56 @@ def _check_shape(spec, info) -> None:
     if shape.rank is None:
         return
     got = shape.as_list()[1:]
+    if squeezable and len(got) == len(expected) + 1 and got[-1] in (1, None):
+        got = got[:-1]
+    elif squeezable and len(got) + 1 == len(expected) and expected[-1] == 1:
+        got = got + [1]
     if len(got) != len(expected) or any(g is not None and e >= 0 and g != e
                                         for g, e in zip(got, expected)):
         raise DatasetError(f"input {info.name!r} needs examples of shape {expected}; the "
                            f"dataset's batches have shape {shape.as_list()}")
 
 
-def _check_weight_shape(spec) -> None:
+def _weight_rank(graph_item: GraphItem, weighted: bool) -> int:
+    """The rank of the sample weights a dataset's batches give: that of every target's
+    loss values (one weight per example: 1; per example and timestep: 2)."""
+    ranks = {len(info.shape) or 1 for info in graph_item.sample_weight_inputs}
+    if weighted and not ranks:
+        raise DatasetError(f"the capture of {graph_item.name!r} takes no sample weights (a "
+                           "function or v1 graph, or an old capture): capture the Keras "
+                           "model again")
+    if weighted and len(ranks) > 1:
+        raise DatasetError("a dataset's sample weights apply to every output, and this "
+                           "model's outputs weigh their losses' values in different shapes "
+                           f"({sorted(ranks)} dimensions): train on arrays with one "
+                           "sample_weight per output")
+    return ranks.pop() if ranks else 1
+
+
+def _check_weight_shape(spec, rank: int) -> None:
     shape = spec.shape
-    if shape.rank is not None and not (shape.rank == 1 or shape.rank == 2 and
-                                       shape.as_list()[1] in (1, None)):
-        raise DatasetError("sample_weight must be one weight per example (applied to every "
-                           f"output); the dataset's have shape {shape.as_list()}")
+    if shape.rank is None:
+        return
+    dims = shape.as_list()
+    fits = shape.rank == rank or shape.rank == rank + 1 and dims[-1] in (1, None) or \
+        shape.rank + 1 == rank
+    if not fits:
+        what = "one weight per example" if rank == 1 else \
+            "one weight per example and timestep, as the loss has"
+        raise DatasetError(f"sample_weight must be {what} (applied to every output); the "
+                           f"dataset's have shape {dims}")
+
+
+def _conform_rank(tensor, rank: int):
+    """A target with the captured rank: a trailing 1 removed or added (Keras' losses
+    squeeze or expand it the same way)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    if tensor.shape.rank == rank + 1:
+        return tf.squeeze(tensor, -1)
+    if tensor.shape.rank is not None and tensor.shape.rank + 1 == rank:
+        return tensor[..., None]
+    return tensor
 
 
 def _describe(element: Any) -> str:

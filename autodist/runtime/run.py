@@ -24,7 +24,8 @@ from autodist.launch.local import LocalCluster, check_local
 from autodist.launch.remote import RemoteCluster
 from autodist.launch.signing import load_secret
 from autodist.launch.tf_config import check_this_is_the_chief
-from autodist.runtime import batching, checkpoint, datasets, follow, recovery, sharded_input
+from autodist.runtime import batching, checkpoint, datasets, follow, keras_data, recovery
+from autodist.runtime import sharded_input
 from autodist.runtime import targets as targets_
 from autodist.runtime.elastic import check_elastic, check_switch, members_for, segments
 from autodist.runtime.entry import TASK_MODULE
@@ -603,20 +604,21 @@ class DistributedRun:
                 f"({self.strategy.num_virtual_nodes} virtual nodes); fit received batch_size "
                 f"{batch_size}. Leave batch_size out or change the strategy's virtual nodes")
         batch_size = (fixed or 32) if batch_size is None else batch_size
-        inputs = self._inputs(x)
-        infos = self.graph_item.target_inputs
-        examples = len(inputs[0]) if inputs else 0
-        weights = targets_.sample_weights(sample_weight, class_weight, y, len(infos), examples)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size < 1:
+            raise AutodistError(f"batch_size must be an integer >= 1. Received: {batch_size!r}")
+        if sample_weight is not None and class_weight is not None:
+            raise AutodistError("give sample_weight or class_weight, not both (as Keras)")
+        data = keras_data.fit_arrays(x, y, sample_weight, self.graph_item)
+        weights = data.weights
+        if class_weight is not None:
+            weights = targets_.class_weights(class_weight, data.targets)
+            data = keras_data.fit_arrays(x, y, weights, self.graph_item)
+            weights = data.weights
         if weights is not None:
-            self._check_weighted(weights)
-        targets = targets_.pack(y, infos, self._cast, weights)
-        n = len(targets)
-        if any(len(a) != n for a in inputs):
-            raise AutodistError(f"x and y have different numbers of examples: "
-                                f"{[len(a) for a in inputs]} vs {n}")
-        if batch_size < 1:
-            raise AutodistError(f"batch_size must be >= 1. Received: {batch_size}")
-        return inputs, targets, batch_size
+            self._check_weighted(np.concatenate([np.ravel(w) for w in weights])
+                                 if isinstance(weights, list) else weights)
+        return data.inputs, targets_.pack(data.targets, weights), int(batch_size)
 
     def _shards(self, sharded: ShardedDataset, y: Any, options: FitOptions,
                 sample_weight: Any, class_weight: Any,
@@ -737,22 +739,6 @@ class DistributedRun:
                 except KeyboardInterrupt:
                     pass
                 raise
-
-    def _inputs(self, x) -> list[np.ndarray]:
-        arrays = list(x) if isinstance(x, (list, tuple)) else [x]
-        infos = self.graph_item.model_inputs
-        if len(arrays) != len(infos):
-            raise AutodistError(f"the model takes {len(infos)} inputs "
-                                f"({[i.name for i in infos]}); received {len(arrays)}")
-        return [self._cast(np.asarray(a), info) for a, info in zip(arrays, infos)]
-
-    @staticmethod
-    def _cast(array: np.ndarray, info) -> np.ndarray:
-        expected = list(info.shape)[1:]
-        if list(array.shape[1:]) != expected:
-            raise AutodistError(f"input {info.name!r} needs examples of shape {expected}; "
-                                f"received an array of shape {list(array.shape)}")
-        return np.ascontiguousarray(array.astype(info.dtype, copy=False))
 
     def _initial_values(self) -> dict[str, np.ndarray]:
         from autodist.ir.capture import keras_variable_names  # pylint: disable=C0415

@@ -4,115 +4,80 @@ The job stores and ships the targets as one array indexed by example. A
 model with one target and no sample weights keeps its array. Otherwise it is
 a NumPy structured array with one field per target (`t0`, `t1`, ... in the
 GraphItem's order), each with its own dtype and example shape, and the
-per-example weights of the loss and metrics in field `w`, so indexing rows,
-saving and shipping work unchanged.
+sample weights of the loss and metrics in field `w` (one array for every
+target) or `w0`, `w1`, ... (one per target), so indexing rows, saving and
+shipping work unchanged.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from autodist.ir.errors import AutodistError
 
 
-def pack(y: Any, infos: Sequence[Any], cast: Callable[[np.ndarray, Any], np.ndarray],
-         sample_weight: np.ndarray | None = None) -> np.ndarray:
-    """fit's `y` (and sample weights) as one array.
+def pack(arrays: Sequence[np.ndarray], weights: Any = None) -> np.ndarray:
+    """The targets (and sample weights) as one array indexed by example.
 
     Args:
-        y: One array; or, for several targets, a list/tuple in the model's
-            output order or a dict keyed by output name.
-        infos: The GraphItem's target TensorInfos ("y", or "y/<output>").
-        cast: Checks one array against its TensorInfo and casts it.
-        sample_weight: Per-example weights (float32, one per example), or None.
+        arrays: One array per target, in the GraphItem's order, already
+            converted (`keras_data.fit_arrays`).
+        weights: None; one array of weights for every target (field `w`); or
+            one per target (fields `w0`, `w1`, ...).
 
     Raises:
-        AutodistError: `y` does not have one array per target.
+        AutodistError: the arrays have different numbers of examples.
     """
-    if len(infos) == 1:
-        if isinstance(y, (list, tuple, dict)) and len(y) == 1:
-            y = next(iter(y.values())) if isinstance(y, dict) else y[0]
-        if sample_weight is None:
-            return cast(np.asarray(y), infos[0])
-        return _structured([cast(np.asarray(y), infos[0])], sample_weight)
-    names = [info.name[len("y/"):] if info.name.startswith("y/") else info.name
-             for info in infos]
-    if isinstance(y, dict):
-        missing = [n for n in names if n not in y]
-        if missing:
-            raise AutodistError(f"y is a dict without targets for outputs {missing}; its keys: "
-                                f"{sorted(y)[:20]}")
-        arrays = [y[n] for n in names]
-    elif isinstance(y, (list, tuple)):
-        if len(y) != len(infos):
-            raise AutodistError(f"the model has {len(infos)} targets ({names}); y has {len(y)}")
-        arrays = list(y)
-    else:
-        raise AutodistError(f"the model has {len(infos)} outputs ({names}): pass y as a list "
-                            f"(in output order) or a dict keyed by output name. Received "
-                            f"{type(y).__name__}")
-    arrays = [cast(np.asarray(a), info) for a, info in zip(arrays, infos)]
+    arrays = list(arrays)
+    if len(arrays) == 1 and weights is None:
+        return arrays[0]
     lengths = {len(a) for a in arrays}
     if len(lengths) != 1:
         raise AutodistError(f"the targets have different numbers of examples: "
                             f"{[len(a) for a in arrays]}")
-    return _structured(arrays, sample_weight)
-
-
-def _structured(arrays: list[np.ndarray], sample_weight: np.ndarray | None) -> np.ndarray:
     fields = [(f"t{i}", a.dtype, a.shape[1:]) for i, a in enumerate(arrays)]
-    if sample_weight is not None:
-        if len(sample_weight) != len(arrays[0]):
-            raise AutodistError(f"sample_weight has {len(sample_weight)} weights for "
-                                f"{len(arrays[0])} examples")
-        fields.append(("w", np.float32))
+    if isinstance(weights, (list, tuple)):
+        fields += [(f"w{i}", np.float32, w.shape[1:]) for i, w in enumerate(weights)]
+    elif weights is not None:
+        fields.append(("w", np.float32, weights.shape[1:]))
     packed = np.empty(len(arrays[0]), dtype=fields)
     for i, a in enumerate(arrays):
         packed[f"t{i}"] = a
-    if sample_weight is not None:
-        packed["w"] = sample_weight
+    if isinstance(weights, (list, tuple)):
+        for i, w in enumerate(weights):
+            packed[f"w{i}"] = w
+    elif weights is not None:
+        packed["w"] = weights
     return packed
 
 
-def unpack(rows: np.ndarray, count: int) -> tuple[list[np.ndarray], np.ndarray | None]:
-    """The per-target arrays and the sample weights (or None) of some packed rows."""
+def unpack(rows: np.ndarray, count: int) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+    """The per-target arrays and per-target sample weights (or None) of some packed
+    rows (weights shared by every target are repeated)."""
     if rows.dtype.names is None:
         return [np.asarray(rows)], None
-    weights = np.ascontiguousarray(rows["w"]) if "w" in rows.dtype.names else None
-    return [np.ascontiguousarray(rows[f"t{i}"]) for i in range(count)], weights
+    names = rows.dtype.names
+    targets = [np.ascontiguousarray(rows[f"t{i}"]) for i in range(count)]
+    if "w" in names:
+        shared = np.ascontiguousarray(rows["w"])
+        return targets, [shared] * count
+    if "w0" in names:
+        return targets, [np.ascontiguousarray(rows[f"w{i}"]) for i in range(count)]
+    return targets, None
 
 
-def sample_weights(sample_weight: Any, class_weight: Any, y: Any, num_targets: int,
-                   num_examples: int) -> np.ndarray | None:
-    """fit's `sample_weight` or `class_weight` as per-example float32 weights, as Keras
-    makes them (None: neither given).
+def class_weights(class_weight: Any, targets: Sequence[np.ndarray]) -> np.ndarray:
+    """fit's `class_weight` as per-example float32 weights, as Keras makes them: the
+    weight of each example's class (its label, or the argmax of a one-hot target;
+    other classes weigh 1).
 
     Raises:
-        AutodistError: both given; a malformed array or mapping; `class_weight`
-            with several outputs (Keras supports it for one output only).
+        AutodistError: a malformed mapping, or a model with several outputs
+            (Keras supports one).
     """
-    if sample_weight is not None and class_weight is not None:
-        raise AutodistError("give sample_weight or class_weight, not both (as Keras)")
-    if sample_weight is not None:
-        if isinstance(sample_weight, (dict, list, tuple)) and not isinstance(
-                sample_weight, np.ndarray):
-            raise AutodistError("sample_weight must be one array of per-example weights "
-                                "(applied to every output); per-output weights are not "
-                                f"supported. Received a {type(sample_weight).__name__}")
-        weights = np.asarray(sample_weight, dtype=np.float32)
-        if weights.ndim == 2 and weights.shape[1] == 1:
-            weights = weights[:, 0]
-        if weights.ndim != 1 or len(weights) != num_examples:
-            raise AutodistError(f"sample_weight needs one weight per example ({num_examples}); "
-                                f"received an array of shape {list(weights.shape)}")
-        if not np.all(np.isfinite(weights)):
-            raise AutodistError("sample_weight holds values that are not finite")
-        return weights
-    if class_weight is None:
-        return None
-    table = class_weight_table(class_weight, num_targets)
-    labels = np.asarray(y)
+    table = class_weight_table(class_weight, len(targets))
+    labels = np.asarray(targets[0])
     if labels.ndim > 1:
         labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else labels[..., 0]
     labels = np.round(labels).astype("int32")

@@ -597,7 +597,7 @@ class Trainer:
         """
         x_names = [info.name for info in self.graph_item.model_inputs]
         y_names = [info.name for info in self.graph_item.target_inputs]
-        weight_info = self.graph_item.sample_weight_input
+        weight_infos = self.graph_item.sample_weight_inputs
         feed = {}
         mine = [parts[vn.index] for vn in replica.virtual_nodes]
         rows = np.concatenate(mine) if len(mine) > 1 else mine[0]
@@ -608,12 +608,12 @@ class Trainer:
             rows = np.searchsorted(data.held_rows, rows)
         for name, array in zip(x_names, data.inputs):
             feed[replica.inputs[name]] = np.asarray(array[rows])
-        if y_names or weight_info is not None:
+        if y_names or weight_infos:
             arrays, weights = targets_.unpack(data.targets[rows], len(y_names))
             for name, array in zip(y_names, arrays):
                 feed[replica.inputs[name]] = array
-            if weights is not None:
-                feed[replica.inputs[weight_info.name]] = weights
+            for info, array in zip(weight_infos, weights or ()):
+                feed[replica.inputs[info.name]] = array
         feed[self.program.outputs.scales[replica.index]] = len(rows) / sum(map(len, parts))
         return feed
 

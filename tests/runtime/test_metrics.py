@@ -22,10 +22,16 @@ TOLERANCE = 2e-5
 EXAMPLES, BATCH, EPOCHS = 96, 32, 2
 
 
+def _loss():
+    # From logits: the MLP's outputs are logits. (Taken as probabilities, they would be
+    # clipped to [1e-7, 1 - 1e-7] before the log: a loss whose gradient jumps where an
+    # output crosses the clip, so float32 summation order alone moved weights by 5e-5.)
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
 def _classifier(**compile_args):
     model = models.mlp(input_dim=20, hidden=(16,), optimizer=keras.optimizers.SGD(0.1))
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
-                  **compile_args)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss(), **compile_args)
     return model
 
 
@@ -55,7 +61,7 @@ def test_compiled_metrics_and_sample_weights_equal_keras():
     model = _classifier(**compile_args)
     reference = models.single_device_twin(model)
     reference.compile(optimizer=keras.optimizers.SGD(0.1),
-                      loss="sparse_categorical_crossentropy", **compile_args)
+                      loss=_loss(), **compile_args)
     keras_logs = []
     keras_history = reference.fit(
         x, y, sample_weight=weights, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
@@ -100,7 +106,7 @@ def test_class_weight_equals_keras():
     model = _classifier(weighted_metrics=["accuracy"])
     reference = models.single_device_twin(model)
     reference.compile(optimizer=keras.optimizers.SGD(0.1),
-                      loss="sparse_categorical_crossentropy", weighted_metrics=["accuracy"])
+                      loss=_loss(), weighted_metrics=["accuracy"])
     keras_history = reference.fit(x, y, class_weight=class_weight, batch_size=BATCH,
                                   epochs=EPOCHS, shuffle=False, verbose=0)
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
