@@ -107,7 +107,8 @@ def square_gradient(grad, shape: list[int]) -> tf.Tensor:
 
 def hyperparameter_tensors(info: graph_item_pb2.OptimizerInfo, dtype: tf.DType,
                            overrides: Mapping[str, float] | None = None,
-                           step: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+                           step: tf.Tensor | None = None,
+                           learning_rate: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
     """The numeric hyper-parameters as tensors of `dtype` (build once per step, share).
 
     Args:
@@ -116,6 +117,9 @@ def hyperparameter_tensors(info: graph_item_pb2.OptimizerInfo, dtype: tf.DType,
         overrides: A strategy's `hyperparameters`; they replace the captured values.
         step: The number of updates applied before this one (int64 scalar); a
             learning-rate schedule is evaluated at it.
+        learning_rate: The run's fixed learning rate as a tensor (a variable the
+            worker sets where a callback changes it), used unless the
+            strategy overrides it or the rate is a schedule.
 
     Raises:
         StrategyError: a scheduled learning rate without a step.
@@ -124,6 +128,9 @@ def hyperparameter_tensors(info: graph_item_pb2.OptimizerInfo, dtype: tf.DType,
     values.update(overrides or {})
     tensors = {k: tf.constant(v, dtype) for k, v in values.items()
                if k not in _NON_TENSOR_HYPERPARAMETERS}
+    if learning_rate is not None and "learning_rate" in tensors and \
+            "learning_rate" not in (overrides or {}):
+        tensors["learning_rate"] = tf.cast(learning_rate, dtype)
     if "learning_rate" not in tensors and info.HasField("learning_rate_schedule"):
         if step is None:
             raise StrategyError(f"the learning rate of {info.class_name} is a schedule, so "

@@ -153,6 +153,10 @@ class SyncOutputs:
         asynchronous: Some shard applies each replica's update on its own.
         refresh: Copies the PS values into this task's local copies (run
             once the PS is initialized); None without local copies.
+        learning_rate: This task's fixed learning rate (a float32 variable,
+            initialized to the captured rate, that the worker sets: the
+            model's rate at the start, a callback's between epochs); None for
+            a schedule or a rate the strategy fixes.
     """
 
     train_op: Any
@@ -164,6 +168,7 @@ class SyncOutputs:
     ssp: tuple[Any, Any, int] | None
     asynchronous: bool
     refresh: Any
+    learning_rate: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

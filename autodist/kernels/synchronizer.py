@@ -100,8 +100,9 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             key = (dtype, step.name)
             if key not in hyper_cache:
                 with tf.device(None), tf.control_dependencies(None):
-                    hyper_cache[key] = hyperparameter_tensors(gi.optimizer, dtype,
-                                                              strategy.hyperparameters, step)
+                    hyper_cache[key] = hyperparameter_tensors(
+                        gi.optimizer, dtype, strategy.hyperparameters, step,
+                        None if learning_rate is None else learning_rate.read_value())
             return apply_update(gi.optimizer, var, gradient.grad, slots, step, gradient.square,
                                 hyper_cache[key], gradient.variable)
 
@@ -113,6 +114,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         step = create_variable(program.graph, VariableSpec("autodist/step", (), tf.int64,
                                                            first_device))
         step_value = step.read_value()
+        learning_rate = _learning_rate_variable(gi, strategy, first_device)
         scales = {}
         scaled: dict[int, dict[str, object]] = {}
         weighted_losses = []
@@ -263,9 +265,20 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         program.outputs = SyncOutputs(
             train_op=train_op, ps_op=ps_op, after_step=after_step, scales=scales,
             weighted_loss=tf.add_n(weighted_losses), step=step, ssp=ssp,
-            asynchronous=bool(async_ps), refresh=refresh)
+            asynchronous=bool(async_ps), refresh=refresh, learning_rate=learning_rate)
     program.stage = Stage.SYNCHRONIZED
     return program
+
+
+def _learning_rate_variable(gi, strategy: Strategy, device: str):
+    """This task's learning rate, a variable the worker sets (a callback may change a
+    fixed rate between epochs); None for a schedule or a rate the strategy fixes."""
+    rate = gi.optimizer.hyperparameters.get("learning_rate")
+    if rate is None or "learning_rate" in strategy.hyperparameters:
+        return None
+    return create_variable(tf.compat.v1.get_default_graph(),
+                           VariableSpec("autodist/learning_rate", (), tf.float32, device,
+                                        initial=float(rate)))
 
 
 def is_async(shard) -> bool:

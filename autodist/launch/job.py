@@ -61,8 +61,10 @@ class RunConfig:
         global_batch_size: Examples per step over all replicas.
         epochs: Passes over the data.
         steps_per_epoch: Steps per epoch (None: ceil(examples / batch)).
-        shuffle: Shuffle the examples each epoch (seeded by `seed` and epoch).
-        seed: Seed of the shuffling.
+        shuffle: Shuffle the examples of each pass (True), or each batch's rows
+            ("batch"), as Keras' `fit(shuffle=...)`: in Keras' own order when
+            the job has one (`JobDir.order`), else seeded by `seed` and pass.
+        seed: Seed of the shuffling when Keras' order is not known.
         step_timeout_s: Bound on one step (collectives, PS waits, session runs).
         startup_timeout_s: Bound on waiting for the cluster to come up.
         checkpoint_dir: Where the chief writes checkpoints (None: none).
@@ -105,14 +107,17 @@ class RunConfig:
             (but the last) the chief writes the trained weights for the
             driver, before it waits for the driver's decision.
         first_epoch: The index of the job's first epoch (`fit(initial_epoch=)`):
-            shuffling orders the examples of job epoch e as epoch
-            `first_epoch + e`.
+            seeded shuffling orders the examples of the job's pass p as pass
+            `first_epoch + p`.
+        learning_rate: The fixed learning rate the run starts with (the
+            model's when `fit` starts, after the callbacks' `on_train_begin`
+            and first `on_epoch_begin`); None: the captured one.
     """
 
     global_batch_size: int
     epochs: int = 1
     steps_per_epoch: int | None = None
-    shuffle: bool = False
+    shuffle: bool | str = False
     seed: int = 0
     step_timeout_s: float = 60.0
     startup_timeout_s: float = 120.0
@@ -133,6 +138,7 @@ class RunConfig:
     plans: list[str] | None = None
     epoch_weights: bool = False
     first_epoch: int = 0
+    learning_rate: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +163,8 @@ class DatasetFiles:
 _ARCHIVE_FILES = ("graph_item.pb", "strategy.pb", "resource_spec.pb", "run.json",
                   "cluster.json", "init.npz")
 _ARCHIVE_DATA = re.compile(
-    r"data/(x_[0-9]{1,6}\.npy|y\.npy|rows\.npy|shard\.json|dataset\.pb|dataset\.json|"
+    r"data/(x_[0-9]{1,6}\.npy|y\.npy|rows\.npy|order\.npy|shard\.json|dataset\.pb|"
+    r"dataset\.json|"
     r"dataset_shard_[0-9]{1,6}\.pb)")
 _MAX_ARCHIVE_MEMBERS = 10_000
 _SUBDIRS = ("logs", "ready", "results", "data", "control")
@@ -215,15 +222,18 @@ class JobDir:
     def write(self, graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
               config: RunConfig, init_values: dict[str, np.ndarray],
               inputs: list[np.ndarray], targets: np.ndarray | None,
-              dataset: DatasetFiles | None = None) -> None:
+              dataset: DatasetFiles | None = None, order: np.ndarray | None = None) -> None:
         """Writes a job; clears what an earlier job in the same directory left behind.
 
-        The data are `inputs` and `targets`, or a `dataset` (then neither).
+        The data are `inputs` and `targets`, or a `dataset` (then neither);
+        `order` is the order of the examples in every pass, when known
+        (Keras' shuffled order), else None.
         """
         self._make_subdirs()
         stale = [self.file("progress.jsonl"), self.file("final_weights.npz"),
                  self.path / "data" / "shard.json", self.path / "data" / "rows.npy",
                  self.path / "data" / "y.npy", self.path / "data" / "dataset.pb",
+                 self.path / "data" / "order.npy",
                  self.path / "data" / "dataset.json"]
         for sub in ("results", "control"):
             stale += (self.path / sub).iterdir()
@@ -251,6 +261,13 @@ class JobDir:
                 np.save(f, x)
         with private_writer(self.path / "data" / "y.npy") as f:
             np.save(f, targets)
+        if order is not None:
+            with private_writer(self.path / "data" / "order.npy") as f:
+                np.save(f, np.asarray(order, np.int64))
+
+    def write_config(self, config: RunConfig) -> None:
+        """Replaces the job's config (before its tasks start)."""
+        write_private(self.file("run.json"), json.dumps(dataclasses.asdict(config)).encode())
 
     def write_ports(self, ports: list[int]) -> None:
         write_private(self.file("cluster.json"), json.dumps({"ports": ports}).encode())
@@ -290,6 +307,11 @@ class JobDir:
         xs = sorted((self.path / "data").glob("x_*.npy"), key=lambda p: int(p.stem[2:]))
         return ([np.load(p, mmap_mode="r") for p in xs],
                 np.load(self.path / "data" / "y.npy", mmap_mode="r"))
+
+    def order(self) -> np.ndarray | None:
+        """The order of the examples in every pass (Keras' shuffled order), or None."""
+        path = self.path / "data" / "order.npy"
+        return np.load(path) if path.exists() else None
 
     def dataset(self) -> DatasetFiles | None:
         """The dataset the workers read, or None when the data are arrays."""
@@ -347,12 +369,15 @@ class JobDir:
                 if held is not None:
                     raise JobArchiveError("a shipped shard cannot be shipped again")
                 arrays = {f"x_{i}": x for i, x in enumerate(inputs)} | {"y": targets}
+                order = self.order()
                 if rows is not None:
                     rows = np.asarray(rows, dtype=np.int64)
                     arrays = {k: np.asarray(v[rows]) for k, v in arrays.items()}
                     arrays["rows"] = rows
                     _add_bytes(tar, "data/shard.json",
                                json.dumps({"num_examples": num_examples}).encode())
+                if order is not None:   # indices of the full data, as `rows`
+                    arrays["order"] = order
                 for key, array in arrays.items():
                     out = io.BytesIO()
                     np.save(out, np.asarray(array))

@@ -34,11 +34,81 @@ def steps_per_epoch(num_examples: int, global_batch_size: int,
     return min(requested, available)
 
 
+@dataclasses.dataclass(frozen=True)
+class ArrayOrder:
+    """The order in which each pass over arrays reads the examples.
+
+    As Keras' array adapter: in order (`shuffle=False`), a permutation per
+    pass (`True`), or each batch's rows permuted (`"batch"`). With TensorFlow's
+    global seed set (`keras.utils.set_random_seed`), Keras' own order is
+    reproduced: it is the same every pass, computed by Keras' input pipeline
+    in the driver (`keras_order`) and shipped with the job. Without one,
+    Keras' order cannot be known; each pass is then a permutation seeded by
+    (`seed`, pass).
+
+    Attributes:
+        num_examples: Examples in the data.
+        shuffle: False, True or "batch".
+        seed: Seeds the permutations when Keras' order is not known.
+        first_pass: Index of the run's first pass (`fit(initial_epoch=)`), so a
+            continued run reads new orders.
+        keras: Keras' order of every pass, or None.
+    """
+
+    num_examples: int
+    shuffle: bool | str = False
+    seed: int = 0
+    first_pass: int = 0
+    keras: np.ndarray | None = None
+
+    def of_pass(self, index: int, batch: int) -> np.ndarray:
+        """The examples in the order pass `index` reads them with global batch `batch`."""
+        if not self.shuffle:
+            return np.arange(self.num_examples)
+        if self.keras is not None:
+            return self.keras
+        rng = np.random.default_rng([self.seed, self.first_pass + index])
+        if self.shuffle != "batch":
+            return rng.permutation(self.num_examples)
+        order = np.arange(self.num_examples)
+        for start in range(0, self.num_examples, batch):
+            order[start:start + batch] = start + rng.permutation(
+                len(order[start:start + batch]))
+        return order
+
+
 def epoch_order(num_examples: int, epoch: int, shuffle: bool, seed: int) -> np.ndarray:
-    """The example order of an epoch (a seeded permutation when shuffling)."""
-    if not shuffle:
-        return np.arange(num_examples)
-    return np.random.default_rng([seed, epoch]).permutation(num_examples)
+    """The example order of an epoch that reads one whole pass (seeded when shuffling)."""
+    return ArrayOrder(num_examples, shuffle, seed).of_pass(epoch, max(num_examples, 1))
+
+
+def keras_order(num_examples: int, batch_size: int, shuffle: bool | str) -> np.ndarray | None:
+    """Keras' order of the examples in every pass of `fit(x, y, shuffle=shuffle)`, or None
+    when it cannot be reproduced (no TensorFlow global seed: Keras draws a new random
+    order each pass) or is plain (`shuffle=False`).
+
+    Runs Keras' own array input pipeline (`ArrayDataAdapter.get_tf_dataset`) on
+    the example indices. Its shuffle is a `tf.random.shuffle` inside a dataset
+    function: seeded by the global seed and the function's graph alone, it draws
+    the same order every pass (checked on two passes).
+    """
+    from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+
+    if not shuffle or context.global_seed() is None:
+        return None
+    from keras.src.trainers.data_adapters.array_data_adapter import (  # pylint: disable=C0415
+        ArrayDataAdapter)
+
+    adapter = ArrayDataAdapter(np.arange(num_examples, dtype=np.int64),
+                               batch_size=batch_size, shuffle=shuffle)
+    dataset = adapter.get_tf_dataset()
+    passes = [np.concatenate([np.asarray(batch) for batch in dataset]) for _ in range(2)]
+    if not np.array_equal(*passes) or sorted(passes[0].tolist()) != list(range(num_examples)):
+        raise InvalidArgumentError(
+            "Keras' shuffled order of the examples differs between passes here (a Keras or "
+            "TensorFlow version this runtime does not know); it cannot be reproduced on the "
+            "workers: pass shuffle=False, or shuffle the arrays yourself")
+    return passes[0].astype(np.int64)
 
 
 def batch_rows(order: np.ndarray, step: int, global_batch_size: int) -> np.ndarray:
@@ -51,8 +121,7 @@ def virtual_node_rows(rows: np.ndarray, num_virtual_nodes: int) -> list[np.ndarr
     return np.array_split(rows, num_virtual_nodes)
 
 
-def rows_read(num_examples: int, global_batch_size: int, steps: int, epochs: int,
-              shuffle: bool, seed: int, num_virtual_nodes: int,
+def rows_read(schedule: "EpochSchedule", order: ArrayOrder, num_virtual_nodes: int,
               virtual_nodes: Sequence[int]) -> np.ndarray:
     """Sorted indices of every example that `virtual_nodes` read over a whole run.
 
@@ -60,11 +129,14 @@ def rows_read(num_examples: int, global_batch_size: int, steps: int, epochs: int
     """
     wanted = set(virtual_nodes)
     parts = []
-    for epoch in range(epochs if shuffle else min(epochs, 1)):
-        order = epoch_order(num_examples, epoch, shuffle, seed)
-        for step in range(steps):
-            split = virtual_node_rows(batch_rows(order, step, global_batch_size),
-                                      num_virtual_nodes)
+    seen_passes: set[int] = set()
+    for epoch in schedule.array_epochs():
+        if not order.shuffle and epoch.pass_index in seen_passes:
+            continue
+        seen_passes.add(epoch.pass_index)
+        rows = order.of_pass(epoch.pass_index, epoch.batch)
+        for step in range(epoch.start, epoch.start + epoch.steps):
+            split = virtual_node_rows(batch_rows(rows, step, epoch.batch), num_virtual_nodes)
             parts += [split[r] for r in wanted]
     if not parts:
         return np.zeros([0], np.int64)
@@ -163,15 +235,35 @@ def _read_like_keras(batches: int | None, cardinality_known: bool,
     return out, created
 
 
+@dataclasses.dataclass(frozen=True)
+class ArrayEpoch:
+    """The batches one epoch of Keras' `fit(x, y)` reads from its arrays.
+
+    Attributes:
+        pass_index: Which pass over the data (its order: `ArrayOrder`).
+        start: Batches of that pass read by earlier epochs.
+        steps: Batches this epoch reads.
+        batch: Its global batch.
+    """
+
+    pass_index: int
+    start: int
+    steps: int
+    batch: int
+
+
 class EpochSchedule:
     """Where each epoch of a run starts, and its global batch.
 
     The global batch may change between epochs (a policy's
     `set_batch_size`): an epoch's batch is that of the strategy running its
-    first step, and it has `steps_per_epoch(num_examples, batch, requested)`
-    steps. Every task derives the same schedule from the same segments.
-    A dataset's epochs have the lengths Keras gives them (`dataset_epochs`),
-    and its elements are its global batches.
+    first step. With arrays, epochs read as Keras' `EpochIterator` reads its
+    array adapter (`array_epochs`): a whole pass each, or with
+    `steps_per_epoch` one pass goes on across epochs until it runs out (the
+    epoch then ends early, and the next one starts a new pass). Every task
+    derives the same schedule from the same segments. A dataset's epochs have
+    the lengths Keras gives them (`dataset_epochs`), and its elements are its
+    global batches.
 
     Args:
         num_examples: Examples in the data (arrays).
@@ -189,16 +281,29 @@ class EpochSchedule:
         self.batch_at = batch_at
         self.lengths = None if lengths is None else list(lengths)
 
+    def array_epochs(self) -> list[ArrayEpoch]:
+        """What each epoch reads from the arrays, as Keras' `EpochIterator` reads them."""
+        out: list[ArrayEpoch] = []
+        pass_index, position, open_pass, previous, step = -1, 0, False, None, 0
+        for _ in range(self.epochs):
+            batch = self.batch_at(step)
+            per_pass = max(1, math.ceil(self.num_examples / batch))
+            if not open_pass or self.requested_steps is None or batch != previous:
+                pass_index, position = pass_index + 1, 0   # Keras' iter(): a new pass
+            left = per_pass - position
+            steps = left if self.requested_steps is None else min(self.requested_steps, left)
+            out.append(ArrayEpoch(pass_index, position, steps, batch))
+            position, step, previous = position + steps, step + steps, batch
+            open_pass = position < per_pass
+        return out
+
     def starts(self) -> list[int]:
         """The first step of each epoch, then the run's end (epochs + 1 entries)."""
         out = [0]
-        if self.lengths is not None:
-            for length in self.lengths[:self.epochs]:
-                out.append(out[-1] + length)
-            return out
-        for _ in range(self.epochs):
-            out.append(out[-1] + steps_per_epoch(self.num_examples, self.batch_at(out[-1]),
-                                                 self.requested_steps))
+        lengths = self.lengths[:self.epochs] if self.lengths is not None else \
+            [e.steps for e in self.array_epochs()]
+        for length in lengths:
+            out.append(out[-1] + length)
         return out
 
     def total(self) -> int:
@@ -212,8 +317,20 @@ class EpochSchedule:
         return (epoch, index - starts[epoch], self.batch_at(starts[epoch]),
                 starts[epoch + 1] - starts[epoch])
 
+    def rows_at(self, index: int, order: ArrayOrder) -> np.ndarray:
+        """Arrays: the examples of the global batch of step `index`."""
+        starts = self.starts()
+        epochs = self.array_epochs()
+        epoch = min(bisect.bisect_right(starts, index) - 1, self.epochs - 1)
+        reads = epochs[epoch]
+        return batch_rows(order.of_pass(reads.pass_index, reads.batch),
+                          reads.start + index - starts[epoch], reads.batch)
+
     def examples(self, index: int) -> int:
         """Examples in the global batch of step `index` (the last may be short); arrays
         only (a dataset's batches are counted as they are read)."""
-        _, step, batch, _ = self.locate(index)
-        return max(0, min(batch, self.num_examples - step * batch))
+        starts = self.starts()
+        epoch = min(bisect.bisect_right(starts, index) - 1, self.epochs - 1)
+        reads = self.array_epochs()[epoch]
+        batch_index = reads.start + index - starts[epoch]
+        return max(0, min(reads.batch, self.num_examples - batch_index * reads.batch))

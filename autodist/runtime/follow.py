@@ -14,8 +14,11 @@ task needs the directory.
   run) only while i < limit. The chief owns the limit and sends each change
   to the other workers. It starts at the end of the first epoch; at the end
   of each epoch the chief waits for the driver's decision (written after
-  ``on_epoch_end``) and either extends the limit by an epoch or makes it
-  final there, so a stop at an epoch's end is exact.
+  ``on_epoch_end`` and the next ``on_epoch_begin``) and either extends the
+  limit by an epoch or makes it final there, so a stop at an epoch's end is
+  exact. A learning rate a callback set there (``ReduceLROnPlateau``,
+  ``LearningRateScheduler``) travels with the limit: every worker sets it
+  before the next epoch's first step, as Keras applies it.
 * A stop request inside an epoch (``control/stop``, from a callback setting
   ``model.stop_training``) makes the limit final one step ahead of the chief:
   another worker may already have started the chief's next step, which in
@@ -51,8 +54,9 @@ from autodist.launch.job import JobDir, RunConfig
 from autodist.launch.mailbox import Mailboxes, Task
 from autodist.runtime.batching import EpochSchedule
 from autodist.runtime.elastic import Segment
-from autodist.runtime.records import (ChangeRequest, MonitoredStep, MonitorSample,
-                                      ProgressRecord, RunLimit, StepReport, add_states)
+from autodist.runtime.records import (ChangeRequest, EpochDecision, MonitoredStep,
+                                      MonitorSample, ProgressRecord, RunLimit, StepReport,
+                                      add_states)
 
 CONTINUE = "continue"
 STOP = "stop"
@@ -69,9 +73,23 @@ def epoch_weights_path(job: JobDir, epoch: int) -> pathlib.Path:
     return job.file(f"weights/epoch-{epoch}.npz")
 
 
-def write_decision(job: JobDir, epoch: int, stop: bool) -> None:
-    """Driver: what the run does after `epoch` (called after on_epoch_end)."""
-    job.write_file(job.epoch_decision(epoch), (STOP if stop else CONTINUE).encode())
+def write_decision(job: JobDir, epoch: int, stop: bool,
+                   learning_rate: float | None = None) -> None:
+    """Driver: what the run does after `epoch` (called after on_epoch_end, and the next
+    epoch's on_epoch_begin): stop, or go on, with `learning_rate` from the next epoch
+    on where a callback set one (None: unchanged)."""
+    job.write_file(job.epoch_decision(epoch),
+                   EpochDecision(stop, learning_rate).to_json())
+
+
+def learning_rate_at(changes: Sequence[tuple[int, float]], step: int) -> float | None:
+    """The learning rate a callback set for `step` (changes: (first step, rate), in
+    order), or None where none did."""
+    rate = None
+    for start, value in changes:
+        if start <= step:
+            rate = value
+    return rate
 
 
 def request_stop(job: JobDir) -> None:
@@ -132,6 +150,8 @@ class ChiefFollower:
         self.config = config
         self.limit = first_limit(steps_per_epoch, config.epochs)
         self.final = False
+        # (first step, learning rate) set by the driver's callbacks between epochs.
+        self.learning_rates: list[tuple[int, float]] = []
         self._losses: dict[int, dict[int, float]] = {}
         self._times: dict[int, float] = {}
         self._monitors: dict[int, list[MonitorSample]] = {}
@@ -148,7 +168,10 @@ class ChiefFollower:
             if self.epoch_end is not None:
                 self.epoch_end(epoch - 1)
             decision = self._decision(epoch - 1)
-            stop = decision == STOP or self.job.stop_request().exists()
+            stop = decision.stop or self.job.stop_request().exists()
+            if decision.learning_rate is not None and not stop and \
+                    decision.learning_rate != self.learning_rate_at(step):
+                self.learning_rates.append((step, decision.learning_rate))
             # Nobody has started `step`: a resize asked for at the epoch's end
             # (on_epoch_end runs before the decision) starts right here.
             self._take_resize_request(step, at_limit=True, announce=False)
@@ -159,6 +182,10 @@ class ChiefFollower:
         if not self.final and self.job.stop_request().exists():
             self._set(step + 1 if self.peers else step, True)
         return step < self.limit
+
+    def learning_rate_at(self, step: int) -> float | None:
+        """The learning rate the driver's callbacks set for `step` (None: the run's)."""
+        return learning_rate_at(self.learning_rates, step)
 
     def members_at(self, step: int) -> tuple[int, ...]:
         """The worker tasks that run `step`."""
@@ -236,7 +263,8 @@ class ChiefFollower:
     # ------------------------------------------------------------ internals
     def _set(self, limit: int, final: bool) -> None:
         self.limit, self.final = limit, final
-        message = RunLimit(limit, final, tuple(self.segments), tuple(self.plans)).to_json()
+        message = RunLimit(limit, final, tuple(self.segments), tuple(self.plans),
+                           tuple(self.learning_rates)).to_json()
         for peer in self.peers:
             self.mail.send(peer, mailbox.LIMIT, message, self.config.step_timeout_s)
 
@@ -290,18 +318,18 @@ class ChiefFollower:
         if announce:
             self._set(self.limit, self.final)
 
-    def _decision(self, epoch: int) -> str:
+    def _decision(self, epoch: int) -> EpochDecision:
         path = self.job.epoch_decision(epoch)
         # The driver's callbacks and validation run meanwhile: bounded by the job's time.
         deadline = time.monotonic() + self.config.job_timeout_s
         while not path.exists():
             if self.job.stop_request().exists():
-                return STOP  # Ctrl-C in the driver: it decides nothing more
+                return EpochDecision(stop=True)  # Ctrl-C in the driver: it decides no more
             if time.monotonic() > deadline:
                 raise FollowError(f"the driver did not decide how to go on after epoch {epoch} "
                                   f"within the job's {self.config.job_timeout_s:g}s")
             time.sleep(_POLL_S)
-        return path.read_text().strip()
+        return EpochDecision.from_json(path.read_bytes())
 
     def _absorb(self, messages: list[bytes]) -> None:
         for raw in messages:
@@ -358,6 +386,11 @@ class WorkerFollower:
         self.final = False
         self.segments = segments if segments is not None else []
         self.plans = plans if plans is not None else []
+        self.learning_rates: list[tuple[int, float]] = []
+
+    def learning_rate_at(self, step: int) -> float | None:
+        """The learning rate the driver's callbacks set for `step` (None: the run's)."""
+        return learning_rate_at(self.learning_rates, step)
 
     def wait_to_join(self, step: int) -> int | None:
         """An idle worker: the first step from `step` on that it runs, or None at the end.
@@ -410,3 +443,4 @@ class WorkerFollower:
             self.limit, self.final = message.limit, message.final
             self.segments[:] = message.segments
             self.plans[:] = message.plans
+            self.learning_rates[:] = message.learning_rates

@@ -31,7 +31,7 @@ class FitOptions:
     batch_size: int | None = None
     epochs: int = 1
     steps_per_epoch: int | None = None
-    shuffle: bool = False
+    shuffle: bool | str = True
     seed: int = 0
     verbose: int = 1
     timeout_s: float = 3600.0
@@ -146,6 +146,9 @@ class FitOptions:
         return not_resizable
 
     def _check_values(self) -> None:
+        if not isinstance(self.shuffle, bool) and self.shuffle != "batch":
+            raise AutodistError(f"shuffle must be True, False or 'batch' (as in Keras). "
+                                f"Received: {self.shuffle!r}")
         if not isinstance(self.epochs, int) or isinstance(self.epochs, bool) or self.epochs < 1:
             raise AutodistError(f"epochs must be an integer >= 1. Received: {self.epochs!r}")
         if self.steps_per_epoch is not None and (

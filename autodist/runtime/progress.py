@@ -8,6 +8,11 @@ It feeds the policies each step's metrics, and in a followed run (the user's
 callbacks, policies or validation) writes its decisions back for the chief
 (`autodist.runtime.follow`).
 
+A learning rate a callback sets between epochs (`ReduceLROnPlateau`,
+`LearningRateScheduler`) travels with the driver's decision at the epoch's
+end and applies from the next epoch's first step, as in Keras; the next
+epoch's `on_epoch_begin` runs before that step does.
+
 In a followed run the records hold the global loss. Before a callback sees
 an epoch's end, the model gets that epoch's trained weights (the chief sends
 them), so `ModelCheckpoint`, `EarlyStopping(restore_best_weights=True)` or
@@ -59,6 +64,9 @@ class Progress:
         metric_logs: The compiled metrics' logs from their summed state.
         initial_epoch: The index of the job's first epoch (`fit(initial_epoch=)`).
         wait_s: Bound on waiting for an epoch's weights.
+        fixed_rate: Why the run cannot change its learning rate (a schedule, a
+            strategy that fixes it), or None: callbacks may change it between
+            epochs (`learning_rate` is then the rate of the next epoch).
     """
 
     def __init__(self, job: JobDir, *, epochs: int, steps_per_epoch: int, verbose: int, model,
@@ -68,7 +76,8 @@ class Progress:
                  load_weights: Callable[[Any], None] | None = None,
                  validate: Callable[[int], dict[str, float]] | None = None,
                  metric_logs: Callable[[Sequence[Any]], dict[str, float]] | None = None,
-                 initial_epoch: int = 0, wait_s: float = 60.0) -> None:
+                 initial_epoch: int = 0, wait_s: float = 60.0,
+                 fixed_rate: str | None = None) -> None:
         self.job = job
         self.path = job.file("progress.jsonl")
         self.epochs = epochs
@@ -95,14 +104,19 @@ class Progress:
         self._pending: tuple[int, dict[str, float]] | None = None  # an end left to `finish`
         self._logs: dict[str, float] = {}
         self._stop_sent = False
+        self.fixed_rate = fixed_rate
+        self.learning_rate = learning_rate_of(model)
 
     # ------------------------------------------------------------ the fit
     def begin(self) -> None:
+        """`on_train_begin` and the first epoch's `on_epoch_begin`, before any step runs
+        (a learning rate they set is the run's first: `learning_rate`)."""
         self.model.stop_training = False
         self._dispatch("on_train_begin")
         if self.policies is not None:
             self.policies.begin()
             self._check_stop()
+        self._open_epoch(0)
 
     def update(self) -> None:
         """Reads the records written since the last call and dispatches them."""
@@ -153,12 +167,16 @@ class Progress:
         self.seen += len(records)
         return records
 
+    def _open_epoch(self, epoch: int) -> None:
+        """`on_epoch_begin` of the job's epoch `epoch`."""
+        self._epoch_open, self._sum, self._count = epoch, 0.0, 0
+        self._metric_states = ()
+        self._dispatch("on_epoch_begin", self.initial_epoch + epoch, {})
+
     def _step(self, record: ProgressRecord) -> None:
         epoch, step = record.epoch, record.epoch_step
         if self._epoch_open != epoch:
-            self._epoch_open, self._sum, self._count = epoch, 0.0, 0
-            self._metric_states = ()
-            self._dispatch("on_epoch_begin", self.initial_epoch + epoch, {})
+            self._open_epoch(epoch)
         # Keras' batch logs hold the running mean of the epoch, batches weighted by size,
         # and the metrics over the epoch so far.
         self._sum += record.loss * record.examples
@@ -180,8 +198,12 @@ class Progress:
             if self.epoch_weights:
                 self._load_epoch_weights(epoch)
             self._close_epoch(epoch, self._epoch_logs())
+            if not self.model.stop_training:
+                # Keras calls it before the next epoch's first step, which waits for it.
+                self._open_epoch(epoch + 1)
             if self.followed:
-                follow.write_decision(self.job, epoch, stop=bool(self.model.stop_training))
+                follow.write_decision(self.job, epoch, stop=bool(self.model.stop_training),
+                                      learning_rate=self.learning_rate)
 
     def _epoch_logs(self) -> dict[str, float]:
         logs = {"loss": self._sum / max(self._count, 1)}
@@ -215,22 +237,29 @@ class Progress:
         path.unlink()
 
     def _dispatch(self, hook: str, *args) -> None:
-        """Calls `hook` on every callback; a callback may not change the learning rate."""
+        """Calls `hook` on every callback. A learning rate a callback sets between
+        epochs (`on_train_begin`, `on_epoch_begin`, `on_epoch_end`) is the next epoch's;
+        inside an epoch the workers have run ahead, so a change there is refused."""
         rate = learning_rate_of(self.model)
         getattr(self.callbacks, hook)(*args)
         changed = learning_rate_of(self.model)
         if changed != rate:
-            # The workers ran ahead with the captured rate; Keras would change it now.
             # The callbacks that implement this hook (Keras' base class does nothing).
-            names = sorted({type(c).__name__ for c in self.callbacks.callbacks
-                            if getattr(type(c), hook) is not getattr(keras.callbacks.Callback,
-                                                                     hook)})
-            raise AutodistError(
-                f"callback {' or '.join(names)} changed the optimizer's learning rate in "
-                f"{hook} (from {_rate_text(rate)} to {_rate_text(changed)}); a distributed "
-                "run trains with the rate it was launched with. Use a "
-                "keras.optimizers.schedules.LearningRateSchedule, or a policy that re-plans "
-                "with strategy.with_hyperparameters(learning_rate=...)")
+            names = " or ".join(sorted({
+                type(c).__name__ for c in self.callbacks.callbacks
+                if getattr(type(c), hook) is not getattr(keras.callbacks.Callback, hook)}))
+            between_epochs = hook in ("on_train_begin", "on_epoch_begin", "on_epoch_end")
+            if not between_epochs or self.fixed_rate is not None:
+                why = f"this run's learning rate is fixed: {self.fixed_rate}" \
+                    if between_epochs else \
+                    "the workers run ahead of the driver inside an epoch, so the run changes " \
+                    "the rate only between epochs (on_epoch_begin / on_epoch_end)"
+                raise AutodistError(
+                    f"callback {names} changed the optimizer's learning rate in {hook} (from "
+                    f"{_rate_text(rate)} to {_rate_text(changed)}); {why}. Use a "
+                    "keras.optimizers.schedules.LearningRateSchedule for a rate that "
+                    "changes every step")
+            self.learning_rate = changed
         self._send_stop_if_asked()
 
     def _check_stop(self) -> None:

@@ -326,12 +326,14 @@ class RunLimit:
     final: bool
     segments: tuple[Segment, ...] = ()
     plans: tuple[str, ...] = ()
+    learning_rates: tuple[tuple[int, float], ...] = ()
 
     def to_json(self) -> bytes:
         return json.dumps({"limit": self.limit, "final": self.final,
                            "segments": [[s.version, s.start, s.end, list(s.members), s.plan]
                                         for s in self.segments],
-                           "plans": list(self.plans)}).encode()
+                           "plans": list(self.plans),
+                           "learning_rates": [[s, r] for s, r in self.learning_rates]}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> RunLimit:
@@ -339,7 +341,33 @@ class RunLimit:
         return cls(limit=_field(data, kind, "limit", _int),
                    final=_field(data, kind, "final", _bool),
                    segments=tuple(_field(data, kind, "segments", _list_of(_segment), [])),
-                   plans=tuple(_field(data, kind, "plans", _list_of(_str), [])))
+                   plans=tuple(_field(data, kind, "plans", _list_of(_str), [])),
+                   learning_rates=tuple(_field(data, kind, "learning_rates",
+                                               _list_of(_rate_change), [])))
+
+
+def _rate_change(value: Any) -> tuple[int, float]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise TypeError("expected [first step, learning rate]")
+    return _int(value[0]), _finite(value[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochDecision:
+    """The driver's word at an epoch's end (followed runs): stop, or go on (with the
+    learning rate a callback set for the next epoch, None: unchanged)."""
+
+    stop: bool
+    learning_rate: float | None = None
+
+    def to_json(self) -> bytes:
+        return json.dumps({"stop": self.stop, "learning_rate": self.learning_rate}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> EpochDecision:
+        data, kind = _loads(raw, "epoch decision"), "epoch decision"
+        return cls(stop=_field(data, kind, "stop", _bool),
+                   learning_rate=_field(data, kind, "learning_rate", _optional(_finite), None))
 
 
 @dataclasses.dataclass(frozen=True)

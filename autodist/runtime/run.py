@@ -1,12 +1,14 @@
 """DistributedRun: train a Keras model with a Strategy on a cluster, Keras-like."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
 import shutil
 import sys
 import time
 import uuid
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -25,7 +27,7 @@ from autodist.launch.remote import RemoteCluster
 from autodist.launch.signing import load_secret
 from autodist.launch.tf_config import check_this_is_the_chief
 from autodist.runtime import batching, checkpoint, datasets, follow, keras_data, recovery
-from autodist.runtime import sharded_input
+from autodist.runtime import optimizer_state, sharded_input
 from autodist.runtime import targets as targets_
 from autodist.runtime.elastic import check_elastic, check_switch, members_for, segments
 from autodist.runtime.entry import TASK_MODULE
@@ -119,7 +121,7 @@ class DistributedRun:
         self._resizable: AutodistError | None = None
 
     def fit(self, x: Any, y: Any = None, *, batch_size: int | None = None, epochs: int = 1,
-            steps_per_epoch: int | None = None, shuffle: bool = False, seed: int = 0,
+            steps_per_epoch: int | None = None, shuffle: bool | str = True, seed: int = 0,
             verbose: int = 1, timeout_s: float = 3600.0, checkpoint_dir: str | None = None,
             checkpoint_every_steps: int | None = None,
             checkpoints_to_keep: int | None = None,
@@ -186,9 +188,14 @@ class DistributedRun:
                 dataset (its batches are the batches).
             epochs: Passes over the data.
             steps_per_epoch: Steps per epoch (default: all batches).
-            shuffle: Shuffle each epoch with a seeded permutation (the order
-                differs from Keras' own shuffling; use False to compare).
-            seed: Seed of the shuffling.
+            shuffle: As Keras: shuffle the examples of each pass over arrays
+                (True, the default), or each batch's rows ("batch"); ignored
+                with a dataset (its own `shuffle` reads as in Keras). With
+                TensorFlow's global seed set (`keras.utils.set_random_seed`)
+                the order is Keras' own, so the run equals Keras `fit`;
+                without one Keras' order is random and the run draws its own
+                (seeded by `seed`).
+            seed: Seeds the shuffling where Keras' order is random.
             verbose: 1 shows a progress line.
             timeout_s: Bound on the whole fit.
             checkpoint_dir: The chief writes checkpoints here (see
@@ -291,7 +298,7 @@ class DistributedRun:
             x, y, sample_weight, options.validation_data = _split_validation(
                 x, y, sample_weight, options.validation_split)
         job_epochs = options.job_epochs
-        streamed = shards = None
+        streamed = shards = order = None
         if isinstance(x, ShardedDataset):
             shards = self._shards(x, y, options, sample_weight, class_weight, job_epochs)
             inputs, targets, n = [], None, None
@@ -315,10 +322,20 @@ class DistributedRun:
             inputs, targets, batch_size = self._arrays(x, y, options.batch_size, sample_weight,
                                                        class_weight)
             n = len(targets)
-            steps = batching.steps_per_epoch(n, batch_size, steps_per_epoch)
+            steps = batching.steps_per_epoch(n, batch_size)
             self._check_batches([len(batching.batch_rows(np.arange(n), s, batch_size))
                                  for s in range(steps)], n, batch_size)
-            lengths = [steps] * job_epochs
+            lengths = [e.steps for e in batching.EpochSchedule(
+                n, job_epochs, steps_per_epoch, lambda step: batch_size).array_epochs()]
+            if steps_per_epoch and min(lengths) < steps_per_epoch:
+                # As Keras warns when its step finds the pass at its end.
+                warnings.warn(
+                    f"Your input ran out of data: with steps_per_epoch={steps_per_epoch}, "
+                    f"epochs read {lengths[:8]}{'...' if len(lengths) > 8 else ''} batches "
+                    f"of a pass's {steps} (a pass goes on across epochs until it ends, "
+                    "then the next epoch starts a new one), as Keras' fit reads them",
+                    UserWarning, stacklevel=2)
+            order = batching.keras_order(n, batch_size, shuffle)
         steps = lengths[0]
         plans, switch_plans = options.switch_plans()
         self._members = tuple(range(self.resource_spec.num_worker_tasks))
@@ -327,7 +344,7 @@ class DistributedRun:
                                      resize_at, switch_plans)[0].members
         config = RunConfig(global_batch_size=batch_size, epochs=job_epochs,
                            steps_per_epoch=steps_per_epoch,
-                           shuffle=shuffle and streamed is None and shards is None,
+                           shuffle=shuffle if streamed is None and shards is None else False,
                            seed=seed,
                            step_timeout_s=self.step_timeout_s,
                            startup_timeout_s=self.startup_timeout_s,
@@ -352,7 +369,7 @@ class DistributedRun:
             DatasetFiles(streamed.graph, streamed.description.to_json())
         if shards is not None:
             dataset_files = DatasetFiles(b"", shards.description.to_json(), shards.graphs)
-        path, job = self._new_job(config, init_values, inputs, targets, dataset_files)
+        path, job = self._new_job(config, init_values, inputs, targets, dataset_files, order)
         control = None
         driver = None
         if options.policies:
@@ -370,7 +387,8 @@ class DistributedRun:
                                      lambda: progress.callbacks)
             if options.validates else None,
             metric_logs=metric_logs, initial_epoch=options.initial_epoch,
-            wait_s=self.step_timeout_s + self.startup_timeout_s)
+            wait_s=self.step_timeout_s + self.startup_timeout_s,
+            fixed_rate=self._fixed_rate())
         self._following = (job, config) if options.followed else None
         self._requested_members = self._requested_strategy = None
         self._requested_batch, self._num_examples = batch_size, n
@@ -378,6 +396,10 @@ class DistributedRun:
         finished = False
         try:
             progress.begin()
+            if progress.fixed_rate is None and progress.learning_rate is not None:
+                # The model's rate after on_train_begin and the first on_epoch_begin.
+                config = dataclasses.replace(config, learning_rate=progress.learning_rate)
+                job.write_config(config)
             if on_failure == "continue":
                 outcome = recovery.run_recovering(
                     job, self.strategy, self.resource_spec,
@@ -385,7 +407,7 @@ class DistributedRun:
                         job_k, timeout_s, progress.update, spec_k, wait_for_chief=True),
                     write_job=lambda job_k, strategy_k, spec_k, config_k, values: job_k.write(
                         self.graph_item, strategy_k, spec_k, config_k, values, inputs,
-                        targets, dataset_files),
+                        targets, dataset_files, order),
                     on_new_job=progress.follow)
             else:
                 self._run_cluster(job, timeout_s, progress.update)
@@ -580,16 +602,28 @@ class DistributedRun:
 
     # ------------------------------------------------------------ helpers
     def _check_learning_rate(self) -> None:
-        """The model's learning rate must still be the captured one (or overridden)."""
-        captured = self.graph_item.optimizer.hyperparameters.get("learning_rate")
+        """The model's learning rate must still be of the captured kind (a fixed rate or
+        a schedule); a fixed rate may have changed since (the run trains with the
+        model's, as Keras does)."""
+        captured = self.graph_item.optimizer
+        fixed = "learning_rate" in captured.hyperparameters
         current = learning_rate_of(self.model)
-        if captured is None or current is None or "learning_rate" in self.strategy.hyperparameters:
+        if "learning_rate" in self.strategy.hyperparameters or \
+                getattr(self.model, "optimizer", None) is None:
             return
-        if not np.isclose(current, captured, rtol=1e-6, atol=0.0):
+        if fixed and current is None or not fixed and current is not None:
+            kinds = ("a fixed rate", "a schedule")
             raise AutodistError(
-                f"the model's learning rate is {current:g} but it was {captured:g} when the "
-                "model was captured, and the cluster trains with the captured one: capture "
-                "again, or set it with strategy.with_hyperparameters(learning_rate=...)")
+                f"the model's learning rate is {kinds[current is None]} but it was "
+                f"{kinds[not fixed]} when the model was captured: capture the model again")
+
+    def _fixed_rate(self) -> str | None:
+        """Why callbacks may not change this run's learning rate, or None."""
+        if "learning_rate" not in self.graph_item.optimizer.hyperparameters:
+            return "the optimizer's learning rate is a schedule"
+        if "learning_rate" in self.strategy.hyperparameters:
+            return "the strategy sets it (strategy.with_hyperparameters(learning_rate=...))"
+        return None
 
     def _arrays(self, x, y, batch_size: int | None, sample_weight: Any = None,
                 class_weight: Any = None):
@@ -648,12 +682,16 @@ class DistributedRun:
     def _stream(self, dataset, y: Any, batch_size: int | None, sample_weight: Any,
                 class_weight: Any, steps_per_epoch: int | None,
                 epochs: int) -> datasets.StreamedDataset:
-        """A dataset made ready for the workers to read (see `datasets.prepare`)."""
-        if y is not None or batch_size is not None or sample_weight is not None:
-            raise AutodistError("with a dataset, pass neither y, sample_weight nor "
-                                "batch_size: the dataset yields (x, y[, sample_weight]) "
-                                f"batches. Received y={'an array' if y is not None else None}"
-                                f", batch_size={batch_size!r}")
+        """A dataset made ready for the workers to read (see `datasets.prepare`).
+
+        As Keras, `batch_size` is ignored (the dataset's batches are the batches),
+        and y or sample_weight are refused (the dataset yields them)."""
+        del batch_size
+        if y is not None or sample_weight is not None:
+            raise AutodistError("with a dataset, pass neither y nor sample_weight (as Keras): "
+                                "the dataset yields (x, y[, sample_weight]) batches. Received "
+                                f"y={'an array' if y is not None else None}, sample_weight="
+                                f"{'an array' if sample_weight is not None else None}")
         streamed = datasets.prepare(
             dataset, self.graph_item, steps_per_epoch=steps_per_epoch, epochs=epochs,
             num_virtual_nodes=self.strategy.num_virtual_nodes,
@@ -698,12 +736,12 @@ class DistributedRun:
                 "(steps_per_epoch) or change the number of examples")
 
     def _new_job(self, config: RunConfig, init_values, inputs, targets,
-                 dataset: DatasetFiles | None = None):
+                 dataset: DatasetFiles | None = None, order: np.ndarray | None = None):
         job = JobDir.create(self.job_dir)
         path = job.path
         self.last_job_dir = path
         job.write(self.graph_item, self.strategy, self.resource_spec, config,
-                  init_values, inputs, targets, dataset)
+                  init_values, inputs, targets, dataset, order)
         return path, job
 
     def _run_cluster(self, job: JobDir, timeout_s: float, on_poll,
@@ -748,11 +786,15 @@ class DistributedRun:
                                                              self.model.trainable_variables)}
         non_trainable = [v for v in self.model.variables if not v.trainable]
         values.update({n: np.asarray(v.numpy()) for n, v in zip(state, non_trainable)})
+        values.update(optimizer_state.read(self.model, self.graph_item))
         return values
 
     def _write_back(self, job: JobDir) -> None:
+        """The trained weights, and the optimizer's state, into the model (as after Keras'
+        fit, a later fit goes on from both)."""
         with np.load(job.file("final_weights.npz")) as weights:
             self._load_weights(weights)
+            optimizer_state.write(self.model, self.graph_item, weights)
 
     def _load_weights(self, weights) -> None:
         """Puts trained values (by variable name: an .npz or a dict) into the model."""
@@ -859,9 +901,8 @@ def _rows_read_by(job: JobDir, task_index: int) -> np.ndarray | None:
     devices = job.strategy().virtual_node_devices
     prefix = f"/job:worker/task:{task_index}/"
     mine = [i for i, d in enumerate(devices) if d.startswith(prefix)]
-    steps = batching.steps_per_epoch(num_examples, config.global_batch_size,
-                                     config.steps_per_epoch)
-    return batching.rows_read(num_examples, config.global_batch_size, steps, config.epochs,
-                              config.shuffle, config.seed, len(devices), mine)
-
-
+    schedule = batching.EpochSchedule(num_examples, config.epochs, config.steps_per_epoch,
+                                      lambda step: config.global_batch_size)
+    order = batching.ArrayOrder(num_examples, config.shuffle, config.seed, config.first_epoch,
+                                job.order())
+    return batching.rows_read(schedule, order, len(devices), mine)

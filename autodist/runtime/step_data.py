@@ -64,7 +64,7 @@ class StepData(Protocol):
 
 
 class ArrayData:
-    """The job's arrays, batched by the seeded schedule every task computes.
+    """The job's arrays, batched by the schedule every task computes.
 
     Args:
         job: The job directory.
@@ -78,26 +78,26 @@ class ArrayData:
         self.num_examples, self.held_rows = job.shard()
         self.schedule = batching.EpochSchedule(self.num_examples, config.epochs,
                                                config.steps_per_epoch, batch_at)
-        self._order: tuple[int, np.ndarray] | None = None
+        self.order = batching.ArrayOrder(self.num_examples, config.shuffle, config.seed,
+                                         config.first_epoch, job.order())
 
     @property
     def lengths(self) -> list[int]:
-        steps = batching.steps_per_epoch(self.num_examples, self.config.global_batch_size,
-                                         self.config.steps_per_epoch)
-        return [steps] * self.config.epochs
+        return [e.steps for e in batching.EpochSchedule(
+            self.num_examples, self.config.epochs, self.config.steps_per_epoch,
+            lambda step: self.config.global_batch_size).array_epochs()]
 
     def batch(self, index: int) -> GlobalBatch:
-        epoch, step, batch, _ = self.schedule.locate(index)
-        order = self._epoch_order(self.config.first_epoch + epoch)
-        return GlobalBatch(self.inputs, self.targets, batching.batch_rows(order, step, batch),
+        return GlobalBatch(self.inputs, self.targets, self.schedule.rows_at(index, self.order),
                            self.held_rows)
 
     def probe_batch(self, index: int) -> GlobalBatch:
-        """Epoch 0's batches, from its first again when there are fewer."""
+        """The first pass's batches, from its first again when there are fewer."""
         batch = self.config.global_batch_size
         steps = batching.steps_per_epoch(self.num_examples, batch)
         return GlobalBatch(self.inputs, self.targets,
-                           batching.batch_rows(self._epoch_order(0), index % steps, batch),
+                           batching.batch_rows(self.order.of_pass(0, batch), index % steps,
+                                               batch),
                            self.held_rows)
 
     def examples(self, index: int) -> int:
@@ -105,9 +105,3 @@ class ArrayData:
 
     def close(self) -> None:
         pass
-
-    def _epoch_order(self, epoch: int) -> np.ndarray:
-        if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, batching.epoch_order(self.num_examples, epoch,
-                                                       self.config.shuffle, self.config.seed))
-        return self._order[1]

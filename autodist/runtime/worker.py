@@ -189,6 +189,8 @@ class Trainer:
         self.plans: list[str] = list(self.config.plans or [])
         self._plan_strategies: dict[int, Strategy] = {0: self.strategy}
         self._init_shared = True  # the chief initializes the PS variables
+        self._rate: float | None = None  # the learning rate the program holds, if set
+        self._rate_assign: tuple[Program, Any, Any] | None = None
         # The chief's reads of every replica's residuals, and their program.
         self._residual_reads: tuple[Program, residuals.ResidualReads | None] | None = None
         self.program: Program | None = None
@@ -238,6 +240,7 @@ class Trainer:
             self.config.startup_timeout_s)
         self.segment = segment
         self._save = None
+        self._rate = None  # a new program holds the captured rate
         self._monitor = None
         if self.config.monitor_every:
             with self.program.graph.as_default():
@@ -277,6 +280,8 @@ class Trainer:
                     (name, var))
             step = program.outputs.step
             inits = [step.initializer] + [v.initializer for _, v in local]
+            if program.outputs.learning_rate is not None:
+                inits.append(program.outputs.learning_rate.initializer)
             if self.is_chief and init_shared:
                 inits += [v.initializer for _, v in shared]
             assigns, feeds = self._value_assigns(values, local,
@@ -290,6 +295,7 @@ class Trainer:
         self.initial_step = int(values.get(checkpoint.ITERATIONS, 0)) - max(
             self.segment.start - self.config.start_step, 0)
         self.session.run(inits, options=self.run_options)
+        self._rate = None  # the variable holds the captured rate until set
         if assigns:
             self.session.run(assigns, feed_dict=feeds, options=self.run_options)
         if self.is_chief:
@@ -418,6 +424,7 @@ class Trainer:
                     self.segment = segment
                     continue
                 self._enter(segment, resizes)
+            self._set_learning_rate(index)
             outputs = self.program.outputs
             fetches = {"loss": outputs.weighted_loss, "train": outputs.train_op}
             if self.program.metric_states:
@@ -617,6 +624,26 @@ class Trainer:
         feed[self.program.outputs.scales[replica.index]] = len(rows) / sum(map(len, parts))
         return feed
 
+    def _set_learning_rate(self, index: int) -> None:
+        """Before step `index`: the fixed learning rate it trains with, from the driver's
+        callbacks (set between epochs) or the run's start (the model's rate)."""
+        variable = self.program.outputs.learning_rate
+        if variable is None:
+            return
+        rate = self.follower.learning_rate_at(index) if self.follower is not None else None
+        if rate is None:
+            rate = self.config.learning_rate
+        if rate is None or rate == self._rate:
+            return
+        if self._rate_assign is None or self._rate_assign[0] is not self.program:
+            with self.program.graph.as_default():
+                value = tf.compat.v1.placeholder(tf.float32, [])
+                self._rate_assign = (self.program, value,
+                                     variable.assign(value, read_value=False))
+        _, value, assign = self._rate_assign
+        self.session.run(assign, feed_dict={value: rate}, options=self.run_options)
+        self._rate = rate
+
     def _probe(self) -> WorkerResult:
         """Times each local replica's forward and backward passes; no update.
 
@@ -724,16 +751,18 @@ class Trainer:
             residuals.wait_until_written(self.session, self._residuals(),
                                          self.config.step_timeout_s, self.run_options)
 
-    def final_weights(self) -> dict[str, np.ndarray]:
-        """Trained values by variable name, shards reassembled (chief's view)."""
-        return self.session.run(self._full_tensors(with_optimizer=False),
+    def final_weights(self, with_optimizer: bool = True) -> dict[str, np.ndarray]:
+        """Trained values by variable name, shards reassembled (chief's view); with
+        `with_optimizer`, also the optimizer's slots and update count (by checkpoint
+        key), which return into the Keras optimizer."""
+        return self.session.run(self._full_tensors(with_optimizer=with_optimizer),
                                 options=self.run_options)
 
     def _write_epoch_weights(self, epoch: int) -> None:
         """Chief: the weights after `epoch`, for the driver's callbacks."""
         path = follow.epoch_weights_path(self.job, epoch)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_weights(path, self.final_weights())
+        write_weights(path, self.final_weights(with_optimizer=False))
 
     def finish_barrier(self) -> None:
         """Asynchronous jobs: the chief waits until every worker has finished."""

@@ -292,9 +292,8 @@ def test_fit_refuses_before_launch(mlp_8):
                               graph_item=graph_item)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
     assert is_dataset(ds) and not is_dataset(x)
-    with pytest.raises(autodist.AutodistError, match="pass neither y, sample_weight nor "
-                                                     "batch_size"):
-        run.fit(ds, batch_size=32)
+    with pytest.raises(autodist.AutodistError, match="pass neither y nor sample_weight"):
+        run.fit(ds, y, batch_size=32)
     with pytest.raises(DatasetGraphError, match="PyFunc is stateful"):
         run.fit(_generator_dataset(x, y), verbose=0)
     with pytest.raises(autodist.AutodistError, match="steps_per_epoch must be an integer >= 1"):

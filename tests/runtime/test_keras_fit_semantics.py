@@ -1,0 +1,122 @@
+"""`fit` as Keras' `fit`: its shuffle default and order, epochs cut by steps_per_epoch, the
+optimizer's state across fits, learning rates set by callbacks, a dataset with batch_size.
+
+Each run is on a real 2-worker cluster and is compared with single-device Keras `fit`
+on the same data: weights to 2e-5 and History to 1e-5 (float32 sums in another order).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras
+import autodist
+from autodist.search import builders
+
+pytestmark = pytest.mark.cluster
+
+TOLERANCE = 2e-5
+
+
+def _data(n: int = 50):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 4)), rng.normal(size=(n,))   # float64 and 1-D, as users have
+
+
+def _pair(optimizer):
+    """A model and its single-device twin (same weights, a fresh optimizer each)."""
+    def build():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer(), "mse", metrics=["mae"])
+        return model
+
+    keras.utils.set_random_seed(1)
+    model, reference = build(), build()
+    reference.set_weights(model.get_weights())
+    return model, reference
+
+
+def _run(model, ps: int = 0, builder=builders.AllReduce):
+    spec = autodist.ResourceSpec.local(workers=2, ps=ps)
+    item = autodist.capture(model)
+    return autodist.distribute(model, builder().build(item, spec), spec, graph_item=item)
+
+
+def _check(model, reference, history, keras_history) -> None:
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+    assert sorted(history.history) == sorted(keras_history.history)
+    for key, values in keras_history.history.items():
+        np.testing.assert_allclose(history.history[key], values, rtol=1e-5, atol=1e-7,
+                                   err_msg=key)
+
+
+def test_shuffle_by_default_in_keras_order_and_epochs_cut_by_steps_per_epoch():
+    """With Keras' seed set, fit shuffles by default in Keras' own order; with
+    steps_per_epoch one pass goes on across epochs (4 batches: epochs of 3, 1, 3)."""
+    x, y = _data()
+    model, reference = _pair(lambda: keras.optimizers.SGD(0.1))
+    run = _run(model)
+    keras.utils.set_random_seed(7)
+    history = run.fit(x, y, batch_size=16, epochs=3, steps_per_epoch=3, verbose=0)
+    keras.utils.set_random_seed(7)
+    with pytest.warns(UserWarning, match="ran out of data"):
+        keras_history = reference.fit(x, y, batch_size=16, epochs=3, steps_per_epoch=3,
+                                      verbose=0)
+    assert [len(e) for e in np.split(np.asarray(history.step_losses), [3, 4])] == [3, 1, 3]
+    _check(model, reference, history, keras_history)
+
+
+def test_a_second_fit_goes_on_with_the_optimizers_state_and_the_models_learning_rate():
+    x, y = _data(48)
+    model, reference = _pair(lambda: keras.optimizers.Adam(0.05))
+    run = _run(model, ps=1, builder=builders.PS)
+    run.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+    reference.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 3
+    for got, want in zip(model.optimizer.variables, reference.optimizer.variables):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0, atol=TOLERANCE)
+    # As Keras: the rate set on the model between fits is the one the next fit uses.
+    model.optimizer.learning_rate = 0.02
+    reference.optimizer.learning_rate = 0.02
+    history = run.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    keras_history = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 9
+    _check(model, reference, history, keras_history)
+
+
+def _callbacks():
+    return [keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0,
+                                              min_delta=10.0),
+            keras.callbacks.LearningRateScheduler(lambda epoch, rate: rate * 0.8
+                                                  if epoch == 2 else rate)]
+
+
+def test_learning_rates_set_by_callbacks_apply_from_the_next_epoch_on_a_dataset():
+    """ReduceLROnPlateau (on_epoch_end) and LearningRateScheduler (on_epoch_begin) change
+    the rate between epochs, as in Keras; a dataset's batch_size is ignored, as Keras does."""
+    x, y = _data(48)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(12)
+    model, reference = _pair(lambda: keras.optimizers.SGD(0.1, momentum=0.5))
+    run = _run(model)
+    history = run.fit(dataset, batch_size=32, epochs=4, callbacks=_callbacks(), verbose=0)
+    keras_history = reference.fit(dataset, batch_size=32, epochs=4, callbacks=_callbacks(),
+                                  verbose=0)
+    rates = keras_history.history["learning_rate"]
+    assert len(set(np.round(rates, 6))) >= 3, rates
+    assert float(model.optimizer.learning_rate.numpy()) == \
+        float(reference.optimizer.learning_rate.numpy())
+    _check(model, reference, history, keras_history)
+
+
+def test_a_learning_rate_changed_inside_an_epoch_is_refused():
+    x, y = _data(32)
+    model, _ = _pair(lambda: keras.optimizers.SGD(0.1))
+    run = _run(model)
+    halve = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: setattr(model.optimizer, "learning_rate", 0.05))
+    with pytest.raises(autodist.AutodistError, match="in on_train_batch_end .*only between "
+                                                     "epochs"):
+        run.fit(x, y, batch_size=8, epochs=2, callbacks=[halve], verbose=0)
