@@ -20,7 +20,8 @@ BUILTIN = {"ValueError", "RuntimeError", "KeyError", "TypeError", "Exception", "
 # file -> functions whose builtin raises their callers turn into named errors.
 INTERNAL = {
     "runtime/records.py": {"_int", "_float", "_finite", "_bool", "_str", "convert", "_numbers",
-                           "_states", "_segment", "_members", "_probes", "_shape"},
+                           "_states", "_segment", "_members", "_probes", "_shape",
+                           "_rate_change"},
     "search/database.py": {"_reject_constant"},
     "search/cost_model.py": {"_reject_constant"},
 }

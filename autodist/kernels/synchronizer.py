@@ -114,7 +114,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         step = create_variable(program.graph, VariableSpec("autodist/step", (), tf.int64,
                                                            first_device))
         step_value = step.read_value()
-        learning_rate = _learning_rate_variable(gi, strategy, first_device)
+        learning_rate = _learning_rate_variable(program, strategy, first_device)
         scales = {}
         scaled: dict[int, dict[str, object]] = {}
         weighted_losses = []
@@ -270,15 +270,18 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
     return program
 
 
-def _learning_rate_variable(gi, strategy: Strategy, device: str):
+def _learning_rate_variable(program: Program, strategy: Strategy, device: str):
     """This task's learning rate, a variable the worker sets (a callback may change a
     fixed rate between epochs); None for a schedule or a rate the strategy fixes."""
-    rate = gi.optimizer.hyperparameters.get("learning_rate")
+    rate = program.graph_item.optimizer.hyperparameters.get("learning_rate")
     if rate is None or "learning_rate" in strategy.hyperparameters:
         return None
-    return create_variable(tf.compat.v1.get_default_graph(),
-                           VariableSpec("autodist/learning_rate", (), tf.float32, device,
-                                        initial=float(rate)))
+    name = "autodist/learning_rate"
+    variable = create_variable(program.graph, VariableSpec(name, (), tf.float32, device,
+                                                           initial=float(rate)))
+    program.storage[name] = variable
+    program.roles[name] = StorageRole("internal")  # local: starts at the captured rate
+    return variable
 
 
 def is_async(shard) -> bool:

@@ -58,7 +58,6 @@ from autodist.runtime.records import (ChangeRequest, EpochDecision, MonitoredSte
                                       MonitorSample, ProgressRecord, RunLimit, StepReport,
                                       add_states)
 
-CONTINUE = "continue"
 STOP = "stop"
 CHIEF: Task = ("worker", 0)
 _POLL_S = 0.005

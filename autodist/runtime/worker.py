@@ -280,8 +280,6 @@ class Trainer:
                     (name, var))
             step = program.outputs.step
             inits = [step.initializer] + [v.initializer for _, v in local]
-            if program.outputs.learning_rate is not None:
-                inits.append(program.outputs.learning_rate.initializer)
             if self.is_chief and init_shared:
                 inits += [v.initializer for _, v in shared]
             assigns, feeds = self._value_assigns(values, local,

@@ -14,7 +14,7 @@ from autodist.launch.job import JobDir
 from autodist.runtime import follow
 from autodist.runtime.history import History
 from autodist.runtime.progress import Progress
-from autodist.runtime.records import ProgressRecord
+from autodist.runtime.records import EpochDecision, ProgressRecord
 
 STEPS = 4
 
@@ -94,7 +94,8 @@ def test_an_epoch_end_without_a_stop_loads_that_epochs_weights(tmp_path):
     progress.update()
     assert [float(w["w"][0]) for w in loaded] == [1.0]
     assert callback.events[-1] == ("epoch_end", 0)
-    assert job.epoch_decision(0).read_text() == follow.CONTINUE
+    decision = EpochDecision.from_json(job.epoch_decision(0).read_bytes())
+    assert decision == EpochDecision(stop=False, learning_rate=None)
     assert not path.exists()
 
 
