@@ -109,6 +109,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import time  # pylint: disable=import-outside-toplevel
 
+    import keras  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     from autodist import models  # pylint: disable=import-outside-toplevel
@@ -136,10 +137,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         strategy = builders.get(args.builder)().build(graph_item, spec)
     print(strategy.summary(), "\n")
     start = time.perf_counter()
+    # Shuffled as Keras' fit shuffles by default: in Keras' own order, with its seed set.
+    keras.utils.set_random_seed(0)
     history = distribute(model, strategy, spec, graph_item=graph_item).fit(
         x, y, batch_size=args.batch_size, epochs=args.epochs, verbose=1)
     elapsed = time.perf_counter() - start
-    reference.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=False, verbose=0)
+    keras.utils.set_random_seed(0)
+    reference.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, verbose=0)
     diff = max(float(np.abs(a - b).max())
                for a, b in zip(model.get_weights(), reference.get_weights()))
     print(f"\ntrained {len(history.step_losses)} steps on {len(spec.replica_devices)} replicas "

@@ -99,7 +99,7 @@ def main() -> int:
     schedule = {k * per_size: size for k, size in enumerate(order)}
     rows = per_size * len(order) * args.batch_size
     history = run.fit(np.resize(x, (rows, args.input_dim)), np.resize(y, rows), epochs=1,
-                      verbose=0, resize_at=schedule)
+                      verbose=0, resize_at=schedule, shuffle=False)
     samples: dict[int, list[float]] = {}
     for k, size in enumerate(order):
         times = history.step_times[k * per_size + args.warmup:(k + 1) * per_size]
@@ -125,7 +125,8 @@ def main() -> int:
         run = distribute(os.path.join(work, mode))
         scale = policies.Autoscale(scaler(), prediction, window=args.window, warmup=args.warmup)
         start = time.perf_counter()
-        history = run.fit(x, y, epochs=1, verbose=0, resize_at={0: 1}, policies=[scale])
+        history = run.fit(x, y, epochs=1, verbose=0, resize_at={0: 1}, policies=[scale],
+                          shuffle=False)
         seconds = time.perf_counter() - start
         if scale.result is None:
             print(f"{mode}: did not settle ({scale.error})", file=sys.stderr)

@@ -134,9 +134,10 @@ def child(args) -> None:
                                 args.examples * len(mine) // len(paths), s.batch_size)
 
         history = run.fit(autodist.ShardedDataset(shard, global_batch_size=BATCH),
-                          steps_per_epoch=args.steps, verbose=0, callbacks=[ends])
+                          steps_per_epoch=args.steps, verbose=0, callbacks=[ends], shuffle=False)
     else:
-        history = run.fit(ds, steps_per_epoch=args.steps, verbose=0, callbacks=[ends])
+        history = run.fit(ds, steps_per_epoch=args.steps, verbose=0, callbacks=[ends],
+                          shuffle=False)
     wall = time.perf_counter() - start
     print(json.dumps({"wall_s": wall, "step_s": statistics.median(history.step_times[1:]),
                       "train_step_s": (ends.times[-1] - ends.times[0]) / (len(ends.times) - 1),

@@ -113,7 +113,7 @@ def _train(tmp_path, peer, name: str, **options):
     run = autodist.distribute(model, builders.PS().build(graph_item, spec), spec,
                               graph_item=graph_item, job_dir=str(tmp_path / name), **options)
     probe = _Probe(run, peer)
-    history = run.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[probe])
+    history = run.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[probe], shuffle=False)
     assert len(history.step_losses) == 6
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
@@ -155,7 +155,7 @@ def test_opting_in_where_no_namespace_can_be_made_exposes_the_ports(tmp_path, an
     with pytest.raises(netns.ExposedNetworkError,
                        match=r"none could be made here \(test: user namespaces disabled\)"):
         refused.fit(np.zeros((8, 20), "float32"), np.zeros(8, "int32"), batch_size=8,
-                    verbose=0)
+                    verbose=0, shuffle=False)
     assert not list((tmp_path / "refused" / "logs").iterdir())  # no task was started
 
     with caplog.at_level(logging.WARNING, logger="autodist.launch.netns"):

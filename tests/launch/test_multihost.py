@@ -92,7 +92,8 @@ def test_tf_config_cluster_trains_like_keras(tmp_path, monkeypatch, secret_file)
         counter = _CountBatches()
         run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
                                   job_dir=str(tmp_path / "chief"))
-        history = run.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[counter])
+        history = run.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[counter],
+                          shuffle=False)
 
         assert len(history.step_losses) == 6 and counter.batches == 6
         for got, want in zip(model.get_weights(), reference.get_weights()):
@@ -133,7 +134,7 @@ def test_served_tasks_run_several_cpu_replicas(tmp_path, monkeypatch, secret_fil
                                      min_shard_bytes=64).build(graph_item, spec)
         run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
                                   job_dir=str(tmp_path / "chief"))
-        history = run.fit(x, y, batch_size=32, epochs=2, verbose=0)
+        history = run.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False)
 
         assert len(history.step_losses) == 6
         for got, want in zip(model.get_weights(), reference.get_weights()):
@@ -184,7 +185,7 @@ def test_chief_names_a_peer_that_is_not_up_and_aborts_the_others(tmp_path, monke
         with pytest.raises(TaskFailedError, match=f"task ps:0 at 127.0.0.1:{ports[2]} did not "
                                                   "take its job within 3s"):
             run.fit(np.zeros((16, 8), "float32"), np.zeros(16, "int32"), batch_size=8,
-                    verbose=0)
+                    verbose=0, shuffle=False)
         assert time.monotonic() - start < 15
         assert process.wait(timeout=30) == 1
     finally:
@@ -217,7 +218,7 @@ def test_a_job_without_the_secret_is_rejected_and_the_task_serves_on(tmp_path, m
         def fit(**options):
             run = autodist.distribute(model, strategy, spec, graph_item=graph_item,
                                       launch="remote", startup_timeout_s=60, **options)
-            return run.fit(x, y, batch_size=16, epochs=1, verbose=0)
+            return run.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
 
         wrong = tmp_path / "wrong"
         wrong.write_text("not-the-cluster-secret-at-all")
@@ -280,7 +281,7 @@ def test_served_workers_read_a_tfrecord_dataset_at_the_same_paths(tmp_path, monk
         ds = ds.shuffle(48, seed=3).batch(16)
         model = models.mlp(input_dim=8, hidden=(16,), classes=3, optimizer="adam")
         reference = models.single_device_twin(model)
-        reference.fit(ds, epochs=2, verbose=0)
+        reference.fit(ds, epochs=2, verbose=0, shuffle=False)
 
         monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
         spec = autodist.ResourceSpec.from_tf_config()
@@ -288,7 +289,7 @@ def test_served_workers_read_a_tfrecord_dataset_at_the_same_paths(tmp_path, monk
         strategy = builders.AllReduce().build(graph_item, spec)
         run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
                                   job_dir=str(tmp_path / "chief"))
-        history = run.fit(ds, epochs=2, verbose=0)
+        history = run.fit(ds, epochs=2, verbose=0, shuffle=False)
 
         assert len(history.step_losses) == 6
         for got, want in zip(model.get_weights(), reference.get_weights()):

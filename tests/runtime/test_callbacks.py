@@ -93,7 +93,7 @@ def test_hooks_logs_and_early_stopping_match_keras(tmp_path):
     history = autodist.distribute(model, strategy, spec, graph_item=graph_item).fit(
         x, y, batch_size=BATCH, epochs=6, verbose=0,
         callbacks=[recorder, keras.callbacks.EarlyStopping(monitor="loss", min_delta=100,
-                                                           patience=1)])
+                                                           patience=1)], shuffle=False)
 
     assert recorder.model is model
     assert recorder.params == {"epochs": 6, "steps": 3, "verbose": 0}
@@ -130,7 +130,7 @@ def test_stop_training_inside_an_epoch_stops_every_worker(tmp_path):
     history = autodist.distribute(model, strategy, spec, graph_item=graph_item,
                                   job_dir=str(tmp_path / "job")).fit(
         x, y, batch_size=batch, epochs=epochs, verbose=0,
-        callbacks=[StopAfterBatches(3), recorder])
+        callbacks=[StopAfterBatches(3), recorder], shuffle=False)
 
     done = len(history.step_losses)
     assert 3 <= done < epochs * steps, done
@@ -186,7 +186,8 @@ def test_callbacks_see_each_epochs_weights_as_in_keras(tmp_path):
     graph_item = autodist.capture(model)
     strategy = builders.AllReduce().build(graph_item, spec)
     history = autodist.distribute(model, strategy, spec, graph_item=graph_item).fit(
-        x, y, batch_size=BATCH, epochs=5, verbose=0, callbacks=callbacks(tmp_path / "autodist"))
+        x, y, batch_size=BATCH, epochs=5, verbose=0, callbacks=callbacks(tmp_path / "autodist"),
+        shuffle=False)
 
     assert len(history.history["loss"]) == 2 and model.history is history
     for epoch in (1, 2):
@@ -211,7 +212,7 @@ def test_validation_and_initial_epoch_match_keras(capsys):
     run = autodist.distribute(model, strategy, spec, graph_item=graph_item)
     capsys.readouterr()
     history = run.fit(x, y, batch_size=BATCH, epochs=3, initial_epoch=1, validation_split=0.25,
-                      verbose=1)
+                      verbose=1, shuffle=False)
     printed = capsys.readouterr().out
     assert "Epoch 2/3" in printed and "Epoch 3/3" in printed and "Epoch 1/3" not in printed
     assert history.epoch == keras_history.epoch == [1, 2]
@@ -225,7 +226,7 @@ def test_validation_and_initial_epoch_match_keras(capsys):
     recorder = Recorder()
     val = (x[:30], y[:30])
     history = run.fit(x, y, batch_size=BATCH, epochs=2, validation_data=val, validation_freq=2,
-                      verbose=0, callbacks=[recorder])
+                      verbose=0, callbacks=[recorder], shuffle=False)
     logs = [logs for hook, _, logs in recorder.events if hook == "epoch_end"]
     assert "val_loss" not in logs[0] and "val_loss" in logs[1]
     expected = models.single_device_twin(model)
@@ -273,7 +274,8 @@ def test_ctrl_c_keeps_the_weights_so_far_and_the_data_is_removed(followed, monke
     if followed:
         callback = InterruptAfter(4) if followed == "batch" else InterruptAtEpochEnd()
         with pytest.raises(KeyboardInterrupt):
-            run.fit(x, y, batch_size=batch, epochs=epochs, verbose=0, callbacks=[callback])
+            run.fit(x, y, batch_size=batch, epochs=epochs, verbose=0, callbacks=[callback],
+                    shuffle=False)
     else:
         # No callbacks: the interrupt arrives while the driver polls the cluster.
         from autodist.runtime import progress as progress_module
@@ -287,7 +289,7 @@ def test_ctrl_c_keeps_the_weights_so_far_and_the_data_is_removed(followed, monke
 
         monkeypatch.setattr(progress_module.Progress, "update", interrupting)
         with pytest.raises(KeyboardInterrupt):
-            run.fit(x, y, batch_size=batch, epochs=epochs, verbose=0)
+            run.fit(x, y, batch_size=batch, epochs=epochs, verbose=0, shuffle=False)
     trained = model.get_weights()
     assert not _same(trained, initial)
     assert any(_same(trained, c) for c in candidates[4:]), "not Keras' weights after any step"

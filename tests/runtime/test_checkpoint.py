@@ -31,7 +31,7 @@ def test_checkpoint_names_values_and_keras_restore(tmp_path):
     model, x, y, spec, graph_item, strategy = _setup()
     ckpt_dir = tmp_path / "ckpt"
     run = autodist.distribute(model, strategy, spec, graph_item=graph_item)
-    run.fit(x, y, batch_size=32, epochs=2, verbose=0, checkpoint_dir=str(ckpt_dir))
+    run.fit(x, y, batch_size=32, epochs=2, verbose=0, checkpoint_dir=str(ckpt_dir), shuffle=False)
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step-00000003",
                                                           "step-00000006"]
     reader = tf.train.load_checkpoint(str(ckpt_dir / "step-00000006" / "ckpt"))
@@ -55,11 +55,11 @@ def test_continuing_from_a_checkpoint_equals_an_uninterrupted_run(tmp_path):
 
     ckpt_dir = tmp_path / "ckpt"
     autodist.distribute(model, strategy, spec, graph_item=graph_item).fit(
-        x, y, batch_size=32, epochs=1, verbose=0, checkpoint_dir=str(ckpt_dir))
+        x, y, batch_size=32, epochs=1, verbose=0, checkpoint_dir=str(ckpt_dir), shuffle=False)
     # A new run (a new cluster) picks up variables, Adam's slots and its step.
     resumed = models.embedding_model(num_users=50, num_items=71, dim=8, seed=3)
     autodist.distribute(resumed, strategy, spec, graph_item=graph_item).fit(
-        x, y, batch_size=32, epochs=1, verbose=0, initial_checkpoint=str(ckpt_dir))
+        x, y, batch_size=32, epochs=1, verbose=0, initial_checkpoint=str(ckpt_dir), shuffle=False)
     for got, want in zip(resumed.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
 
@@ -75,10 +75,10 @@ def test_checkpoints_to_keep_retains_the_newest(tmp_path):
     with pytest.raises(autodist.AutodistError, match="checkpoints_to_keep must be an integer "
                                                      ">= 1. Received: 0"):
         run.fit(x, y, batch_size=32, epochs=1, verbose=0, checkpoint_dir=str(tmp_path),
-                checkpoints_to_keep=0)
+                checkpoints_to_keep=0, shuffle=False)
     ckpt_dir = tmp_path / "ckpt"
     run.fit(x, y, batch_size=32, epochs=3, verbose=0, checkpoint_dir=str(ckpt_dir),
-            checkpoints_to_keep=2)
+            checkpoints_to_keep=2, shuffle=False)
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step-00000006",
                                                           "step-00000009"]
     assert (ckpt_dir / "step-00000009" / "manifest.json").exists()

@@ -37,7 +37,7 @@ def test_async_with_one_worker_equals_keras(optimizer, local_replication):
     strategy = builders.PartitionedPS(sync=False, local_replication=local_replication,
                                       min_shard_bytes=64).build(graph_item, spec)
     autodist.distribute(model, strategy, spec, graph_item=graph_item).fit(
-        x, y, batch_size=32, epochs=2, verbose=0)
+        x, y, batch_size=32, epochs=2, verbose=0, shuffle=False)
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
 
@@ -50,7 +50,7 @@ def _slowed_run(sync: bool, staleness: int):
     strategy = builders.PS(sync=sync, staleness=staleness).build(graph_item, spec)
     run = autodist.distribute(model, strategy, spec, graph_item=graph_item,
                               task_step_delay_s={1: 0.05})
-    history = run.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    history = run.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False)
     assert all(np.isfinite(w).all() for w in model.get_weights())
     return history
 

@@ -102,7 +102,7 @@ def test_after_fit_the_dataset_reshuffles_anew_as_after_keras_fit(mlp_8, known, 
     theirs, ours = _indexed(known=known), _indexed(known=known)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model.fit(theirs, epochs=3, steps_per_epoch=steps, verbose=0)
+        model.fit(theirs, epochs=3, steps_per_epoch=steps, verbose=0, shuffle=False)
     streamed = datasets.prepare(ours, mlp_8[1], steps_per_epoch=steps, epochs=3,
                                 num_virtual_nodes=1, fixed_batch=None)
     assert streamed.seed_generators and streamed.description.passes_before == 0
@@ -182,7 +182,7 @@ def test_a_step_counting_optimizer_is_warned_when_keras_would_run_out(mlp_8):
     dataset = _indexed(known=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model.fit(dataset, epochs=2, verbose=0, callbacks=[Iterations()])
+        model.fit(dataset, epochs=2, verbose=0, callbacks=[Iterations()], shuffle=False)
     assert counts == [4, 8]   # 3 batches a pass: Keras' quirk, as the warning says
     adam = autodist.capture(model)
     with pytest.warns(UserWarning, match=r"count one optimizer iteration more.*"
@@ -293,11 +293,11 @@ def test_fit_refuses_before_launch(mlp_8):
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
     assert is_dataset(ds) and not is_dataset(x)
     with pytest.raises(autodist.AutodistError, match="pass neither y nor sample_weight"):
-        run.fit(ds, y, batch_size=32)
+        run.fit(ds, y, batch_size=32, shuffle=False)
     with pytest.raises(DatasetGraphError, match="PyFunc is stateful"):
-        run.fit(_generator_dataset(x, y), verbose=0)
+        run.fit(_generator_dataset(x, y), verbose=0, shuffle=False)
     with pytest.raises(autodist.AutodistError, match="steps_per_epoch must be an integer >= 1"):
-        run.fit(ds, steps_per_epoch=0)
+        run.fit(ds, steps_per_epoch=0, shuffle=False)
     assert run.last_job_dir is None
 
 
@@ -327,8 +327,8 @@ def test_fit_on_a_dataset_equals_keras_fit_on_it():
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
     strategy = autodist.builders.PSLoadBalancing().build(autodist.capture(model), spec)
     run = autodist.distribute(model, strategy, spec)
-    history = run.fit(ds, epochs=2, verbose=0)
-    reference.fit(ds, epochs=2, verbose=0)
+    history = run.fit(ds, epochs=2, verbose=0, shuffle=False)
+    reference.fit(ds, epochs=2, verbose=0, shuffle=False)
     assert len(history.step_losses) == 6
     _assert_weights_equal(model.get_weights(), reference.get_weights())
 
@@ -350,8 +350,8 @@ def test_a_dataset_reshuffled_each_epoch_trains_as_keras_fit():
     strategy = autodist.builders.PS().build(autodist.capture(model), spec)
     ours, theirs = _EpochWeights(), _EpochWeights()
     run = autodist.distribute(model, strategy, spec)
-    history = run.fit(ds, epochs=3, verbose=0, callbacks=[ours])
-    expected = reference.fit(keras_ds, epochs=3, verbose=0, callbacks=[theirs])
+    history = run.fit(ds, epochs=3, verbose=0, callbacks=[ours], shuffle=False)
+    expected = reference.fit(keras_ds, epochs=3, verbose=0, callbacks=[theirs], shuffle=False)
     assert len(history.step_losses) == 9
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], atol=TOLERANCE)
     assert len(ours.weights) == 3
@@ -366,11 +366,11 @@ def test_a_dataset_reshuffled_each_epoch_trains_as_keras_fit():
             if batch == 0:
                 first_losses.append(logs["loss"])
 
-    history = run.fit(ds, epochs=1, verbose=0)
-    reference.fit(keras_ds, epochs=1, verbose=0, callbacks=[FirstLoss()])
+    history = run.fit(ds, epochs=1, verbose=0, shuffle=False)
+    reference.fit(keras_ds, epochs=1, verbose=0, callbacks=[FirstLoss()], shuffle=False)
     assert history.step_losses[0] == pytest.approx(first_losses[0], abs=TOLERANCE)
     replayed = models.single_device_twin(reference)   # the first fit's first order again
-    replayed.fit(dataset(), epochs=1, verbose=0, callbacks=[FirstLoss()])
+    replayed.fit(dataset(), epochs=1, verbose=0, callbacks=[FirstLoss()], shuffle=False)
     assert abs(first_losses[1] - first_losses[0]) > 100 * TOLERANCE
     # The epochs did see different orders: one epoch's order repeated would differ.
     first = [b[1].numpy().tolist() for b in dataset().take(1)]
@@ -393,8 +393,8 @@ def test_an_infinite_dataset_with_steps_per_epoch_and_sample_weights_trains_as_k
     spec = autodist.ResourceSpec.local(workers=2)
     strategy = autodist.builders.AllReduce().build(autodist.capture(model), spec)
     run = autodist.distribute(model, strategy.with_virtual_nodes(16, 4), spec)
-    history = run.fit(dataset(), epochs=2, steps_per_epoch=3, verbose=0)
-    expected = reference.fit(dataset(), epochs=2, steps_per_epoch=3, verbose=0)
+    history = run.fit(dataset(), epochs=2, steps_per_epoch=3, verbose=0, shuffle=False)
+    expected = reference.fit(dataset(), epochs=2, steps_per_epoch=3, verbose=0, shuffle=False)
     assert len(history.step_losses) == 6
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], atol=TOLERANCE)
     _assert_weights_equal(model.get_weights(), reference.get_weights())
@@ -441,11 +441,11 @@ def test_tfrecord_files_with_a_map_train_as_keras_fit(tmp_path):
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
     strategy = autodist.builders.PSLoadBalancing().build(autodist.capture(model), spec)
     history = autodist.distribute(model, strategy, spec).fit(ds, epochs=3, steps_per_epoch=2,
-                                                             verbose=0)
+                                                             verbose=0, shuffle=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # Keras: "Your input ran out of data"
         expected = reference.fit(_tfrecord_dataset(paths), epochs=3, steps_per_epoch=2,
-                                 verbose=0)
+                                 verbose=0, shuffle=False)
     assert len(history.step_losses) == 5
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], atol=TOLERANCE)
     _assert_weights_equal(model.get_weights(), reference.get_weights())
@@ -464,7 +464,7 @@ def test_a_short_batch_found_while_reading_fails_at_its_step():
     run = autodist.distribute(model, strategy.with_virtual_nodes(16, 4), spec)
     with pytest.raises(autodist.AutodistError, match="step 2: the dataset's batch has 3 "
                                                      "examples, fewer than the 4 virtual nodes"):
-        run.fit(ds, epochs=1, steps_per_epoch=4, verbose=0)
+        run.fit(ds, epochs=1, steps_per_epoch=4, verbose=0, shuffle=False)
 
 
 @pytest.mark.cluster
@@ -487,8 +487,8 @@ def test_a_dataset_read_across_a_resize_trains_as_keras_fit_and_measures_through
     speeds = run.measure_throughput(dataset(), steps=1)
     assert sorted(speeds) == sorted(strategy.replicas) and min(speeds.values()) > 0
     _assert_weights_equal(model.get_weights(), before)
-    history = run.fit(dataset(), epochs=2, verbose=0, resize_at={2: 2, 5: 3})
-    expected = reference.fit(dataset(), epochs=2, verbose=0)
+    history = run.fit(dataset(), epochs=2, verbose=0, resize_at={2: 2, 5: 3}, shuffle=False)
+    expected = reference.fit(dataset(), epochs=2, verbose=0, shuffle=False)
     assert [(r["step"], r["workers"]) for r in history.resizes] == [(2, 2), (5, 3)]
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], atol=TOLERANCE)
     _assert_weights_equal(model.get_weights(), reference.get_weights())

@@ -151,10 +151,10 @@ def test_fit_checks_the_schedule_before_launching():
     x, y = small_mlp.data(EXAMPLES)
     run = autodist.distribute(model, strategy, spec)
     with pytest.raises(AutodistError, match="needs a strategy with virtual nodes"):
-        run.fit(x, y, batch_size=BATCH, resize_at={1: 1})
+        run.fit(x, y, batch_size=BATCH, resize_at={1: 1}, shuffle=False)
     run = autodist.distribute(model, strategy.with_virtual_nodes(BATCH, 2), spec)
     with pytest.raises(AutodistError, match="resize_at step 3 is outside the run's steps 0..2"):
-        run.fit(x, y, resize_at={3: 1})
+        run.fit(x, y, resize_at={3: 1}, shuffle=False)
 
 
 class _Resizer(keras.callbacks.Callback):
@@ -197,6 +197,6 @@ def test_resize_outside_an_elastic_fit():
         run.resize(1)
     x, y = small_mlp.data(EXAMPLES)
     with pytest.raises(AutodistError, match="elastic=True resizes on request from a callback"):
-        run.fit(x, y, elastic=True)
+        run.fit(x, y, elastic=True, shuffle=False)
     with pytest.raises(AutodistError, match="only give the starting size"):
-        run.fit(x, y, resize_at={1: 1}, callbacks=[keras.callbacks.Callback()])
+        run.fit(x, y, resize_at={1: 1}, callbacks=[keras.callbacks.Callback()], shuffle=False)

@@ -74,7 +74,7 @@ def test_compiled_metrics_and_sample_weights_equal_keras():
     graph_item = autodist.capture(model)
     history = autodist.distribute(model, builders.PS().build(graph_item, spec), spec,
                                   graph_item=graph_item).fit(
-        x, y, sample_weight=weights, batch_size=BATCH, epochs=EPOCHS, verbose=0)
+        x, y, sample_weight=weights, batch_size=BATCH, epochs=EPOCHS, verbose=0, shuffle=False)
     _compare(history, keras_history, model, reference)
 
     model = _classifier(**compile_args)
@@ -91,7 +91,7 @@ def test_compiled_metrics_and_sample_weights_equal_keras():
                                   graph_item=graph_item).fit(
         x, y, sample_weight=weights, batch_size=BATCH, epochs=EPOCHS, verbose=0,
         callbacks=[keras.callbacks.LambdaCallback(
-            on_train_batch_end=lambda batch, logs: batch_logs.append(dict(logs)))])
+            on_train_batch_end=lambda batch, logs: batch_logs.append(dict(logs)))], shuffle=False)
     _compare(history, keras_history, model, reference)
     assert len(batch_logs) == len(keras_logs)
     for got, want in zip(batch_logs, keras_logs):
@@ -113,7 +113,7 @@ def test_class_weight_equals_keras():
     graph_item = autodist.capture(model)
     history = autodist.distribute(model, builders.PartitionedPS().build(graph_item, spec), spec,
                                   graph_item=graph_item).fit(
-        x, y, class_weight=class_weight, batch_size=BATCH, epochs=EPOCHS, verbose=0)
+        x, y, class_weight=class_weight, batch_size=BATCH, epochs=EPOCHS, verbose=0, shuffle=False)
     _compare(history, keras_history, model, reference)
 
 
@@ -144,5 +144,5 @@ def test_several_outputs_log_each_outputs_loss_and_metrics_as_keras():
     graph_item = autodist.capture(model)
     history = autodist.distribute(model, builders.AllReduce().build(graph_item, spec), spec,
                                   graph_item=graph_item).fit(
-        x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0)
+        x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0, shuffle=False)
     _compare(history, keras_history, model, reference)

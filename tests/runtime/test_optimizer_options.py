@@ -60,7 +60,7 @@ def _check(make_model, x, y, build_strategy, spec, job_dir, without=None):
     graph_item = autodist.capture(model)
     strategy = build_strategy(graph_item, spec)
     run = autodist.distribute(model, strategy, spec, graph_item=graph_item, job_dir=job_dir)
-    history = run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0)
+    history = run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0, shuffle=False)
     for got, want in zip(model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
     np.testing.assert_allclose(history.history["loss"], keras_losses, rtol=1e-4)
@@ -194,7 +194,7 @@ def test_subclassed_model_via_optimize_with_an_example_equals_single_device(tmp_
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
     plan = autodist.optimize(model, spec, x=x, y=y, cost_model="simulator", search_budget=200)
     history = plan.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0,
-                       job_dir=str(tmp_path / "job"))
+                       job_dir=str(tmp_path / "job"), shuffle=False)
     for got, want in zip(model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
     np.testing.assert_allclose(history.history["loss"], keras_losses, rtol=1e-4)
@@ -210,7 +210,7 @@ def test_a_callback_that_changes_the_learning_rate_stops_the_run(tmp_path):
     with pytest.raises(autodist.AutodistError, match="callback LearningRateScheduler changed "
                                                      "the optimizer's learning rate in "
                                                      "on_epoch_begin \\(from 0.1 to 0.05"):
-        run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0, callbacks=[decay])
+        run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, verbose=0, callbacks=[decay], shuffle=False)
 
 
 def test_a_schedule_continues_from_a_checkpoints_step(tmp_path):
@@ -229,9 +229,9 @@ def test_a_schedule_continues_from_a_checkpoints_step(tmp_path):
     strategy = builders.PS().build(graph_item, spec)
     ckpt = str(tmp_path / "ckpt")
     autodist.distribute(model, strategy, spec, graph_item=graph_item).fit(
-        x, y, batch_size=BATCH, epochs=1, verbose=0, checkpoint_dir=ckpt)
+        x, y, batch_size=BATCH, epochs=1, verbose=0, checkpoint_dir=ckpt, shuffle=False)
     resumed = make()
     autodist.distribute(resumed, strategy, spec, graph_item=graph_item).fit(
-        x, y, batch_size=BATCH, epochs=1, verbose=0, initial_checkpoint=ckpt)
+        x, y, batch_size=BATCH, epochs=1, verbose=0, initial_checkpoint=ckpt, shuffle=False)
     for got, want in zip(resumed.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)

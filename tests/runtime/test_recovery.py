@@ -95,7 +95,7 @@ def test_a_recovered_run_reads_a_dataset_on_where_it_stopped(tmp_path):
         return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(EXAMPLES, seed=8).batch(BATCH)
 
     reference = models.single_device_twin(small_mlp.mlp())
-    reference.fit(dataset(), epochs=EPOCHS, verbose=0)
+    reference.fit(dataset(), epochs=EPOCHS, verbose=0, shuffle=False)
     model = small_mlp.mlp()
     spec = autodist.ResourceSpec.local(workers=3)
     strategy = builders.AllReduce().build(autodist.capture(model), spec).with_virtual_nodes(
@@ -104,7 +104,7 @@ def test_a_recovered_run_reads_a_dataset_on_where_it_stopped(tmp_path):
     run = autodist.distribute(model, strategy, spec, job_dir=job_dir, step_timeout_s=10,
                               task_step_delay_s={0: 0.2, 1: 0.2, 2: 0.2})
     killer = _kill_after(job_dir, task=2, steps=4)
-    history = run.fit(dataset(), epochs=EPOCHS, verbose=0, on_failure="continue")
+    history = run.fit(dataset(), epochs=EPOCHS, verbose=0, on_failure="continue", shuffle=False)
     killer.join(timeout=5)
     assert len(history.recoveries) == 1 and history.recoveries[0]["failed_task"] == 2
     assert len(history.step_losses) == EPOCHS * EXAMPLES // BATCH
@@ -146,15 +146,15 @@ def test_fit_rejects_what_cannot_recover():
     asynchronous = autodist.distribute(model, builders.PS(sync=False).build(graph_item, spec),
                                        spec, graph_item=graph_item)
     with pytest.raises(AutodistError, match="needs synchronous training"):
-        asynchronous.fit(x, y, batch_size=BATCH, on_failure="continue")
+        asynchronous.fit(x, y, batch_size=BATCH, on_failure="continue", shuffle=False)
     run = autodist.distribute(model, builders.AllReduce().build(graph_item, spec), spec,
                               graph_item=graph_item)
     with pytest.raises(AutodistError, match="on_failure must be 'stop' or 'continue'. "
                                             "Received: 'retry'"):
-        run.fit(x, y, batch_size=BATCH, on_failure="retry")
+        run.fit(x, y, batch_size=BATCH, on_failure="retry", shuffle=False)
     with pytest.raises(AutodistError, match="without callbacks, resize_at or switch_at"):
         run.fit(x, y, batch_size=BATCH, on_failure="continue",
-                callbacks=[keras.callbacks.Callback()])
+                callbacks=[keras.callbacks.Callback()], shuffle=False)
 
 
 def test_fit_rejects_a_mixed_strategy(ncf_item):
@@ -164,4 +164,5 @@ def test_fit_rejects_a_mixed_strategy(ncf_item):
                               graph_item=ncf_item)
     x = [np.zeros((64, 1), "int32"), np.zeros((64, 1), "int32")]
     with pytest.raises(AutodistError, match="all parameter-server or all all-reduce"):
-        run.fit(x, np.zeros((64, 1), "float32"), batch_size=BATCH, on_failure="continue")
+        run.fit(x, np.zeros((64, 1), "float32"), batch_size=BATCH, on_failure="continue",
+                shuffle=False)

@@ -153,7 +153,7 @@ def test_fit_refuses_what_fixed_shares_cannot_do_before_launch(mlp_8, options, m
     run = autodist.distribute(model, strategy.with_virtual_nodes(12, 2), spec,
                               graph_item=graph_item)
     with pytest.raises(autodist.AutodistError, match=message):
-        run.fit(ShardedDataset(_by_shard(x, y)), verbose=0, **options)
+        run.fit(ShardedDataset(_by_shard(x, y)), verbose=0, **options, shuffle=False)
 
 
 def _global_batches(make, strategy, shards: int, epochs: int, steps: int | None = None):
@@ -210,7 +210,7 @@ def test_sharded_reading_with_uneven_virtual_nodes_and_sample_weights_equals_ker
                 shard.batch_size, drop_remainder=True)
 
     history = autodist.distribute(model, strategy, spec).fit(
-        ShardedDataset(make), epochs=2, verbose=0)
+        ShardedDataset(make), epochs=2, verbose=0, shuffle=False)
     losses = [_keras_step(reference, bx, by, bw)
               for bx, by, bw in _global_batches(make, strategy, 2, epochs=2)]
     assert len(history.step_losses) == len(losses) == 6
@@ -255,7 +255,7 @@ def test_sharded_tfrecord_files_repeated_with_steps_per_epoch_equal_keras_on_ps(
     strategy = autodist.builders.PSLoadBalancing().build(autodist.capture(model), spec)
     run = autodist.distribute(model, strategy, spec)
     history = run.fit(ShardedDataset(make, global_batch_size=16), epochs=2, steps_per_epoch=3,
-                      verbose=0)
+                      verbose=0, shuffle=False)
     strategy16 = strategy.with_virtual_nodes(16, strategy.num_virtual_nodes)
     losses = [_keras_step(reference, bx, by)
               for bx, by in _global_batches(make, strategy16, 2, epochs=2, steps=3)]

@@ -125,11 +125,12 @@ def test_fit_and_replan_check_the_strategies():
     x, y = small_mlp.data(EXAMPLES)
     run = autodist.distribute(model, strategy, spec, graph_item=item)
     with pytest.raises(AutodistError, match="must keep the global batch"):
-        run.fit(x, y, batch_size=BATCH, switch_at={1: strategy.with_virtual_nodes(BATCH, 2)})
+        run.fit(x, y, batch_size=BATCH, switch_at={1: strategy.with_virtual_nodes(BATCH, 2)},
+                shuffle=False)
     with pytest.raises(AutodistError, match=r"switch_at\[1\] must be a Strategy"):
-        run.fit(x, y, batch_size=BATCH, switch_at={1: "PS"})
+        run.fit(x, y, batch_size=BATCH, switch_at={1: "PS"}, shuffle=False)
     with pytest.raises(AutodistError, match="replan\\(strategy\\) works while fit"):
         run.replan(strategy)
     one = builders.AllReduce().build(item, autodist.ResourceSpec.local(workers=1))
     with pytest.raises(AutodistError, match="same replicas"):
-        run.fit(x, y, batch_size=BATCH, switch_at={1: one})
+        run.fit(x, y, batch_size=BATCH, switch_at={1: one}, shuffle=False)

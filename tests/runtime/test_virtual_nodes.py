@@ -122,7 +122,7 @@ def test_balancing_gives_a_slowed_worker_fewer_virtual_nodes(tmp_path):
         job_dir = str(tmp_path / name)
         run = autodist.distribute(model, strategy, spec, graph_item=graph_item, job_dir=job_dir)
         with Slowdown(job_dir, 1, 0.4, pin=PIN):
-            run.fit(x, y, epochs=1, verbose=0)
+            run.fit(x, y, epochs=1, verbose=0, shuffle=False)
         weights[name] = model.get_weights()
     for got, want in zip(weights["balanced"], weights["even"]):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
@@ -136,7 +136,7 @@ def test_fit_rejects_another_batch_size():
     x, y = small_mlp.data(EXAMPLES)
     with pytest.raises(AutodistError, match="fixes the global batch at 32 examples .4 virtual "
                                             "nodes.; fit received batch_size 64"):
-        run.fit(x, y, batch_size=64)
+        run.fit(x, y, batch_size=64, shuffle=False)
     with pytest.raises(AutodistError, match="the last batch of an epoch has 2 examples .66 "
                                             "examples, batch 32., fewer than the 4 virtual"):
-        run.fit(x[:66], y[:66])
+        run.fit(x[:66], y[:66], shuffle=False)

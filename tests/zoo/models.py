@@ -1,0 +1,827 @@
+"""Small models after the public keras-io examples, with data as users pass it to `fit`.
+
+Each builder in `ZOO` seeds Keras, builds and compiles a scaled-down version
+of one keras-io example (tiny vocabularies, widths 4-16, one or two layers,
+64-160 synthetic examples from `numpy.random.default_rng`) and returns a
+`ZooCase`: the model, `x` and `y` exactly as a user hands them to `fit`
+(dicts by input name, strings, 1-D targets, int64/float64/uint8 arrays), and
+the `fit` keyword arguments. `keras_reference` trains an independent twin
+(the same builder, called again) with single-device Keras `fit`: the numbers
+a distributed run must reproduce.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+import keras
+from keras import layers, ops
+
+EPOCHS = 2
+
+# The feature classes a case may exercise (`ZooCase.features`).
+FEATURES = frozenset({
+    "dict_inputs", "variable_length", "1d_targets", "dtypes", "time_targets",
+    "preprocessing", "random", "batchnorm", "jit", "mixed_precision", "add_loss",
+    "regularizers", "masking", "rnn", "multi_output", "subclassed", "shuffle",
+    "sample_weight", "class_weight", "validation",
+})
+
+
+@dataclasses.dataclass
+class ZooCase:
+    """One model of the zoo with its training data and `fit` arguments.
+
+    Attributes:
+        name: The key in `ZOO`.
+        source: The keras-io file the model follows.
+        features: The feature classes (`FEATURES`) it exercises.
+        model: The compiled model.
+        x: Inputs exactly as a user passes them to `fit`.
+        y: Targets exactly as a user passes them to `fit`.
+        fit_kwargs: batch_size, epochs, shuffle and any weights or validation.
+        expect_error: A regex of the error autodist should raise before
+            launch, or None where the run should equal Keras.
+    """
+
+    name: str
+    source: str
+    features: tuple[str, ...]
+    model: keras.Model
+    x: Any
+    y: Any
+    fit_kwargs: dict[str, Any]
+    expect_error: str | None = None
+
+
+def _fit_kwargs(batch_size: int = 32, shuffle: bool = False, **extra: Any) -> dict[str, Any]:
+    return {"batch_size": batch_size, "epochs": EPOCHS, "shuffle": shuffle, **extra}
+
+
+def _padded(rng: np.random.Generator, n: int, maxlen: int, vocab: int, *,
+            pre: bool = False, dtype: str = "int64") -> np.ndarray:
+    """Id sequences of random lengths, zero-padded to `maxlen` (as `pad_sequences`)."""
+    out = np.zeros((n, maxlen), dtype=dtype)
+    lengths = rng.integers(2, maxlen + 1, n)
+    for i, length in enumerate(lengths):
+        ids = rng.integers(1, vocab, length)
+        if pre:
+            out[i, maxlen - length:] = ids
+        else:
+            out[i, :length] = ids
+    return out
+
+
+_WORDS = np.array(["good", "great", "fun", "bad", "awful", "boring",
+                   "the", "movie", "plot", "actor", "scene", "a"])
+
+
+def _reviews(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Short movie reviews from a 12-word vocabulary and their 0/1 sentiment."""
+    texts, labels = [], []
+    for _ in range(n):
+        words = rng.choice(_WORDS, rng.integers(3, 11))
+        positive = np.isin(words, _WORDS[:3]).sum()
+        negative = np.isin(words, _WORDS[3:6]).sum()
+        texts.append(" ".join(words))
+        labels.append(int(positive >= negative))
+    return np.array(texts, dtype=object), np.array(labels, dtype="int64")
+
+
+class TokenAndPositionEmbedding(layers.Layer):
+    """Token embedding plus a learned position embedding (the keras-io transformer examples)."""
+
+    def __init__(self, maxlen: int, vocab_size: int, embed_dim: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.token_emb = layers.Embedding(vocab_size, embed_dim)
+        self.pos_emb = layers.Embedding(maxlen, embed_dim)
+
+    def call(self, x):
+        positions = ops.arange(0, ops.shape(x)[-1], 1)
+        return self.token_emb(x) + self.pos_emb(positions)
+
+
+class TransformerBlock(layers.Layer):
+    """Self-attention and a feed-forward net, each with dropout, a residual and layer norm."""
+
+    def __init__(self, embed_dim: int, num_heads: int, ff_dim: int, rate: float = 0.1,
+                 causal: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.causal = causal
+        self.att = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim // num_heads)
+        self.ffn = keras.Sequential([layers.Dense(ff_dim, activation="relu"),
+                                     layers.Dense(embed_dim)])
+        self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
+        self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
+        self.dropout1 = layers.Dropout(rate)
+        self.dropout2 = layers.Dropout(rate)
+
+    def call(self, inputs, training=None):
+        attention = self.att(inputs, inputs, use_causal_mask=self.causal)
+        out1 = self.layernorm1(inputs + self.dropout1(attention, training=training))
+        ffn = self.dropout2(self.ffn(out1), training=training)
+        return self.layernorm2(out1 + ffn)
+
+
+def heart_disease() -> ZooCase:
+    """Heart-disease classifier on a dict of raw columns, encoded inside the model.
+
+    Follows examples/structured_data/structured_data_classification_from_scratch.py:
+    IntegerLookup for integer categories, StringLookup for `thal`, an adapted
+    Normalization per numeric column, Dense + Dropout(0.5), a sigmoid; the
+    columns as 1-D int64/float64/object arrays (as `dict(dataframe)` gives)
+    for `Input((1,))`, 1-D int64 labels; the dataset's shuffling as `shuffle=True`.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    n = 96
+    x = {  # the columns of `dict(dataframe)`, in the CSV's order (not sorted)
+        "age": rng.integers(29, 78, n),
+        "sex": rng.integers(0, 2, n),
+        "cp": rng.integers(0, 5, n),
+        "chol": rng.normal(245.0, 50.0, n),
+        "thal": rng.choice(np.array(["fixed", "normal", "reversible"], dtype=object), n),
+    }
+    y = ((x["age"] > 55) ^ (rng.random(n) < 0.2)).astype("int64")
+    inputs = {"age": keras.Input((1,), name="age"),
+              "sex": keras.Input((1,), name="sex", dtype="int64"),
+              "cp": keras.Input((1,), name="cp", dtype="int64"),
+              "chol": keras.Input((1,), name="chol"),
+              "thal": keras.Input((1,), name="thal", dtype="string")}
+    encoded = []
+    for name in ("age", "chol"):
+        normalizer = layers.Normalization()
+        normalizer.adapt(x[name][:, None].astype("float32"))
+        encoded.append(normalizer(inputs[name]))
+    for name, vocabulary in (("sex", [0, 1]), ("cp", [0, 1, 2, 3, 4])):
+        encoded.append(layers.IntegerLookup(vocabulary=vocabulary,
+                                            output_mode="one_hot")(inputs[name]))
+    encoded.append(layers.StringLookup(vocabulary=["fixed", "normal", "reversible"],
+                                       output_mode="one_hot")(inputs["thal"]))
+    h = layers.Dense(8, activation="relu")(layers.concatenate(encoded))
+    h = layers.Dropout(0.5)(h)
+    outputs = layers.Dense(1, activation="sigmoid")(h)
+    model = keras.Model(inputs, outputs)
+    model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+    return ZooCase("heart_disease",
+                   "examples/structured_data/structured_data_classification_from_scratch.py",
+                   ("dict_inputs", "preprocessing", "random", "dtypes", "1d_targets", "shuffle"),
+                   model, x, y, _fit_kwargs(shuffle=True))
+
+
+def census_deep_cross() -> ZooCase:
+    """Deep & Cross network on scalar census columns (strings and numbers).
+
+    Follows examples/structured_data/wide_deep_cross_networks.py: `Input(shape=())`
+    per column, StringLookup + Embedding, cross layers `x0 * Dense(x) + x`, a
+    Dense/BatchNormalization/ReLU/Dropout tower; with the feature-space
+    encodings Hashing, Discretization (adapted) and CategoryEncoding added.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(1)
+    n = 96
+    vocabularies = {"workclass": ["private", "self-emp", "gov", "none"],
+                    "education": ["hs", "college", "bachelors", "masters"]}
+    x = {
+        "age": rng.uniform(17.0, 90.0, n),
+        "workclass": rng.choice(np.array(vocabularies["workclass"], dtype=object), n),
+        "hours_per_week": rng.integers(10, 80, n),
+        "education": rng.choice(np.array(vocabularies["education"], dtype=object), n),
+        "occupation": rng.choice(np.array(["sales", "tech", "craft", "admin", "farming"],
+                                          dtype=object), n),
+    }
+    y = rng.integers(0, 3, n)
+    inputs = {name: keras.Input((), name=name, dtype="float32" if name in
+                                ("age", "hours_per_week") else "string") for name in x}
+    encoded = []
+    for name, vocabulary in vocabularies.items():
+        ids = layers.StringLookup(vocabulary=vocabulary, mask_token=None,
+                                  num_oov_indices=0)(inputs[name])
+        encoded.append(layers.Embedding(len(vocabulary), 2)(ids))
+    hashed = layers.Hashing(num_bins=8)(inputs["occupation"])
+    encoded.append(layers.CategoryEncoding(num_tokens=8, output_mode="one_hot")(hashed))
+    discretizer = layers.Discretization(num_bins=4, epsilon=0.01)
+    discretizer.adapt(x["age"])
+    encoded.append(layers.CategoryEncoding(num_tokens=4, output_mode="one_hot")(
+        discretizer(inputs["age"])))
+    encoded.append(layers.Rescaling(0.01)(ops.expand_dims(inputs["hours_per_week"], -1)))
+    x0 = layers.concatenate(encoded)
+    cross = x0
+    for _ in range(2):
+        cross = x0 * layers.Dense(x0.shape[-1])(cross) + cross
+    cross = layers.BatchNormalization()(cross)
+    deep = x0
+    for units in (8, 8):
+        deep = layers.Dense(units)(deep)
+        deep = layers.BatchNormalization()(deep)
+        deep = layers.ReLU()(deep)
+        deep = layers.Dropout(0.2)(deep)
+    outputs = layers.Dense(3, activation="softmax")(layers.concatenate([cross, deep]))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(),
+                  metrics=[keras.metrics.SparseCategoricalAccuracy()])
+    return ZooCase("census_deep_cross", "examples/structured_data/wide_deep_cross_networks.py",
+                   ("dict_inputs", "preprocessing", "batchnorm", "random", "dtypes"),
+                   model, x, y, _fit_kwargs())
+
+
+class RecommenderNet(keras.Model):
+    """User and movie embeddings (L2-regularized) and biases; a sigmoid of their dot product."""
+
+    def __init__(self, num_users: int, num_movies: int, embedding_size: int,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.user_embedding = layers.Embedding(
+            num_users, embedding_size, embeddings_initializer="he_normal",
+            embeddings_regularizer=keras.regularizers.l2(1e-3))
+        self.user_bias = layers.Embedding(num_users, 1)
+        self.movie_embedding = layers.Embedding(
+            num_movies, embedding_size, embeddings_initializer="he_normal",
+            embeddings_regularizer=keras.regularizers.l2(1e-3))
+        self.movie_bias = layers.Embedding(num_movies, 1)
+
+    def call(self, inputs):
+        user_vector = self.user_embedding(inputs[:, 0])
+        movie_vector = self.movie_embedding(inputs[:, 1])
+        dot = ops.sum(user_vector * movie_vector, axis=1, keepdims=True)
+        return ops.sigmoid(dot + self.user_bias(inputs[:, 0]) + self.movie_bias(inputs[:, 1]))
+
+
+def movielens_recommender() -> ZooCase:
+    """Subclassed collaborative-filtering model on (user, movie) id pairs.
+
+    Follows examples/structured_data/collaborative_filtering_movielens.py:
+    `x = df[["user", "movie"]].values` (int64, shape (N, 2)), ratings scaled
+    to [0, 1] as float64 of shape (N,), embeddings_regularizer (a weight
+    term added to the loss), built by calling it on `keras.Input((2,))`.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(2)
+    n = 128
+    x = np.stack([rng.integers(0, 12, n), rng.integers(0, 16, n)], axis=1)
+    ratings = rng.choice(np.arange(1, 11) * 0.5, n)
+    y = (ratings - 0.5) / 4.5
+    model = RecommenderNet(12, 16, 4)
+    model(keras.Input((2,)))
+    model.compile(loss=keras.losses.BinaryCrossentropy(),
+                  optimizer=keras.optimizers.Adam(learning_rate=0.01))
+    return ZooCase("movielens_recommender",
+                   "examples/structured_data/collaborative_filtering_movielens.py",
+                   ("subclassed", "regularizers", "add_loss", "dtypes", "1d_targets"),
+                   model, x, y, _fit_kwargs())
+
+
+def text_cnn_strings() -> ZooCase:
+    """End-to-end text classifier on raw strings: TextVectorization inside the model.
+
+    Follows examples/nlp/text_classification_from_scratch.py: adapted
+    TextVectorization, Embedding, SpatialDropout1D (for its Dropout), Conv1D,
+    GlobalMaxPooling1D, Dense + Dropout(0.5), a sigmoid; `validation_split`.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(3)
+    texts, y = _reviews(rng, 128)
+    vectorize = layers.TextVectorization(max_tokens=16, output_mode="int",
+                                         output_sequence_length=8)
+    vectorize.adapt(texts)
+    inputs = keras.Input((1,), dtype="string")
+    h = layers.Embedding(16, 8)(vectorize(inputs))
+    h = layers.SpatialDropout1D(0.2)(h)
+    h = layers.Conv1D(8, 3, padding="valid", activation="relu")(h)
+    h = layers.GlobalMaxPooling1D()(h)
+    h = layers.Dropout(0.5)(layers.Dense(8, activation="relu")(h))
+    outputs = layers.Dense(1, activation="sigmoid", name="predictions")(h)
+    model = keras.Model(inputs, outputs)
+    model.compile(loss="binary_crossentropy", optimizer="adam", metrics=["accuracy"])
+    return ZooCase("text_cnn_strings", "examples/nlp/text_classification_from_scratch.py",
+                   ("preprocessing", "random", "1d_targets", "validation"),
+                   model, texts, y, _fit_kwargs(validation_split=0.25))
+
+
+def imdb_bidirectional_lstm() -> ZooCase:
+    """A Bidirectional LSTM over pre-padded int64 ids of any length.
+
+    Follows examples/nlp/bidirectional_lstm_imdb.py: `Input(shape=(None,),
+    dtype="int32")`, Embedding, Bidirectional(LSTM) (one of its two stacked
+    layers), a sigmoid; labels of shape (N,).
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(4)
+    n = 64
+    x = _padded(rng, n, 10, 30, pre=True)
+    y = (x[:, -1] % 2).astype("int64")
+    inputs = keras.Input(shape=(None,), dtype="int32")
+    h = layers.Embedding(30, 8)(inputs)
+    h = layers.Bidirectional(layers.LSTM(4))(h)
+    outputs = layers.Dense(1, activation="sigmoid")(h)
+    model = keras.Model(inputs, outputs)
+    model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+    return ZooCase("imdb_bidirectional_lstm", "examples/nlp/bidirectional_lstm_imdb.py",
+                   ("variable_length", "rnn", "dtypes", "1d_targets"),
+                   model, x, y, _fit_kwargs())
+
+
+def imdb_masked_lstm() -> ZooCase:
+    """Sequential sentiment LSTM over zero-padded ids, the padding masked.
+
+    Follows examples/nlp/imdb_lstm_sentiment.py: Sequential, Embedding (here
+    with `mask_zero=True`), LSTM(dropout=0.2), a sigmoid, `validation_split=0.2`;
+    the labels imbalanced, balanced with `class_weight`.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(5)
+    n = 80
+    x = _padded(rng, n, 12, 30, pre=True, dtype="int32")
+    y = (rng.random(n) < 0.3).astype("int64")
+    model = keras.Sequential([keras.Input((None,), dtype="int32"),
+                              layers.Embedding(30, 8, mask_zero=True),
+                              layers.LSTM(8, dropout=0.2),
+                              layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    return ZooCase("imdb_masked_lstm", "examples/nlp/imdb_lstm_sentiment.py",
+                   ("masking", "rnn", "random", "variable_length", "1d_targets", "class_weight",
+                    "validation"),
+                   model, x, y, _fit_kwargs(validation_split=0.2, class_weight={0: 0.7, 1: 1.8}))
+
+
+def ticket_triage() -> ZooCase:
+    """Ticket triage: title, body and tags in; priority and department out.
+
+    Follows guides/functional_api.py ("Models with multiple inputs and
+    outputs"): variable-length title and body (masked here, the body read by a
+    GRU), dict inputs and targets by name (not in sorted order), dict losses,
+    `loss_weights` and per-output metrics; priority targets of shape (N,).
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(6)
+    n, num_words, num_tags, num_departments = 64, 40, 6, 4
+    title_input = keras.Input(shape=(None,), name="title")
+    body_input = keras.Input(shape=(None,), name="body")
+    tags_input = keras.Input(shape=(num_tags,), name="tags")
+    title_features = layers.Embedding(num_words, 8, mask_zero=True)(title_input)
+    body_features = layers.Embedding(num_words, 8, mask_zero=True)(body_input)
+    title_features = layers.LSTM(8)(title_features)
+    body_features = layers.GRU(4)(body_features)
+    h = layers.concatenate([title_features, body_features, tags_input])
+    priority_pred = layers.Dense(1, name="priority")(h)
+    department_pred = layers.Dense(num_departments, name="department")(h)
+    model = keras.Model(inputs=[title_input, body_input, tags_input],
+                        outputs=[priority_pred, department_pred])
+    model.compile(
+        optimizer=keras.optimizers.RMSprop(1e-2),
+        loss={"priority": keras.losses.BinaryCrossentropy(from_logits=True),
+              "department": keras.losses.CategoricalCrossentropy(from_logits=True)},
+        loss_weights={"priority": 1.0, "department": 0.2},
+        metrics={"priority": ["mae"], "department": ["categorical_accuracy"]})
+    x = {"title": _padded(rng, n, 8, num_words),
+         "body": _padded(rng, n, 12, num_words),
+         "tags": rng.integers(0, 2, (n, num_tags))}
+    y = {"priority": rng.random(n),
+         "department": np.eye(num_departments, dtype="int64")[rng.integers(0, num_departments, n)]}
+    return ZooCase("ticket_triage", "guides/functional_api.py",
+                   ("multi_output", "dict_inputs", "variable_length", "masking", "rnn",
+                    "1d_targets", "dtypes"),
+                   model, x, y, _fit_kwargs())
+
+
+def char_gpt() -> ZooCase:
+    """A miniature causal transformer predicting the next character at every position.
+
+    Follows examples/generative/text_generation_with_miniature_gpt.py, at the
+    character level: token + position embedding, one causal TransformerBlock,
+    logits over the alphabet of shape (N, T, V); targets the (N, T) next ids.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(7)
+    n, maxlen = 64, 8
+    corpus = " ".join(rng.choice(np.array(["hello", "world", "low", "row", "old"]), 200))
+    alphabet = sorted(set(corpus))
+    ids = np.array([alphabet.index(c) for c in corpus], dtype="int64")
+    starts = rng.integers(0, len(ids) - maxlen - 1, n)
+    windows = np.stack([ids[s:s + maxlen + 1] for s in starts])
+    inputs = keras.Input(shape=(maxlen,), dtype="int32")
+    h = TokenAndPositionEmbedding(maxlen, len(alphabet), 8)(inputs)
+    h = TransformerBlock(8, 2, 16, causal=True)(h)
+    outputs = layers.Dense(len(alphabet))(h)
+    model = keras.Model(inputs, outputs)
+    model.compile("adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return ZooCase("char_gpt", "examples/generative/text_generation_with_miniature_gpt.py",
+                   ("time_targets", "random", "dtypes"),
+                   model, windows[:, :-1], windows[:, 1:], _fit_kwargs())
+
+
+def lstm_seq2seq() -> ZooCase:
+    """Character-level encoder-decoder LSTM with teacher forcing and one-hot sequence targets.
+
+    Follows examples/nlp/lstm_seq2seq.py: `Input(shape=(None, tokens))` for
+    encoder and decoder, the encoder's states start the decoder, a softmax
+    per step; targets (N, T, V); `validation_split=0.2`.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(8)
+    n, enc_tokens, dec_tokens, enc_len, dec_len, latent_dim = 80, 6, 7, 5, 6, 8
+    encoder_data = np.eye(enc_tokens, dtype="float32")[rng.integers(0, enc_tokens, (n, enc_len))]
+    target_ids = rng.integers(2, dec_tokens, (n, dec_len - 1))
+    decoder_in = np.concatenate([np.zeros((n, 1), "int64"), target_ids], axis=1)   # 0: start
+    decoder_out = np.concatenate([target_ids, np.ones((n, 1), "int64")], axis=1)  # 1: end
+    decoder_input_data = np.eye(dec_tokens, dtype="float32")[decoder_in]
+    decoder_target_data = np.eye(dec_tokens, dtype="float32")[decoder_out]
+    encoder_inputs = keras.Input(shape=(None, enc_tokens))
+    _, state_h, state_c = layers.LSTM(latent_dim, return_state=True)(encoder_inputs)
+    decoder_inputs = keras.Input(shape=(None, dec_tokens))
+    decoder_outputs, _, _ = layers.LSTM(latent_dim, return_sequences=True, return_state=True)(
+        decoder_inputs, initial_state=[state_h, state_c])
+    decoder_outputs = layers.Dense(dec_tokens, activation="softmax")(decoder_outputs)
+    model = keras.Model([encoder_inputs, decoder_inputs], decoder_outputs)
+    model.compile(optimizer="rmsprop", loss="categorical_crossentropy", metrics=["accuracy"])
+    return ZooCase("lstm_seq2seq", "examples/nlp/lstm_seq2seq.py",
+                   ("time_targets", "rnn", "variable_length", "validation"),
+                   model, [encoder_data, decoder_input_data], decoder_target_data,
+                   _fit_kwargs(validation_split=0.2))
+
+
+def ecg_fcn() -> ZooCase:
+    """Fully convolutional time-series classifier: Conv1D + BatchNormalization + ReLU blocks.
+
+    Follows examples/timeseries/timeseries_classification_from_scratch.py:
+    float64 series reshaped to (N, T, 1), int64 labels of shape (N,), sparse
+    categorical cross-entropy, `validation_split=0.2`.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(9)
+    n, steps = 80, 16
+    y = rng.integers(0, 2, n)
+    t = np.linspace(0.0, 2.0 * np.pi, steps)
+    x = (np.sin(t[None, :] * (1 + y[:, None])) + 0.3 * rng.normal(size=(n, steps)))[..., None]
+    inputs = keras.Input((steps, 1))
+    h = inputs
+    for _ in range(2):
+        h = layers.Conv1D(filters=8, kernel_size=3, padding="same")(h)
+        h = layers.BatchNormalization()(h)
+        h = layers.ReLU()(h)
+    h = layers.GlobalAveragePooling1D()(h)
+    outputs = layers.Dense(2, activation="softmax")(h)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                  metrics=["sparse_categorical_accuracy"])
+    return ZooCase("ecg_fcn", "examples/timeseries/timeseries_classification_from_scratch.py",
+                   ("batchnorm", "dtypes", "validation"),
+                   model, x, y, _fit_kwargs(validation_split=0.2))
+
+
+def anomaly_autoencoder() -> ZooCase:
+    """Convolutional autoencoder reconstructing its input sequence (targets (N, T, 1)).
+
+    Follows examples/timeseries/timeseries_anomaly_detection.py: Conv1D with
+    strides 2, Dropout, Conv1DTranspose back, `fit(x, x, validation_split=0.1)`;
+    with GaussianNoise on the input (a denoising variant).
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(10)
+    n, steps = 80, 16
+    phase = rng.uniform(0.0, np.pi, (n, 1))
+    x = (np.sin(np.linspace(0.0, 4.0 * np.pi, steps)[None, :] + phase)
+         + 0.1 * rng.normal(size=(n, steps)))[..., None].astype("float32")
+    model = keras.Sequential([
+        keras.Input(shape=(steps, 1)),
+        layers.GaussianNoise(0.05),
+        layers.Conv1D(8, 7, padding="same", strides=2, activation="relu"),
+        layers.Dropout(rate=0.2),
+        layers.Conv1D(4, 7, padding="same", strides=2, activation="relu"),
+        layers.Conv1DTranspose(4, 7, padding="same", strides=2, activation="relu"),
+        layers.Dropout(rate=0.2),
+        layers.Conv1DTranspose(8, 7, padding="same", strides=2, activation="relu"),
+        layers.Conv1DTranspose(1, 7, padding="same"),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.001), loss="mse")
+    return ZooCase("anomaly_autoencoder", "examples/timeseries/timeseries_anomaly_detection.py",
+                   ("time_targets", "random", "validation"),
+                   model, x, x, _fit_kwargs(validation_split=0.1))
+
+
+def weather_lstm() -> ZooCase:
+    """LSTM forecasting the next temperature from a window of weather readings.
+
+    Follows examples/timeseries/timeseries_weather_forecasting.py: (N, T, F)
+    windows, LSTM + Dense(1), mse; the normalization done by an adapted
+    Normalization layer inside the model, GaussianNoise, float64 arrays, 1-D
+    targets and per-example `sample_weight` (recent windows weigh more).
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(11)
+    n, past = 96, 12
+    x = np.stack([rng.normal(10.0, 8.0, (n, past)), rng.normal(1000.0, 10.0, (n, past)),
+                  rng.normal(60.0, 20.0, (n, past))], axis=-1)
+    y = 0.8 * x[:, -1, 0] + 0.01 * (x[:, -1, 1] - 1000.0) + rng.normal(0.0, 0.5, n)
+    normalizer = layers.Normalization(axis=-1)
+    normalizer.adapt(x)
+    inputs = keras.Input(shape=(past, 3))
+    h = layers.GaussianNoise(0.1)(normalizer(inputs))
+    outputs = layers.Dense(1)(layers.LSTM(8)(h))
+    model = keras.Model(inputs=inputs, outputs=outputs)
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.01), loss="mse")
+    weights = np.linspace(0.5, 1.5, n)
+    return ZooCase("weather_lstm", "examples/timeseries/timeseries_weather_forecasting.py",
+                   ("rnn", "preprocessing", "random", "dtypes", "1d_targets", "sample_weight"),
+                   model, x, y, _fit_kwargs(sample_weight=weights))
+
+
+def mnist_convnet() -> ZooCase:
+    """Simple convnet on small digit images.
+
+    Follows examples/vision/mnist_convnet.py: Sequential Conv2D/MaxPooling2D
+    twice, Flatten, Dropout(0.5), softmax; one-hot targets from
+    `keras.utils.to_categorical`; SpatialDropout2D added between the
+    convolutions.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(12)
+    n, num_classes = 80, 4
+    x = rng.random((n, 14, 14, 1)).astype("float32")
+    labels = rng.integers(0, num_classes, n)
+    x[np.arange(n), labels * 3 + 1, :, 0] += 1.0
+    y = keras.utils.to_categorical(labels, num_classes)
+    model = keras.Sequential([
+        keras.Input(shape=(14, 14, 1)),
+        layers.Conv2D(4, kernel_size=(3, 3), activation="relu"),
+        layers.MaxPooling2D(pool_size=(2, 2)),
+        layers.SpatialDropout2D(0.1),
+        layers.Conv2D(8, kernel_size=(3, 3), activation="relu"),
+        layers.MaxPooling2D(pool_size=(2, 2)),
+        layers.Flatten(),
+        layers.Dropout(0.5),
+        layers.Dense(num_classes, activation="softmax"),
+    ])
+    model.compile(loss="categorical_crossentropy", optimizer="adam", metrics=["accuracy"])
+    return ZooCase("mnist_convnet", "examples/vision/mnist_convnet.py",
+                   ("random",),
+                   model, x, y, _fit_kwargs())
+
+
+def augmented_xception() -> ZooCase:
+    """Small Xception-style binary image classifier with augmentation inside the model.
+
+    Follows examples/vision/image_classification_from_scratch.py: RandomFlip +
+    RandomRotation, Rescaling(1/255) of uint8 images, Conv2D/SeparableConv2D
+    with BatchNormalization and a residual, Dropout, one logit; labels (N,).
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(13)
+    n = 64
+    y = rng.integers(0, 2, n)
+    x = rng.integers(0, 256, (n, 16, 16, 3)).astype("uint8")
+    x[y == 1, 4:12, 4:12, 0] = 255
+    augmentation = [layers.RandomFlip("horizontal"), layers.RandomRotation(0.1)]
+    inputs = keras.Input(shape=(16, 16, 3))
+    h = inputs
+    for layer in augmentation:
+        h = layer(h)
+    h = layers.Rescaling(1.0 / 255)(h)
+    h = layers.Conv2D(8, 3, strides=2, padding="same")(h)
+    h = layers.BatchNormalization()(h)
+    h = layers.Activation("relu")(h)
+    previous = h
+    for _ in range(2):
+        h = layers.Activation("relu")(h)
+        h = layers.SeparableConv2D(8, 3, padding="same")(h)
+        h = layers.BatchNormalization()(h)
+    h = layers.MaxPooling2D(3, strides=2, padding="same")(h)
+    h = layers.add([h, layers.Conv2D(8, 1, strides=2, padding="same")(previous)])
+    h = layers.GlobalAveragePooling2D()(h)
+    h = layers.Dropout(0.25)(h)
+    outputs = layers.Dense(1, activation=None)(h)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3),
+                  loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                  metrics=[keras.metrics.BinaryAccuracy(name="acc")])
+    return ZooCase("augmented_xception", "examples/vision/image_classification_from_scratch.py",
+                   ("random", "batchnorm", "dtypes", "1d_targets"),
+                   model, x, y, _fit_kwargs())
+
+
+class Patches(layers.Layer):
+    """Splits images into flattened non-overlapping square patches."""
+
+    def __init__(self, patch_size: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.patch_size = patch_size
+
+    def call(self, images):
+        batch_size, height, width, channels = (ops.shape(images)[0], *images.shape[1:])
+        patches = ops.image.extract_patches(images, size=self.patch_size)
+        count = (height // self.patch_size) * (width // self.patch_size)
+        return ops.reshape(patches, (batch_size, count, self.patch_size ** 2 * channels))
+
+
+class PatchEncoder(layers.Layer):
+    """A linear projection of each patch plus a learned position embedding."""
+
+    def __init__(self, num_patches: int, projection_dim: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_patches = num_patches
+        self.projection = layers.Dense(units=projection_dim)
+        self.position_embedding = layers.Embedding(num_patches, projection_dim)
+
+    def call(self, patch):
+        positions = ops.expand_dims(ops.arange(start=0, stop=self.num_patches, step=1), axis=0)
+        return self.projection(patch) + self.position_embedding(positions)
+
+
+def _mlp(h, hidden_units: tuple[int, ...], dropout_rate: float):
+    for units in hidden_units:
+        h = layers.Dense(units, activation=keras.activations.gelu)(h)
+        h = layers.Dropout(dropout_rate)(h)
+    return h
+
+
+def vision_transformer() -> ZooCase:
+    """A one-layer ViT with normalization and random augmentation inside the model.
+
+    Follows examples/vision/image_classification_with_vision_transformer.py:
+    an adapted Normalization, RandomFlip, RandomRotation, RandomZoom (plus
+    RandomTranslation), patches + position embedding, pre-norm attention and
+    a gelu MLP with dropout, AdamW, top-k metrics; labels of shape (N, 1).
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(14)
+    n, size, patch, dim, num_classes = 80, 8, 4, 8, 5
+    x = rng.random((n, size, size, 3)).astype("float32")
+    y = rng.integers(0, num_classes, (n, 1))
+    augmentation = keras.Sequential([
+        layers.Normalization(), layers.RandomFlip("horizontal"),
+        layers.RandomRotation(factor=0.02), layers.RandomZoom(height_factor=0.2, width_factor=0.2),
+        layers.RandomTranslation(0.1, 0.1)], name="data_augmentation")
+    augmentation.layers[0].adapt(x)
+    inputs = keras.Input(shape=(size, size, 3))
+    num_patches = (size // patch) ** 2
+    encoded = PatchEncoder(num_patches, dim)(Patches(patch)(augmentation(inputs)))
+    x1 = layers.LayerNormalization(epsilon=1e-6)(encoded)
+    attention = layers.MultiHeadAttention(num_heads=2, key_dim=dim, dropout=0.1)(x1, x1)
+    x2 = layers.Add()([attention, encoded])
+    x3 = _mlp(layers.LayerNormalization(epsilon=1e-6)(x2), (16, dim), 0.1)
+    encoded = layers.Add()([x3, x2])
+    representation = layers.Flatten()(layers.LayerNormalization(epsilon=1e-6)(encoded))
+    features = _mlp(layers.Dropout(0.5)(representation), (8,), 0.5)
+    logits = layers.Dense(num_classes)(features)
+    model = keras.Model(inputs=inputs, outputs=logits)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(learning_rate=0.003, weight_decay=0.0001),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
+                 keras.metrics.SparseTopKCategoricalAccuracy(3, name="top-3-accuracy")])
+    return ZooCase("vision_transformer",
+                   "examples/vision/image_classification_with_vision_transformer.py",
+                   ("preprocessing", "random"),
+                   model, x, y, _fit_kwargs())
+
+
+def transformer_text_mixed() -> ZooCase:
+    """Transformer text classifier built under the mixed_float16 policy.
+
+    Follows examples/nlp/text_classification_with_transformer.py: token +
+    position embedding, one TransformerBlock, pooling, Dropout, softmax (kept
+    float32, as the mixed-precision guide asks); int32 padded ids.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(15)
+    n, maxlen, vocab_size = 64, 10, 30
+    x = _padded(rng, n, maxlen, vocab_size, pre=True, dtype="int32")
+    y = (x.sum(axis=1) % 2).astype("int64")
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        inputs = keras.Input(shape=(maxlen,))
+        h = TokenAndPositionEmbedding(maxlen, vocab_size, 8)(inputs)
+        h = TransformerBlock(8, 2, 8)(h)
+        h = layers.GlobalAveragePooling1D()(h)
+        h = layers.Dropout(0.1)(h)
+        h = layers.Dropout(0.1)(layers.Dense(8, activation="relu")(h))
+        outputs = layers.Dense(2, activation="softmax", dtype="float32")(h)
+        model = keras.Model(inputs=inputs, outputs=outputs)
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return ZooCase("transformer_text_mixed", "examples/nlp/text_classification_with_transformer.py",
+                   ("mixed_precision", "random", "dtypes"),
+                   model, x, y, _fit_kwargs())
+
+
+def fraud_class_weight() -> ZooCase:
+    """Imbalanced binary classifier trained with `class_weight`, regularized every way.
+
+    Follows examples/structured_data/imbalanced_classification.py: an MLP with
+    dropout, confusion-count metrics, Precision and Recall, class weights
+    from the label counts (balanced, n / (2 * count)); with kernel, bias and
+    activity regularizers, GaussianDropout/AlphaDropout (selu) and
+    `jit_compile=True` added.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(16)
+    n = 128
+    x = rng.normal(size=(n, 10))
+    y = (x[:, 0] + 0.5 * rng.normal(size=n) > 1.2).astype("int64")
+    counts = np.bincount(y)
+    model = keras.Sequential([
+        keras.Input(shape=(10,)),
+        layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(1e-3),
+                     bias_regularizer=keras.regularizers.L1(1e-3)),
+        layers.GaussianDropout(0.2),
+        layers.Dense(16, activation="selu", kernel_initializer="lecun_normal",
+                     activity_regularizer=keras.regularizers.L2(1e-3)),
+        layers.AlphaDropout(0.1),
+        layers.Dense(1, activation="sigmoid"),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="binary_crossentropy",
+                  metrics=[keras.metrics.FalseNegatives(name="fn"),
+                           keras.metrics.FalsePositives(name="fp"),
+                           keras.metrics.TrueNegatives(name="tn"),
+                           keras.metrics.TruePositives(name="tp"),
+                           keras.metrics.Precision(name="precision"),
+                           keras.metrics.Recall(name="recall")],
+                  jit_compile=True)
+    class_weight = {0: n / (2.0 * counts[0]), 1: n / (2.0 * counts[1])}
+    return ZooCase("fraud_class_weight", "examples/structured_data/imbalanced_classification.py",
+                   ("class_weight", "regularizers", "add_loss", "random", "jit", "dtypes",
+                    "1d_targets"),
+                   model, x, y, _fit_kwargs(class_weight=class_weight))
+
+
+class ActivityRegularizationLayer(layers.Layer):
+    """Adds a batch-dependent term, the mean square of its inputs, to the loss."""
+
+    def call(self, inputs):
+        self.add_loss(0.01 * ops.mean(ops.square(inputs)))
+        return inputs
+
+
+def digits_sample_weight() -> ZooCase:
+    """Digit classifier with a custom `add_loss` layer, sample weights and a validation split.
+
+    Follows guides/training_with_built_in_methods.py: the "digits" MLP,
+    RMSprop, SparseCategoricalAccuracy, uint8 labels, `sample_weight` doubling
+    one class, `validation_split=0.2`, and its ActivityRegularizationLayer.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(17)
+    n = 80
+    x = rng.random((n, 12)).astype("float32")
+    y = np.argmax(x[:, :5], axis=1).astype("uint8")
+    inputs = keras.Input(shape=(12,), name="digits")
+    h = layers.Dense(16, activation="relu", name="dense_1")(inputs)
+    h = ActivityRegularizationLayer()(h)
+    h = layers.Dense(16, activation="relu", name="dense_2")(h)
+    outputs = layers.Dense(5, activation="softmax", name="predictions")(h)
+    model = keras.Model(inputs=inputs, outputs=outputs)
+    model.compile(optimizer=keras.optimizers.RMSprop(learning_rate=1e-2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(),
+                  metrics=[keras.metrics.SparseCategoricalAccuracy()])
+    sample_weight = np.ones(shape=(n,))
+    sample_weight[y == 3] = 2.0
+    return ZooCase("digits_sample_weight", "guides/training_with_built_in_methods.py",
+                   ("add_loss", "sample_weight", "validation", "dtypes"),
+                   model, x, y, _fit_kwargs(sample_weight=sample_weight, validation_split=0.2))
+
+
+ZOO: dict[str, Callable[[], ZooCase]] = {builder.__name__: builder for builder in (
+    heart_disease, census_deep_cross, movielens_recommender, text_cnn_strings,
+    imdb_bidirectional_lstm, imdb_masked_lstm, ticket_triage, char_gpt, lstm_seq2seq,
+    ecg_fcn, anomaly_autoencoder, weather_lstm, mnist_convnet, augmented_xception,
+    vision_transformer, transformer_text_mixed, fraud_class_weight, digits_sample_weight)}
+
+
+def variable_values(model: keras.Model) -> list[np.ndarray]:
+    """Every variable of `model` (trainable, state and seed generators), in order."""
+    return [np.asarray(v.numpy()) for v in model.variables]
+
+
+def assert_same_variables(a: keras.Model, b: keras.Model) -> None:
+    """`a` and `b` hold the same variables: count, shapes, dtypes and bitwise values."""
+    va, vb = a.variables, b.variables
+    assert len(va) == len(vb), f"{len(va)} variables vs {len(vb)}"
+    for x, y in zip(va, vb):
+        assert (tuple(x.shape), x.dtype) == (tuple(y.shape), y.dtype), f"{x.path} vs {y.path}"
+        assert np.array_equal(np.asarray(x.numpy()), np.asarray(y.numpy())), \
+            f"{x.path} differs from {y.path}"
+
+
+def keras_reference(case: ZooCase) -> tuple[list[np.ndarray], dict[str, list[float]]]:
+    """The weights and History single-device Keras `fit` gives from the case's start.
+
+    Builds an independent twin with the case's builder (its initial weights
+    and seed-generator states equal `case.model`'s, which is checked) and
+    fits it on `case.x`, `case.y` with `case.fit_kwargs`; Keras' own
+    shuffling draws from the global seed, set first.
+
+    Returns:
+        Every variable of the trained twin (`model.variables` order) and
+        `history.history`.
+    """
+    twin = ZOO[case.name]().model
+    assert_same_variables(case.model, twin)
+    keras.utils.set_random_seed(0)
+    history = twin.fit(case.x, case.y, **case.fit_kwargs, verbose=0)
+    return variable_values(twin), history.history
