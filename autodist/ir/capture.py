@@ -27,6 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from autodist.ir.errors import CaptureError
+from autodist.ir import random_ops
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.op_costs import estimate_ops
 from autodist.proto import graph_item_pb2
@@ -828,7 +829,7 @@ def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, opti
         graph_def=graph_def.SerializeToString(deterministic=True), source=source, name=name,
         inputs=inputs, loss_tensor=loss.name, variables=variables, state_variables=states,
         optimizer=optimizer_info, ops=ops, estimate_batch_size=batch_size,
-        metric_states=metrics)
+        metric_states=metrics, random_ops=random_ops.analyze(graph_def, inputs))
     return GraphItem(proto)
 
 

@@ -122,6 +122,11 @@ class GraphItem:
         return list(self._proto.metric_states)
 
     @property
+    def random_ops(self) -> list[graph_item_pb2.RandomOpInfo]:
+        """The step's random ops that draw for the batch (see `autodist.ir.random_ops`)."""
+        return list(self._proto.random_ops)
+
+    @property
     def loss_tensor(self) -> str:
         return self._proto.loss_tensor
 

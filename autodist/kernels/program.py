@@ -115,6 +115,10 @@ class Replica:
             examples of `inputs` each one reads. None with one.
         default_sizes: What `sizes` is when not fed (each virtual node's share
             of the strategy's global batch); feed it only when they differ.
+        all_sizes: Where the step draws random numbers for the global batch
+            (`random_draws`), an int32 placeholder: the examples of every
+            virtual node of the strategy in the step (feed it every step);
+            else None.
         loss: The replica's mean loss (its virtual nodes' losses weighted by
             examples).
         gradients: Variable name -> dense tensor or tf.IndexedSlices: the
@@ -128,6 +132,7 @@ class Replica:
     inputs: dict[str, Any] = dataclasses.field(default_factory=dict)
     sizes: Any = None
     default_sizes: list[int] | None = None
+    all_sizes: Any = None
     loss: Any = None
     gradients: dict[str, Any] = dataclasses.field(default_factory=dict)
     state_updates: list[Any] = dataclasses.field(default_factory=list)

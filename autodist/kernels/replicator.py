@@ -28,6 +28,7 @@ import re
 import tensorflow as tf
 
 from autodist.ir.strategy import Strategy
+from autodist.kernels import random_draws
 from autodist.kernels.optimizers import slot_initial_value
 from autodist.kernels.program import Program, Replica, Shard, Stage, StorageRole, VirtualNode
 from autodist.kernels.variables import StorageVariable, VariableSpec, create_variables
@@ -193,7 +194,9 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
         fetches += [g.dense] if g.dense else [g.values, g.indices] if g.values else []
     metric_fetches = [m.tensor for m in gi.metric_states]
     update_ops = [op for state in gi.state_variables for op in state.update_ops]
-    graph_def = _strip_devices(program.graph_def)
+    graph_def = random_draws.for_global_batch(_strip_devices(program.graph_def),
+                                              gi.random_ops)
+    draws = bool(random_draws.reproducible(gi.random_ops))
     input_nodes = {node.name: node for node in graph_def.node}
     vn_indices = [v for v, d in enumerate(strategy.virtual_node_devices) if d == device]
     single = len(vn_indices) == 1
@@ -214,6 +217,9 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
                     name=name)
             else:
                 replica.inputs[info.name] = tf.compat.v1.placeholder(dtype, shape, name=name)
+        if draws:
+            replica.all_sizes = tf.compat.v1.placeholder(
+                tf.int32, [strategy.num_virtual_nodes], name=f"{SCOPE}/replica_{index}/all_sizes")
         if not single:
             # Fed only when a step's sizes differ (a smaller last batch): one
             # feed fewer per step.
@@ -251,6 +257,8 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
             for state in gi.state_variables:
                 key = state_storage_name(state.name, vn_index)
                 input_map[f"{state.handle_node}:0"] = program.storage[key].handle
+            if draws:
+                input_map.update(_draw_rows(replica, vn, vn_index, gi))
             outputs = tf.graph_util.import_graph_def(
                 _seeded(graph_def, vn_index), input_map=input_map,
                 return_elements=fetches + metric_fetches + update_ops, name=scope)
@@ -273,6 +281,17 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
         replica.virtual_nodes.append(vn)
     _accumulate(replica, single)
     return replica
+
+
+def _draw_rows(replica: Replica, vn: VirtualNode, vn_index: int, gi) -> dict[str, tf.Tensor]:
+    """Where virtual node `vn_index`'s examples sit in the global batch, for its random
+    draws (`random_draws`): the batch's examples, its first one, and its own."""
+    sizes = replica.all_sizes
+    first_input = vn.inputs[gi.model_inputs[0].name] if gi.model_inputs else None
+    local = tf.shape(first_input)[0] if first_input is not None else sizes[vn_index]
+    return {f"{random_draws.EXAMPLES}:0": tf.reduce_sum(sizes),
+            f"{random_draws.FIRST}:0": tf.reduce_sum(sizes[:vn_index]),
+            f"{random_draws.LOCAL}:0": tf.cast(local, tf.int32)}
 
 
 def _default_weight_shape(gi, info, replica: Replica):

@@ -26,7 +26,8 @@ from autodist.launch.local import LocalCluster, check_local
 from autodist.launch.remote import RemoteCluster
 from autodist.launch.signing import load_secret
 from autodist.launch.tf_config import check_this_is_the_chief
-from autodist.runtime import batching, checkpoint, datasets, follow, keras_data, recovery
+from autodist.runtime import batching, checkpoint, datasets, follow, keras_data, keras_parity
+from autodist.runtime import recovery
 from autodist.runtime import optimizer_state, sharded_input
 from autodist.runtime import targets as targets_
 from autodist.runtime.elastic import check_elastic, check_switch, members_for, segments
@@ -101,6 +102,7 @@ class DistributedRun:
         self.resource_spec = resource_spec
         strategy.validate(self.graph_item, resource_spec)
         check_optimizer(self.graph_item.optimizer)
+        keras_parity.check(model, self.graph_item, strategy)
         self.job_dir = job_dir
         self.step_timeout_s = step_timeout_s
         self.startup_timeout_s = startup_timeout_s

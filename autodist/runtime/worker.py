@@ -609,6 +609,8 @@ class Trainer:
         sizes = [len(m) for m in mine]
         if replica.sizes is not None and sizes != replica.default_sizes:
             feed[replica.sizes] = np.asarray(sizes, np.int32)  # a smaller batch
+        if replica.all_sizes is not None:   # where its rows are in the global batch's draws
+            feed[replica.all_sizes] = np.asarray([len(p) for p in parts], np.int32)
         if data.held_rows is not None:  # a shipped shard holds only these examples
             rows = np.searchsorted(data.held_rows, rows)
         for name, array in zip(x_names, data.inputs):

@@ -1,0 +1,119 @@
+"""Which random ops of a step draw for the batch, and along which axis.
+
+Keras' random layers (Dropout and its spatial, Gaussian and alpha kinds,
+GaussianNoise, the random augmentation layers) draw with stateless random
+ops seeded from a `SeedGenerator`'s state: a draw is a function of (seed,
+shape). One device draws for the whole batch; a replica holding part of the
+batch would draw another tensor of its own shape. A stateless draw of the
+global batch's shape, sliced to a replica's rows, is exactly the rows one
+device draws (the Philox stream depends on the shape, not on where it runs),
+so the runtime draws that way (`autodist.kernels.random_draws`) for every op
+listed here as reproducible.
+
+An op is found reproducible when exactly one axis of its shape grows with
+the batch (the examples, or rows proportional to them such as examples x
+timesteps), seen by shape inference at two batch sizes. Ops whose draws a
+distributed step cannot match are listed too, with the reason: stateful
+random ops (their stream is the kernel's own state on each device), ops
+whose shape cannot be inferred, draws shaped by data (`StatelessMultinomial`).
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from autodist.proto import graph_item_pb2
+
+# Stateless ops drawing a tensor of the shape given as input 0.
+_SHAPED = {"StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessTruncatedNormalV2",
+           "StatelessRandomUniformIntV2", "StatelessRandomUniformFullIntV2",
+           "StatelessRandomUniform", "StatelessRandomNormal", "StatelessTruncatedNormal",
+           "StatelessRandomUniformInt", "StatelessRandomUniformFullInt",
+           "StatelessRandomBinomial", "StatelessRandomPoisson", "StatelessRandomGammaV2",
+           "StatelessRandomGammaV3", "StatelessParameterizedTruncatedNormal"}
+# Random ops a distributed step cannot draw as one device does.
+_UNREPRODUCIBLE = {
+    "RandomUniform": "a stateful random op (its stream is each device's own kernel state)",
+    "RandomStandardNormal": "a stateful random op",
+    "TruncatedNormal": "a stateful random op", "RandomUniformInt": "a stateful random op",
+    "RandomShuffle": "a stateful shuffle", "Multinomial": "a stateful random op",
+    "RandomGamma": "a stateful random op", "RandomPoisson": "a stateful random op",
+    "RandomPoissonV2": "a stateful random op", "ParameterizedTruncatedNormal":
+    "a stateful random op", "StatefulUniform": "a stateful random op",
+    "StatefulUniformInt": "a stateful random op", "StatefulUniformFullInt":
+    "a stateful random op", "StatefulStandardNormalV2": "a stateful random op",
+    "StatefulTruncatedNormal": "a stateful random op",
+    "StatelessMultinomial": "a draw whose shape comes from each replica's own data",
+    "StatelessShuffle": "a shuffle of each replica's own rows",
+}
+_FIXED_LENGTH = 7   # any length for a dimension that is unknown but not the batch's
+_TRIAL_BATCHES = (3, 5)
+
+
+def analyze(graph_def, inputs) -> list[graph_item_pb2.RandomOpInfo]:
+    """The random ops of the step, each with its batch axis or why it cannot be matched.
+
+    Args:
+        graph_def: The captured step.
+        inputs: Its input TensorInfos (their shapes: -1 unknown).
+    """
+    candidates = [n for n in graph_def.node if n.op in _SHAPED or n.op in _UNREPRODUCIBLE]
+    if not candidates:
+        return []
+    shapes = [_shapes_at(graph_def, inputs, b, [n for n in candidates if n.op in _SHAPED])
+              for b in _TRIAL_BATCHES]
+    out = []
+    for node in candidates:
+        layer = _layer(node.name)
+        if node.op in _UNREPRODUCIBLE:
+            out.append(graph_item_pb2.RandomOpInfo(node=node.name, batch_axis=-1, layer=layer,
+                                                   reproducible=False,
+                                                   reason=_UNREPRODUCIBLE[node.op]))
+            continue
+        small, large = shapes[0].get(node.name), shapes[1].get(node.name)
+        info = graph_item_pb2.RandomOpInfo(node=node.name, shape_input=0, layer=layer)
+        if small is None or large is None or len(small) != len(large):
+            info.batch_axis, info.reason = -1, "its shape could not be inferred"
+            out.append(info)
+            continue
+        info.rank = len(small)
+        axes = [a for a, (p, q) in enumerate(zip(small, large)) if p != q]
+        if not axes:
+            continue   # the same draw for any batch: every replica draws what one device does
+        b0, b1 = _TRIAL_BATCHES
+        grows = [a for a in axes if small[a] % b0 == 0 and small[a] // b0 * b1 == large[a]]
+        if len(axes) != 1 or len(grows) != 1:
+            info.batch_axis, info.reason = -1, "several dimensions of its shape follow the batch"
+            out.append(info)
+            continue
+        info.batch_axis, info.reproducible = grows[0], True
+        out.append(info)
+    return out
+
+
+def _shapes_at(graph_def, inputs, batch: int, nodes) -> dict[str, list[int] | None]:
+    """The shape each node draws with `batch` examples (None: not inferred)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        feeds = {}
+        for info in inputs:
+            if not info.shape:
+                continue
+            shape = [batch] + [_FIXED_LENGTH if d < 0 else d for d in info.shape[1:]]
+            dtype = tf.as_dtype(info.dtype)
+            feeds[info.tensor] = tf.compat.v1.placeholder(dtype, shape)
+        try:
+            tf.import_graph_def(graph_def, input_map=feeds, name="")
+        except (ValueError, tf.errors.OpError):
+            return {}
+    out = {}
+    for node in nodes:
+        # The draw's shape as TensorFlow's shape inference reads it from the shape input.
+        shape = graph.get_operation_by_name(node.name).outputs[0].shape
+        out[node.name] = shape.as_list() if shape.is_fully_defined() else None
+    return out
+
+
+def _layer(node_name: str) -> str:
+    """The Keras layer a node belongs to: its name scope below the model's."""
+    parts = node_name.split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else "/".join(parts[:-1]) or node_name

@@ -1,0 +1,128 @@
+"""Random ops that draw for the global batch, each replica keeping its rows.
+
+One device draws Dropout's mask (and every other stateless draw spanning the
+batch) for the whole batch; a replica or virtual node holds only some of its
+rows. Its step is rewritten so that each such op (found at capture,
+`autodist.ir.random_ops`) draws with the global batch's shape and the step
+goes on with the slice of the rows its virtual node holds: the same numbers
+one device uses for those rows, whatever the number of workers and virtual
+nodes. The seed is the model's own (a `SeedGenerator` state, advanced once
+per step in every virtual node's copy).
+
+The rewritten step takes three int32 scalars, mapped when it is imported:
+`EXAMPLES` (the global batch's examples), `FIRST` (the virtual node's first
+example in it) and `LOCAL` (its examples). An axis holding rows proportional
+to the examples (examples x timesteps) is scaled by rows per example.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+from tensorflow.python.framework import op_def_registry
+
+EXAMPLES = "autodist_draws/examples"
+FIRST = "autodist_draws/first"
+LOCAL = "autodist_draws/local"
+
+
+def reproducible(random_ops: Sequence) -> list:
+    """The ops the rewrite applies to."""
+    return [op for op in random_ops if op.reproducible and op.batch_axis >= 0]
+
+
+def for_global_batch(graph_def, random_ops: Sequence):
+    """`graph_def` with each reproducible random op drawing for the global batch.
+
+    Args:
+        graph_def: The step (not modified).
+        random_ops: The capture's `RandomOpInfo`s.
+
+    Returns:
+        A new GraphDef taking `EXAMPLES`, `FIRST` and `LOCAL`, or `graph_def`
+        itself when no op needs it.
+    """
+    ops = reproducible(random_ops)
+    if not ops:
+        return graph_def
+    out = tf.compat.v1.GraphDef()
+    out.CopyFrom(graph_def)
+    nodes = {node.name: node for node in out.node}
+    for name in (EXAMPLES, FIRST, LOCAL):
+        _add(out, name, "Placeholder", [], dtype=tf.int32, shape=[])
+    for info in ops:
+        node = nodes[info.node]
+        index_type = _shape_dtype(node, info.shape_input)
+        _rewrite(out, node, info, index_type)
+    return out
+
+
+def _shape_dtype(node, index: int) -> tf.DType:
+    op_def = op_def_registry.get(node.op)
+    arg = op_def.input_arg[index]
+    if arg.type_attr:
+        return tf.as_dtype(node.attr[arg.type_attr].type)
+    return tf.as_dtype(arg.type)
+
+
+def _rewrite(graph_def, node, info, index_type: tf.DType) -> None:
+    prefix = f"{node.name}/autodist_global"
+    shape = node.input[info.shape_input]
+    onehot = [1 if a == info.batch_axis else 0 for a in range(info.rank)]
+    keep = [1 - v for v in onehot]
+    _const(graph_def, f"{prefix}/onehot", onehot, index_type)
+    _const(graph_def, f"{prefix}/keep", keep, index_type)
+    _const(graph_def, f"{prefix}/axis", [0], tf.int32)
+    for name, source in (("local", LOCAL), ("examples", EXAMPLES), ("first", FIRST)):
+        _add(graph_def, f"{prefix}/{name}", "Cast", [source], SrcT=tf.int32, DstT=index_type,
+             Truncate=False)
+    _add(graph_def, f"{prefix}/masked", "Mul", [shape, f"{prefix}/onehot"], T=index_type)
+    _add(graph_def, f"{prefix}/dim", "Sum", [f"{prefix}/masked", f"{prefix}/axis"],
+         T=index_type, Tidx=tf.int32, keep_dims=False)
+    # Rows per example along the axis: 1 for examples, T for examples x timesteps.
+    _add(graph_def, f"{prefix}/per_example", "FloorDiv", [f"{prefix}/dim", f"{prefix}/local"],
+         T=index_type)
+    _add(graph_def, f"{prefix}/global_dim", "Mul",
+         [f"{prefix}/per_example", f"{prefix}/examples"], T=index_type)
+    _add(graph_def, f"{prefix}/kept", "Mul", [shape, f"{prefix}/keep"], T=index_type)
+    _add(graph_def, f"{prefix}/spread", "Mul", [f"{prefix}/onehot", f"{prefix}/global_dim"],
+         T=index_type)
+    _add(graph_def, f"{prefix}/shape", "AddV2", [f"{prefix}/kept", f"{prefix}/spread"],
+         T=index_type)
+    _add(graph_def, f"{prefix}/first_row", "Mul", [f"{prefix}/per_example", f"{prefix}/first"],
+         T=index_type)
+    _add(graph_def, f"{prefix}/begin", "Mul", [f"{prefix}/onehot", f"{prefix}/first_row"],
+         T=index_type)
+    consumers = [n for n in graph_def.node
+                 if any(_feeds(i, node.name) for i in n.input)]
+    node.input[info.shape_input] = f"{prefix}/shape"
+    drawn = tf.as_dtype(node.attr["dtype"].type)
+    _add(graph_def, f"{prefix}/rows", "Slice", [node.name, f"{prefix}/begin", shape],
+         T=drawn, Index=index_type)
+    for consumer in consumers:
+        for k, name in enumerate(consumer.input):
+            if _feeds(name, node.name):
+                consumer.input[k] = f"{prefix}/rows"
+
+
+def _feeds(input_name: str, node_name: str) -> bool:
+    """Whether an input reads the node's (only) output (not a control input)."""
+    return input_name in (node_name, f"{node_name}:0")
+
+
+def _const(graph_def, name: str, values: list[int], dtype: tf.DType) -> None:
+    node = graph_def.node.add(name=name, op="Const")
+    node.attr["dtype"].type = dtype.as_datatype_enum
+    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(values, dtype))
+
+
+def _add(graph_def, name: str, op: str, inputs: list[str], **attrs) -> None:
+    node = graph_def.node.add(name=name, op=op)
+    node.input.extend(inputs)
+    for key, value in attrs.items():
+        if isinstance(value, tf.DType):
+            node.attr[key].type = value.as_datatype_enum
+        elif isinstance(value, bool):
+            node.attr[key].b = value
+        else:   # a shape
+            node.attr[key].shape.CopyFrom(tf.TensorShape(value).as_proto())

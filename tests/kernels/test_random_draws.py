@@ -1,0 +1,123 @@
+"""Random layers draw for the global batch on every virtual node (no cluster).
+
+Keras' random layers draw from (seed, shape); the replicator has every
+virtual node draw the global batch's tensor and keep its rows, so its
+gradients are those of one device's step on the whole batch. Training on real
+clusters: the zoo (`tests/zoo`) and `tests/runtime/test_keras_fit_semantics.py`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras
+import autodist
+from autodist.ir.capture import capture
+from autodist.kernels import partitioner, random_draws, replicator
+from autodist.kernels.program import Program
+from autodist.runtime import batching
+from autodist.search import builders
+
+
+def _noisy_model():
+    inputs = keras.Input((6, 4), name="sequence")
+    h = keras.layers.SpatialDropout1D(0.3)(inputs)
+    h = keras.layers.GaussianNoise(0.2)(h)
+    h = keras.layers.Dense(5, activation="relu")(h)
+    h = keras.layers.Dropout(0.5)(keras.layers.Flatten()(h))
+    h = keras.layers.GaussianDropout(0.2)(h)
+    h = keras.layers.AlphaDropout(0.2)(h)
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+@pytest.fixture(scope="module")
+def noisy_item():
+    keras.utils.set_random_seed(0)
+    return capture(_noisy_model())
+
+
+def test_capture_finds_each_random_layers_batch_axis(noisy_item):
+    found = {op.layer.split("/")[-1].rsplit("_", 1)[0]: (op.batch_axis, op.rank, op.reproducible)
+             for op in noisy_item.random_ops}
+    assert found == {"spatial_dropout1d": (0, 3, True), "gaussian_noise": (0, 3, True),
+                     "dropout": (0, 2, True), "gaussian_dropout": (0, 2, True),
+                     "alpha_dropout": (0, 2, True)}
+
+
+def test_a_stateful_random_op_is_listed_as_not_reproducible():
+    class Jitter(keras.layers.Layer):
+        def call(self, x, training=None):
+            return x + tf.random.uniform(tf.shape(x), seed=3) if training else x
+
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(Jitter()(inputs)))
+    model.compile("sgd", "mse")
+    (op,) = capture(model).random_ops
+    assert not op.reproducible and "stateful" in op.reason and "jitter" in op.layer
+
+
+def _run_step(graph_item, strategy, spec, x, y):
+    """Task 0's replica loss and gradients for one global batch, in this process."""
+    program = Program(graph_item, spec, ("worker", 0))
+    partitioner.apply(program, strategy)
+    replicator.apply(program, strategy)
+    (replica,) = program.replicas
+    rng = np.random.default_rng(1)
+    with program.graph.as_default():
+        assigns = [var.assign(rng.normal(scale=0.3, size=var.shape).astype(np.float32))
+                   for name, var in sorted(program.storage.items())
+                   if name.startswith(f"{replicator.SCOPE}/vars/") and "/slot/" not in name]
+        init = tf.group([var.initializer for var in program.storage.values()])
+        fetches = {name: tf.convert_to_tensor(g).name for name, g in replica.gradients.items()}
+        fetches["loss"] = replica.loss.name
+    graph_def = program.graph.as_graph_def()
+    for node in graph_def.node:
+        node.device = ""
+    local = tf.Graph()
+    with local.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    parts = batching.virtual_node_rows(np.arange(len(y)), strategy.num_virtual_nodes)
+    mine = np.concatenate([parts[vn.index] for vn in replica.virtual_nodes])
+    feed = {replica.inputs["sequence"].name: x[mine], replica.inputs["y"].name: y[mine]}
+    if replica.all_sizes is not None:
+        feed[replica.all_sizes.name] = [len(p) for p in parts]
+    if replica.sizes is not None:
+        feed[replica.sizes.name] = [len(parts[vn.index]) for vn in replica.virtual_nodes]
+    with tf.compat.v1.Session(graph=local) as session:
+        session.run(init.name)
+        session.run([a.name for a in assigns])
+        return session.run(fetches, feed)
+
+
+def test_virtual_nodes_draw_what_one_batch_draws(noisy_item):
+    spec = autodist.ResourceSpec.local(workers=1)
+    rng = np.random.default_rng(0)
+    n = 22   # virtual nodes of 6, 6, 5 and 5 examples
+    x = rng.normal(size=(n, 6, 4)).astype(np.float32)
+    y = rng.normal(size=(n, 1)).astype(np.float32)
+    strategy = builders.AllReduce().build(noisy_item, spec)
+    one = _run_step(noisy_item, strategy, spec, x, y)
+    four = _run_step(noisy_item, strategy.with_virtual_nodes(24, 4), spec, x, y)
+    for name in one:
+        np.testing.assert_allclose(four[name], one[name], rtol=0, atol=2e-6, err_msg=name)
+
+
+def test_the_rewrite_leaves_a_step_without_random_ops_as_it_is(mlp_item):
+    graph_def = mlp_item.graph_def()
+    assert random_draws.for_global_batch(graph_def, mlp_item.random_ops) is graph_def
+
+
+def test_without_the_rewrite_each_virtual_node_would_draw_its_own(noisy_item, monkeypatch):
+    """The check above is not vacuous: drawing per virtual node changes the gradients."""
+    spec = autodist.ResourceSpec.local(workers=1)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(24, 6, 4)).astype(np.float32)
+    y = rng.normal(size=(24, 1)).astype(np.float32)
+    strategy = builders.AllReduce().build(noisy_item, spec)
+    one = _run_step(noisy_item, strategy, spec, x, y)
+    monkeypatch.setattr(random_draws, "reproducible", lambda ops: [])
+    four = _run_step(noisy_item, strategy.with_virtual_nodes(24, 4), spec, x, y)
+    assert abs(four["loss"] - one["loss"]) > 1e-3
