@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from autodist.ir.errors import CaptureError
-from autodist.ir import random_ops
+from autodist.ir import batch_norms, random_ops
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.op_costs import estimate_ops
 from autodist.proto import graph_item_pb2
@@ -829,8 +829,16 @@ def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, opti
         graph_def=graph_def.SerializeToString(deterministic=True), source=source, name=name,
         inputs=inputs, loss_tensor=loss.name, variables=variables, state_variables=states,
         optimizer=optimizer_info, ops=ops, estimate_batch_size=batch_size,
-        metric_states=metrics, random_ops=random_ops.analyze(graph_def, inputs))
+        metric_states=metrics, batch_norms=batch_norms.analyze(graph_def),
+        random_ops=random_ops.analyze(graph_def, inputs, _handles(traced, states)))
     return GraphItem(proto)
+
+
+def _handles(traced, states) -> dict[str, tuple[str, list[int]]]:
+    """The step's variable placeholders -> (dtype, shape) of what they hold."""
+    out = {t.handle_node: (t.dtype.name, list(t.shape)) for t in traced if t.handle_node}
+    out.update({s.handle_node: (s.dtype, list(s.shape)) for s in states})
+    return out
 
 
 def _producer(op):

@@ -127,6 +127,11 @@ class GraphItem:
         return list(self._proto.random_ops)
 
     @property
+    def batch_norms(self) -> list[graph_item_pb2.BatchNormInfo]:
+        """The step's batch statistics and their gradients (see `autodist.ir.batch_norms`)."""
+        return list(self._proto.batch_norms)
+
+    @property
     def loss_tensor(self) -> str:
         return self._proto.loss_tensor
 

@@ -19,6 +19,8 @@ whose shape cannot be inferred, draws shaped by data (`StatelessMultinomial`).
 """
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
 import tensorflow as tf
 
 from autodist.proto import graph_item_pb2
@@ -49,17 +51,22 @@ _FIXED_LENGTH = 7   # any length for a dimension that is unknown but not the bat
 _TRIAL_BATCHES = (3, 5)
 
 
-def analyze(graph_def, inputs) -> list[graph_item_pb2.RandomOpInfo]:
+def analyze(graph_def, inputs,
+            handles: Mapping[str, tuple[str, Sequence[int]]] | None = None
+            ) -> list[graph_item_pb2.RandomOpInfo]:
     """The random ops of the step, each with its batch axis or why it cannot be matched.
 
     Args:
         graph_def: The captured step.
         inputs: Its input TensorInfos (their shapes: -1 unknown).
+        handles: The placeholder of each variable read by the step -> (dtype,
+            shape), so shape inference knows what the reads give.
     """
     candidates = [n for n in graph_def.node if n.op in _SHAPED or n.op in _UNREPRODUCIBLE]
     if not candidates:
         return []
-    shapes = [_shapes_at(graph_def, inputs, b, [n for n in candidates if n.op in _SHAPED])
+    shapes = [_shapes_at(graph_def, inputs, b, [n for n in candidates if n.op in _SHAPED],
+                         handles or {})
               for b in _TRIAL_BATCHES]
     out = []
     for node in candidates:
@@ -90,11 +97,15 @@ def analyze(graph_def, inputs) -> list[graph_item_pb2.RandomOpInfo]:
     return out
 
 
-def _shapes_at(graph_def, inputs, batch: int, nodes) -> dict[str, list[int] | None]:
+def _shapes_at(graph_def, inputs, batch: int, nodes,
+               handles: Mapping[str, tuple[str, Sequence[int]]]) -> dict[str, list[int] | None]:
     """The shape each node draws with `batch` examples (None: not inferred)."""
     graph = tf.Graph()
     with graph.as_default():
-        feeds = {}
+        # Handles that know their variable's shape: reads then have known shapes.
+        feeds = {f"{node}:0": tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(dtype), shape=shape,
+                                                     shared_name=f"shape_of_{i}")
+                 for i, (node, (dtype, shape)) in enumerate(sorted(handles.items()))}
         for info in inputs:
             if not info.shape:
                 continue

@@ -127,6 +127,35 @@ class Strategy:
             out.proto.graph_config.hyperparameters[key] = float(value)
         return out
 
+    @property
+    def batch_norm(self) -> str:
+        """How batch normalization computes its statistics: "auto", "sync" or "ghost"."""
+        return strategy_pb2.GraphConfig.BatchNorm.Name(
+            self._proto.graph_config.batch_norm).lower()
+
+    def with_batch_norm(self, mode: str) -> Strategy:
+        """A copy whose batch-normalization layers use `mode`'s statistics.
+
+        Args:
+            mode: "sync": the global batch's statistics, summed over the replicas
+                of each step (equal to one device; needs one virtual node per
+                replica); "ghost": each virtual node its own (no communication;
+                the result depends on the global batch and the number of virtual
+                nodes only); "auto" (the default): "sync" where possible.
+
+        Raises:
+            StrategyError: an unknown mode.
+        """
+        names = {name.lower(): name for name in strategy_pb2.GraphConfig.BatchNorm.keys()}
+        if mode not in names:
+            raise StrategyError(f"with_batch_norm: mode must be one of {sorted(names)}. "
+                                f"Received: {short_repr(mode)}",
+                                field="graph_config.batch_norm", received=mode)
+        out = Strategy(self._proto)
+        out.proto.graph_config.batch_norm = strategy_pb2.GraphConfig.BatchNorm.Value(
+            names[mode])
+        return out
+
     def with_compressor(self, compressor: str, variables: list[str] | None = None) -> Strategy:
         """A copy whose all-reduced dense shards use `compressor`.
 

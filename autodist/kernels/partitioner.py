@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from autodist.ir.errors import StrategyError
 from autodist.ir.strategy import Strategy
+from autodist.kernels import batch_norm
 from autodist.kernels.lookups import gather_where_tables_live
 from autodist.kernels.program import Program, Shard, Stage
 
@@ -38,12 +39,14 @@ def shard_sizes(dim: int, num_shards: int, explicit: Sequence[int]) -> list[int]
 def plan_shards(program: Program, strategy: Strategy) -> dict[str, list[Shard]]:
     """The shards of every variable, in GraphItem order.
 
-    A strategy that all-reduces some shards reads its PS shards held by
-    worker tasks through task-local copies (as `local_replication` does),
-    whatever the strategy says; see `_reads_locally`.
+    A strategy that all-reduces some shards (or whose step sums batch
+    statistics over replicas) reads its PS shards held by worker tasks
+    through task-local copies (as `local_replication` does), whatever the
+    strategy says; see `_reads_locally`.
     """
     all_reduces = any(sync.WhichOneof("kind") == "all_reduce"
-                      for config in strategy.variables for sync in config.shards)
+                      for config in strategy.variables for sync in config.shards) or \
+        batch_norm.syncs(program.graph_item, strategy)   # collectives in the step too
     plans = {}
     for var in program.graph_item.variables:
         config = strategy.variable(var.name)

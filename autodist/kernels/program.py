@@ -237,6 +237,10 @@ class Program:
         metric_states: Per metric variable of the capture, this task's
             contribution to its state in a step (set by the replicator).
         outputs: What a task runs (set by the synchronizer).
+        collective_timeout_s: Bound on every collective the passes build.
+        version: Membership version of an elastic job (its collectives' group).
+        batch_norm_collectives: The replicas' steps sum their batch statistics
+            over replicas (`batch_norm`; set by the replicator).
     """
 
     graph_item: GraphItem
@@ -252,6 +256,9 @@ class Program:
     roles: dict[str, StorageRole] = dataclasses.field(default_factory=dict)
     metric_states: list[Any] = dataclasses.field(default_factory=list)
     outputs: SyncOutputs | None = None
+    collective_timeout_s: float = 60.0
+    version: int = 0
+    batch_norm_collectives: bool = False
 
     def require(self, stage: Stage, pass_name: str) -> None:
         """Raises StageError unless the program is at `stage`."""

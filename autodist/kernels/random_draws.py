@@ -21,6 +21,8 @@ from typing import Sequence
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 
+from autodist.kernels import graph_edit
+
 EXAMPLES = "autodist_draws/examples"
 FIRST = "autodist_draws/first"
 LOCAL = "autodist_draws/local"
@@ -29,6 +31,14 @@ LOCAL = "autodist_draws/local"
 def reproducible(random_ops: Sequence) -> list:
     """The ops the rewrite applies to."""
     return [op for op in random_ops if op.reproducible and op.batch_axis >= 0]
+
+
+def add_position_inputs(graph_def) -> None:
+    """Adds the `EXAMPLES`, `FIRST` and `LOCAL` inputs (once)."""
+    names = {node.name for node in graph_def.node}
+    for name in (EXAMPLES, FIRST, LOCAL):
+        if name not in names:
+            graph_edit.add(graph_def, name, "Placeholder", [], dtype=tf.int32, shape=[])
 
 
 def for_global_batch(graph_def, random_ops: Sequence):
@@ -48,12 +58,10 @@ def for_global_batch(graph_def, random_ops: Sequence):
     out = tf.compat.v1.GraphDef()
     out.CopyFrom(graph_def)
     nodes = {node.name: node for node in out.node}
-    for name in (EXAMPLES, FIRST, LOCAL):
-        _add(out, name, "Placeholder", [], dtype=tf.int32, shape=[])
+    add_position_inputs(out)
     for info in ops:
         node = nodes[info.node]
-        index_type = _shape_dtype(node, info.shape_input)
-        _rewrite(out, node, info, index_type)
+        _rewrite(out, node, info, _shape_dtype(node, info.shape_input))
     return out
 
 
@@ -69,60 +77,32 @@ def _rewrite(graph_def, node, info, index_type: tf.DType) -> None:
     prefix = f"{node.name}/autodist_global"
     shape = node.input[info.shape_input]
     onehot = [1 if a == info.batch_axis else 0 for a in range(info.rank)]
-    keep = [1 - v for v in onehot]
-    _const(graph_def, f"{prefix}/onehot", onehot, index_type)
-    _const(graph_def, f"{prefix}/keep", keep, index_type)
-    _const(graph_def, f"{prefix}/axis", [0], tf.int32)
+    add, const = graph_edit.add, graph_edit.const
+    const(graph_def, f"{prefix}/onehot", onehot, index_type)
+    const(graph_def, f"{prefix}/keep", [1 - v for v in onehot], index_type)
+    const(graph_def, f"{prefix}/axis", [0], tf.int32)
     for name, source in (("local", LOCAL), ("examples", EXAMPLES), ("first", FIRST)):
-        _add(graph_def, f"{prefix}/{name}", "Cast", [source], SrcT=tf.int32, DstT=index_type,
-             Truncate=False)
-    _add(graph_def, f"{prefix}/masked", "Mul", [shape, f"{prefix}/onehot"], T=index_type)
-    _add(graph_def, f"{prefix}/dim", "Sum", [f"{prefix}/masked", f"{prefix}/axis"],
-         T=index_type, Tidx=tf.int32, keep_dims=False)
+        add(graph_def, f"{prefix}/{name}", "Cast", [source], SrcT=tf.int32, DstT=index_type,
+            Truncate=False)
+    add(graph_def, f"{prefix}/masked", "Mul", [shape, f"{prefix}/onehot"], T=index_type)
+    add(graph_def, f"{prefix}/dim", "Sum", [f"{prefix}/masked", f"{prefix}/axis"],
+        T=index_type, Tidx=tf.int32, keep_dims=False)
     # Rows per example along the axis: 1 for examples, T for examples x timesteps.
-    _add(graph_def, f"{prefix}/per_example", "FloorDiv", [f"{prefix}/dim", f"{prefix}/local"],
-         T=index_type)
-    _add(graph_def, f"{prefix}/global_dim", "Mul",
-         [f"{prefix}/per_example", f"{prefix}/examples"], T=index_type)
-    _add(graph_def, f"{prefix}/kept", "Mul", [shape, f"{prefix}/keep"], T=index_type)
-    _add(graph_def, f"{prefix}/spread", "Mul", [f"{prefix}/onehot", f"{prefix}/global_dim"],
-         T=index_type)
-    _add(graph_def, f"{prefix}/shape", "AddV2", [f"{prefix}/kept", f"{prefix}/spread"],
-         T=index_type)
-    _add(graph_def, f"{prefix}/first_row", "Mul", [f"{prefix}/per_example", f"{prefix}/first"],
-         T=index_type)
-    _add(graph_def, f"{prefix}/begin", "Mul", [f"{prefix}/onehot", f"{prefix}/first_row"],
-         T=index_type)
-    consumers = [n for n in graph_def.node
-                 if any(_feeds(i, node.name) for i in n.input)]
+    add(graph_def, f"{prefix}/per_example", "FloorDiv", [f"{prefix}/dim", f"{prefix}/local"],
+        T=index_type)
+    add(graph_def, f"{prefix}/global_dim", "Mul",
+        [f"{prefix}/per_example", f"{prefix}/examples"], T=index_type)
+    add(graph_def, f"{prefix}/kept", "Mul", [shape, f"{prefix}/keep"], T=index_type)
+    add(graph_def, f"{prefix}/spread", "Mul", [f"{prefix}/onehot", f"{prefix}/global_dim"],
+        T=index_type)
+    add(graph_def, f"{prefix}/shape", "AddV2", [f"{prefix}/kept", f"{prefix}/spread"],
+        T=index_type)
+    add(graph_def, f"{prefix}/first_row", "Mul", [f"{prefix}/per_example", f"{prefix}/first"],
+        T=index_type)
+    add(graph_def, f"{prefix}/begin", "Mul", [f"{prefix}/onehot", f"{prefix}/first_row"],
+        T=index_type)
+    readers = graph_edit.readers(graph_def, node.name)
     node.input[info.shape_input] = f"{prefix}/shape"
-    drawn = tf.as_dtype(node.attr["dtype"].type)
-    _add(graph_def, f"{prefix}/rows", "Slice", [node.name, f"{prefix}/begin", shape],
-         T=drawn, Index=index_type)
-    for consumer in consumers:
-        for k, name in enumerate(consumer.input):
-            if _feeds(name, node.name):
-                consumer.input[k] = f"{prefix}/rows"
-
-
-def _feeds(input_name: str, node_name: str) -> bool:
-    """Whether an input reads the node's (only) output (not a control input)."""
-    return input_name in (node_name, f"{node_name}:0")
-
-
-def _const(graph_def, name: str, values: list[int], dtype: tf.DType) -> None:
-    node = graph_def.node.add(name=name, op="Const")
-    node.attr["dtype"].type = dtype.as_datatype_enum
-    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(values, dtype))
-
-
-def _add(graph_def, name: str, op: str, inputs: list[str], **attrs) -> None:
-    node = graph_def.node.add(name=name, op=op)
-    node.input.extend(inputs)
-    for key, value in attrs.items():
-        if isinstance(value, tf.DType):
-            node.attr[key].type = value.as_datatype_enum
-        elif isinstance(value, bool):
-            node.attr[key].b = value
-        else:   # a shape
-            node.attr[key].shape.CopyFrom(tf.TensorShape(value).as_proto())
+    add(graph_def, f"{prefix}/rows", "Slice", [node.name, f"{prefix}/begin", shape],
+        T=tf.as_dtype(node.attr["dtype"].type), Index=index_type)
+    graph_edit.redirect(readers, node.name, f"{prefix}/rows")

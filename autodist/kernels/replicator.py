@@ -28,7 +28,7 @@ import re
 import tensorflow as tf
 
 from autodist.ir.strategy import Strategy
-from autodist.kernels import random_draws
+from autodist.kernels import batch_norm, random_draws
 from autodist.kernels.optimizers import slot_initial_value
 from autodist.kernels.program import Program, Replica, Shard, Stage, StorageRole, VirtualNode
 from autodist.kernels.variables import StorageVariable, VariableSpec, create_variables
@@ -196,7 +196,14 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
     update_ops = [op for state in gi.state_variables for op in state.update_ops]
     graph_def = random_draws.for_global_batch(_strip_devices(program.graph_def),
                                               gi.random_ops)
-    draws = bool(random_draws.reproducible(gi.random_ops))
+    if batch_norm.syncs(gi, strategy):
+        graph_def = batch_norm.for_global_batch(
+            graph_def, batch_norm.syncable(gi), group_size=len(strategy.replicas),
+            version=program.version, timeout_s=program.collective_timeout_s,
+            hint="nccl" if "/device:GPU:" in device else "ring")
+        program.batch_norm_collectives = True
+    # Where its examples sit in the global batch: for random draws and statistics.
+    draws = bool(random_draws.reproducible(gi.random_ops)) or program.batch_norm_collectives
     input_nodes = {node.name: node for node in graph_def.node}
     vn_indices = [v for v, d in enumerate(strategy.virtual_node_devices) if d == device]
     single = len(vn_indices) == 1

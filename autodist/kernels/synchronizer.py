@@ -170,7 +170,8 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         sync_ps = [s for s in all_shards if s.kind == "ps" and not is_async(s)]
         async_ps = [s for s in all_shards if s.kind == "ps" and is_async(s)]
         has_sync_ps = bool(sync_ps)
-        two_phase = bool(sync_ps or async_ps) and bool(ar_shards)
+        collectives = bool(ar_shards) or program.batch_norm_collectives
+        two_phase = bool(sync_ps or async_ps) and collectives
         stashes = []
         if two_phase:
             scaled, stashes = _stash_ps_gradients(program, all_shards, scaled)
@@ -241,7 +242,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             # Counted by each worker when done; the chief reads the weights after all.
             shared_variable(program, "finished", 0, tf.int64,
                             async_ps[0].synchronizer.ps.reduction_destination)
-        if ar_shards and options.elastic:
+        if collectives and options.elastic:
             updates = updates + [ar.version_tag(options.task_index, options.version,
                                                 program.replicas[0].device)]
         if two_phase:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0estrategy.proto\x12\x08\x61utodist\"\x87\x02\n\x08Strategy\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x1e\n\x16graph_item_fingerprint\x18\x03 \x01(\t\x12!\n\x19resource_spec_fingerprint\x18\x04 \x01(\t\x12+\n\x0cgraph_config\x18\x05 \x01(\x0b\x32\x15.autodist.GraphConfig\x12+\n\tvariables\x18\x06 \x03(\x0b\x32\x18.autodist.VariableConfig\x12\x0e\n\x06origin\x18\x07 \x01(\t\x12*\n\x0bperformance\x18\x08 \x01(\x0b\x32\x15.autodist.Performance\"\xcb\x01\n\x0bGraphConfig\x12\x10\n\x08replicas\x18\x01 \x03(\t\x12-\n\rvirtual_nodes\x18\x02 \x01(\x0b\x32\x16.autodist.VirtualNodes\x12\x43\n\x0fhyperparameters\x18\x03 \x03(\x0b\x32*.autodist.GraphConfig.HyperparametersEntry\x1a\x36\n\x14HyperparametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"T\n\x0cVirtualNodes\x12\x19\n\x11global_batch_size\x18\x01 \x01(\x03\x12\x19\n\x11num_virtual_nodes\x18\x02 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x03 \x03(\t\"v\n\x0eVariableConfig\x12\x10\n\x08var_name\x18\x01 \x01(\t\x12*\n\x0bpartitioner\x18\x02 \x01(\x0b\x32\x15.autodist.Partitioner\x12&\n\x06shards\x18\x03 \x03(\x0b\x32\x16.autodist.Synchronizer\"D\n\x0bPartitioner\x12\x0c\n\x04\x61xis\x18\x01 \x01(\x05\x12\x12\n\nnum_shards\x18\x02 \x01(\x05\x12\x13\n\x0bshard_sizes\x18\x03 \x03(\x03\"u\n\x0cSynchronizer\x12&\n\x02ps\x18\x01 \x01(\x0b\x32\x18.autodist.PSSynchronizerH\x00\x12\x35\n\nall_reduce\x18\x02 \x01(\x0b\x32\x1f.autodist.AllReduceSynchronizerH\x00\x42\x06\n\x04kind\"k\n\x0ePSSynchronizer\x12\x1d\n\x15reduction_destination\x18\x01 \x01(\t\x12\x19\n\x11local_replication\x18\x02 \x01(\x08\x12\x0c\n\x04sync\x18\x03 \x01(\x08\x12\x11\n\tstaleness\x18\x04 \x01(\x05\"\x8b\x02\n\x15\x41llReduceSynchronizer\x12\x32\n\x04spec\x18\x01 \x01(\x0e\x32$.autodist.AllReduceSynchronizer.Spec\x12>\n\ncompressor\x18\x02 \x01(\x0e\x32*.autodist.AllReduceSynchronizer.Compressor\x12\r\n\x05group\x18\x03 \x01(\x05\"4\n\x04Spec\x12\x08\n\x04\x41UTO\x10\x00\x12\x08\n\x04RING\x10\x01\x12\x08\n\x04NCCL\x10\x02\x12\x0e\n\nALL_GATHER\x10\x03\"9\n\nCompressor\x12\x08\n\x04NONE\x10\x00\x12\x08\n\x04\x46P16\x10\x01\x12\x17\n\x13\x46P16_ERROR_FEEDBACK\x10\x02\"~\n\x0bPerformance\x12\x1d\n\x15predicted_step_time_s\x18\x01 \x01(\x01\x12\x1f\n\x17lower_bound_step_time_s\x18\x02 \x01(\x01\x12\x11\n\tpredictor\x18\x03 \x01(\t\x12\x1c\n\x14measured_step_time_s\x18\x04 \x03(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0estrategy.proto\x12\x08\x61utodist\"\x87\x02\n\x08Strategy\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\t\x12\x1e\n\x16graph_item_fingerprint\x18\x03 \x01(\t\x12!\n\x19resource_spec_fingerprint\x18\x04 \x01(\t\x12+\n\x0cgraph_config\x18\x05 \x01(\x0b\x32\x15.autodist.GraphConfig\x12+\n\tvariables\x18\x06 \x03(\x0b\x32\x18.autodist.VariableConfig\x12\x0e\n\x06origin\x18\x07 \x01(\t\x12*\n\x0bperformance\x18\x08 \x01(\x0b\x32\x15.autodist.Performance\"\xac\x02\n\x0bGraphConfig\x12\x10\n\x08replicas\x18\x01 \x03(\t\x12-\n\rvirtual_nodes\x18\x02 \x01(\x0b\x32\x16.autodist.VirtualNodes\x12\x43\n\x0fhyperparameters\x18\x03 \x03(\x0b\x32*.autodist.GraphConfig.HyperparametersEntry\x12\x33\n\nbatch_norm\x18\x04 \x01(\x0e\x32\x1f.autodist.GraphConfig.BatchNorm\x1a\x36\n\x14HyperparametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"*\n\tBatchNorm\x12\x08\n\x04\x41UTO\x10\x00\x12\x08\n\x04SYNC\x10\x01\x12\t\n\x05GHOST\x10\x02\"T\n\x0cVirtualNodes\x12\x19\n\x11global_batch_size\x18\x01 \x01(\x03\x12\x19\n\x11num_virtual_nodes\x18\x02 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x03 \x03(\t\"v\n\x0eVariableConfig\x12\x10\n\x08var_name\x18\x01 \x01(\t\x12*\n\x0bpartitioner\x18\x02 \x01(\x0b\x32\x15.autodist.Partitioner\x12&\n\x06shards\x18\x03 \x03(\x0b\x32\x16.autodist.Synchronizer\"D\n\x0bPartitioner\x12\x0c\n\x04\x61xis\x18\x01 \x01(\x05\x12\x12\n\nnum_shards\x18\x02 \x01(\x05\x12\x13\n\x0bshard_sizes\x18\x03 \x03(\x03\"u\n\x0cSynchronizer\x12&\n\x02ps\x18\x01 \x01(\x0b\x32\x18.autodist.PSSynchronizerH\x00\x12\x35\n\nall_reduce\x18\x02 \x01(\x0b\x32\x1f.autodist.AllReduceSynchronizerH\x00\x42\x06\n\x04kind\"k\n\x0ePSSynchronizer\x12\x1d\n\x15reduction_destination\x18\x01 \x01(\t\x12\x19\n\x11local_replication\x18\x02 \x01(\x08\x12\x0c\n\x04sync\x18\x03 \x01(\x08\x12\x11\n\tstaleness\x18\x04 \x01(\x05\"\x8b\x02\n\x15\x41llReduceSynchronizer\x12\x32\n\x04spec\x18\x01 \x01(\x0e\x32$.autodist.AllReduceSynchronizer.Spec\x12>\n\ncompressor\x18\x02 \x01(\x0e\x32*.autodist.AllReduceSynchronizer.Compressor\x12\r\n\x05group\x18\x03 \x01(\x05\"4\n\x04Spec\x12\x08\n\x04\x41UTO\x10\x00\x12\x08\n\x04RING\x10\x01\x12\x08\n\x04NCCL\x10\x02\x12\x0e\n\nALL_GATHER\x10\x03\"9\n\nCompressor\x12\x08\n\x04NONE\x10\x00\x12\x08\n\x04\x46P16\x10\x01\x12\x17\n\x13\x46P16_ERROR_FEEDBACK\x10\x02\"~\n\x0bPerformance\x12\x1d\n\x15predicted_step_time_s\x18\x01 \x01(\x01\x12\x1f\n\x17lower_bound_step_time_s\x18\x02 \x01(\x01\x12\x11\n\tpredictor\x18\x03 \x01(\t\x12\x1c\n\x14measured_step_time_s\x18\x04 \x03(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,25 +36,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STRATEGY']._serialized_start=29
   _globals['_STRATEGY']._serialized_end=292
   _globals['_GRAPHCONFIG']._serialized_start=295
-  _globals['_GRAPHCONFIG']._serialized_end=498
-  _globals['_GRAPHCONFIG_HYPERPARAMETERSENTRY']._serialized_start=444
-  _globals['_GRAPHCONFIG_HYPERPARAMETERSENTRY']._serialized_end=498
-  _globals['_VIRTUALNODES']._serialized_start=500
-  _globals['_VIRTUALNODES']._serialized_end=584
-  _globals['_VARIABLECONFIG']._serialized_start=586
-  _globals['_VARIABLECONFIG']._serialized_end=704
-  _globals['_PARTITIONER']._serialized_start=706
-  _globals['_PARTITIONER']._serialized_end=774
-  _globals['_SYNCHRONIZER']._serialized_start=776
-  _globals['_SYNCHRONIZER']._serialized_end=893
-  _globals['_PSSYNCHRONIZER']._serialized_start=895
-  _globals['_PSSYNCHRONIZER']._serialized_end=1002
-  _globals['_ALLREDUCESYNCHRONIZER']._serialized_start=1005
-  _globals['_ALLREDUCESYNCHRONIZER']._serialized_end=1272
-  _globals['_ALLREDUCESYNCHRONIZER_SPEC']._serialized_start=1161
-  _globals['_ALLREDUCESYNCHRONIZER_SPEC']._serialized_end=1213
-  _globals['_ALLREDUCESYNCHRONIZER_COMPRESSOR']._serialized_start=1215
-  _globals['_ALLREDUCESYNCHRONIZER_COMPRESSOR']._serialized_end=1272
-  _globals['_PERFORMANCE']._serialized_start=1274
-  _globals['_PERFORMANCE']._serialized_end=1400
+  _globals['_GRAPHCONFIG']._serialized_end=595
+  _globals['_GRAPHCONFIG_HYPERPARAMETERSENTRY']._serialized_start=497
+  _globals['_GRAPHCONFIG_HYPERPARAMETERSENTRY']._serialized_end=551
+  _globals['_GRAPHCONFIG_BATCHNORM']._serialized_start=553
+  _globals['_GRAPHCONFIG_BATCHNORM']._serialized_end=595
+  _globals['_VIRTUALNODES']._serialized_start=597
+  _globals['_VIRTUALNODES']._serialized_end=681
+  _globals['_VARIABLECONFIG']._serialized_start=683
+  _globals['_VARIABLECONFIG']._serialized_end=801
+  _globals['_PARTITIONER']._serialized_start=803
+  _globals['_PARTITIONER']._serialized_end=871
+  _globals['_SYNCHRONIZER']._serialized_start=873
+  _globals['_SYNCHRONIZER']._serialized_end=990
+  _globals['_PSSYNCHRONIZER']._serialized_start=992
+  _globals['_PSSYNCHRONIZER']._serialized_end=1099
+  _globals['_ALLREDUCESYNCHRONIZER']._serialized_start=1102
+  _globals['_ALLREDUCESYNCHRONIZER']._serialized_end=1369
+  _globals['_ALLREDUCESYNCHRONIZER_SPEC']._serialized_start=1258
+  _globals['_ALLREDUCESYNCHRONIZER_SPEC']._serialized_end=1310
+  _globals['_ALLREDUCESYNCHRONIZER_COMPRESSOR']._serialized_start=1312
+  _globals['_ALLREDUCESYNCHRONIZER_COMPRESSOR']._serialized_end=1369
+  _globals['_PERFORMANCE']._serialized_start=1371
+  _globals['_PERFORMANCE']._serialized_end=1497
 # @@protoc_insertion_point(module_scope)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.strategy import Strategy
 
@@ -24,8 +25,61 @@ def check(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
     Raises:
         AutodistError: a feature the run would silently train differently.
     """
-    del model  # the checks so far read the capture
     _random_ops(graph_item, strategy)
+    _batch_norms(model, graph_item, strategy)
+
+
+def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
+    """Batch statistics: the global batch's where every replica runs one virtual node,
+    else each virtual node's own (said here), or refused where asked for but impossible."""
+    from autodist.kernels import batch_norm  # pylint: disable=import-outside-toplevel
+
+    layers = _keras_batch_norm_layers(model)
+    found = graph_item.batch_norms
+    if len(strategy.virtual_node_devices) <= 1 or not (layers or found):
+        return
+    unsynced = [bn.layer for bn in found if not bn.syncable]
+    if unsynced or len(layers) > len(found):
+        names = unsynced or [layer.name for layer in layers]
+        warnings.warn(
+            f"batch normalization layer(s) {sorted(names)} compute their statistics in a way "
+            "the runtime cannot sum over replicas (masked moments, synchronized=True, or not "
+            "tf.nn.moments): each replica normalizes with its own part of the batch, so the "
+            "run differs from Keras fit. Use keras.layers.BatchNormalization without a mask",
+            ParityWarning, stacklevel=3)
+    if not batch_norm.syncable(graph_item):
+        return
+    one_each = strategy.num_virtual_nodes == len(strategy.replicas)
+    if strategy.batch_norm == "sync" and not one_each:
+        raise AutodistError(
+            f"the strategy asks for batch statistics summed over replicas "
+            f"(with_batch_norm('sync')), but its {strategy.num_virtual_nodes} virtual nodes run "
+            f"on {len(strategy.replicas)} replicas, one after another where a replica has "
+            "several: they cannot share statistics within a step. Use one virtual node per "
+            "replica, or with_batch_norm('ghost') (each virtual node its own statistics)")
+    if strategy.batch_norm == "auto" and not one_each:
+        warnings.warn(
+            f"batch normalization: the strategy's {strategy.num_virtual_nodes} virtual nodes run "
+            f"on {len(strategy.replicas)} replicas, so each normalizes with its own "
+            f"{strategy.global_batch_size or 'B'}/{strategy.num_virtual_nodes} examples ('ghost "
+            "batch normalization', the same for any hardware with this global batch and "
+            "number of virtual nodes) where Keras uses the whole batch's statistics; the moving "
+            "statistics are virtual node 0's. strategy.with_batch_norm('ghost') says this is "
+            "intended (no warning); one virtual node per replica gives Keras' numbers",
+            ParityWarning, stacklevel=3)
+
+
+def _keras_batch_norm_layers(model: Any) -> list:
+    """The model's trainable BatchNormalization layers (they use batch statistics)."""
+    try:
+        import keras  # pylint: disable=import-outside-toplevel
+
+        flatten = getattr(model, "_flatten_layers", None)
+        layers = list(flatten(include_self=False)) if flatten else list(model.layers)
+    except Exception:  # pylint: disable=broad-except  # not a Keras model
+        return []
+    return [layer for layer in layers
+            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable]
 
 
 def _random_ops(graph_item: GraphItem, strategy: Strategy) -> None:

@@ -25,7 +25,7 @@ from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
-from autodist.kernels import monitoring, partitioner, replicator, synchronizer
+from autodist.kernels import batch_norm, monitoring, partitioner, replicator, synchronizer
 from autodist.kernels.program import Program
 from autodist.kernels.variables import StorageVariable
 from autodist.launch import mailbox
@@ -57,7 +57,8 @@ class WorkerError(AutodistError, RuntimeError):
 
 
 def session_config(strategy: Strategy, task_index: int,
-                   members: tuple[int, ...] | None = None) -> tf.compat.v1.ConfigProto:
+                   members: tuple[int, ...] | None = None,
+                   graph_item: GraphItem | None = None) -> tf.compat.v1.ConfigProto:
     """Session config: the server's, plus device filters.
 
     Args:
@@ -67,13 +68,16 @@ def session_config(strategy: Strategy, task_index: int,
             membership. A session must name exactly the
             live tasks it uses: one that can see an idle or absent task
             waits for it without a timeout.
+        graph_item: The step (its batch statistics may be summed over
+            replicas by collectives, which need every worker).
     """
     config = server_config()
     # On GPUs, an op of the step without a GPU kernel runs on its task's CPU
     # rather than failing the step (placement is otherwise the strategy's).
     config.allow_soft_placement = any("/device:GPU:" in d for d in strategy.replicas)
     uses_collectives = any(s.WhichOneof("kind") == "all_reduce"
-                           for v in strategy.variables for s in v.shards)
+                           for v in strategy.variables for s in v.shards) or \
+        (graph_item is not None and batch_norm.syncs(graph_item, strategy))
     if uses_collectives and members is not None:
         config.device_filters.extend(["/job:ps"] + [f"/job:worker/task:{t}"
                                                     for t in members])
@@ -132,7 +136,8 @@ def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
                   task_index: int, timeout_s: float, version: int = 0,
                   elastic: bool = False, atomic: bool = False) -> Program:
     """Runs the three passes for worker task `task_index` (see `SyncOptions`)."""
-    program = Program(graph_item, spec, ("worker", task_index))
+    program = Program(graph_item, spec, ("worker", task_index), collective_timeout_s=timeout_s,
+                      version=version)
     partitioner.apply(program, strategy)
     replicator.apply(program, strategy)
     if not program.replicas:
@@ -236,7 +241,7 @@ class Trainer:
         self.session = open_session(
             self.target, self.program.graph,
             session_config(self.strategy, self.task_index,
-                           segment.members if self.elastic else None),
+                           segment.members if self.elastic else None, self.graph_item),
             self.config.startup_timeout_s)
         self.segment = segment
         self._save = None

@@ -1,0 +1,90 @@
+"""The batch statistics of a step's batch-normalization layers, and their gradients.
+
+Keras' `BatchNormalization` in training computes its batch's moments with
+`tf.nn.moments`: a `Mean` of the inputs over every axis but the features
+(``.../moments/mean``) and a `Mean` of their squared difference from it
+(``.../moments/variance``). The traced backward pass holds each Mean's
+gradient as a `RealDiv` of the upstream gradient (reshaped, broadcast) by the
+count of reduced elements; it is found by structure, through the `AddV2` that
+reads the Mean's own reduction axes. A distributed step rewrites these four
+ops to sum over the replicas (`autodist.kernels.batch_norm`), so every
+replica normalizes with the global batch's statistics and the gradients are
+those of one device.
+
+A layer whose ops do not have this shape (masked moments, `synchronized=True`,
+a custom normalization) is listed as not syncable, with the reason.
+"""
+from __future__ import annotations
+
+from autodist.proto import graph_item_pb2
+
+
+def analyze(graph_def) -> list[graph_item_pb2.BatchNormInfo]:
+    """Every batch-statistics computation of the step (see the module docstring)."""
+    nodes = {n.name: n for n in graph_def.node}
+    consumers: dict[str, list] = {}
+    for node in graph_def.node:
+        for name in node.input:
+            if not name.startswith("^"):
+                consumers.setdefault(name.split(":")[0], []).append(node)
+    out = []
+    for node in graph_def.node:
+        if node.op != "Mean" or not node.name.endswith("/moments/mean"):
+            continue
+        scope = node.name[:-len("/moments/mean")]
+        info = graph_item_pb2.BatchNormInfo(layer=_layer(scope), mean=node.name)
+        variance = nodes.get(f"{scope}/moments/variance")
+        if variance is None or variance.op != "Mean":
+            out.append(_unsyncable(info, "its variance is not tf.nn.moments'"))
+            continue
+        info.variance = variance.name
+        found = []
+        for mean in (node, variance):
+            gradient = _gradient_of(mean, nodes, consumers)
+            if gradient is None:
+                break
+            found.append(gradient)
+        if len(found) < 2:
+            out.append(_unsyncable(info, "the gradient of its moments was not found"))
+            continue
+        (info.mean_gradient, info.mean_upstream), \
+            (info.variance_gradient, info.variance_upstream) = found
+        info.syncable = True
+        out.append(info)
+    return out
+
+
+def _gradient_of(mean, nodes, consumers) -> tuple[str, str] | None:
+    """(the RealDiv of the Mean's gradient, the Reshape of its upstream gradient)."""
+    axes = mean.input[1].split(":")[0]
+    for add in consumers.get(axes, []):
+        if add.op != "AddV2":
+            continue
+        for mod in _of(consumers, add, "FloorMod"):
+            for gather in _of(consumers, mod, "GatherV2"):
+                for prod in _of(consumers, gather, "Prod"):
+                    for cast in _of(consumers, prod, "Cast"):
+                        for div in _of(consumers, cast, "RealDiv"):
+                            if div.input[1].split(":")[0] != cast.name:
+                                continue
+                            broadcast = nodes.get(div.input[0].split(":")[0])
+                            if broadcast is None or broadcast.op != "BroadcastTo":
+                                continue
+                            reshape = nodes.get(broadcast.input[0].split(":")[0])
+                            if reshape is not None and reshape.op == "Reshape":
+                                return div.name, reshape.name
+    return None
+
+
+def _of(consumers, node, op: str) -> list:
+    return [c for c in consumers.get(node.name, []) if c.op == op]
+
+
+def _unsyncable(info, reason: str):
+    info.syncable, info.reason = False, reason
+    return info
+
+
+def _layer(scope: str) -> str:
+    parts = scope.split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else scope
