@@ -155,7 +155,8 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
         concrete, trainable, names, state, unique_names([v.path for v in state]),
         input_infos, _optimizer_info(model.optimizer, trainable, names),
         "keras", name or model.name, batch_size,
-        metric_names=unique_names([v.path for v in metric_variables]))
+        metric_names=unique_names([v.path for v in metric_variables]),
+        tables=_keras_lookup_tables(model))
 
 
 def _build_keras_metrics(model, x_spec, y_spec) -> None:
@@ -598,7 +599,8 @@ def _variable_name(v) -> str:
 
 def _from_concrete_function(concrete, trainable, names, state, state_names, input_infos,
                             optimizer_info, source, name, batch_size,
-                            metric_names: Sequence[str] = ()) -> GraphItem:
+                            metric_names: Sequence[str] = (),
+                            tables: Sequence[tuple[str, Any]] = ()) -> GraphItem:
     graph = concrete.graph
     loss, grads, *rest = concrete.structured_outputs
     metric_states = list(rest[0]) if rest else []
@@ -619,6 +621,12 @@ def _from_concrete_function(concrete, trainable, names, state, state_names, inpu
         traced.append(_TracedVariable(var_name, handle_of.get(id(v), ""), tf.as_dtype(v.dtype),
                                       [int(d) for d in v.shape], grad))
     known_handles = set(handle_of.values())
+    table_infos = []
+    for layer_name, table in tables:
+        internal = captured.get(id(table.resource_handle))
+        if internal is not None:
+            table_infos.append(_table_info(internal.op.name, layer_name, table))
+    known_handles |= {t.placeholder for t in table_infos}
 
     graph_def = graph.as_graph_def()
     dropped = _drop_foreign_state(graph, graph_def, known_handles,
@@ -646,7 +654,37 @@ def _from_concrete_function(concrete, trainable, names, state, state_names, inpu
                                          shape=_proto_shape(t.shape))
                for metric_name, t in zip(metric_names, metric_states)]
     return _assemble(graph, graph_def, source, name, inputs, loss, traced, states,
-                     optimizer_info, batch_size, dropped, metrics)
+                     optimizer_info, batch_size, dropped, metrics, table_infos)
+
+
+def _keras_lookup_tables(model) -> list[tuple[str, Any]]:
+    """(layer name, table) of every lookup table the model's layers hold (StringLookup,
+    IntegerLookup, TextVectorization's)."""
+    out, seen = [], set()
+    flatten = getattr(model, "_flatten_layers", None)
+    for layer in (flatten(include_self=False) if flatten else []):
+        for value in list(vars(layer).values()):
+            if hasattr(value, "resource_handle") and hasattr(value, "export") and \
+                    hasattr(value, "key_dtype") and id(value) not in seen:
+                seen.add(id(value))
+                out.append((layer.name, value))
+    return out
+
+
+def _table_info(placeholder: str, layer_name: str, table) -> graph_item_pb2.TableInfo:
+    """A lookup table's contents, as every task rebuilds it."""
+    keys, values = table.export()
+    default = getattr(table, "default_value", None)
+    if default is None:
+        raise CaptureError(f"layer {layer_name!r} holds a lookup table without a default value "
+                           f"({type(table).__name__}); only static tables can be rebuilt on "
+                           "the workers")
+    return graph_item_pb2.TableInfo(
+        placeholder=placeholder, key_dtype=table.key_dtype.name,
+        value_dtype=table.value_dtype.name, layer=layer_name,
+        keys=tf.make_tensor_proto(keys.numpy()).SerializeToString(),
+        values=tf.make_tensor_proto(values.numpy()).SerializeToString(),
+        default_value=tf.make_tensor_proto(np.asarray(default)).SerializeToString())
 
 
 def _drop_foreign_state(graph, graph_def, variable_handles: set[str], outputs) -> set[str]:
@@ -794,7 +832,8 @@ def _capture_v1(loss, optimizer, variables, name, batch_size) -> GraphItem:
 # ------------------------------------------------------------------- shared
 def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, optimizer_info,
               batch_size, dropped: set[str] = frozenset(),
-              metrics: Sequence[graph_item_pb2.TensorInfo] = ()) -> GraphItem:
+              metrics: Sequence[graph_item_pb2.TensorInfo] = (),
+              tables: Sequence[graph_item_pb2.TableInfo] = ()) -> GraphItem:
     order = {op.name: i for i, op in enumerate(graph.get_operations())}
     fetches = [loss.op] + [op for s in states for op in map(graph.get_operation_by_name,
                                                               s.update_ops)]
@@ -830,7 +869,8 @@ def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, opti
         inputs=inputs, loss_tensor=loss.name, variables=variables, state_variables=states,
         optimizer=optimizer_info, ops=ops, estimate_batch_size=batch_size,
         metric_states=metrics, batch_norms=batch_norms.analyze(graph_def),
-        random_ops=random_ops.analyze(graph_def, inputs, _handles(traced, states)))
+        random_ops=random_ops.analyze(graph_def, inputs, _handles(traced, states)),
+        tables=tables)
     return GraphItem(proto)
 
 

@@ -132,6 +132,11 @@ class GraphItem:
         return list(self._proto.batch_norms)
 
     @property
+    def tables(self) -> list[graph_item_pb2.TableInfo]:
+        """The lookup tables the step reads, with their contents."""
+        return list(self._proto.tables)
+
+    @property
     def loss_tensor(self) -> str:
         return self._proto.loss_tensor
 

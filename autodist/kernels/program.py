@@ -241,6 +241,9 @@ class Program:
         version: Membership version of an elastic job (its collectives' group).
         batch_norm_collectives: The replicas' steps sum their batch statistics
             over replicas (`batch_norm`; set by the replicator).
+        tables: Placeholder of a lookup table in the step -> this task's copy of
+            it (set by the replicator).
+        table_initializers: Ops filling those copies (run once, at start).
     """
 
     graph_item: GraphItem
@@ -259,6 +262,8 @@ class Program:
     collective_timeout_s: float = 60.0
     version: int = 0
     batch_norm_collectives: bool = False
+    tables: dict[str, Any] = dataclasses.field(default_factory=dict)
+    table_initializers: list[Any] = dataclasses.field(default_factory=list)
 
     def require(self, stage: Stage, pass_name: str) -> None:
         """Raises StageError unless the program is at `stage`."""

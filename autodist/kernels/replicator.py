@@ -67,11 +67,32 @@ def apply(program: Program, strategy: Strategy) -> Program:
     local = program.local_replica_devices(strategy)
     _create_storage(program, strategy, [Replica(index=i, device=d) for i, d in local])
     with program.graph.as_default():
+        _create_tables(program)
         for index, device in local:
             program.replicas.append(_import_replica(program, strategy, index, device))
         program.metric_states = _task_metric_states(program)
     program.stage = Stage.REPLICATED
     return program
+
+
+def _create_tables(program: Program) -> None:
+    """This task's copy of every lookup table the step reads (`GraphItem.tables`), on its
+    CPU; filled by `program.table_initializers` (run with the local variables)."""
+    from tensorflow.core.framework import tensor_pb2  # pylint: disable=import-outside-toplevel
+
+    def value(data: bytes):
+        proto = tensor_pb2.TensorProto()
+        proto.ParseFromString(data)
+        return tf.constant(tf.make_ndarray(proto))
+
+    with tf.device(f"{program.task_prefix}device:CPU:0"):
+        for i, info in enumerate(program.graph_item.tables):
+            handle = tf.raw_ops.HashTableV2(
+                key_dtype=tf.as_dtype(info.key_dtype), value_dtype=tf.as_dtype(info.value_dtype),
+                shared_name=f"{SCOPE}/table_{i}", name=f"{SCOPE}/table_{i}")
+            program.tables[info.placeholder] = handle
+            program.table_initializers.append(tf.raw_ops.LookupTableImportV2(
+                table_handle=handle, keys=value(info.keys), values=value(info.values)))
 
 
 def get_storage(program: Program, shard: Shard, replica: Replica) -> StorageVariable:
@@ -188,6 +209,8 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
             if shard.placeholder:
                 variable_map[f"{shard.placeholder}:0"] = get_read_storage(program, shard,
                                                                           replica).handle
+    for placeholder, handle in program.tables.items():
+        variable_map[f"{placeholder}:0"] = handle
     fetches = [gi.loss_tensor]
     for var in gi.variables:
         g = var.gradient

@@ -284,7 +284,8 @@ class Trainer:
                 (shared if role is not None and role.on_parameter_server else local).append(
                     (name, var))
             step = program.outputs.step
-            inits = [step.initializer] + [v.initializer for _, v in local]
+            inits = [step.initializer] + [v.initializer for _, v in local] + \
+                program.table_initializers
             if self.is_chief and init_shared:
                 inits += [v.initializer for _, v in shared]
             assigns, feeds = self._value_assigns(values, local,
