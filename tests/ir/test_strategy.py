@@ -35,6 +35,7 @@ def full_strategy_proto() -> strategy_pb2.Strategy:
     vn.num_virtual_nodes = 4
     vn.device.extend([W0, W0, W1, W1])
     p.graph_config.hyperparameters["learning_rate"] = 0.25
+    p.graph_config.batch_norm = strategy_pb2.GraphConfig.GHOST
 
     table = p.variables.add(var_name=ITEM)
     table.partitioner.axis = 0
