@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from autodist.ir.errors import CaptureError
-from autodist.ir import batch_norms, random_ops
+from autodist.ir import batch_norms, loss_masks, random_ops
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.op_costs import estimate_ops
 from autodist.proto import graph_item_pb2
@@ -869,6 +869,7 @@ def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, opti
         inputs=inputs, loss_tensor=loss.name, variables=variables, state_variables=states,
         optimizer=optimizer_info, ops=ops, estimate_batch_size=batch_size,
         metric_states=metrics, batch_norms=batch_norms.analyze(graph_def),
+        loss_masks=loss_masks.analyze(graph_def),
         random_ops=random_ops.analyze(graph_def, inputs, _handles(traced, states)),
         tables=tables)
     return GraphItem(proto)

@@ -137,6 +137,11 @@ class GraphItem:
         return list(self._proto.tables)
 
     @property
+    def loss_masks(self) -> list[graph_item_pb2.LossMaskInfo]:
+        """The losses normalized by the batch's count of unmasked values."""
+        return list(self._proto.loss_masks)
+
+    @property
     def loss_tensor(self) -> str:
         return self._proto.loss_tensor
 

@@ -187,6 +187,11 @@ def _hint(sync) -> str:
     return "nccl" if sync.spec == ARSync.NCCL else "ring"
 
 
+def collective_sum(tensor, key, config: CollectiveConfig, hint: str = "ring"):
+    """The sum of `tensor` over the group's replicas (instance `key`)."""
+    return _collective_reduce(tensor, key, config, hint)
+
+
 def _collective_reduce(tensor, key, config: CollectiveConfig, hint: str):
     if config.group_size == 1:
         return tf.identity(tensor)  # one replica: nothing to reduce

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from autodist.ir.errors import StrategyError
 from autodist.ir.strategy import Strategy
-from autodist.kernels import batch_norm
+from autodist.kernels import global_batch
 from autodist.kernels.lookups import gather_where_tables_live
 from autodist.kernels.program import Program, Shard, Stage
 
@@ -46,7 +46,7 @@ def plan_shards(program: Program, strategy: Strategy) -> dict[str, list[Shard]]:
     """
     all_reduces = any(sync.WhichOneof("kind") == "all_reduce"
                       for config in strategy.variables for sync in config.shards) or \
-        batch_norm.syncs(program.graph_item, strategy)   # collectives in the step too
+        global_batch.sums_over_replicas(program.graph_item, strategy)   # in the step too
     plans = {}
     for var in program.graph_item.variables:
         config = strategy.variable(var.name)

@@ -239,8 +239,9 @@ class Program:
         outputs: What a task runs (set by the synchronizer).
         collective_timeout_s: Bound on every collective the passes build.
         version: Membership version of an elastic job (its collectives' group).
-        batch_norm_collectives: The replicas' steps sum their batch statistics
-            over replicas (`batch_norm`; set by the replicator).
+        step_collectives: The replicas' steps themselves sum over replicas
+            (`global_batch`: batch statistics, masked losses' counts; set by the
+            replicator).
         tables: Placeholder of a lookup table in the step -> this task's copy of
             it (set by the replicator).
         table_initializers: Ops filling those copies (run once, at start).
@@ -261,7 +262,7 @@ class Program:
     outputs: SyncOutputs | None = None
     collective_timeout_s: float = 60.0
     version: int = 0
-    batch_norm_collectives: bool = False
+    step_collectives: bool = False
     tables: dict[str, Any] = dataclasses.field(default_factory=dict)
     table_initializers: list[Any] = dataclasses.field(default_factory=list)
 

@@ -9,10 +9,9 @@ one device uses for those rows, whatever the number of workers and virtual
 nodes. The seed is the model's own (a `SeedGenerator` state, advanced once
 per step in every virtual node's copy).
 
-The rewritten step takes three int32 scalars, mapped when it is imported:
-`EXAMPLES` (the global batch's examples), `FIRST` (the virtual node's first
-example in it) and `LOCAL` (its examples). An axis holding rows proportional
-to the examples (examples x timesteps) is scaled by rows per example.
+The rewritten step reads where its virtual node's examples sit in the global
+batch (`batch_share`). An axis holding rows proportional to the examples
+(examples x timesteps) is scaled by rows per example.
 """
 from __future__ import annotations
 
@@ -21,24 +20,14 @@ from typing import Sequence
 import tensorflow as tf
 from tensorflow.python.framework import op_def_registry
 
-from autodist.kernels import graph_edit
+from autodist.kernels import batch_share, graph_edit
 
-EXAMPLES = "autodist_draws/examples"
-FIRST = "autodist_draws/first"
-LOCAL = "autodist_draws/local"
+EXAMPLES, FIRST, LOCAL = batch_share.EXAMPLES, batch_share.FIRST, batch_share.LOCAL
 
 
 def reproducible(random_ops: Sequence) -> list:
     """The ops the rewrite applies to."""
     return [op for op in random_ops if op.reproducible and op.batch_axis >= 0]
-
-
-def add_position_inputs(graph_def) -> None:
-    """Adds the `EXAMPLES`, `FIRST` and `LOCAL` inputs (once)."""
-    names = {node.name for node in graph_def.node}
-    for name in (EXAMPLES, FIRST, LOCAL):
-        if name not in names:
-            graph_edit.add(graph_def, name, "Placeholder", [], dtype=tf.int32, shape=[])
 
 
 def for_global_batch(graph_def, random_ops: Sequence):
@@ -58,7 +47,7 @@ def for_global_batch(graph_def, random_ops: Sequence):
     out = tf.compat.v1.GraphDef()
     out.CopyFrom(graph_def)
     nodes = {node.name: node for node in out.node}
-    add_position_inputs(out)
+    batch_share.add_inputs(out)
     for info in ops:
         node = nodes[info.node]
         _rewrite(out, node, info, _shape_dtype(node, info.shape_input))

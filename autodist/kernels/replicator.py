@@ -28,7 +28,7 @@ import re
 import tensorflow as tf
 
 from autodist.ir.strategy import Strategy
-from autodist.kernels import batch_norm, random_draws
+from autodist.kernels import batch_share, global_batch
 from autodist.kernels.optimizers import slot_initial_value
 from autodist.kernels.program import Program, Replica, Shard, Stage, StorageRole, VirtualNode
 from autodist.kernels.variables import StorageVariable, VariableSpec, create_variables
@@ -217,16 +217,13 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
         fetches += [g.dense] if g.dense else [g.values, g.indices] if g.values else []
     metric_fetches = [m.tensor for m in gi.metric_states]
     update_ops = [op for state in gi.state_variables for op in state.update_ops]
-    graph_def = random_draws.for_global_batch(_strip_devices(program.graph_def),
-                                              gi.random_ops)
-    if batch_norm.syncs(gi, strategy):
-        graph_def = batch_norm.for_global_batch(
-            graph_def, batch_norm.syncable(gi), group_size=len(strategy.replicas),
-            version=program.version, timeout_s=program.collective_timeout_s,
-            hint="nccl" if "/device:GPU:" in device else "ring")
-        program.batch_norm_collectives = True
-    # Where its examples sit in the global batch: for random draws and statistics.
-    draws = bool(random_draws.reproducible(gi.random_ops)) or program.batch_norm_collectives
+    graph_def = global_batch.rewrite(
+        _strip_devices(program.graph_def), gi, strategy, version=program.version,
+        timeout_s=program.collective_timeout_s,
+        hint="nccl" if "/device:GPU:" in device else "ring")
+    program.step_collectives = global_batch.sums_over_replicas(gi, strategy)
+    # Where its examples sit in the global batch: for random draws and sums.
+    draws = batch_share.uses_inputs(graph_def)
     input_nodes = {node.name: node for node in graph_def.node}
     vn_indices = [v for v, d in enumerate(strategy.virtual_node_devices) if d == device]
     single = len(vn_indices) == 1
@@ -314,14 +311,14 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
 
 
 def _draw_rows(replica: Replica, vn: VirtualNode, vn_index: int, gi) -> dict[str, tf.Tensor]:
-    """Where virtual node `vn_index`'s examples sit in the global batch, for its random
-    draws (`random_draws`): the batch's examples, its first one, and its own."""
+    """Where virtual node `vn_index`'s examples sit in the global batch (`batch_share`):
+    the batch's examples, its first one, and its own."""
     sizes = replica.all_sizes
     first_input = vn.inputs[gi.model_inputs[0].name] if gi.model_inputs else None
     local = tf.shape(first_input)[0] if first_input is not None else sizes[vn_index]
-    return {f"{random_draws.EXAMPLES}:0": tf.reduce_sum(sizes),
-            f"{random_draws.FIRST}:0": tf.reduce_sum(sizes[:vn_index]),
-            f"{random_draws.LOCAL}:0": tf.cast(local, tf.int32)}
+    return {f"{batch_share.EXAMPLES}:0": tf.reduce_sum(sizes),
+            f"{batch_share.FIRST}:0": tf.reduce_sum(sizes[:vn_index]),
+            f"{batch_share.LOCAL}:0": tf.cast(local, tf.int32)}
 
 
 def _default_weight_shape(gi, info, replica: Replica):

@@ -30,6 +30,7 @@ from autodist.ir.graph_item import optimizer_squares_gradient
 from autodist.ir.strategy import Strategy
 from autodist.kernels import all_reduce_synchronizer as ar
 from autodist.kernels import ps_synchronizer as ps
+from autodist.kernels import replica_sums
 from autodist.kernels.optimizers import (ReducedGradient, Slots, apply_update, check_supported,
                                          clip_gradients, clip_occurrences, dense_gradient,
                                          hyperparameter_tensors)
@@ -170,7 +171,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         sync_ps = [s for s in all_shards if s.kind == "ps" and not is_async(s)]
         async_ps = [s for s in all_shards if s.kind == "ps" and is_async(s)]
         has_sync_ps = bool(sync_ps)
-        collectives = bool(ar_shards) or program.batch_norm_collectives
+        collectives = bool(ar_shards) or program.step_collectives
         two_phase = bool(sync_ps or async_ps) and collectives
         stashes = []
         if two_phase:
@@ -246,7 +247,14 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             updates = updates + [ar.version_tag(options.task_index, options.version,
                                                 program.replicas[0].device)]
         if two_phase:
-            train_op = tf.group(updates + state_updates + stashes, name="autodist/train_op")
+            first = updates + state_updates + stashes + [r.loss for r in program.replicas]
+            if not ar_shards:
+                # The step's own sums over replicas may come before some reads of PS
+                # variables; every worker's collective run shares one step id, and the
+                # first to finish would clean up the PS's part of the others'. A last
+                # collective, after all of each replica's work, ends them together.
+                first = _barrier(program, strategy, options, first)
+            train_op = tf.group(first, name="autodist/train_op")
             with tf.control_dependencies(ps_work):
                 ps_op = tf.group(step.assign_add(1, read_value=False), name="autodist/ps_op")
         else:
@@ -283,6 +291,20 @@ def _learning_rate_variable(program: Program, strategy: Strategy, device: str):
     program.storage[name] = variable
     program.roles[name] = StorageRole("internal")  # local: starts at the captured rate
     return variable
+
+
+def _barrier(program: Program, strategy: Strategy, options: SyncOptions, after: list) -> list:
+    """One collective per replica, run after `after`: no replica's collective run ends
+    before every replica's work is done."""
+    config = ar.CollectiveConfig(len(strategy.replicas), options.timeout_s, options.version)
+    config = dataclasses.replace(config, version=options.version + replica_sums.GROUP_KEY -
+                                 ar.GROUP_KEY)
+    out = []
+    for replica in program.replicas:
+        with tf.device(replica.device), tf.control_dependencies(after):
+            out.append(ar.collective_sum(tf.zeros([], tf.float32),
+                                         tf.constant(replica_sums.BARRIER_KEY), config).op)
+    return out
 
 
 def is_async(shard) -> bool:

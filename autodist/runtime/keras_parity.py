@@ -27,6 +27,7 @@ def check(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
     """
     _random_ops(graph_item, strategy)
     _batch_norms(model, graph_item, strategy)
+    _loss_masks(graph_item, strategy)
 
 
 def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
@@ -67,6 +68,21 @@ def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
             "statistics are virtual node 0's. strategy.with_batch_norm('ghost') says this is "
             "intended (no warning); one virtual node per replica gives Keras' numbers",
             ParityWarning, stacklevel=3)
+
+
+def _loss_masks(graph_item: GraphItem, strategy: Strategy) -> None:
+    """A masked loss divides by the batch's count of unmasked values: summed over
+    replicas where each runs one virtual node, else each virtual node's own."""
+    if not graph_item.loss_masks or strategy.num_virtual_nodes <= len(strategy.replicas):
+        return
+    losses = sorted({m.loss for m in graph_item.loss_masks})
+    warnings.warn(
+        f"loss(es) {losses} of an output carrying a Keras mask divide by the count of "
+        f"unmasked values in the batch; the strategy's {strategy.num_virtual_nodes} virtual "
+        f"nodes run on {len(strategy.replicas)} replicas, one after another where a replica "
+        "has several, so each virtual node divides by its own count and the run differs "
+        "from Keras fit when the counts differ. One virtual node per replica gives Keras' "
+        "numbers", ParityWarning, stacklevel=3)
 
 
 def _keras_batch_norm_layers(model: Any) -> list:

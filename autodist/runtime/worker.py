@@ -25,7 +25,7 @@ from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
-from autodist.kernels import batch_norm, monitoring, partitioner, replicator, synchronizer
+from autodist.kernels import global_batch, monitoring, partitioner, replicator, synchronizer
 from autodist.kernels.program import Program
 from autodist.kernels.variables import StorageVariable
 from autodist.launch import mailbox
@@ -77,7 +77,7 @@ def session_config(strategy: Strategy, task_index: int,
     config.allow_soft_placement = any("/device:GPU:" in d for d in strategy.replicas)
     uses_collectives = any(s.WhichOneof("kind") == "all_reduce"
                            for v in strategy.variables for s in v.shards) or \
-        (graph_item is not None and batch_norm.syncs(graph_item, strategy))
+        (graph_item is not None and global_batch.sums_over_replicas(graph_item, strategy))
     if uses_collectives and members is not None:
         config.device_filters.extend(["/job:ps"] + [f"/job:worker/task:{t}"
                                                     for t in members])

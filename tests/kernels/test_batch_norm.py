@@ -17,7 +17,7 @@ import tensorflow as tf
 import keras
 import autodist
 from autodist.ir.capture import capture
-from autodist.kernels import batch_norm, partitioner, replicator
+from autodist.kernels import global_batch, partitioner, replicator
 from autodist.kernels.program import Program
 from autodist.runtime import keras_parity
 from autodist.search import builders
@@ -99,9 +99,9 @@ def test_two_replicas_compute_one_devices_gradients_and_moving_statistics(cnn):
     (one,), one_states, _ = _step(item, one_spec, builders.AllReduce().build(item, one_spec),
                                   x, y)
     strategy = builders.AllReduce().build(item, two_spec)
-    assert batch_norm.syncs(item, strategy)
+    assert global_batch.sums_over_replicas(item, strategy)
     two, two_states, program = _step(item, two_spec, strategy, x, y)
-    assert program.batch_norm_collectives
+    assert program.step_collectives
     assert two[0]["loss"] + two[1]["loss"] == pytest.approx(2 * one["loss"], rel=1e-5)
     for name in one:
         if name not in ("loss", "updates"):
@@ -120,7 +120,7 @@ def test_ghost_statistics_are_kept_when_asked_and_said_when_chosen(cnn):
     model, item = cnn
     spec = autodist.ResourceSpec.local(workers=2)
     strategy = builders.AllReduce().build(item, spec)
-    assert not batch_norm.syncs(item, strategy.with_batch_norm("ghost"))
+    assert not global_batch.sums_over_replicas(item, strategy.with_batch_norm("ghost"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         keras_parity.check(model, item, strategy)                          # synced: silent

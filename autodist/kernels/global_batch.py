@@ -1,0 +1,63 @@
+"""A replica's step made to compute what one device computes on the global batch.
+
+Most of a step is a mean over examples, which a replica's share-weighted loss
+reproduces. Where Keras' step couples the examples of a batch, the step a
+replica imports is rewritten first:
+
+* random draws spanning the batch are drawn for the global batch and sliced
+  (`random_draws`; any number of virtual nodes);
+* batch statistics and their gradients (`batch_norm`) and a masked loss's
+  count of unmasked values (`loss_masks`) are summed over the replicas of the
+  step (`replica_sums`), where every replica runs one virtual node (virtual
+  nodes of one replica run one after another and cannot share a sum).
+"""
+from __future__ import annotations
+
+from autodist.ir.graph_item import GraphItem
+from autodist.ir.strategy import Strategy
+from autodist.kernels import batch_norm, batch_share, loss_masks, random_draws
+from autodist.kernels.replica_sums import ReplicaSums
+
+
+def one_virtual_node_each(strategy: Strategy) -> bool:
+    """Several replicas, each running one virtual node: sums over replicas are possible."""
+    return len(strategy.replicas) > 1 and \
+        strategy.num_virtual_nodes == len(strategy.replicas)
+
+
+def synced_batch_norms(graph_item: GraphItem, strategy: Strategy) -> list:
+    """The batch-normalization layers whose statistics the step sums over replicas."""
+    if not one_virtual_node_each(strategy) or strategy.batch_norm == "ghost":
+        return []
+    return batch_norm.syncable(graph_item)
+
+
+def synced_loss_masks(graph_item: GraphItem, strategy: Strategy) -> list:
+    """The masked losses whose counts the step sums over replicas."""
+    return list(graph_item.loss_masks) if one_virtual_node_each(strategy) else []
+
+
+def sums_over_replicas(graph_item: GraphItem, strategy: Strategy) -> bool:
+    """Whether the step itself has collectives (besides the gradients')."""
+    return bool(synced_batch_norms(graph_item, strategy) or
+                synced_loss_masks(graph_item, strategy))
+
+
+def rewrite(graph_def, graph_item: GraphItem, strategy: Strategy, *, version: int,
+            timeout_s: float, hint: str):
+    """The step with every rewrite the strategy allows (a new GraphDef, or `graph_def`
+    itself when none applies); it then reads `batch_share`'s inputs."""
+    out = random_draws.for_global_batch(graph_def, graph_item.random_ops)
+    norms = synced_batch_norms(graph_item, strategy)
+    masks = synced_loss_masks(graph_item, strategy)
+    if not (norms or masks):
+        return out
+    if out is graph_def:
+        out = type(graph_def)()
+        out.CopyFrom(graph_def)
+    batch_share.add_inputs(out)
+    sums = ReplicaSums(out, group_size=len(strategy.replicas), version=version,
+                       timeout_s=timeout_s, hint=hint)
+    batch_norm.for_global_batch(out, norms, sums)
+    loss_masks.for_global_batch(out, masks, sums)
+    return out
