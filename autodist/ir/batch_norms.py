@@ -29,8 +29,9 @@ def analyze(graph_def) -> list[graph_item_pb2.BatchNormInfo]:
                 consumers.setdefault(name.split(":")[0], []).append(node)
     out = []
     for node in graph_def.node:
-        if node.op != "Mean" or not node.name.endswith("/moments/mean"):
-            continue
+        if node.op != "Mean" or not node.name.endswith("/moments/mean") or \
+                not _reduces_examples(node, nodes):
+            continue   # not moments, or per example (LayerNormalization, GroupNormalization)
         scope = node.name[:-len("/moments/mean")]
         info = graph_item_pb2.BatchNormInfo(layer=_layer(scope), mean=node.name)
         variance = nodes.get(f"{scope}/moments/variance")
@@ -52,6 +53,16 @@ def analyze(graph_def) -> list[graph_item_pb2.BatchNormInfo]:
         info.syncable = True
         out.append(info)
     return out
+
+
+def _reduces_examples(mean, nodes) -> bool:
+    """Whether a Mean reduces over the batch axis (its reduction axes include 0)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    axes = nodes.get(mean.input[1].split(":")[0])
+    if axes is None or axes.op != "Const":
+        return False
+    return 0 in tf.make_ndarray(axes.attr["value"].tensor).reshape(-1).tolist()
 
 
 def _gradient_of(mean, nodes, consumers) -> tuple[str, str] | None:

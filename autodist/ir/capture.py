@@ -151,12 +151,15 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
     input_infos = [(n, "x") for n in input_names] + \
         [(n, "y") for n in target_names] + \
         [(_weight_name(n), "sample_weight") for n in target_names]
-    return _from_concrete_function(
+    item = _from_concrete_function(
         concrete, trainable, names, state, unique_names([v.path for v in state]),
         input_infos, _optimizer_info(model.optimizer, trainable, names),
         "keras", name or model.name, batch_size,
         metric_names=unique_names([v.path for v in metric_variables]),
         tables=_keras_lookup_tables(model))
+    # Keras resolves jit_compile="auto" when compiling: True where XLA serves the model.
+    item.proto.jit_compile = getattr(model, "jit_compile", False) is True
+    return item
 
 
 def _build_keras_metrics(model, x_spec, y_spec) -> None:

@@ -142,6 +142,11 @@ class GraphItem:
         return list(self._proto.loss_masks)
 
     @property
+    def jit_compile(self) -> bool:
+        """Whether the model's step is compiled with XLA (Keras' `jit_compile`)."""
+        return self._proto.jit_compile
+
+    @property
     def loss_tensor(self) -> str:
         return self._proto.loss_tensor
 

@@ -286,8 +286,11 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
                 input_map[f"{state.handle_node}:0"] = program.storage[key].handle
             if draws:
                 input_map.update(_draw_rows(replica, vn, vn_index, gi))
+            step = _seeded(graph_def, vn_index)
+            if gi.jit_compile:
+                step = _compiled(step, f"{SCOPE}_jit_{index}_{vn_index}")
             outputs = tf.graph_util.import_graph_def(
-                _seeded(graph_def, vn_index), input_map=input_map,
+                step, input_map=input_map,
                 return_elements=fetches + metric_fetches + update_ops, name=scope)
         vn.loss = outputs[0]
         i = 1
@@ -475,6 +478,20 @@ def _seeded(graph_def, vn_index: int):
     for node in out.node:
         if "seed2" in node.attr and (node.attr["seed"].i or node.attr["seed2"].i):
             node.attr["seed2"].i = (node.attr["seed2"].i + vn_index * _SEED_STRIDE) % 2 ** 31
+    return out
+
+
+def _compiled(graph_def, scope: str):
+    """The step marked for XLA, as Keras' `jit_compile`: every op XLA can compile joins
+    the clusters of `scope` (ops it cannot, such as lookups and string ops, stay out;
+    the step's own collectives are kept out)."""
+    out = tf.compat.v1.GraphDef()
+    out.CopyFrom(graph_def)
+    for node in out.node:
+        if node.op == "Placeholder" or node.op.startswith("Collective"):
+            continue
+        node.attr["_XlaCompile"].b = True
+        node.attr["_XlaScope"].s = scope.encode()
     return out
 
 

@@ -134,3 +134,12 @@ def test_ghost_statistics_are_kept_when_asked_and_said_when_chosen(cnn):
                            .with_batch_norm("sync"))
     with pytest.raises(autodist.StrategyError, match="mode must be one of"):
         strategy.with_batch_norm("global")
+
+
+def test_per_example_normalizations_are_not_batch_statistics():
+    inputs = keras.Input((3, 4))
+    h = keras.layers.LayerNormalization()(inputs)
+    h = keras.layers.GroupNormalization(groups=2)(h)
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
+    model.compile("sgd", "mse")
+    assert capture(model).batch_norms == []
