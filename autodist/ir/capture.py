@@ -16,6 +16,7 @@ optimizer update is not traced: the optimizer is recorded as data
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -136,10 +137,12 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
                 predictions = model(inputs, training=True)
             else:
                 predictions = model(inputs)
-            loss = _keras_compute_loss(model, inputs, targets, predictions, sample_weight)
+            terms = _added_loss_terms(model)
+            with _scaled_added_losses(model, terms):
+                loss = _keras_compute_loss(model, inputs, targets, predictions, sample_weight)
         grads = tape.gradient(loss, [v.value for v in trainable])
-        return loss, grads, _metric_contributions(model, metric_variables, inputs, targets,
-                                                  predictions, sample_weight, loss)
+        return (loss, grads, _metric_contributions(model, metric_variables, inputs, targets,
+                                                   predictions, sample_weight, loss), terms)
 
     target_names = _keras_target_names(model, y_spec)
     weight_spec = _sample_weight_spec(model, x_spec, y_spec)
@@ -156,10 +159,91 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
         input_infos, _optimizer_info(model.optimizer, trainable, names),
         "keras", name or model.name, batch_size,
         metric_names=unique_names([v.path for v in metric_variables]),
-        tables=_keras_lookup_tables(model))
+        tables=_keras_lookup_tables(model),
+        added_kinds=_added_loss_kinds(model, concrete, x_spec, y_spec, weight_spec))
     # Keras resolves jit_compile="auto" when compiling: True where XLA serves the model.
     item.proto.jit_compile = getattr(model, "jit_compile", False) is True
     return item
+
+
+def _added_loss_terms(model) -> list:
+    """The terms the model's layers added to the loss in this call (`add_loss`, activity
+    regularizers; weight regularizers, which do not depend on the batch, aside)."""
+    flatten = getattr(model, "_flatten_layers", None)
+    layers = list(flatten(include_self=True)) if flatten else [model]
+    return [t for layer in layers for t in layer._get_own_losses()]  # pylint: disable=W0212
+
+
+ADDED_LOSS_SCALE = "autodist_added_loss_scale"
+
+
+@contextlib.contextmanager
+def _scaled_added_losses(model, terms: list):
+    """Within: the model's losses are its added terms each times a scalar input of the
+    step (`ADDED_LOSS_SCALE`_i, 1 unless fed), then its weight regularizers, as Keras
+    lists them (`Layer.losses`). Keras' own override of the list
+    (`_losses_override`, as its stateless trainers use) is restored after."""
+    if not terms:
+        yield
+        return
+    scaled = [t * tf.compat.v1.placeholder_with_default(
+        tf.constant(1.0, t.dtype), [], name=f"{ADDED_LOSS_SCALE}_{i}")
+        for i, t in enumerate(terms)]
+    previous = model._losses_override  # pylint: disable=protected-access
+    model._losses_override = scaled + model._get_regularization_losses()  # pylint: disable=W0212
+    try:
+        yield
+    finally:
+        model._losses_override = previous  # pylint: disable=protected-access
+
+
+def _added_loss_kinds(model, concrete, x_spec, y_spec, weight_spec) -> list[str]:
+    """How each added loss term depends on the batch: "constant", "mean", "sum" or
+    "other", seen on random examples (4, and each half) through the traced step.
+
+    The step's state updates (moving statistics, seed generators) are undone.
+    """
+    if not concrete.structured_outputs[3]:
+        return []
+    state = [(v, np.array(v.numpy())) for v in model.variables if not v.trainable]
+    rng = np.random.default_rng(0)
+
+    def example(spec, n):
+        shape = [n] + [3 if d is None else d for d in spec.shape[1:]]
+        if spec.dtype == tf.string:
+            return tf.constant(np.full(shape, b""))
+        if spec.dtype.is_floating:
+            return tf.constant(rng.normal(size=shape).astype(spec.dtype.as_numpy_dtype))
+        return tf.zeros(shape, spec.dtype)
+
+    specs = (x_spec, y_spec, weight_spec)
+    full = tf.nest.map_structure(lambda s: example(s, 4), specs)
+    halves = [tf.nest.map_structure(lambda t: t[:2], full),
+              tf.nest.map_structure(lambda t: t[2:], full)]
+    try:
+        values = [[float(t) for t in concrete(*data)[3]] for data in [full] + halves]
+    except Exception:  # pylint: disable=broad-except  # the random examples may not suit it
+        return ["other"] * len(concrete.structured_outputs[3])
+    finally:
+        for variable, value in state:
+            variable.assign(value)
+    kinds = []
+    for whole, a, b in zip(*values):
+        close = lambda u, v: math.isclose(u, v, rel_tol=1e-4, abs_tol=1e-7)  # noqa: E731
+        if close(whole, a) and close(a, b):
+            kinds.append("constant")
+        elif close(whole, a + b):
+            kinds.append("sum")
+        elif close(whole, (a + b) / 2):
+            kinds.append("mean")
+        else:
+            kinds.append("other")
+    return kinds
+
+
+def _scope_of(node_name: str) -> str:
+    parts = node_name.split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else "/".join(parts[:-1]) or node_name
 
 
 def _build_keras_metrics(model, x_spec, y_spec) -> None:
@@ -603,10 +687,17 @@ def _variable_name(v) -> str:
 def _from_concrete_function(concrete, trainable, names, state, state_names, input_infos,
                             optimizer_info, source, name, batch_size,
                             metric_names: Sequence[str] = (),
-                            tables: Sequence[tuple[str, Any]] = ()) -> GraphItem:
+                            tables: Sequence[tuple[str, Any]] = (),
+                            added_kinds: Sequence[str] = ()) -> GraphItem:
     graph = concrete.graph
     loss, grads, *rest = concrete.structured_outputs
     metric_states = list(rest[0]) if rest else []
+    # A traced function's outputs are Identities of what the step computes.
+    terms = [t.op.inputs[0] if t.op.type == "Identity" else t
+             for t in (rest[1] if len(rest) > 1 else [])]
+    added = [graph_item_pb2.AddedLossInfo(tensor=t.name, layer=_scope_of(t.op.name), kind=k,
+                                          scale=f"{ADDED_LOSS_SCALE}_{i}")
+             for i, (t, k) in enumerate(zip(terms, added_kinds)) if k != "constant"]
     if loss.shape.rank not in (0, None):
         raise CaptureError(f"the loss must be a scalar. Received shape {loss.shape}")
     captured = {id(external): internal for external, internal in graph.captures}
@@ -656,8 +747,10 @@ def _from_concrete_function(concrete, trainable, names, state, state_names, inpu
     metrics = [graph_item_pb2.TensorInfo(name=metric_name, tensor=t.name, dtype=t.dtype.name,
                                          shape=_proto_shape(t.shape))
                for metric_name, t in zip(metric_names, metric_states)]
-    return _assemble(graph, graph_def, source, name, inputs, loss, traced, states,
+    item = _assemble(graph, graph_def, source, name, inputs, loss, traced, states,
                      optimizer_info, batch_size, dropped, metrics, table_infos)
+    item.proto.added_losses.extend(added)
+    return item
 
 
 def _keras_lookup_tables(model) -> list[tuple[str, Any]]:

@@ -147,6 +147,11 @@ class GraphItem:
         return self._proto.jit_compile
 
     @property
+    def added_losses(self) -> list[graph_item_pb2.AddedLossInfo]:
+        """Loss terms added by the model's layers that depend on the batch, and how."""
+        return list(self._proto.added_losses)
+
+    @property
     def loss_tensor(self) -> str:
         return self._proto.loss_tensor
 

@@ -6,6 +6,8 @@ replica imports is rewritten first:
 
 * random draws spanning the batch are drawn for the global batch and sliced
   (`random_draws`; any number of virtual nodes);
+* loss terms a layer adds (`add_loss`) that sum over examples count in full
+  on every virtual node (the loss is weighted by its share of the batch);
 * batch statistics and their gradients (`batch_norm`) and a masked loss's
   count of unmasked values (`loss_masks`) are summed over the replicas of the
   step (`replica_sums`), where every replica runs one virtual node (virtual
@@ -13,9 +15,11 @@ replica imports is rewritten first:
 """
 from __future__ import annotations
 
+import tensorflow as tf
+
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.strategy import Strategy
-from autodist.kernels import batch_norm, batch_share, loss_masks, random_draws
+from autodist.kernels import batch_norm, batch_share, graph_edit, loss_masks, random_draws
 from autodist.kernels.replica_sums import ReplicaSums
 
 
@@ -50,14 +54,35 @@ def rewrite(graph_def, graph_item: GraphItem, strategy: Strategy, *, version: in
     out = random_draws.for_global_batch(graph_def, graph_item.random_ops)
     norms = synced_batch_norms(graph_item, strategy)
     masks = synced_loss_masks(graph_item, strategy)
-    if not (norms or masks):
+    sums = [t for t in graph_item.added_losses if t.kind == "sum"]
+    if not (norms or masks or sums):
         return out
     if out is graph_def:
         out = type(graph_def)()
         out.CopyFrom(graph_def)
     batch_share.add_inputs(out)
+    _count_in_full(out, sums)
+    if not (norms or masks):
+        return out
     sums = ReplicaSums(out, group_size=len(strategy.replicas), version=version,
                        timeout_s=timeout_s, hint=hint)
     batch_norm.for_global_batch(out, norms, sums)
     loss_masks.for_global_batch(out, masks, sums)
     return out
+
+
+def _count_in_full(graph_def, terms) -> None:
+    """Feeds each added loss term that sums over examples the global batch's examples over
+    the virtual node's as its scale (`AddedLossInfo.scale`): after the loss's weighting by
+    its share of the batch, each virtual node's term (and its gradient) counts in full,
+    and they add up to one device's."""
+    nodes = {node.name: node for node in graph_def.node}
+    for i, term in enumerate(terms):
+        scale = nodes[term.scale]
+        dtype = tf.as_dtype(scale.attr["dtype"].type)
+        prefix = f"autodist_added_loss_{i}"
+        share = batch_share.global_share(graph_def, prefix, dtype)
+        graph_edit.const(graph_def, f"{prefix}/one", 1.0, dtype)
+        graph_edit.add(graph_def, f"{prefix}/inverse", "RealDiv", [f"{prefix}/one", share],
+                       T=dtype)
+        graph_edit.redirect_tensor(graph_def, term.scale, f"{prefix}/inverse")

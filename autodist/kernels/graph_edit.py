@@ -54,3 +54,16 @@ def redirect(nodes, node_name: str, new_name: str) -> None:
         for k, name in enumerate(node.input):
             if reads(name, node_name):
                 node.input[k] = new_name
+
+
+def redirect_tensor(graph_def, tensor: str, new_name: str, skip: str = "") -> None:
+    """Makes every node but `skip` read `new_name` where it reads `tensor` ("node:k")."""
+    node, _, index = tensor.partition(":")
+    names = {tensor} | ({node} if index in ("", "0") else set())
+    for reader in graph_def.node:
+        if reader.name == skip:
+            continue
+        for k, name in enumerate(reader.input):
+            if name in names:
+                reader.input[k] = new_name
+

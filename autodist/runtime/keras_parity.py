@@ -28,6 +28,7 @@ def check(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
     _random_ops(graph_item, strategy)
     _batch_norms(model, graph_item, strategy)
     _loss_masks(graph_item, strategy)
+    _added_losses(graph_item, strategy)
 
 
 def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
@@ -83,6 +84,23 @@ def _loss_masks(graph_item: GraphItem, strategy: Strategy) -> None:
         "has several, so each virtual node divides by its own count and the run differs "
         "from Keras fit when the counts differ. One virtual node per replica gives Keras' "
         "numbers", ParityWarning, stacklevel=3)
+
+
+def _added_losses(graph_item: GraphItem, strategy: Strategy) -> None:
+    """Loss terms added by layers: a mean or a sum over examples is reproduced; another
+    function of the batch cannot be."""
+    if strategy.num_virtual_nodes <= 1:
+        return
+    other = sorted({t.layer for t in graph_item.added_losses if t.kind == "other"})
+    if other:
+        warnings.warn(
+            f"layer(s) {other} add a loss term (add_loss) that is neither a mean nor a sum "
+            "over the batch's examples (seen on random examples; or it depends on batch "
+            "statistics or random draws): each of the "
+            f"{strategy.num_virtual_nodes} replicas or virtual nodes computes it on its "
+            "own part of the batch, so the run may differ from Keras fit. A mean over "
+            "examples (keras.ops.mean) or a sum (keras.ops.sum) of per-example values "
+            "trains as Keras does", ParityWarning, stacklevel=3)
 
 
 def _keras_batch_norm_layers(model: Any) -> list:

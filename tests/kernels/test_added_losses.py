@@ -1,0 +1,107 @@
+"""Loss terms added by layers (`add_loss`), on virtual nodes (no cluster).
+
+A term that is a mean over examples adds up over virtual nodes weighted by
+their share of the batch, as the loss does; a sum over examples counts in
+full on each. Capture tells them apart on random examples; the replicator
+feeds a sum's scale so that, with virtual nodes, loss and gradients are one
+batch's. Training on real clusters: the zoo (`tests/zoo`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras
+from keras import ops
+import autodist
+from autodist.ir.capture import capture
+from autodist.kernels import partitioner, replicator
+from autodist.kernels.program import Program
+from autodist.runtime import batching
+from autodist.search import builders
+
+
+class SumPenalty(keras.layers.Layer):
+    def call(self, h):
+        self.add_loss(0.01 * ops.sum(ops.square(h)))
+        return h
+
+
+class MeanPenalty(keras.layers.Layer):
+    def call(self, h):
+        self.add_loss(0.1 * ops.mean(ops.sum(h, axis=1)))
+        return h
+
+
+class BatchPenalty(keras.layers.Layer):
+    def call(self, h):
+        self.add_loss(ops.square(ops.sum(h)))   # neither a mean nor a sum over examples
+        return h
+
+
+@pytest.fixture(scope="module")
+def penalized():
+    inputs = keras.Input((6,), name="features")
+    h = keras.layers.Dense(4, activation="tanh", kernel_regularizer="l2",
+                           activity_regularizer=keras.regularizers.L1(0.01))(inputs)
+    h = BatchPenalty()(MeanPenalty()(SumPenalty()(h)))
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model, capture(model)
+
+
+def test_capture_tells_means_sums_and_others_apart(penalized):
+    _, item = penalized
+    kinds = {t.layer.split("/")[-1].rsplit("_", 1)[0]: t.kind for t in item.added_losses}
+    # Keras divides an activity regularizer by the batch size: a mean.
+    assert kinds == {"dense": "mean", "sum_penalty": "sum", "mean_penalty": "mean",
+                     "batch_penalty": "other"}
+
+
+def _step(item, strategy, spec, x, y):
+    program = Program(item, spec, ("worker", 0))
+    partitioner.apply(program, strategy)
+    replicator.apply(program, strategy)
+    (replica,) = program.replicas
+    rng = np.random.default_rng(1)
+    with program.graph.as_default():
+        assigns = [var.assign(rng.normal(scale=0.5, size=var.shape).astype(np.float32))
+                   for name, var in sorted(program.storage.items())
+                   if program.roles[name].kind == "variable"]
+        init = tf.group([var.initializer for var in program.storage.values()])
+        fetches = {k: tf.convert_to_tensor(g).name for k, g in replica.gradients.items()}
+        fetches["loss"] = replica.loss.name
+    graph_def = program.graph.as_graph_def()
+    for node in graph_def.node:
+        node.device = ""
+    local = tf.Graph()
+    with local.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    parts = batching.virtual_node_rows(np.arange(len(y)), strategy.num_virtual_nodes)
+    feed = {replica.inputs["features"].name: x, replica.inputs["y"].name: y}
+    if replica.all_sizes is not None:
+        feed[replica.all_sizes.name] = [len(p) for p in parts]
+    if replica.sizes is not None:
+        feed[replica.sizes.name] = [len(p) for p in parts]
+    with tf.compat.v1.Session(graph=local) as session:
+        session.run(init.name)
+        session.run([a.name for a in assigns])
+        return session.run(fetches, feed)
+
+
+def test_virtual_nodes_count_a_sum_in_full():
+    inputs = keras.Input((6,), name="features")
+    h = keras.layers.Dense(4, activation="tanh")(inputs)
+    mine = keras.Model(inputs, keras.layers.Dense(1)(MeanPenalty()(SumPenalty()(h))))
+    mine.compile(keras.optimizers.SGD(0.1), "mse")
+    item = capture(mine)
+    spec = autodist.ResourceSpec.local(workers=1)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(12, 6)).astype(np.float32)
+    y = rng.normal(size=(12, 1)).astype(np.float32)
+    strategy = builders.AllReduce().build(item, spec)
+    one = _step(item, strategy, spec, x, y)
+    four = _step(item, strategy.with_virtual_nodes(12, 4), spec, x, y)
+    for name in one:
+        np.testing.assert_allclose(four[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
