@@ -51,6 +51,7 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 # that grows with the numbers.
 MAX_NODES = 10_000
 MAX_DEVICES_PER_NODE = 4096
+MAX_DEVICES = 65_536   # in the whole spec
 MAX_ADDRESS_CHARS = 1024
 # A YAML file larger than this, or whose aliases expand to more nodes, is refused.
 MAX_YAML_BYTES = 1 << 20
@@ -422,8 +423,14 @@ class ResourceSpec:
             raise ResourceSpecError(f"{source}: 'nodes' has {len(nodes)} entries, more than "
                                     f"{MAX_NODES}")
         proto = resource_spec_pb2.ResourceSpec(schema_version=RESOURCE_SPEC_SCHEMA_VERSION)
+        devices = 0
         for i, raw in enumerate(nodes):
             proto.nodes.append(_node_from_dict(raw, f"{source}: nodes[{i}]"))
+            devices += len(proto.nodes[-1].cpus) + len(proto.nodes[-1].gpus)
+            if devices > MAX_DEVICES:
+                raise ResourceSpecError(
+                    f"{source}: the nodes list more than {MAX_DEVICES} devices in all (within "
+                    f"nodes[0..{i}]); refusing a cluster this large")
         if not any(n.chief for n in proto.nodes):
             first_worker = next((n for n in proto.nodes if "worker" in n.roles), None)
             if first_worker is not None:
@@ -695,13 +702,9 @@ def _node_from_dict(raw: Any, where: str) -> resource_spec_pb2.Node:
         raise ResourceSpecError(f"{where}.address is longer than {MAX_ADDRESS_CHARS} characters. "
                                 f"Received: {short_repr(address)}")
     port = raw.get("port", 0)
-    if ":" in address and not address.startswith("["):
-        host, _, port_text = address.rpartition(":")
-        if not port_text.isascii() or not port_text.isdigit():
-            raise ResourceSpecError(
-                f"{where}.address has a malformed port. Received: {short_repr(address)}")
-        port = int(port_text)
-        address = host
+    address, in_address = _host_and_port(address, where)
+    if in_address is not None:
+        port = in_address
     if isinstance(port, bool) or not isinstance(port, int):
         raise ResourceSpecError(f"{where}.port must be an integer. Received: {short_repr(port)}")
     if not 0 <= port <= 65535:
@@ -741,6 +744,30 @@ def _node_from_dict(raw: Any, where: str) -> resource_spec_pb2.Node:
                                     f"expected one of {VALID_ROLES}")
     node.roles.extend(roles)
     return node
+
+
+def _host_and_port(address: str, where: str) -> tuple[str, int | None]:
+    """(host, port or None) of "host", "host:port", "[v6]:port", "[v6]" or a bare IPv6
+    address ("::1"); an IPv6 host keeps its brackets, as TensorFlow's cluster names it."""
+    if address.startswith("["):
+        end = address.find("]")
+        rest = address[end + 1:] if end > 0 else None
+        if end <= 1 or rest not in ("",) and not rest.startswith(":"):
+            raise ResourceSpecError(f"{where}.address is a malformed IPv6 address (expected "
+                                    f"'[v6]' or '[v6]:port'). Received: {short_repr(address)}")
+        host, port_text = address[:end + 1], rest[1:] if rest else None
+    elif address.count(":") > 1:
+        return f"[{address}]", None   # a bare IPv6 address: no port in it
+    elif ":" in address:
+        host, _, port_text = address.partition(":")
+    else:
+        return address, None
+    if port_text is None:
+        return host, None
+    if not port_text.isascii() or not port_text.isdigit() or not host.strip("[]"):
+        raise ResourceSpecError(
+            f"{where}.address has a malformed port. Received: {short_repr(address)}")
+    return host, int(port_text)
 
 
 def _count(value: Any, minimum: int, where: str, maximum: int | None = None) -> int:

@@ -261,7 +261,7 @@ def check_local(spec: ResourceSpec) -> None:
 
 def is_loopback(address: str) -> bool:
     """Whether a node address means this machine."""
-    return address in ("localhost", "::1") or address.startswith("127.")
+    return address in ("localhost", "::1", "[::1]") or address.startswith("127.")
 
 
 def _tail(path: str, lines: int = _LOG_TAIL_LINES) -> str:

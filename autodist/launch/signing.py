@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import struct
 
 from autodist.ir.errors import AutodistError
@@ -170,17 +171,19 @@ def _read_header(header: bytes, claimed: str) -> tuple[str, float]:
     try:
         fields = json.loads(header)
         task, sealed_at = fields["task"], float(fields["sealed_at"])
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise JobRejectedError(f"malformed job header ({type(e).__name__})", claimed) from e
     if not isinstance(task, str) or sealed_at != sealed_at:  # NaN
         raise JobRejectedError("malformed job header (task or time)", claimed)
     return task, sealed_at
 
 
+# The job id as `seal` writes it (sorted keys, JSON): read without parsing the header,
+# which may come from anyone and is parsed only once its tag is verified.
+_JOB_ID = re.compile(rb'"job_id": "([0-9A-Za-z_\-]{1,64})"')
+
+
 def _claimed_job_id(header: bytes) -> str:
-    """The job id a header claims ("" if there is none; not verified)."""
-    try:
-        job_id = json.loads(header).get("job_id", "")
-    except (ValueError, AttributeError):
-        return ""
-    return job_id[:64] if isinstance(job_id, str) else ""
+    """The job id a header claims ("" if there is none; not verified, not parsed)."""
+    match = _JOB_ID.search(header)
+    return match.group(1).decode() if match else ""

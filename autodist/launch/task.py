@@ -167,6 +167,9 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
     print(f"autodist: task {name} serving at {address}; waiting up to {args.job_timeout:g}s "
           f"for a job" + ("" if secret else " (insecure: unsigned jobs accepted)"), flush=True)
     deadline = time.monotonic() + args.job_timeout
+    parent = pathlib.Path(args.work_dir) if args.work_dir else None
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
     while True:
         try:
             message = mail.receive(own, mailbox.JOB, max(deadline - time.monotonic(), 0.001))
@@ -176,34 +179,11 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
                   "script on worker 0 (launch='remote', the same cluster).", file=sys.stderr,
                   flush=True)
             return EXIT_NO_JOB
-        try:
-            job_id, archive = signing.unseal(message, secret, name, time.time())
+        received = _accept(message, secret, name, cluster, own, devices, parent)
+        if received is not None:
+            job_id, archive, job, work, config = received
             break
-        except JobRejectedError as e:
-            logger.error("JobRejectedError: task %s at %s rejected a job (claimed job id %r): "
-                         "%s; waiting for the next job", name, address, e.job_id, e.reason)
-            _send_receipt(cluster, own, e.job_id, f"rejected: {e.reason}".encode())
     mail.close_box(own, mailbox.JOB)  # one job per process: a later sender retries
-    parent = pathlib.Path(args.work_dir) if args.work_dir else None
-    if parent is not None:
-        parent.mkdir(parents=True, exist_ok=True)
-    work = pathlib.Path(tempfile.mkdtemp(prefix="autodist-job-", dir=parent))
-    try:
-        job = JobDir.unpack(archive, work)
-        config = job.config()
-        shipped_spec = job.resource_spec()
-        shipped = shipped_spec.cluster_def(job.ports())
-        if config.job_id != job_id:
-            raise JobMismatchError(f"the job's config names job {config.job_id!r}, its seal "
-                                   f"{job_id!r}")
-        if shipped != cluster:
-            raise JobMismatchError(f"the chief's cluster {shipped} is not this task's cluster "
-                                   f"{cluster}; give every task the same TF_CONFIG cluster "
-                                   "(or spec file)")
-        check_shipped_devices(shipped_spec, job_name, task, devices)
-    except (ValueError, RuntimeError) as e:
-        _send_receipt(cluster, own, job_id, f"rejected: {str(e)[:500]}".encode())
-        raise
     _send_receipt(cluster, own, job_id, mailbox.ACCEPTED)
     print(f"autodist: task {name} received a job ({len(archive)} bytes) into {work}",
           flush=True)
@@ -216,6 +196,42 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
     print(f"autodist: task {name} done", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _accept(message: bytes, secret: bytes | None, name: str, cluster, own, devices,
+            parent: pathlib.Path | None):
+    """A received job verified, unpacked and checked: (job id, archive, job, its directory,
+    config); or None after a rejection receipt, whatever was wrong with it (the task then
+    waits for the next job: nothing a peer sends may end it)."""
+    from autodist.launch import signing  # pylint: disable=import-outside-toplevel
+
+    job_id, work = "", None
+    try:
+        job_id, archive = signing.unseal(message, secret, name, time.time())
+        work = pathlib.Path(tempfile.mkdtemp(prefix="autodist-job-", dir=parent))
+        job = JobDir.unpack(archive, work)
+        config = job.config()
+        shipped_spec = job.resource_spec()
+        shipped = shipped_spec.cluster_def(job.ports())
+        if config.job_id != job_id:
+            raise JobMismatchError(f"the job's config names job {config.job_id!r}, its seal "
+                                   f"{job_id!r}")
+        if shipped != cluster:
+            raise JobMismatchError(f"the chief's cluster {shipped} is not this task's cluster "
+                                   f"{cluster}; give every task the same TF_CONFIG cluster "
+                                   "(or spec file)")
+        check_shipped_devices(shipped_spec, own[0], own[1], devices)
+        return job_id, archive, job, work, config
+    except JobRejectedError as e:
+        kind, reason, job_id = "JobRejectedError", e.reason, e.job_id
+    except Exception as e:  # pylint: disable=broad-except  # a job this task cannot run
+        kind, reason = type(e).__name__, f"{type(e).__name__}: {str(e)[:500]}"
+    logger.error("%s: task %s rejected a job (claimed job id %r): %s; waiting for the next job",
+                 kind, name, job_id, reason)
+    if work is not None:
+        shutil.rmtree(work, ignore_errors=True)
+    _send_receipt(cluster, own, job_id, f"rejected: {reason}".encode())
+    return None
 
 
 def serving_secret(secret_file: str | None, insecure: bool) -> bytes | None:

@@ -42,7 +42,7 @@ def task_from_tf_config(
     cluster = tf_config["cluster"]
     kind = task.get("type") if isinstance(task, Mapping) else None
     index = task.get("index", 0) if isinstance(task, Mapping) else None
-    if kind not in _TF_CONFIG_JOBS or not isinstance(index, int) or \
+    if kind not in _TF_CONFIG_JOBS or not isinstance(index, int) or isinstance(index, bool) or \
             not 0 <= index < len(cluster.get(kind) or []):
         raise ResourceSpecError(
             "TF_CONFIG must name this process's task in its cluster, e.g. "

@@ -41,6 +41,7 @@ import pathlib
 import re
 import secrets
 import shutil
+import stat
 from typing import Callable
 
 import numpy as np
@@ -219,16 +220,40 @@ def _sha256(path: pathlib.Path) -> str:
 
 
 # ------------------------------------------------------------------- reading
+def _read_regular(path: pathlib.Path, limit: int) -> bytes:
+    """Up to `limit` bytes of a regular file, opened without blocking (a FIFO or a device
+    in its place would block a plain open or read forever).
+
+    Raises:
+        FileNotFoundError: it does not exist.
+        CheckpointError: it is not a regular file, or cannot be read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise CheckpointError(f"cannot read {str(path)!r}: {e}") from e
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"{str(path)!r} is not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return f.read(limit)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {str(path)!r}: {e}") from e
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def _pointer(directory: pathlib.Path) -> str | None:
     """The step directory `latest` names (checked to be one inside `directory`), or None."""
     pointer = directory / LATEST
     try:
-        with open(pointer, "rb") as f:
-            raw = f.read(_MAX_POINTER_BYTES + 1)
+        raw = _read_regular(pointer, _MAX_POINTER_BYTES + 1)
     except FileNotFoundError:
         return None
-    except OSError as e:
-        raise CheckpointError(f"cannot read {str(pointer)!r}: {e}") from e
     name = raw.decode("ascii", "replace").strip()
     if len(raw) > _MAX_POINTER_BYTES or not _STEP_DIR.fullmatch(name):
         raise CheckpointError(f"{str(pointer)!r} must name a step directory in its directory "
@@ -279,15 +304,12 @@ def check_files(prefix: str | os.PathLike) -> None:
     folder = prefix.parent
     manifest_path = folder / MANIFEST
     try:
-        with open(manifest_path, "rb") as f:
-            raw = f.read(_MAX_MANIFEST_BYTES + 1)
+        raw = _read_regular(manifest_path, _MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as e:
         raise CheckpointError(
             f"checkpoint {str(prefix)!r} has no {MANIFEST} (not written by autodist, or by an "
             "older one); load it with verify=False to read it unverified (TensorFlow may abort the "
             "process on a damaged checkpoint)") from e
-    except OSError as e:
-        raise CheckpointError(f"cannot read {str(manifest_path)!r}: {e}") from e
     files = _manifest_files(raw, manifest_path)
     if prefix.name != PREFIX:
         raise CheckpointError(f"checkpoint prefix {str(prefix)!r} must end in {PREFIX!r}")
@@ -299,9 +321,12 @@ def check_files(prefix: str | os.PathLike) -> None:
     for name, expected in sorted(files.items()):
         path = folder / name
         try:
-            size = path.stat().st_size
+            info = path.lstat()
         except FileNotFoundError as e:
             raise CheckpointError(f"checkpoint file {str(path)!r} is missing") from e
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f"checkpoint file {str(path)!r} is not a regular file")
+        size = info.st_size
         if size != expected["size"]:
             raise CheckpointError(f"checkpoint file {str(path)!r} has {size} bytes; it was "
                                   f"written with {expected['size']} (truncated or damaged)")
@@ -392,4 +417,9 @@ def restore_keras_weights(model, path: str | os.PathLike, *, verify: bool = True
         if tuple(values[name].shape) != tuple(var.shape):
             raise AutodistError(f"checkpoint {str(path)!r}: {name!r} has shape "
                                 f"{list(values[name].shape)}, the model {list(var.shape)}")
+        if np.dtype(values[name].dtype) != np.dtype(var.dtype):
+            raise AutodistError(f"checkpoint {str(path)!r}: {name!r} holds "
+                                f"{np.dtype(values[name].dtype).name}, the model's variable "
+                                f"{np.dtype(var.dtype).name}; it would be cast: restore it "
+                                "into a model of the checkpoint's dtypes")
         var.assign(values[name])

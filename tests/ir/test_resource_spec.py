@@ -277,3 +277,29 @@ def test_deserialize_and_tf_config_damage_are_named_errors():
     with pytest.raises(ResourceSpecError, match="address must be a non-empty string. "
                                                 r"Received: '\\udc80:1'"):   # a lone surrogate
         ResourceSpec.from_tf_config('{"cluster": {"worker": ["\\udc80:1"]}}')
+
+
+@pytest.mark.parametrize("address, port, want", [
+    ("[::1]:2222", None, ("[::1]", 2222)), ("::1", 2223, ("[::1]", 2223)),
+    ("[fe80::1]", 7, ("[fe80::1]", 7)), ("host:12", None, ("host", 12)),
+    ("10.0.0.1", 9, ("10.0.0.1", 9))])
+def test_ipv6_addresses_keep_their_brackets_and_ports(address, port, want):
+    node = {"address": address} | ({} if port is None else {"port": port})
+    spec = ResourceSpec.from_dict({"nodes": [node]})
+    assert (spec.nodes[0].address, spec.nodes[0].port) == want
+    assert spec.cluster_def()["worker"] == [f"{want[0]}:{want[1]}"]
+
+
+@pytest.mark.parametrize("address, match", [
+    ("[::1", "malformed IPv6 address"), ("[]:1", "malformed IPv6 address"),
+    ("[::1]x", "malformed IPv6 address"), ("host:", "malformed port"), (":80", "malformed port")])
+def test_malformed_addresses_are_named(address, match):
+    with pytest.raises(ResourceSpecError, match=match):
+        ResourceSpec.from_dict({"nodes": [{"address": address}]})
+
+
+def test_a_spec_of_too_many_devices_in_all_is_refused_before_it_is_built():
+    """Each node within its bound, the whole far beyond: refused while reading."""
+    nodes = [{"address": f"h{i}", "port": 1, "cpus": list(range(4000))} for i in range(20)]
+    with pytest.raises(ResourceSpecError, match="more than 65536 devices in all"):
+        ResourceSpec.from_dict({"nodes": nodes})

@@ -20,7 +20,9 @@ import pytest
 import keras
 import autodist
 from autodist import models
+from autodist.launch import mailbox, signing
 from autodist.launch.errors import TaskFailedError
+from autodist.launch.job import JobDir, RunConfig
 from autodist.launch.local import free_ports
 from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV, JobRejectedError
 from autodist.search import builders
@@ -220,6 +222,23 @@ def test_a_job_without_the_secret_is_rejected_and_the_task_serves_on(tmp_path, m
                                       launch="remote", startup_timeout_s=60, **options)
             return run.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
 
+        # Signed jobs this task cannot run: a broken archive, a config of a newer version.
+        mail = mailbox.Mailboxes(cluster)
+        secret = secret_file.read_bytes().strip()
+        newer = tmp_path / "newer"
+        job = JobDir.create(newer)
+        job.write(graph_item, strategy, spec, RunConfig(global_batch_size=16, job_id="cafe01"),
+                  {}, [np.zeros((16, 20), "float32")], np.zeros(16, "int32"))
+        job.write_ports(ports)
+        config = json.loads(job.file("run.json").read_text())
+        job.file("run.json").write_text(json.dumps(dict(config, a_field_from_the_future=1)))
+        for job_id, archive in (("cafe00", b"not a tar archive"), ("cafe01", job.pack())):
+            mail.send(("worker", 1), mailbox.JOB,
+                      signing.seal(secret, job_id, "worker:1", archive, time.time()), 30)
+        deadline = time.monotonic() + 60
+        while log.read_text().count("rejected a job") < 2:
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
         wrong = tmp_path / "wrong"
         wrong.write_text("not-the-cluster-secret-at-all")
         start = time.monotonic()
@@ -243,6 +262,9 @@ def test_a_job_without_the_secret_is_rejected_and_the_task_serves_on(tmp_path, m
             process.wait(timeout=10)
     text = log.read_text()
     assert text.count("JobRejectedError: task worker:1") == 2
+    assert "ReadError: task worker:1 rejected a job (claimed job id 'cafe00')" in text
+    assert "TypeError: task worker:1 rejected a job (claimed job id 'cafe01')" in text
+    assert "a_field_from_the_future" in text
     assert "bad signature" in text and "the job is unsigned" in text
     assert SECRET not in text and "not-the-cluster-secret" not in text
     assert "task worker:1 received a job" in text and "task worker:1 done" in text

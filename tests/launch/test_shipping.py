@@ -75,20 +75,30 @@ def test_unpack_refuses_unexpected_members(tmp_path, name):
         JobDir.unpack(buffer.getvalue(), tmp_path / "job")
 
 
+def _rows_read(num_examples, batch, epochs, shuffle, seed, virtual_nodes, vns, steps=None):
+    schedule = batching.EpochSchedule(num_examples, epochs, steps, lambda step: batch)
+    return batching.rows_read(schedule, batching.ArrayOrder(num_examples, shuffle, seed), vns,
+                              virtual_nodes)
+
+
 def test_rows_read_are_what_the_virtual_nodes_feed():
     # 10 examples, batch 4 (4, 4, 2), 2 virtual nodes: node 1 reads rows 2-3, 6-7, 9.
-    rows = batching.rows_read(10, 4, steps=3, epochs=2, shuffle=False, seed=0,
-                              num_virtual_nodes=2, virtual_nodes=[1])
-    np.testing.assert_array_equal(rows, [2, 3, 6, 7, 9])
-    both = batching.rows_read(10, 4, 3, 1, False, 0, 2, [0, 1])
-    np.testing.assert_array_equal(both, np.arange(10))
-    shuffled = batching.rows_read(10, 4, 3, 3, True, 7, 2, [0])
+    np.testing.assert_array_equal(_rows_read(10, 4, 2, False, 0, [1], 2), [2, 3, 6, 7, 9])
+    np.testing.assert_array_equal(_rows_read(10, 4, 1, False, 0, [0, 1], 2), np.arange(10))
+    shuffled = _rows_read(10, 4, 3, True, 7, [0], 2)
     expected = set()
     for epoch in range(3):
         order = batching.epoch_order(10, epoch, True, 7)
         for step in range(3):
             expected |= set(batching.virtual_node_rows(batching.batch_rows(order, step, 4), 2)[0])
     assert list(shuffled) == sorted(expected)
+    # steps_per_epoch=2 over 3 epochs: batches 0-1, then 2, then a new pass's 0-1.
+    cut = _rows_read(10, 4, 3, True, 7, [0], 2, steps=2)
+    first, second = batching.epoch_order(10, 0, True, 7), batching.epoch_order(10, 1, True, 7)
+    expected = set()
+    for order, step in ((first, 0), (first, 1), (first, 2), (second, 0), (second, 1)):
+        expected |= set(batching.virtual_node_rows(batching.batch_rows(order, step, 4), 2)[0])
+    assert list(cut) == sorted(expected)
 
 
 def test_tf_config_task_names_map_to_spec_tasks():
@@ -109,6 +119,9 @@ def test_tf_config_task_names_map_to_spec_tasks():
         tf_config.task_from_tf_config({"cluster": cluster, "task": {"type": "ps", "index": 1}})
     with pytest.raises(ResourceSpecError, match="must name this process's task"):
         tf_config.task_from_tf_config({"cluster": cluster})
+    with pytest.raises(ResourceSpecError, match="must name this process's task"):
+        tf_config.task_from_tf_config({"cluster": cluster,
+                                       "task": {"type": "worker", "index": True}})
 
 
 def test_only_the_chief_drives_a_remote_cluster(monkeypatch, mlp_item):

@@ -41,6 +41,20 @@ def test_a_job_that_fails_a_check_is_rejected_saying_why(message, secret, task, 
     assert SECRET.decode() not in str(caught.value)
 
 
+def _unsigned(header: bytes) -> bytes:
+    return signing.MAGIC + bytes(32) + len(header).to_bytes(4, "big") + header + ARCHIVE
+
+
+@pytest.mark.parametrize("header", [b"[" * 3000, b"{" * 4000, b'{"job_id": ' * 300,
+                                    b"\xff" * 100, b'{"task": ' + b"[" * 2000 + b"]" * 2000])
+@pytest.mark.parametrize("secret", [SECRET, None], ids=["secret", "insecure"])
+def test_nothing_a_header_holds_escapes_as_another_error(header, secret):
+    """Nested or broken JSON is read only after the tag (never with a secret), and is then
+    a rejection, not a RecursionError or a parser's error."""
+    with pytest.raises(JobRejectedError):
+        signing.unseal(_unsigned(header), secret, "worker:1", NOW)
+
+
 def test_a_rejection_names_the_job_the_message_claimed():
     with pytest.raises(JobRejectedError) as caught:
         signing.unseal(_sealed(secret=None, job_id="feedbeef"), SECRET, "worker:1", NOW)

@@ -187,3 +187,32 @@ def test_an_unlisted_file_is_named(tmp_path):
     with pytest.raises(CheckpointError, match=r"files its manifest does not list: "
                                               r"\['ckpt.data-00001-of-00002'\]"):
         checkpoint.load(directory)
+
+
+@pytest.mark.parametrize("name", ["latest", "manifest", "data"])
+def test_a_fifo_in_place_of_a_file_is_named_not_waited_on(tmp_path, name):
+    """A FIFO (or any file that is not a regular one) would block a plain read forever."""
+    directory = tmp_path / "ckpt"
+    final = _save(directory, 2)
+    target = {"latest": directory / "latest", "manifest": final / "manifest.json",
+              "data": final / "ckpt.data-00000-of-00001"}[name]
+    target.unlink()
+    os.mkfifo(target)
+    with pytest.raises(CheckpointError, match="is not a regular file"):
+        checkpoint.load(directory)
+
+
+def test_restoring_into_variables_of_another_dtype_is_refused(tmp_path):
+    import keras
+
+    from autodist.ir.capture import keras_variable_names
+    from autodist.ir.errors import AutodistError
+
+    directory = tmp_path / "ckpt"
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="dense",
+                                                                    dtype="float64")])
+    names, _ = keras_variable_names(model)
+    values = dict(zip(names, [np.ones((4, 3), np.float32), np.zeros(3, np.float32)]))
+    checkpoint.save(directory, 1, _writer(values))
+    with pytest.raises(AutodistError, match="holds float32, the model's variable float64"):
+        checkpoint.restore_keras_weights(model, directory)

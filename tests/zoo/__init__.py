@@ -1,1 +1,1 @@
-"""A zoo of small real-world Keras models (after the keras-io examples) and their Keras references."""
+"""A zoo of small real-world Keras models (after keras-io examples) and their references."""

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import autodist
+import keras
 from autodist.ir.errors import AutodistError
 from autodist.search import builders
 from tests.zoo.models import ZOO, ZooCase, keras_reference, variable_values
@@ -28,8 +29,9 @@ CONFIGS = ("PS", "AllReduce", "AllReduceVirtualNodes")
 
 
 def _capture(case: ZooCase) -> autodist.GraphItem:
-    """The capture as a user makes it: a subclassed model needs example data."""
-    if getattr(case.model, "inputs", None):
+    """The capture as the docs ask: example data for a subclassed or multi-output model."""
+    outputs = getattr(case.model, "outputs", None)
+    if outputs is not None and len(outputs) == 1:
         return autodist.capture(case.model)
     return autodist.capture(case.model, x=case.x, y=case.y)
 
@@ -51,6 +53,7 @@ def _train(case: ZooCase, config: str, job_dir: str):
     strategy, spec = _strategy(config, graph_item, case.fit_kwargs["batch_size"])
     run = autodist.distribute(case.model, strategy, spec, graph_item=graph_item,
                               job_dir=job_dir, step_timeout_s=60)
+    keras.utils.set_random_seed(0)  # as before the reference's fit (Keras' shuffling)
     return run.fit(case.x, case.y, **case.fit_kwargs, verbose=0)
 
 
@@ -69,8 +72,9 @@ def test_zoo_case_trains_as_keras_fit(name: str, config: str, tmp_path) -> None:
     assert [w.shape for w in got] == [w.shape for w in want_weights]
     gaps = [(float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)), initial=0.0)),
              v.path) for g, w, v in zip(got, want_weights, case.model.variables)]
-    worst, path = max(gaps)
-    assert worst <= WEIGHT_ATOL, f"max |dw| = {worst:.3g} at {path}"
+    worst = sorted(gaps, reverse=True)[:3]
+    assert worst[0][0] <= WEIGHT_ATOL, "max |dw|: " + ", ".join(
+        f"{gap:.3g} at {path}" for gap, path in worst)
     assert sorted(history.history) == sorted(want_history)
     for key, values in want_history.items():
         np.testing.assert_allclose(history.history[key], values, rtol=HISTORY_RTOL, err_msg=key)
