@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import pathlib
 import shutil
 import sys
@@ -92,6 +93,7 @@ class DistributedRun:
             self._secret = load_secret(secret_file)
         else:
             check_local(resource_spec)
+            _warn_if_oversubscribed(resource_spec)
             self._secret = None
         self.launch = launch
         self.allow_exposed = allow_exposed
@@ -372,31 +374,31 @@ class DistributedRun:
         if shards is not None:
             dataset_files = DatasetFiles(b"", shards.description.to_json(), shards.graphs)
         path, job = self._new_job(config, init_values, inputs, targets, dataset_files, order)
-        control = None
-        driver = None
-        if options.policies:
-            control = Control(self, batch_size, replanner)
-            control.members = self._members
-            driver = PolicyDriver(control, options.policies)
-        history = History()
-        metric_logs = MetricLogs(self.model, self.graph_item) or None
-        progress = Progress(
-            job, epochs=job_epochs, steps_per_epoch=steps, verbose=verbose, model=self.model,
-            callbacks=options.callbacks, history=history, policies=driver,
-            followed=options.followed, epoch_weights=config.epoch_weights,
-            load_weights=self._load_weights,
-            validate=self._validator(options, None if streamed or shards else batch_size,
-                                     lambda: progress.callbacks)
-            if options.validates else None,
-            metric_logs=metric_logs, initial_epoch=options.initial_epoch,
-            wait_s=self.step_timeout_s + self.startup_timeout_s,
-            fixed_rate=self._fixed_rate())
-        self._following = (job, config) if options.followed else None
-        self._requested_members = self._requested_strategy = None
-        self._requested_batch, self._num_examples = batch_size, n
-        self._streaming = streamed is not None or shards is not None
         finished = False
         try:
+            control = None
+            driver = None
+            if options.policies:
+                control = Control(self, batch_size, replanner)
+                control.members = self._members
+                driver = PolicyDriver(control, options.policies)
+            history = History()
+            metric_logs = MetricLogs(self.model, self.graph_item) or None
+            progress = Progress(
+                job, epochs=job_epochs, steps_per_epoch=steps, verbose=verbose, model=self.model,
+                callbacks=options.callbacks, history=history, policies=driver,
+                followed=options.followed, epoch_weights=config.epoch_weights,
+                load_weights=self._load_weights,
+                validate=self._validator(options, None if streamed or shards else batch_size,
+                                         lambda: progress.callbacks)
+                if options.validates else None,
+                metric_logs=metric_logs, initial_epoch=options.initial_epoch,
+                wait_s=self.step_timeout_s + self.startup_timeout_s,
+                fixed_rate=self._fixed_rate())
+            self._following = (job, config) if options.followed else None
+            self._requested_members = self._requested_strategy = None
+            self._requested_batch, self._num_examples = batch_size, n
+            self._streaming = streamed is not None or shards is not None
             progress.begin()
             if progress.fixed_rate is None and progress.learning_rate is not None:
                 # The model's rate after on_train_begin and the first on_epoch_begin.
@@ -593,11 +595,17 @@ class DistributedRun:
                            job_id=uuid.uuid4().hex, probe_steps=steps)
         path, job = self._new_job(config, self._initial_values(), inputs, targets,
                                   dataset_files)
-        self._run_cluster(job, timeout_s, lambda: None)
-        throughputs = {}
-        for i in range(self.resource_spec.num_worker_tasks):
-            for device, probe in WorkerResult.from_json(job.result(i).read_bytes()).probe.items():
-                throughputs[device] = probe.examples / float(np.median(probe.seconds))
+        try:
+            self._run_cluster(job, timeout_s, lambda: None)
+            throughputs = {}
+            for i in range(self.resource_spec.num_worker_tasks):
+                for device, probe in WorkerResult.from_json(
+                        job.result(i).read_bytes()).probe.items():
+                    throughputs[device] = probe.examples / float(np.median(probe.seconds))
+        except BaseException:
+            if self.job_dir is None:
+                _discard(path)
+            raise
         if self.job_dir is None:
             shutil.rmtree(path, ignore_errors=True)
         return throughputs
@@ -883,8 +891,28 @@ def _unpack_validation(data: Any) -> tuple[Any, Any, Any]:
                         + (f" of {len(data)} items" if isinstance(data, (tuple, list)) else ""))
 
 
+def _warn_if_oversubscribed(spec: ResourceSpec) -> None:
+    """A local cluster of more compute replicas than this machine has cores: every step
+    waits for processes that share them (16 workers on 2 cores ran 34x slower per step)."""
+    cores = os.cpu_count() or 1
+    replicas = len(spec.replica_devices)
+    if replicas > cores and not any("/device:GPU:" in d for d in spec.replica_devices):
+        warnings.warn(
+            f"the local cluster runs {replicas} CPU replicas on this machine's {cores} cores: "
+            "they share the cores, so each step is slower than on fewer replicas (the numbers "
+            "trained are the same). Use ResourceSpec.local(workers=...) of at most the cores, "
+            "or virtual nodes (strategy.with_virtual_nodes) for a fixed global batch",
+            UserWarning, stacklevel=3)
+
+
 def _discard(path: pathlib.Path) -> None:
-    """A temporary job directory after a failure: its copy of the data goes, its logs stay."""
+    """A temporary job directory after a failure: its copy of the data goes, and its logs
+    stay where a task wrote any (an error names them); a run refused before any task
+    started leaves nothing."""
+    logs = path / "logs"
+    if not any(log.stat().st_size for log in logs.glob("*.log")) if logs.is_dir() else True:
+        shutil.rmtree(path, ignore_errors=True)
+        return
     for name in ("data", "init.npz", "final_weights.npz", "weights", "recovery.npz"):
         target = path / name
         if target.is_dir():
