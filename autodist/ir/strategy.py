@@ -136,12 +136,15 @@ class Strategy:
     def with_batch_norm(self, mode: str) -> Strategy:
         """A copy whose batch-normalization layers use `mode`'s statistics.
 
+        Masked losses' counts of unmasked values follow the same mode.
+
         Args:
             mode: "sync": the global batch's statistics, summed over the replicas
                 of each step (equal to one device; needs one virtual node per
                 replica); "ghost": each virtual node its own (no communication;
                 the result depends on the global batch and the number of virtual
-                nodes only); "auto" (the default): "sync" where possible.
+                nodes only); "auto" (the default): "sync" for a strategy without
+                virtual nodes of its own, "ghost" with them.
 
         Raises:
             StrategyError: an unknown mode.

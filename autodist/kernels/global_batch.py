@@ -10,8 +10,10 @@ replica imports is rewritten first:
   on every virtual node (the loss is weighted by its share of the batch);
 * batch statistics and their gradients (`batch_norm`) and a masked loss's
   count of unmasked values (`loss_masks`) are summed over the replicas of the
-  step (`replica_sums`), where every replica runs one virtual node (virtual
-  nodes of one replica run one after another and cannot share a sum).
+  step (`replica_sums`) where the strategy has no virtual nodes of its own
+  (`sums_batch_quantities`; virtual nodes of one replica run one after another
+  and cannot share a sum, and a strategy with virtual nodes keeps each one's
+  own, the same on any hardware).
 """
 from __future__ import annotations
 
@@ -29,16 +31,28 @@ def one_virtual_node_each(strategy: Strategy) -> bool:
         strategy.num_virtual_nodes == len(strategy.replicas)
 
 
+def sums_batch_quantities(strategy: Strategy) -> bool:
+    """Whether batch statistics and masked losses' counts are the global batch's.
+
+    Without virtual nodes of its own a strategy computes Keras' step, so they are
+    summed over replicas. A strategy with virtual nodes promises the same result
+    for any hardware given its global batch and number of virtual nodes, so each
+    virtual node keeps its own, unless it asks for sums (`with_batch_norm("sync")`,
+    one virtual node per replica).
+    """
+    if not one_virtual_node_each(strategy) or strategy.batch_norm == "ghost":
+        return False
+    return strategy.batch_norm == "sync" or strategy.global_batch_size is None
+
+
 def synced_batch_norms(graph_item: GraphItem, strategy: Strategy) -> list:
     """The batch-normalization layers whose statistics the step sums over replicas."""
-    if not one_virtual_node_each(strategy) or strategy.batch_norm == "ghost":
-        return []
-    return batch_norm.syncable(graph_item)
+    return batch_norm.syncable(graph_item) if sums_batch_quantities(strategy) else []
 
 
 def synced_loss_masks(graph_item: GraphItem, strategy: Strategy) -> list:
     """The masked losses whose counts the step sums over replicas."""
-    return list(graph_item.loss_masks) if one_virtual_node_each(strategy) else []
+    return list(graph_item.loss_masks) if sums_batch_quantities(strategy) else []
 
 
 def sums_over_replicas(graph_item: GraphItem, strategy: Strategy) -> bool:

@@ -204,6 +204,7 @@ def _accept(message: bytes, secret: bytes | None, name: str, cluster, own, devic
     config); or None after a rejection receipt, whatever was wrong with it (the task then
     waits for the next job: nothing a peer sends may end it)."""
     from autodist.launch import signing  # pylint: disable=import-outside-toplevel
+    from autodist.launch.devices import check_shipped_devices  # pylint: disable=C0415
 
     job_id, work = "", None
     try:

@@ -59,31 +59,35 @@ def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
             f"on {len(strategy.replicas)} replicas, one after another where a replica has "
             "several: they cannot share statistics within a step. Use one virtual node per "
             "replica, or with_batch_norm('ghost') (each virtual node its own statistics)")
-    if strategy.batch_norm == "auto" and not one_each:
+    if strategy.batch_norm == "auto" and strategy.global_batch_size is not None:
         warnings.warn(
-            f"batch normalization: the strategy's {strategy.num_virtual_nodes} virtual nodes run "
-            f"on {len(strategy.replicas)} replicas, so each normalizes with its own "
-            f"{strategy.global_batch_size or 'B'}/{strategy.num_virtual_nodes} examples ('ghost "
-            "batch normalization', the same for any hardware with this global batch and "
-            "number of virtual nodes) where Keras uses the whole batch's statistics; the moving "
+            f"batch normalization: with the strategy's {strategy.num_virtual_nodes} virtual "
+            "nodes each normalizes with its own "
+            f"{strategy.global_batch_size}/{strategy.num_virtual_nodes} examples ('ghost "
+            "batch normalization', the same on any hardware for this global batch and number "
+            "of virtual nodes) where Keras uses the whole batch's statistics; the moving "
             "statistics are virtual node 0's. strategy.with_batch_norm('ghost') says this is "
-            "intended (no warning); one virtual node per replica gives Keras' numbers",
+            "intended (no warning); a strategy without virtual nodes, or "
+            "with_batch_norm('sync') with one virtual node per replica, gives Keras' numbers",
             ParityWarning, stacklevel=3)
 
 
 def _loss_masks(graph_item: GraphItem, strategy: Strategy) -> None:
     """A masked loss divides by the batch's count of unmasked values: summed over
     replicas where each runs one virtual node, else each virtual node's own."""
-    if not graph_item.loss_masks or strategy.num_virtual_nodes <= len(strategy.replicas):
+    from autodist.kernels import global_batch  # pylint: disable=import-outside-toplevel
+
+    if not graph_item.loss_masks or strategy.num_virtual_nodes <= 1 or \
+            global_batch.sums_batch_quantities(strategy):
         return
     losses = sorted({m.loss for m in graph_item.loss_masks})
     warnings.warn(
         f"loss(es) {losses} of an output carrying a Keras mask divide by the count of "
-        f"unmasked values in the batch; the strategy's {strategy.num_virtual_nodes} virtual "
-        f"nodes run on {len(strategy.replicas)} replicas, one after another where a replica "
-        "has several, so each virtual node divides by its own count and the run differs "
-        "from Keras fit when the counts differ. One virtual node per replica gives Keras' "
-        "numbers", ParityWarning, stacklevel=3)
+        f"unmasked values in the batch; with the strategy's {strategy.num_virtual_nodes} "
+        "virtual nodes each divides by its own count (the same on any hardware), so the run "
+        "differs from Keras fit when the counts differ. A strategy without virtual nodes, "
+        "or with_batch_norm('sync') with one virtual node per replica, gives Keras' numbers",
+        ParityWarning, stacklevel=3)
 
 
 def _added_losses(graph_item: GraphItem, strategy: Strategy) -> None:

@@ -76,6 +76,11 @@ class DistributedRun:
             named by `AUTODIST_SECRET_FILE`, else `AUTODIST_SECRET`; without
             one, jobs go unsigned and only `autodist serve --insecure` runs
             them).
+        keep_optimizer_state: After each fit the trained optimizer state
+            (slots, update count) returns into the model's optimizer, and the
+            next fit goes on from it, as with Keras' fit. False leaves the
+            model's optimizer as it was (measurements that must not change
+            the model).
     """
 
     def __init__(self, model, strategy: Strategy, resource_spec: ResourceSpec, *,
@@ -83,7 +88,7 @@ class DistributedRun:
                  step_timeout_s: float = 60.0, startup_timeout_s: float = 120.0,
                  task_step_delay_s: dict[int, float] | None = None,
                  launch: str = "local", allow_exposed: bool = False,
-                 secret_file: str | None = None) -> None:
+                 secret_file: str | None = None, keep_optimizer_state: bool = True) -> None:
         from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
 
         if launch not in LAUNCH_MODES:
@@ -97,6 +102,7 @@ class DistributedRun:
             self._secret = None
         self.launch = launch
         self.allow_exposed = allow_exposed
+        self.keep_optimizer_state = keep_optimizer_state
 
         self.model = model
         self.graph_item = graph_item or capture(model)
@@ -804,7 +810,8 @@ class DistributedRun:
         fit, a later fit goes on from both)."""
         with np.load(job.file("final_weights.npz")) as weights:
             self._load_weights(weights)
-            optimizer_state.write(self.model, self.graph_item, weights)
+            if self.keep_optimizer_state:
+                optimizer_state.write(self.model, self.graph_item, weights)
 
     def _load_weights(self, weights) -> None:
         """Puts trained values (by variable name: an .npz or a dict) into the model."""

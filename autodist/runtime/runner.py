@@ -261,7 +261,7 @@ class LocalRunner(Runner):
             run = DistributedRun(self.model, first, self.resource_spec,
                                  graph_item=self.graph_item, step_timeout_s=self.step_timeout_s,
                                  startup_timeout_s=self.startup_timeout_s,
-                                 allow_exposed=self.allow_exposed)
+                                 allow_exposed=self.allow_exposed, keep_optimizer_state=False)
             self.graph_item = run.graph_item
             history = run.fit(x, y, batch_size=self.batch_size, epochs=1,
                               steps_per_epoch=total_steps, verbose=0, shuffle=False,

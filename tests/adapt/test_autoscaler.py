@@ -387,8 +387,7 @@ def test_simulator_predictor_with_a_cost_model():
 
     rows, times = zip(*(features_and_time(n) for n in range(1, 9)))
     model = CostModel("regressor", params={"min_data_in_leaf": 1, "min_data_in_bin": 1},
-                      num_boost_round=20).fit(list(rows), list(times), ["w"] * 8, FEATURE_NAMES,
-                                              shuffle=False)
+                      num_boost_round=20).fit(list(rows), list(times), ["w"] * 8, FEATURE_NAMES)
     predict = simulator_predictor(gi, AllReduce().build, global_batch=64, bandwidth_gbps=1.0,
                                   cost_model=model)
     # Same features through the predictor's lean space as through a full one.
