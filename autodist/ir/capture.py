@@ -159,8 +159,8 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
         input_infos, _optimizer_info(model.optimizer, trainable, names),
         "keras", name or model.name, batch_size,
         metric_names=unique_names([v.path for v in metric_variables]),
-        tables=_keras_lookup_tables(model),
-        added_kinds=_added_loss_kinds(model, concrete, x_spec, y_spec, weight_spec))
+        tables=_keras_lookup_tables(model))
+    _classify_added_losses(item, model)
     # Keras resolves jit_compile="auto" when compiling: True where XLA serves the model.
     item.proto.jit_compile = getattr(model, "jit_compile", False) is True
     return item
@@ -197,48 +197,124 @@ def _scaled_added_losses(model, terms: list):
         model._losses_override = previous  # pylint: disable=protected-access
 
 
-def _added_loss_kinds(model, concrete, x_spec, y_spec, weight_spec) -> list[str]:
-    """How each added loss term depends on the batch: "constant", "mean", "sum" or
-    "other", seen on random examples (4, and each half) through the traced step.
+def _classify_added_losses(item: GraphItem, model) -> None:
+    """Finds how each added loss term depends on the batch, and drops the constant ones
+    (`AddedLossInfo.kind`).
 
+    The captured step runs on random examples (4, and each half), its random
+    draws fixed (uniform ones just under 1, normal ones 0: every row alike), so a
+    term that is a sum over examples is the halves' sum and a mean their mean.
     The step's state updates (moving statistics, seed generators) are undone.
     """
-    if not concrete.structured_outputs[3]:
-        return []
-    state = [(v, np.array(v.numpy())) for v in model.variables if not v.trainable]
+    terms = list(item.proto.added_losses)
+    if not terms:
+        return
+    variables = list(model.trainable_variables) + [v for v in model.variables
+                                                    if not v.trainable]
+    state = [(v, np.array(v.numpy())) for v in variables if not v.trainable]
+    handles = _variable_handles(item, model)
     rng = np.random.default_rng(0)
-
-    def example(spec, n):
-        shape = [n] + [3 if d is None else d for d in spec.shape[1:]]
-        if spec.dtype == tf.string:
-            return tf.constant(np.full(shape, b""))
-        if spec.dtype.is_floating:
-            return tf.constant(rng.normal(size=shape).astype(spec.dtype.as_numpy_dtype))
-        return tf.zeros(shape, spec.dtype)
-
-    specs = (x_spec, y_spec, weight_spec)
-    full = tf.nest.map_structure(lambda s: example(s, 4), specs)
-    halves = [tf.nest.map_structure(lambda t: t[:2], full),
-              tf.nest.map_structure(lambda t: t[2:], full)]
+    full = {}
+    for info in item.inputs:
+        shape = [4] + [3 if d < 0 else d for d in info.shape[1:]]
+        dtype = tf.as_dtype(info.dtype)
+        if dtype == tf.string:
+            full[info.tensor] = np.full(shape, b"")
+        elif dtype.is_floating:
+            full[info.tensor] = rng.normal(size=shape).astype(dtype.as_numpy_dtype)
+            if info.role == "sample_weight":
+                full[info.tensor] = np.ones(shape, dtype.as_numpy_dtype)
+        else:
+            full[info.tensor] = np.zeros(shape, dtype.as_numpy_dtype)
+    batches = [full, {k: v[:2] for k, v in full.items()}, {k: v[2:] for k, v in full.items()}]
+    graph_def = item.graph_def()
+    draws = [op for op in item.random_ops if op.reproducible or op.batch_axis < 0]
     try:
-        values = [[float(t) for t in concrete(*data)[3]] for data in [full] + halves]
-    except Exception:  # pylint: disable=broad-except  # the random examples may not suit it
-        return ["other"] * len(concrete.structured_outputs[3])
+        values = [_run_terms(graph_def, handles, batch, draws, [t.tensor for t in terms])
+                  for batch in batches]
+    except Exception:  # pylint: disable=broad-except  # examples that do not suit the model
+        values = None
     finally:
         for variable, value in state:
             variable.assign(value)
-    kinds = []
-    for whole, a, b in zip(*values):
-        close = lambda u, v: math.isclose(u, v, rel_tol=1e-4, abs_tol=1e-7)  # noqa: E731
-        if close(whole, a) and close(a, b):
-            kinds.append("constant")
-        elif close(whole, a + b):
-            kinds.append("sum")
-        elif close(whole, (a + b) / 2):
-            kinds.append("mean")
-        else:
-            kinds.append("other")
-    return kinds
+    kept = []
+    for i, term in enumerate(terms):
+        kind = "other" if values is None else _kind(*(float(v[i]) for v in values))
+        if kind != "constant":
+            kept.append(graph_item_pb2.AddedLossInfo(tensor=term.tensor, layer=term.layer,
+                                                     kind=kind, scale=term.scale))
+    del item.proto.added_losses[:]
+    item.proto.added_losses.extend(kept)
+
+
+def _kind(whole: float, a: float, b: float) -> str:
+    """How a term of a batch relates to its two halves' terms."""
+    close = lambda u, v: math.isclose(u, v, rel_tol=1e-4, abs_tol=1e-7)  # noqa: E731
+    if close(whole, a) and close(a, b):
+        return "constant"
+    if close(whole, a + b):
+        return "sum"
+    if close(whole, (a + b) / 2):
+        return "mean"
+    return "other"
+
+
+def _variable_handles(item: GraphItem, model) -> dict[str, Any]:
+    """The step's variable placeholders -> the model's variables' handles."""
+    trainable, state = keras_variable_names(model)
+    by_name = dict(zip(trainable, model.trainable_variables))
+    by_name.update(zip(state, [v for v in model.variables if not v.trainable]))
+    out = {}
+    for info in list(item.variables) + list(item.state_variables):
+        variable = by_name.get(info.name)
+        if variable is not None and info.handle_node:
+            tf_var = variable.value if isinstance(getattr(variable, "value", None),
+                                                  tf.Variable) else variable
+            out[f"{info.handle_node}:0"] = tf_var.handle
+    return out
+
+
+def _run_terms(graph_def, handles, batch, draws, fetches) -> list:
+    """The step's `fetches` on one batch, its random draws fixed (see
+    `_classify_added_losses`)."""
+    fixed = _fixed_draws(graph_def, draws)
+
+    def run():
+        # Identities capture the eager handles into the function's graph.
+        input_map = {name: tf.identity(handle) for name, handle in handles.items()}
+        input_map.update({name: tf.constant(value) for name, value in batch.items()})
+        return tf.graph_util.import_graph_def(fixed, input_map=input_map,
+                                              return_elements=fetches, name="terms")
+    return [np.asarray(v) for v in tf.function(run, autograph=False)()]
+
+
+def _fixed_draws(graph_def, draws):
+    """`graph_def` with each random op a Fill of its shape: uniform draws just under 1
+    (every Dropout keeps everything), others 0."""
+    if not draws:
+        return graph_def
+    out = tf.compat.v1.GraphDef()
+    out.CopyFrom(graph_def)
+    names = {d.node for d in draws}
+    for node in out.node:
+        if node.name not in names:
+            continue
+        dtype = node.attr["dtype"].type
+        index_type = next((node.attr[k].type for k in ("Tshape", "T", "S") if k in node.attr),
+                          tf.int32.as_datatype_enum)
+        value = out.node.add(name=f"{node.name}/fixed_value", op="Const")
+        value.attr["dtype"].type = dtype
+        value.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(
+            0.999 if "Uniform" in node.op else 0.0, tf.as_dtype(dtype)))
+        shape = node.input[0]
+        attrs = {"T": dtype, "index_type": index_type}
+        node.ClearField("input")
+        node.ClearField("attr")
+        node.op = "Fill"
+        node.input.extend([shape, value.name])
+        for key, enum in attrs.items():
+            node.attr[key].type = enum
+    return out
 
 
 def _scope_of(node_name: str) -> str:
@@ -687,17 +763,16 @@ def _variable_name(v) -> str:
 def _from_concrete_function(concrete, trainable, names, state, state_names, input_infos,
                             optimizer_info, source, name, batch_size,
                             metric_names: Sequence[str] = (),
-                            tables: Sequence[tuple[str, Any]] = (),
-                            added_kinds: Sequence[str] = ()) -> GraphItem:
+                            tables: Sequence[tuple[str, Any]] = ()) -> GraphItem:
     graph = concrete.graph
     loss, grads, *rest = concrete.structured_outputs
     metric_states = list(rest[0]) if rest else []
     # A traced function's outputs are Identities of what the step computes.
     terms = [t.op.inputs[0] if t.op.type == "Identity" else t
              for t in (rest[1] if len(rest) > 1 else [])]
-    added = [graph_item_pb2.AddedLossInfo(tensor=t.name, layer=_scope_of(t.op.name), kind=k,
-                                          scale=f"{ADDED_LOSS_SCALE}_{i}")
-             for i, (t, k) in enumerate(zip(terms, added_kinds)) if k != "constant"]
+    added = [graph_item_pb2.AddedLossInfo(tensor=t.name, layer=_scope_of(t.op.name),
+                                          kind="other", scale=f"{ADDED_LOSS_SCALE}_{i}")
+             for i, t in enumerate(terms)]
     if loss.shape.rank not in (0, None):
         raise CaptureError(f"the loss must be a scalar. Received shape {loss.shape}")
     captured = {id(external): internal for external, internal in graph.captures}

@@ -484,15 +484,21 @@ def _seeded(graph_def, vn_index: int):
 def _compiled(graph_def, scope: str):
     """The step marked for XLA, as Keras' `jit_compile`: every op XLA can compile joins
     the clusters of `scope` (ops it cannot, such as lookups and string ops, stay out;
-    the step's own collectives are kept out)."""
+    the step's own collectives and its variable reads and writes are kept out)."""
     out = tf.compat.v1.GraphDef()
     out.CopyFrom(graph_def)
     for node in out.node:
-        if node.op == "Placeholder" or node.op.startswith("Collective"):
+        if node.op in _NOT_COMPILED or node.op.startswith("Collective") or \
+                "Variable" in node.op or "Resource" in node.op:
             continue
         node.attr["_XlaCompile"].b = True
         node.attr["_XlaScope"].s = scope.encode()
     return out
+
+
+# Ops kept out of XLA clusters: inputs, and reads and writes of variables, which run
+# where the variables live (a parameter server, another task).
+_NOT_COMPILED = {"Placeholder", "PlaceholderWithDefault"}
 
 
 def _strip_devices(graph_def):
