@@ -21,7 +21,7 @@ BUILTIN = {"ValueError", "RuntimeError", "KeyError", "TypeError", "Exception", "
 INTERNAL = {
     "runtime/records.py": {"_int", "_float", "_finite", "_bool", "_str", "convert", "_numbers",
                            "_states", "_segment", "_members", "_probes", "_shape",
-                           "_rate_change"},
+                           "_rate_change", "_state_values", "_state_change"},
     "search/database.py": {"_reject_constant"},
     "search/cost_model.py": {"_reject_constant"},
 }

@@ -428,12 +428,23 @@ def keras_metric_variables(model) -> list:
 
 def _loss_weights_structure(model, sample_weight):
     """Per-output sample weights in the structure Keras' compiled loss resolves its
-    losses in: a list of outputs compiled with a dict of losses is keyed by output
-    name there."""
-    if not isinstance(sample_weight, (list, tuple)) or not isinstance(model.loss, dict):
+    losses' paths in (`CompileLoss`: integer paths into a list of outputs, or output
+    names; Keras converts the targets to it, not the sample weights)."""
+    if not isinstance(sample_weight, (list, tuple, dict)):
         return sample_weight
-    names = _output_names(model, len(sample_weight))
-    return dict(zip(names, sample_weight))
+    compile_loss = getattr(model, "_compile_loss", None)
+    losses = getattr(compile_loss, "_flat_losses", None) or []
+    paths = [loss.path[0] for loss in losses if loss.path]
+    count = len(sample_weight)
+    names = _output_names(model, count)
+    if paths and all(isinstance(p, int) for p in paths) and isinstance(sample_weight, dict):
+        return [sample_weight[n] for n in names]
+    if paths and all(isinstance(p, str) for p in paths) and \
+            isinstance(sample_weight, (list, tuple)):
+        return dict(zip(names, sample_weight))
+    if not paths and isinstance(sample_weight, (list, tuple)) and isinstance(model.loss, dict):
+        return dict(zip(names, sample_weight))
+    return sample_weight
 
 
 def _keras_compute_loss(model, inputs, targets, predictions, sample_weight=None):

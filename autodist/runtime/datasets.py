@@ -233,7 +233,7 @@ def _flattened(dataset, graph_item: GraphItem, class_weight: Any
     x_specs = _x_parts(spec[0], [i.name for i in x_infos])
     y_specs = _y_parts(spec[1], y_infos)
     for part, info in zip(x_specs, x_infos):
-        _check_shape(part, info)
+        _check_shape(part, info, squeezable=True)
     for part, info in zip(y_specs, y_infos):
         _check_shape(part, info, squeezable=True)
     weighted = len(spec) == 3 or class_weight is not None
@@ -249,8 +249,9 @@ def _flattened(dataset, graph_item: GraphItem, class_weight: Any
     y_dtypes = [tf.as_dtype(i.dtype) for i in y_infos]
 
     def flatten(*element):
-        xs = [tf.cast(t, d) for t, d in zip(_x_parts(element[0], [i.name for i in x_infos]),
-                                            x_dtypes)]
+        xs = [_conform_rank(tf.cast(t, d), len(info.shape))
+              for t, d, info in zip(_x_parts(element[0], [i.name for i in x_infos]), x_dtypes,
+                                    x_infos)]
         ys = [_conform_rank(tf.cast(t, d), len(info.shape))
               for t, d, info in zip(_y_parts(element[1], y_infos), y_dtypes, y_infos)]
         out = xs + ys

@@ -45,7 +45,9 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.strategy import Strategy
@@ -73,12 +75,15 @@ def epoch_weights_path(job: JobDir, epoch: int) -> pathlib.Path:
 
 
 def write_decision(job: JobDir, epoch: int, stop: bool,
-                   learning_rate: float | None = None) -> None:
+                   learning_rate: float | None = None,
+                   state: Mapping[str, Any] | None = None) -> None:
     """Driver: what the run does after `epoch` (called after on_epoch_end, and the next
     epoch's on_epoch_begin): stop, or go on, with `learning_rate` from the next epoch
-    on where a callback set one (None: unchanged)."""
+    on where a callback set one (None: unchanged), and the state variables validation
+    or a callback changed (`state`, by name)."""
+    values = {name: np.asarray(value).tolist() for name, value in (state or {}).items()}
     job.write_file(job.epoch_decision(epoch),
-                   EpochDecision(stop, learning_rate).to_json())
+                   EpochDecision(stop, learning_rate, values).to_json())
 
 
 def learning_rate_at(changes: Sequence[tuple[int, float]], step: int) -> float | None:
@@ -151,6 +156,8 @@ class ChiefFollower:
         self.final = False
         # (first step, learning rate) set by the driver's callbacks between epochs.
         self.learning_rates: list[tuple[int, float]] = []
+        # (first step, state variable -> value) changed by the driver between epochs.
+        self.state_changes: list[tuple[int, dict[str, Any]]] = []
         self._losses: dict[int, dict[int, float]] = {}
         self._times: dict[int, float] = {}
         self._monitors: dict[int, list[MonitorSample]] = {}
@@ -171,6 +178,8 @@ class ChiefFollower:
             if decision.learning_rate is not None and not stop and \
                     decision.learning_rate != self.learning_rate_at(step):
                 self.learning_rates.append((step, decision.learning_rate))
+            if decision.state and not stop:
+                self.state_changes.append((step, decision.state))
             # Nobody has started `step`: a resize asked for at the epoch's end
             # (on_epoch_end runs before the decision) starts right here.
             self._take_resize_request(step, at_limit=True, announce=False)
@@ -263,7 +272,7 @@ class ChiefFollower:
     def _set(self, limit: int, final: bool) -> None:
         self.limit, self.final = limit, final
         message = RunLimit(limit, final, tuple(self.segments), tuple(self.plans),
-                           tuple(self.learning_rates)).to_json()
+                           tuple(self.learning_rates), tuple(self.state_changes)).to_json()
         for peer in self.peers:
             self.mail.send(peer, mailbox.LIMIT, message, self.config.step_timeout_s)
 
@@ -386,6 +395,7 @@ class WorkerFollower:
         self.segments = segments if segments is not None else []
         self.plans = plans if plans is not None else []
         self.learning_rates: list[tuple[int, float]] = []
+        self.state_changes: list[tuple[int, dict[str, Any]]] = []
 
     def learning_rate_at(self, step: int) -> float | None:
         """The learning rate the driver's callbacks set for `step` (None: the run's)."""
@@ -443,3 +453,4 @@ class WorkerFollower:
             self.segments[:] = message.segments
             self.plans[:] = message.plans
             self.learning_rates[:] = message.learning_rates
+            self.state_changes[:] = message.state_changes

@@ -10,8 +10,8 @@ tensors, pandas objects or nested Python lists; float64 becomes float32
 input (or the loss) takes, as Keras converts them. A target or weight may
 differ from the capture's shape by a trailing dimension of 1 (a `(N,)` target
 for an `(N, 1)` output): Keras' losses and metrics squeeze or expand it
-(`squeeze_or_expand_to_same_rank`), so it is reshaped, which computes the
-same.
+(`squeeze_or_expand_to_same_rank`), as its functional models do an input's
+(`_adjust_input_rank`), so it is reshaped, which computes the same.
 
 Everything here is flattened to the capture's order (`GraphItem.inputs`),
 checked, and refused with an error naming the input as the user named it.
@@ -255,7 +255,8 @@ def fit_arrays(x: Any, y: Any, sample_weight: Any, graph_item: Any) -> FitArrays
     x_infos = graph_item.model_inputs
     y_infos = graph_item.target_inputs
     w_infos = graph_item.sample_weight_inputs
-    inputs = [conform(to_array(a, input_label(i)), i, input_label(i), squeezable=False)
+    # Keras' functional models adjust an input's rank by a trailing 1 too.
+    inputs = [conform(to_array(a, input_label(i)), i, input_label(i), squeezable=True)
               for a, i in zip(flatten_inputs(x, x_infos), x_infos)]
     targets = [conform(to_array(a, target_label(i)), i, target_label(i), squeezable=True)
                for a, i in zip(flatten_targets(y, y_infos), y_infos)]

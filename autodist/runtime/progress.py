@@ -67,6 +67,11 @@ class Progress:
         fixed_rate: Why the run cannot change its learning rate (a schedule, a
             strategy that fixes it), or None: callbacks may change it between
             epochs (`learning_rate` is then the rate of the next epoch).
+        read_state: The model's state variables (seed generators, moving
+            statistics) by capture name. What validation or a callback changes
+            of them at an epoch's end (a validation pass advances an LSTM's
+            dropout seed, as in Keras) goes back to the workers with the
+            decision, so the next epoch starts from it as Keras' would.
     """
 
     def __init__(self, job: JobDir, *, epochs: int, steps_per_epoch: int, verbose: int, model,
@@ -77,7 +82,8 @@ class Progress:
                  validate: Callable[[int], dict[str, float]] | None = None,
                  metric_logs: Callable[[Sequence[Any]], dict[str, float]] | None = None,
                  initial_epoch: int = 0, wait_s: float = 60.0,
-                 fixed_rate: str | None = None) -> None:
+                 fixed_rate: str | None = None,
+                 read_state: Callable[[], dict[str, np.ndarray]] | None = None) -> None:
         self.job = job
         self.path = job.file("progress.jsonl")
         self.epochs = epochs
@@ -106,6 +112,7 @@ class Progress:
         self._stop_sent = False
         self.fixed_rate = fixed_rate
         self.learning_rate = learning_rate_of(model)
+        self.read_state = read_state
 
     # ------------------------------------------------------------ the fit
     def begin(self) -> None:
@@ -197,13 +204,17 @@ class Progress:
                 return
             if self.epoch_weights:
                 self._load_epoch_weights(epoch)
+            before = self.read_state() if self.read_state is not None else {}
             self._close_epoch(epoch, self._epoch_logs())
             if not self.model.stop_training:
                 # Keras calls it before the next epoch's first step, which waits for it.
                 self._open_epoch(epoch + 1)
             if self.followed:
+                after = self.read_state() if self.read_state is not None else {}
+                changed = {name: value for name, value in after.items()
+                           if name in before and not np.array_equal(value, before[name])}
                 follow.write_decision(self.job, epoch, stop=bool(self.model.stop_training),
-                                      learning_rate=self.learning_rate)
+                                      learning_rate=self.learning_rate, state=changed)
 
     def _epoch_logs(self) -> dict[str, float]:
         logs = {"loss": self._sum / max(self._count, 1)}

@@ -327,13 +327,15 @@ class RunLimit:
     segments: tuple[Segment, ...] = ()
     plans: tuple[str, ...] = ()
     learning_rates: tuple[tuple[int, float], ...] = ()
+    state_changes: tuple[tuple[int, dict[str, Any]], ...] = ()
 
     def to_json(self) -> bytes:
         return json.dumps({"limit": self.limit, "final": self.final,
                            "segments": [[s.version, s.start, s.end, list(s.members), s.plan]
                                         for s in self.segments],
                            "plans": list(self.plans),
-                           "learning_rates": [[s, r] for s, r in self.learning_rates]}).encode()
+                           "learning_rates": [[s, r] for s, r in self.learning_rates],
+                           "state_changes": [[s, v] for s, v in self.state_changes]}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> RunLimit:
@@ -343,7 +345,21 @@ class RunLimit:
                    segments=tuple(_field(data, kind, "segments", _list_of(_segment), [])),
                    plans=tuple(_field(data, kind, "plans", _list_of(_str), [])),
                    learning_rates=tuple(_field(data, kind, "learning_rates",
-                                               _list_of(_rate_change), [])))
+                                               _list_of(_rate_change), [])),
+                   state_changes=tuple(_field(data, kind, "state_changes",
+                                              _list_of(_state_change), [])))
+
+
+def _state_values(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise TypeError("expected an object of state variable -> value")
+    return {k: _numbers(v) for k, v in value.items()}
+
+
+def _state_change(value: Any) -> tuple[int, dict[str, Any]]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise TypeError("expected [first step, state values]")
+    return _int(value[0]), _state_values(value[1])
 
 
 def _rate_change(value: Any) -> tuple[int, float]:
@@ -355,19 +371,23 @@ def _rate_change(value: Any) -> tuple[int, float]:
 @dataclasses.dataclass(frozen=True)
 class EpochDecision:
     """The driver's word at an epoch's end (followed runs): stop, or go on (with the
-    learning rate a callback set for the next epoch, None: unchanged)."""
+    learning rate a callback set for the next epoch, None: unchanged, and the state
+    variables validation or a callback changed, by name)."""
 
     stop: bool
     learning_rate: float | None = None
+    state: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> bytes:
-        return json.dumps({"stop": self.stop, "learning_rate": self.learning_rate}).encode()
+        return json.dumps({"stop": self.stop, "learning_rate": self.learning_rate,
+                           "state": self.state}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> EpochDecision:
         data, kind = _loads(raw, "epoch decision"), "epoch decision"
         return cls(stop=_field(data, kind, "stop", _bool),
-                   learning_rate=_field(data, kind, "learning_rate", _optional(_finite), None))
+                   learning_rate=_field(data, kind, "learning_rate", _optional(_finite), None),
+                   state=_field(data, kind, "state", _state_values, {}))
 
 
 @dataclasses.dataclass(frozen=True)

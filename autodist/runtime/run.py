@@ -400,7 +400,7 @@ class DistributedRun:
                 if options.validates else None,
                 metric_logs=metric_logs, initial_epoch=options.initial_epoch,
                 wait_s=self.step_timeout_s + self.startup_timeout_s,
-                fixed_rate=self._fixed_rate())
+                fixed_rate=self._fixed_rate(), read_state=self._read_state)
             self._following = (job, config) if options.followed else None
             self._requested_members = self._requested_strategy = None
             self._requested_batch, self._num_examples = batch_size, n
@@ -824,6 +824,14 @@ class DistributedRun:
                 list(zip(state, non_trainable)):
             if name in names:
                 var.assign(weights[name])
+
+    def _read_state(self) -> dict[str, np.ndarray]:
+        """The model's state variables by capture name (see `Progress`)."""
+        from autodist.ir.capture import keras_variable_names  # pylint: disable=C0415
+
+        _, state = keras_variable_names(self.model)
+        return {n: np.asarray(v.numpy()) for n, v in
+                zip(state, [v for v in self.model.variables if not v.trainable])}
 
     def _keep_interrupted_weights(self, job: JobDir) -> None:
         """After Ctrl-C: the weights the chief trained so far go into the model, if it

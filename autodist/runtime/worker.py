@@ -195,6 +195,7 @@ class Trainer:
         self._plan_strategies: dict[int, Strategy] = {0: self.strategy}
         self._init_shared = True  # the chief initializes the PS variables
         self._rate: float | None = None  # the learning rate the program holds, if set
+        self._state_set = -1   # the step before which the driver's state was last set
         self._rate_assign: tuple[Program, Any, Any] | None = None
         # The chief's reads of every replica's residuals, and their program.
         self._residual_reads: tuple[Program, residuals.ResidualReads | None] | None = None
@@ -429,6 +430,7 @@ class Trainer:
                     continue
                 self._enter(segment, resizes)
             self._set_learning_rate(index)
+            self._set_state(index)
             outputs = self.program.outputs
             fetches = {"loss": outputs.weighted_loss, "train": outputs.train_op}
             if self.program.metric_states:
@@ -629,6 +631,29 @@ class Trainer:
                 feed[replica.inputs[info.name]] = array
         feed[self.program.outputs.scales[replica.index]] = len(rows) / sum(map(len, parts))
         return feed
+
+    def _set_state(self, index: int) -> None:
+        """Before step `index`, the first of an epoch: the state variables the driver's
+        validation or callbacks changed at the epoch's end, in every virtual node's copy."""
+        changes = getattr(self.follower, "state_changes", None)
+        if not changes:
+            return
+        values = next((v for step, v in changes if step == index), None)
+        if values is None or self._state_set == index:
+            return
+        self._state_set = index
+        with self.program.graph.as_default():
+            assigns, feeds = [], {}
+            for name, var in self.program.storage.items():
+                role = self.program.roles.get(name)
+                if role is None or role.kind != "state" or role.state not in values:
+                    continue
+                placeholder = tf.compat.v1.placeholder(var.dtype.base_dtype, var.shape)
+                assigns.append(var.assign(placeholder, read_value=False))
+                feeds[placeholder] = np.asarray(values[role.state],
+                                                var.dtype.base_dtype.as_numpy_dtype)
+        if assigns:
+            self.session.run(assigns, feed_dict=feeds, options=self.run_options)
 
     def _set_learning_rate(self, index: int) -> None:
         """Before step `index`: the fixed learning rate it trains with, from the driver's
