@@ -140,7 +140,7 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
             terms = _added_loss_terms(model)
             with _scaled_added_losses(model, terms):
                 loss = _keras_compute_loss(model, inputs, targets, predictions, sample_weight)
-        grads = tape.gradient(loss, [v.value for v in trainable])
+        grads = _rows_per_example(tape.gradient(loss, [v.value for v in trainable]), inputs)
         return (loss, grads, _metric_contributions(model, metric_variables, inputs, targets,
                                                    predictions, sample_weight, loss), terms)
 
@@ -164,6 +164,40 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
     # Keras resolves jit_compile="auto" when compiling: True where XLA serves the model.
     item.proto.jit_compile = getattr(model, "jit_compile", False) is True
     return item
+
+
+def _rows_per_example(gradients: list, inputs) -> list:
+    """Sparse gradients whose rows are lookups of the examples, as they are; the others
+    (rows looked up at indices that do not depend on the batch, e.g. a position
+    embedding's `arange`, each row summed over the batch) as dense tensors.
+
+    A replica's sparse gradient holds its examples' rows; Keras' optimizers square
+    each row of the batch's gradient (Adam's second moment), which the replicas'
+    rows reproduce only when each row is one example's lookup. Rows summed over the
+    batch are summed over the replicas first, as a dense gradient is, which is what
+    Keras computes from unique rows.
+    """
+    sources = {t.op for t in tf.nest.flatten(inputs)}
+    out = []
+    for grad in gradients:
+        if isinstance(grad, tf.IndexedSlices) and not _reads_any(grad.indices, sources):
+            grad = tf.convert_to_tensor(grad)
+        out.append(grad)
+    return out
+
+
+def _reads_any(tensor, sources: set) -> bool:
+    """Whether `tensor` is computed from any of the ops `sources`."""
+    seen, todo = set(), [tensor.op]
+    while todo:
+        op = todo.pop()
+        if op in sources:
+            return True
+        if op in seen:
+            continue
+        seen.add(op)
+        todo.extend(t.op for t in op.inputs)
+    return False
 
 
 def _added_loss_terms(model) -> list:
