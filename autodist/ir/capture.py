@@ -160,6 +160,7 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
         "keras", name or model.name, batch_size,
         metric_names=unique_names([v.path for v in metric_variables]),
         tables=_keras_lookup_tables(model))
+    _infer_draw_shapes(item, model)
     _classify_added_losses(item, model)
     # Keras resolves jit_compile="auto" when compiling: True where XLA serves the model.
     item.proto.jit_compile = getattr(model, "jit_compile", False) is True
@@ -231,6 +232,56 @@ def _scaled_added_losses(model, terms: list):
         model._losses_override = previous  # pylint: disable=protected-access
 
 
+def _example_batch(item: GraphItem, size: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random examples for the step's inputs: normal floats (unit sample weights), zero
+    ids, empty strings; unknown dimensions of length 3."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for info in item.inputs:
+        shape = [size] + [3 if d < 0 else d for d in info.shape[1:]]
+        dtype = tf.as_dtype(info.dtype)
+        if dtype == tf.string:
+            out[info.tensor] = np.full(shape, b"")
+        elif info.role == "sample_weight":
+            out[info.tensor] = np.ones(shape, dtype.as_numpy_dtype)
+        elif dtype.is_floating:
+            out[info.tensor] = rng.normal(size=shape).astype(dtype.as_numpy_dtype)
+        else:
+            out[info.tensor] = np.zeros(shape, dtype.as_numpy_dtype)
+    return out
+
+
+def _infer_draw_shapes(item: GraphItem, model) -> None:
+    """The batch axis of random draws whose shape static inference could not tell (after
+    ops of unknown shapes, such as TextVectorization's): their shape inputs evaluated
+    on random examples at two batch sizes (`random_ops.batch_axis`)."""
+    unknown = [op for op in item.proto.random_ops
+               if not op.reproducible and op.reason == random_ops.UNINFERRED]
+    if not unknown:
+        return
+    graph_def = item.graph_def()
+    nodes = {n.name: n for n in graph_def.node}
+    shapes = {op.node: _tensor_name(nodes[op.node].input[op.shape_input]) for op in unknown}
+    state = [(v, np.array(v.numpy())) for v in model.variables if not v.trainable]
+    handles = _variable_handles(item, model)
+    try:
+        small, large = (
+            _run_terms(graph_def, handles, _example_batch(item, size), list(item.random_ops),
+                       list(shapes.values()), item.tables)
+            for size in random_ops.TRIAL_BATCHES)
+    except Exception:  # pylint: disable=broad-except  # examples that do not suit the model
+        return
+    finally:
+        for variable, value in state:
+            variable.assign(value)
+    for op, a, b in zip(unknown, small, large):
+        random_ops.set_batch_axis(op, [int(d) for d in a], [int(d) for d in b])
+
+
+def _tensor_name(input_name: str) -> str:
+    return input_name if ":" in input_name else f"{input_name}:0"
+
+
 def _classify_added_losses(item: GraphItem, model) -> None:
     """Finds how each added loss term depends on the batch, and drops the constant ones
     (`AddedLossInfo.kind`).
@@ -247,24 +298,13 @@ def _classify_added_losses(item: GraphItem, model) -> None:
                                                     if not v.trainable]
     state = [(v, np.array(v.numpy())) for v in variables if not v.trainable]
     handles = _variable_handles(item, model)
-    rng = np.random.default_rng(0)
-    full = {}
-    for info in item.inputs:
-        shape = [4] + [3 if d < 0 else d for d in info.shape[1:]]
-        dtype = tf.as_dtype(info.dtype)
-        if dtype == tf.string:
-            full[info.tensor] = np.full(shape, b"")
-        elif dtype.is_floating:
-            full[info.tensor] = rng.normal(size=shape).astype(dtype.as_numpy_dtype)
-            if info.role == "sample_weight":
-                full[info.tensor] = np.ones(shape, dtype.as_numpy_dtype)
-        else:
-            full[info.tensor] = np.zeros(shape, dtype.as_numpy_dtype)
+    full = _example_batch(item, 4)
     batches = [full, {k: v[:2] for k, v in full.items()}, {k: v[2:] for k, v in full.items()}]
     graph_def = item.graph_def()
-    draws = [op for op in item.random_ops if op.reproducible or op.batch_axis < 0]
+    draws = list(item.random_ops)
     try:
-        values = [_run_terms(graph_def, handles, batch, draws, [t.tensor for t in terms])
+        values = [_run_terms(graph_def, handles, batch, draws, [t.tensor for t in terms],
+                             item.tables)
                   for batch in batches]
     except Exception:  # pylint: disable=broad-except  # examples that do not suit the model
         values = None
@@ -308,7 +348,26 @@ def _variable_handles(item: GraphItem, model) -> dict[str, Any]:
     return out
 
 
-def _run_terms(graph_def, handles, batch, draws, fetches) -> list:
+def _filled_tables(tables) -> dict[str, Any]:
+    """A copy of each captured lookup table, filled, by its placeholder (in a graph)."""
+    from tensorflow.core.framework import tensor_pb2  # pylint: disable=import-outside-toplevel
+
+    def value(data: bytes):
+        proto = tensor_pb2.TensorProto()
+        proto.ParseFromString(data)
+        return tf.constant(tf.make_ndarray(proto))
+
+    out = {}
+    for info in tables:
+        handle = tf.raw_ops.AnonymousHashTable(key_dtype=tf.as_dtype(info.key_dtype),
+                                               value_dtype=tf.as_dtype(info.value_dtype))
+        with tf.control_dependencies([tf.raw_ops.LookupTableImportV2(
+                table_handle=handle, keys=value(info.keys), values=value(info.values))]):
+            out[f"{info.placeholder}:0"] = tf.identity(handle)
+    return out
+
+
+def _run_terms(graph_def, handles, batch, draws, fetches, tables=()) -> list:
     """The step's `fetches` on one batch, its random draws fixed (see
     `_classify_added_losses`)."""
     fixed = _fixed_draws(graph_def, draws)
@@ -317,6 +376,7 @@ def _run_terms(graph_def, handles, batch, draws, fetches) -> list:
         # Identities capture the eager handles into the function's graph.
         input_map = {name: tf.identity(handle) for name, handle in handles.items()}
         input_map.update({name: tf.constant(value) for name, value in batch.items()})
+        input_map.update(_filled_tables(tables))
         return tf.graph_util.import_graph_def(fixed, input_map=input_map,
                                               return_elements=fetches, name="terms")
     return [np.asarray(v) for v in tf.function(run, autograph=False)()]

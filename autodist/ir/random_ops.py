@@ -48,7 +48,8 @@ _UNREPRODUCIBLE = {
     "StatelessShuffle": "a shuffle of each replica's own rows",
 }
 _FIXED_LENGTH = 7   # any length for a dimension that is unknown but not the batch's
-_TRIAL_BATCHES = (3, 5)
+TRIAL_BATCHES = (3, 5)
+UNINFERRED = "its shape could not be inferred"
 
 
 def analyze(graph_def, inputs,
@@ -67,7 +68,7 @@ def analyze(graph_def, inputs,
         return []
     shapes = [_shapes_at(graph_def, inputs, b, [n for n in candidates if n.op in _SHAPED],
                          handles or {})
-              for b in _TRIAL_BATCHES]
+              for b in TRIAL_BATCHES]
     out = []
     for node in candidates:
         layer = _layer(node.name)
@@ -79,22 +80,30 @@ def analyze(graph_def, inputs,
         small, large = shapes[0].get(node.name), shapes[1].get(node.name)
         info = graph_item_pb2.RandomOpInfo(node=node.name, shape_input=0, layer=layer)
         if small is None or large is None or len(small) != len(large):
-            info.batch_axis, info.reason = -1, "its shape could not be inferred"
+            info.batch_axis, info.reason = -1, UNINFERRED
             out.append(info)
             continue
-        info.rank = len(small)
-        axes = [a for a, (p, q) in enumerate(zip(small, large)) if p != q]
-        if not axes:
-            continue   # the same draw for any batch: every replica draws what one device does
-        b0, b1 = _TRIAL_BATCHES
-        grows = [a for a in axes if small[a] % b0 == 0 and small[a] // b0 * b1 == large[a]]
-        if len(axes) != 1 or len(grows) != 1:
-            info.batch_axis, info.reason = -1, "several dimensions of its shape follow the batch"
+        if set_batch_axis(info, small, large) is not None:
             out.append(info)
-            continue
-        info.batch_axis, info.reproducible = grows[0], True
-        out.append(info)
     return out
+
+
+def set_batch_axis(info, small: Sequence[int], large: Sequence[int]):
+    """Sets `info`'s batch axis from its draw's shapes at `TRIAL_BATCHES`; returns it, or
+    None for a draw that does not depend on the batch (nothing to do)."""
+    info.rank = len(small)
+    axes = [a for a, (p, q) in enumerate(zip(small, large)) if p != q]
+    if not axes:
+        info.batch_axis, info.reproducible, info.reason = -1, True, ""
+        return None   # the same draw for any batch: every replica draws what one device does
+    b0, b1 = TRIAL_BATCHES
+    grows = [a for a in axes if small[a] % b0 == 0 and small[a] // b0 * b1 == large[a]]
+    if len(axes) != 1 or len(grows) != 1:
+        info.batch_axis, info.reproducible = -1, False
+        info.reason = "several dimensions of its shape follow the batch"
+        return info
+    info.batch_axis, info.reproducible, info.reason = grows[0], True, ""
+    return info
 
 
 def _shapes_at(graph_def, inputs, batch: int, nodes,
