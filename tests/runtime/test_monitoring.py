@@ -70,10 +70,13 @@ def test_noise_scale_equals_numpy_from_the_same_gradients(tmp_path):
     assert got["gradient_sq"] == pytest.approx(want.gradient_sq, rel=1e-4)
     assert got["trace_sigma"] == pytest.approx(want.trace_sigma, rel=1e-4)
     assert np.isfinite(history.noise_scale[1]["smoothed"])
-    # The step's split, timed in the graph: local compute, then the rest.
+    # The step's split, timed in the graph: the slowest task's local compute,
+    # then the rest of the chief's step. The other worker may start its step
+    # before the chief's clock does (on loaded cores, by more than its
+    # compute), so the rest is clamped at zero rather than compared in time.
     for record, seconds in zip(history.noise_scale, history.step_times):
-        assert 0 < record["compute_s"] < seconds
-        assert record["communication_s"] == pytest.approx(seconds - record["compute_s"])
+        assert record["compute_s"] > 0
+        assert record["communication_s"] == pytest.approx(max(0.0, seconds - record["compute_s"]))
     # Policies see the same estimates live, step by step.
     live = recorder.metrics
     assert [m.step for m in live] == [0, 1]
