@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from autodist.ir.errors import CaptureError
 from autodist.ir import batch_norms, loss_masks, random_ops
-from autodist.ir.graph_item import GraphItem
+from autodist.ir.graph_item import LOSS_SCALE_INPUT, GraphItem
 from autodist.ir.op_costs import estimate_ops
 from autodist.proto import graph_item_pb2
 
@@ -129,6 +129,9 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
 
     _build_keras_metrics(model, x_spec, y_spec)
     metric_variables = keras_metric_variables(model)
+    optimizer_info = _optimizer_info(model.optimizer, trainable,
+                                     unique_names([v.path for v in trainable]))
+    loss_scaling = optimizer_info.HasField("loss_scale")
 
     def step(inputs, targets, sample_weight):
         # Keras' TensorFlow train step, without the optimizer.
@@ -140,7 +143,11 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
             terms = _added_loss_terms(model)
             with _scaled_added_losses(model, terms):
                 loss = _keras_compute_loss(model, inputs, targets, predictions, sample_weight)
-        grads = _rows_per_example(tape.gradient(loss, [v.value for v in trainable]), inputs)
+            # Keras tracks the loss, and differentiates it times the dynamic loss
+            # scale (`LOSS_SCALE_INPUT`, 1 unless fed) under a LossScaleOptimizer.
+            scaled = loss * tf.cast(tf.compat.v1.placeholder_with_default(
+                1.0, [], name=LOSS_SCALE_INPUT), loss.dtype) if loss_scaling else loss
+        grads = _rows_per_example(tape.gradient(scaled, [v.value for v in trainable]), inputs)
         return (loss, grads, _metric_contributions(model, metric_variables, inputs, targets,
                                                    predictions, sample_weight, loss), terms)
 
@@ -156,7 +163,7 @@ def _capture_keras(model, x, y, name, batch_size) -> GraphItem:
         [(_weight_name(n), "sample_weight") for n in target_names]
     item = _from_concrete_function(
         concrete, trainable, names, state, unique_names([v.path for v in state]),
-        input_infos, _optimizer_info(model.optimizer, trainable, names),
+        input_infos, optimizer_info,
         "keras", name or model.name, batch_size,
         metric_names=unique_names([v.path for v in metric_variables]),
         tables=_keras_lookup_tables(model))
@@ -1106,6 +1113,16 @@ def _capture_v1(loss, optimizer, variables, name, batch_size) -> GraphItem:
 
 
 # ------------------------------------------------------------------- shared
+def _is_float16_sum(grad: tf.Tensor) -> bool:
+    """Whether a dense gradient is a float16 tensor cast to the variable's dtype (a
+    layer computing in float16 under 'mixed_float16': its sum over the batch is a
+    float16 sum, which overflows where a float32 one would not)."""
+    op = grad.op
+    while op.type == "Identity":
+        op = op.inputs[0].op
+    return op.type == "Cast" and op.inputs[0].dtype == tf.float16 and grad.dtype != tf.float16
+
+
 def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, optimizer_info,
               batch_size, dropped: set[str] = frozenset(),
               metrics: Sequence[graph_item_pb2.TensorInfo] = (),
@@ -1128,6 +1145,7 @@ def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, opti
             producer = grad.values
         elif grad is not None:
             info.gradient.dense = grad.name
+            info.gradient.float16_sum = _is_float16_sum(grad)
             producer = grad
         else:
             producer = None
@@ -1293,12 +1311,7 @@ def _optimizer_info(optimizer, variables,
                                             config_json=json.dumps(config, sort_keys=True))
     if isinstance(optimizer, keras.optimizers.Optimizer):
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            raise CaptureError(
-                f"the optimizer is a LossScaleOptimizer (around "
-                f"{type(optimizer.inner_optimizer).__name__}), as Keras makes under the "
-                "'mixed_float16' dtype policy; autodist does not reproduce dynamic loss "
-                "scaling: train in float32 or with the 'mixed_bfloat16' policy (no loss "
-                "scaling)")
+            return _loss_scale_info(optimizer, variables, names)
         algorithm = _KERAS_ALGORITHMS.get(class_name)
         if algorithm is None:
             raise CaptureError(f"unsupported Keras optimizer {class_name}; supported: "
@@ -1337,6 +1350,28 @@ def _optimizer_info(optimizer, variables,
         return info
     raise CaptureError("optimizer must be a keras.optimizers.Optimizer or a "
                        f"tf.compat.v1.train.Optimizer. Received: {class_name}")
+
+
+def _loss_scale_info(optimizer, variables,
+                     names: Sequence[str] | None) -> graph_item_pb2.OptimizerInfo:
+    """A Keras LossScaleOptimizer (as the 'mixed_float16' policy makes): its inner
+    optimizer, with the dynamic loss scaling around it (`OptimizerInfo.loss_scale`)."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    inner = optimizer.inner_optimizer
+    if isinstance(inner, keras.optimizers.LossScaleOptimizer):
+        raise CaptureError("the optimizer is a LossScaleOptimizer around another "
+                           "LossScaleOptimizer; wrap the inner optimizer once")
+    scale = float(optimizer.initial_scale)
+    growth = int(optimizer.dynamic_growth_steps)
+    if not (np.isfinite(scale) and scale > 0) or growth < 1:
+        raise CaptureError(f"LossScaleOptimizer needs initial_scale > 0 and "
+                           f"dynamic_growth_steps >= 1. Received: initial_scale={scale:g}, "
+                           f"dynamic_growth_steps={growth}")
+    info = _optimizer_info(inner, variables, names)
+    info.loss_scale.initial_scale = scale
+    info.loss_scale.dynamic_growth_steps = growth
+    return info
 
 
 def _keras_optimizer_config(optimizer) -> dict[str, Any]:

@@ -296,6 +296,9 @@ class GraphItem:
 
 # Keras' gradient clipping options, in the order Keras checks them.
 CLIPPING_OPTIONS = ("clipnorm", "global_clipnorm", "clipvalue")
+# The scalar input of a captured step whose loss the optimizer scales dynamically
+# (`OptimizerInfo.loss_scale`): the step differentiates its loss times it (1 unless fed).
+LOSS_SCALE_INPUT = "autodist_loss_scale"
 
 
 def optimizer_squares_gradient(info: graph_item_pb2.OptimizerInfo) -> bool:

@@ -466,6 +466,7 @@ class _Validator:
         self._check_variables(replicas)
         self._check_hyperparameters()
         self._check_gradient_clipping()
+        self._check_loss_scaling()
 
     def _check_hyperparameters(self) -> None:
         known = self.gi.optimizer.hyperparameters
@@ -522,6 +523,40 @@ class _Validator:
                 f"{' and '.join(sorted(kinds))}, whose norms no update sees together; use one "
                 "kind of synchronizer for every variable (all parameter servers, or all "
                 "all-reduce)", field="shards", received=sorted(kinds))
+
+    def _check_loss_scaling(self) -> None:
+        """Keras' dynamic loss scaling skips a step's every update when any gradient is
+        not finite: one check must see every gradient of the step, so all of them
+        are all-reduced (each replica sees them all) or all taken by the chief
+        (synchronous PS). An error-feedback residual would keep a skipped
+        step's infinities."""
+        if not self.gi.optimizer.HasField("loss_scale"):
+            return
+        groups = set()
+        for config in self.proto.variables:
+            var = self.gi.variable(config.var_name)
+            if not (var.gradient.dense or var.gradient.values):
+                continue
+            for sync in config.shards:
+                groups.add(_update_group(sync))
+                if sync.WhichOneof("kind") == "all_reduce" and sync.all_reduce.compressor == \
+                        AllReduceSynchronizer.FP16_ERROR_FEEDBACK:
+                    raise StrategyError(
+                        f"variable {config.var_name!r} is all-reduced with the "
+                        "FP16_ERROR_FEEDBACK compressor, whose residual would keep the "
+                        "infinite gradients of a step that dynamic loss scaling (the "
+                        "optimizer is a LossScaleOptimizer, as the 'mixed_float16' policy "
+                        "makes) skips; use compressor NONE or FP16",
+                        variable=config.var_name, field="shards.all_reduce.compressor",
+                        received="FP16_ERROR_FEEDBACK")
+        if len(groups) > 1 or groups == {"asynchronous PS"}:
+            raise StrategyError(
+                "the optimizer scales the loss dynamically (a LossScaleOptimizer, as the "
+                "'mixed_float16' policy makes) and skips a step's updates when any gradient "
+                f"is not finite, but the strategy updates variables by "
+                f"{' and '.join(sorted(groups))}, where no one check sees every gradient of "
+                "a step; use all-reduce for every variable, or synchronous parameter "
+                "servers for every variable", field="shards", received=sorted(groups))
 
     def _check_fingerprints(self) -> None:
         for field, actual in (("graph_item_fingerprint", self.gi.fingerprint),

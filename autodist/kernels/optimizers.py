@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from autodist.ir.errors import StrategyError
 from autodist.ir.graph_item import gradient_clipping, optimizer_squares_gradient
+from autodist.kernels import loss_scaling
 from autodist.proto import graph_item_pb2
 
 # Keras options that change the update in ways not implemented, and why.
@@ -288,7 +289,7 @@ def _device(grad) -> str:
 def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slots: Slots,
                  step: tf.Tensor, grad_square=None,
                  hyperparameters: dict[str, tf.Tensor] | None = None,
-                 variable: str = "") -> tf.Operation:
+                 variable: str = "", finite: tf.Tensor | None = None) -> tf.Operation:
     """Builds one optimizer update of `var` with gradient `grad`.
 
     Args:
@@ -306,10 +307,20 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
             updates (made here if absent).
         variable: The trainable variable `var` is (a shard of), for Keras'
             `exclude_from_weight_decay`.
+        finite: Under dynamic loss scaling, a bool scalar: whether the step's
+            gradients are all finite; the update changes nothing where not
+            (`loss_scaling.Gated`).
 
     Returns:
         The update op.
     """
+    if finite is not None:
+        if info.family != "keras":
+            raise StrategyError(f"dynamic loss scaling needs a Keras optimizer, not "
+                                f"{info.family} {info.class_name}", field="optimizer",
+                                received=info.class_name)
+        var = loss_scaling.Gated(var, finite)
+        slots = Slots({k: loss_scaling.Gated(v, finite) for k, v in slots.variables.items()})
     shape = var.shape.as_list()
     hp = dict(hyperparameters if hyperparameters is not None else
               hyperparameter_tensors(info, var.dtype.base_dtype, step=step))
@@ -317,6 +328,8 @@ def apply_update(info: graph_item_pb2.OptimizerInfo, var: tf.Variable, grad, slo
         hp.pop("weight_decay", None)
     if isinstance(grad, tf.IndexedSlices) and _is_plain_sgd(info, slots, hp):
         rows = tf.cast(grad.values, var.dtype) * hp["learning_rate"]
+        if finite is not None:
+            rows = var.gate(rows)
         return tf.raw_ops.ResourceScatterSub(resource=var.handle, indices=grad.indices,
                                              updates=rows)
     if optimizer_squares_gradient(info):

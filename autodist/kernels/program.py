@@ -124,6 +124,8 @@ class Replica:
         gradients: Variable name -> dense tensor or tf.IndexedSlices: the
             gradient of `loss`.
         state_updates: Ops updating state variables (batch-norm statistics).
+        scale: A float placeholder: the replica's share of the global batch's
+            examples in the step (fed every step).
     """
 
     index: int
@@ -136,6 +138,7 @@ class Replica:
     loss: Any = None
     gradients: dict[str, Any] = dataclasses.field(default_factory=dict)
     state_updates: list[Any] = dataclasses.field(default_factory=list)
+    scale: Any = None
 
 
 @dataclasses.dataclass

@@ -27,8 +27,9 @@ import re
 
 import tensorflow as tf
 
+from autodist.ir.graph_item import LOSS_SCALE_INPUT
 from autodist.ir.strategy import Strategy
-from autodist.kernels import batch_share, global_batch
+from autodist.kernels import batch_share, global_batch, loss_scaling
 from autodist.kernels.optimizers import slot_initial_value
 from autodist.kernels.program import Program, Replica, Shard, Stage, StorageRole, VirtualNode
 from autodist.kernels.variables import StorageVariable, VariableSpec, create_variables
@@ -183,6 +184,14 @@ def _create_storage(program: Program, strategy: Strategy, replicas: list[Replica
     _create(program, [s for s in specs.values() if s.name not in program.storage])
     for shard in copied:
         program.local_copies.setdefault(shard.name, program.storage[local_copy_name(shard)])
+    if loss_scaling.enabled(program.graph_item.optimizer):
+        ps_shards = [s for var in program.graph_item.variables
+                     for s in program.shards[var.name] if s.kind == "ps"]
+        if ps_shards:
+            loss_scaling.create_state(program, ps_shards[0].synchronizer.ps.reduction_destination,
+                                      shared=True)
+        else:
+            loss_scaling.create_state(program, f"{program.task_prefix}device:CPU:0", shared=False)
 
 
 def _create(program: Program, specs: list[VariableSpec]) -> None:
@@ -231,6 +240,13 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
     # one after the other), split in the graph: each fed tensor costs a
     # session run over gRPC about as much as a small op.
     with tf.device(device):
+        # Its share of the global batch (fed every step).
+        replica.scale = tf.compat.v1.placeholder(tf.float32, [], name=f"{SCOPE}/scale_{index}")
+        loss_scale = loss_scaling.state_of(program)
+        if loss_scale is not None and LOSS_SCALE_INPUT in input_nodes:
+            # Each example's part of the backward pass as in Keras' one batch.
+            variable_map[f"{LOSS_SCALE_INPUT}:0"] = \
+                loss_scaling.read_scale(loss_scale) * replica.scale
         for info in gi.inputs:
             node = input_nodes[info.tensor.split(":")[0]]
             dtype = tf.as_dtype(node.attr["dtype"].type)

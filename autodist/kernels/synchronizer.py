@@ -26,11 +26,12 @@ import dataclasses
 
 import tensorflow as tf
 
+from autodist.ir.errors import StrategyError
 from autodist.ir.graph_item import optimizer_squares_gradient
 from autodist.ir.strategy import Strategy
 from autodist.kernels import all_reduce_synchronizer as ar
 from autodist.kernels import ps_synchronizer as ps
-from autodist.kernels import replica_sums
+from autodist.kernels import loss_scaling, replica_sums
 from autodist.kernels.optimizers import (ReducedGradient, Slots, apply_update, check_supported,
                                          clip_gradients, clip_occurrences, dense_gradient,
                                          hyperparameter_tensors)
@@ -95,9 +96,9 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                     counts[device] = tf.constant(len(strategy.replicas), tf.int32)
             return counts[device]
 
-        def update(var, gradient: ReducedGradient, slots, step=None):
+        def update(var, gradient: ReducedGradient, slots, step=None, finite=None):
             dtype = var.dtype.base_dtype
-            step = step_value if step is None else step
+            step = update_count if step is None else step
             key = (dtype, step.name)
             if key not in hyper_cache:
                 with tf.device(None), tf.control_dependencies(None):
@@ -105,7 +106,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                         gi.optimizer, dtype, strategy.hyperparameters, step,
                         None if learning_rate is None else learning_rate.read_value())
             return apply_update(gi.optimizer, var, gradient.grad, slots, step, gradient.square,
-                                hyper_cache[key], gradient.variable)
+                                hyper_cache[key], gradient.variable, finite=finite)
 
         def clip(gradients, occurrences=False):
             return clip_gradients(gi.optimizer, gradients, strategy.hyperparameters,
@@ -116,14 +117,24 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                                                            first_device))
         step_value = step.read_value()
         learning_rate = _learning_rate_variable(program, strategy, first_device)
+        loss_scale = loss_scaling.state_of(program)
+        if loss_scale is not None:
+            _check_loss_scaling(all_shards)
+        # Updates applied before this step's (under loss scaling, finite steps only).
+        update_count = step_value if loss_scale is None else loss_scale.updates.read_value()
+        advances = []
         scales = {}
         scaled: dict[int, dict[str, object]] = {}
         weighted_losses = []
         for replica in program.replicas:
             with tf.device(replica.device):
-                scale = tf.compat.v1.placeholder(tf.float32, [], name=f"autodist/scale_{replica.index}")
+                scale = replica.scale
                 scales[replica.index] = scale
                 weighted_losses.append(tf.cast(replica.loss, tf.float32) * scale)
+                # Under loss scaling the replica's share is in its gradients already
+                # (`loss_scaling`): they are divided by the scale.
+                multiplier = scale if loss_scale is None else \
+                    tf.math.reciprocal(loss_scaling.read_scale(loss_scale))
                 per_shard = {}
                 for var in gi.variables:
                     grad = replica.gradients.get(var.name)
@@ -131,7 +142,7 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                         continue
                     for shard, part in zip(program.shards[var.name],
                                            split_gradient(grad, program.shards[var.name])):
-                        part = _scale(part, scale)
+                        part = _scale(part, multiplier)
                         if not (shard.kind == "ps" and is_async(shard)):
                             part = clip_occurrences(gi.optimizer, part,
                                                     strategy.hyperparameters)
@@ -151,18 +162,29 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
                                         options.version), step_value,
                     squares=optimizer_squares_gradient(gi.optimizer))
                 mine = [s for s in ar_shards if s.name in reduced.gradients]
+                finite = None if loss_scale is None or not mine else loss_scaling.all_finite(
+                    [reduced.gradients[s.name] for s in mine],
+                    [gi.variable(s.var_name).gradient.float16_sum for s in mine],
+                    loss_scaling.read_scale(loss_scale))
                 # Clipped per replica: each holds every all-reduced gradient.
                 clipped = clip([ReducedGradient(s.var_name, reduced.gradients[s.name],
                                                 reduced.squares.get(s.name), s.sparse)
                                 for s in mine])
-                ar_results += [(replica, s, g) for s, g in zip(mine, clipped)]
-        with tf.control_dependencies(_ops_of([g.grad for _, _, g in ar_results])
+                ar_results += [(replica, s, g, finite) for s, g in zip(mine, clipped)]
+        with tf.control_dependencies(_ops_of([g.grad for _, _, g, _ in ar_results])
                                      if options.atomic else None):
-            for replica, shard, gradient in ar_results:
+            for replica, shard, gradient, finite in ar_results:
                 with tf.device(replica.device):
                     var = get_storage(program, shard, replica)
                     updates.append(update(var, gradient,
-                                          Slots(get_slots(program, shard, replica))))
+                                          Slots(get_slots(program, shard, replica)),
+                                          finite=finite))
+        if loss_scale is not None and ar_results:
+            # Every replica's reduced gradients are the same: the first one's flag.
+            with tf.device(loss_scale.scale.device):
+                advances = loss_scaling.advance(loss_scale, gi.optimizer, ar_results[0][3],
+                                                after=updates)
+            updates = updates + advances
         # PS shards. With collectives in the step, TensorFlow gives every worker's
         # step the same step id (collective graphs are coordinated); two workers'
         # steps with one id on a shared PS task abort each other ("Cleanup
@@ -212,11 +234,23 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         takes_done = _ops_of([t for _, _, _, g in ps_takes
                               for t in (g.grad, g.square) if t is not None])
         # The chief takes every synchronous shard's gradient: one clipping group.
+        finite = None
+        if loss_scale is not None and ps_takes:
+            with tf.device(loss_scale.scale.device):
+                finite = loss_scaling.all_finite(
+                    [g.grad for _, _, _, g in ps_takes],
+                    [gi.variable(g.variable).gradient.float16_sum for _, _, _, g in ps_takes],
+                    loss_scaling.read_scale(loss_scale))
         clipped = clip([g for _, _, _, g in ps_takes])
         with tf.control_dependencies(takes_done if options.atomic else None):
             for (destination, var, slots, _), gradient in zip(ps_takes, clipped):
                 with tf.device(destination):
-                    ps_sync_updates.append(update(var, gradient, slots))
+                    ps_sync_updates.append(update(var, gradient, slots, finite=finite))
+        if finite is not None:
+            # Before the other workers are released: their next step reads the scale.
+            with tf.device(loss_scale.scale.device):
+                ps_sync_updates += loss_scaling.advance(loss_scale, gi.optimizer, finite,
+                                                        after=ps_sync_updates)
         async_updates = _async_updates(program, strategy, async_ps, scaled, update, clip)
         # In one run with the forward pass, a refresh must also wait for its reads.
         forward = [] if two_phase else _forward_ops(program)
@@ -277,6 +311,18 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             asynchronous=bool(async_ps), refresh=refresh, learning_rate=learning_rate)
     program.stage = Stage.SYNCHRONIZED
     return program
+
+
+def _check_loss_scaling(shards) -> None:
+    """Dynamic loss scaling needs one finite flag per step for every update: all
+    shards all-reduced, or all on synchronous parameter servers."""
+    groups = sorted({"all-reduce" if s.kind == "all_reduce" else
+                     "asynchronous PS" if is_async(s) else "synchronous PS" for s in shards})
+    if len(groups) > 1 or groups == ["asynchronous PS"]:
+        # `Strategy.validate` refuses these before launch, with the reason.
+        raise StrategyError("dynamic loss scaling needs every variable all-reduced or every "
+                            f"one on synchronous parameter servers; received {groups}",
+                            field="shards", received=groups)
 
 
 def _learning_rate_variable(program: Program, strategy: Strategy, device: str):

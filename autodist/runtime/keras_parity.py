@@ -29,6 +29,7 @@ def check(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
     _batch_norms(model, graph_item, strategy)
     _loss_masks(graph_item, strategy)
     _added_losses(graph_item, strategy)
+    _loss_scaling(graph_item, strategy)
 
 
 def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
@@ -105,6 +106,25 @@ def _added_losses(graph_item: GraphItem, strategy: Strategy) -> None:
             "own part of the batch, so the run may differ from Keras fit. A mean over "
             "examples (keras.ops.mean) or a sum (keras.ops.sum) of per-example values "
             "trains as Keras does", ParityWarning, stacklevel=3)
+
+
+def _loss_scaling(graph_item: GraphItem, strategy: Strategy) -> None:
+    """Under dynamic loss scaling, the replicas' and virtual nodes' float16 sums of their
+    own examples round differently from Keras' one sum over the batch (float16: about
+    1e-3 relative), and one part's sum can overflow where the whole batch's does not."""
+    if not graph_item.optimizer.HasField("loss_scale") or strategy.num_virtual_nodes <= 1:
+        return
+    warnings.warn(
+        "the optimizer scales the loss dynamically (a LossScaleOptimizer, as the "
+        "'mixed_float16' policy makes) and skips a step whose float16 gradients overflow; "
+        f"each of the strategy's {strategy.num_virtual_nodes} replicas or virtual nodes "
+        "sums the gradients of its own part of the batch in float16, which rounds "
+        "differently from Keras' one sum over the whole batch (about 1e-3 relative). The "
+        "step is skipped where the whole batch's float16 sum overflows, as in Keras, and "
+        "also where one part's sum alone overflows (rare: Keras' sum would then hold "
+        "values that cancel). The 'mixed_bfloat16' policy (no loss scaling) or float32 "
+        "avoids the difference",
+        ParityWarning, stacklevel=3)
 
 
 def _keras_batch_norm_layers(model: Any) -> list:

@@ -5,7 +5,10 @@ the momenta, Adam's moments and the update count the first one left (its
 bias correction and learning-rate schedule continue). A run does the same:
 it starts from the Keras optimizer's state when the optimizer is built, and
 the trained state returns into it after the run, under the names a
-checkpoint uses (`checkpoint.slot_key`, `checkpoint.ITERATIONS`).
+checkpoint uses (`checkpoint.slot_key`, `checkpoint.ITERATIONS`). Under a
+LossScaleOptimizer (the 'mixed_float16' policy) the state is its inner
+optimizer's, plus the dynamic scale, its counter and the inner optimizer's
+update count (`loss_scaling.NAMES`; steps it skipped are not updates).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from autodist.kernels import loss_scaling
 from autodist.runtime import checkpoint
 
 # The Keras optimizer attribute holding each slot (one variable per trainable
@@ -31,7 +35,7 @@ _SLOT_ATTRIBUTES["adamw"] = _SLOT_ATTRIBUTES["adam"]
 def _slot_variables(model, graph_item) -> dict[str, Any] | None:
     """Checkpoint key -> the Keras optimizer's variable, or None when the optimizer is
     not a Keras one this maps (or is not built for the model's variables)."""
-    optimizer = getattr(model, "optimizer", None)
+    optimizer = _inner(getattr(model, "optimizer", None))
     info = graph_item.optimizer
     attributes = _SLOT_ATTRIBUTES.get(info.algorithm)
     if optimizer is None or info.family != "keras" or attributes is None or \
@@ -54,6 +58,22 @@ def _slot_variables(model, graph_item) -> dict[str, Any] | None:
     return out
 
 
+def _inner(optimizer):
+    """The optimizer that updates the variables (a LossScaleOptimizer's inner one)."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+def _loss_scale_variables(model, graph_item) -> dict[str, Any]:
+    """`loss_scaling.NAMES` -> the LossScaleOptimizer's variables (empty without)."""
+    optimizer = getattr(model, "optimizer", None)
+    if not loss_scaling.enabled(graph_item.optimizer) or \
+            getattr(optimizer, "inner_optimizer", None) is None:
+        return {}
+    return {loss_scaling.SCALE: optimizer.dynamic_scale,
+            loss_scaling.COUNTER: optimizer.step_counter,
+            loss_scaling.UPDATES: optimizer.inner_optimizer.iterations}
+
+
 def read(model, graph_item) -> dict[str, np.ndarray]:
     """The Keras optimizer's slots and update count, by checkpoint key (empty while the
     optimizer is not built: a run then starts with fresh slots, as Keras' first fit)."""
@@ -62,6 +82,9 @@ def read(model, graph_item) -> dict[str, np.ndarray]:
         return {}
     values = {key: np.asarray(var.numpy()) for key, var in slots.items()}
     values[checkpoint.ITERATIONS] = np.asarray(model.optimizer.iterations.numpy(), np.int64)
+    for key, var in _loss_scale_variables(model, graph_item).items():
+        values[key] = np.asarray(var.numpy(), np.float32 if key == loss_scaling.SCALE
+                                 else np.int64)
     return values
 
 
@@ -87,5 +110,10 @@ def write(model, graph_item, values: Mapping[str, Any]) -> bool:
     for key, var in slots.items():
         if key in names:
             var.assign(np.asarray(values[key]).astype(var.dtype))
-    optimizer.iterations.assign(int(np.asarray(values[checkpoint.ITERATIONS])))
+    loss_scale = _loss_scale_variables(model, graph_item)
+    if loss_scale and loss_scaling.UPDATES in names:
+        for key, var in loss_scale.items():
+            var.assign(np.asarray(values[key]).astype(var.dtype))
+    else:
+        _inner(optimizer).iterations.assign(int(np.asarray(values[checkpoint.ITERATIONS])))
     return True

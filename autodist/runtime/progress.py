@@ -287,6 +287,8 @@ class Progress:
 def learning_rate_of(model) -> float | None:
     """The value of a Keras model's fixed learning rate (None: a schedule, or no optimizer)."""
     optimizer = getattr(model, "optimizer", None)
+    # A LossScaleOptimizer's rate is its inner optimizer's (its own stays 0).
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
     rate = getattr(optimizer, "_learning_rate", None)
     if rate is None or callable(rate) or not hasattr(rate, "numpy"):
         return None

@@ -25,7 +25,8 @@ from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
-from autodist.kernels import global_batch, monitoring, partitioner, replicator, synchronizer
+from autodist.kernels import (global_batch, loss_scaling, monitoring, partitioner, replicator,
+                              synchronizer)
 from autodist.kernels.program import Program
 from autodist.kernels.variables import StorageVariable
 from autodist.launch import mailbox
@@ -766,6 +767,10 @@ class Trainer:
                 tensors[state.name] = program.storage[key].read_value()
             if with_optimizer:
                 tensors[checkpoint.ITERATIONS] = program.outputs.step.read_value()
+                loss_scale = loss_scaling.state_of(program)
+                if loss_scale is not None:  # the scale, its counter, Keras' update count
+                    for name in loss_scaling.NAMES:
+                        tensors[name] = program.storage[name].read_value()
         if with_residuals and self._residuals() is not None:
             tensors.update(self._residuals().tensors)
         return tensors

@@ -212,8 +212,18 @@ class SearchSpace:
         # every variable (all-reduce where allowed).
         clipping = gradient_clipping(graph_item.optimizer.hyperparameters)
         self.clipping = clipping[0] if clipping and clipping[0] != "clipvalue" else None
-        if self.clipping == "global_clipnorm" and self.config.allow_all_reduce:
+        # Dynamic loss scaling checks every gradient of a step at once, as a global
+        # norm does: every variable all-reduced, or every one on synchronous PS,
+        # without error-feedback residuals (Strategy.validate).
+        self.loss_scaling = graph_item.optimizer.HasField("loss_scale")
+        self.one_group = self.clipping == "global_clipnorm" or self.loss_scaling
+        if self.one_group and self.config.allow_all_reduce:
             self.ps_devices = []
+        if self.loss_scaling:
+            self.consistencies = [c for c in self.consistencies
+                                  if c.sync and not c.staleness] or [Consistency()]
+        self.compressors = tuple(name for name in self.config.compressors
+                                 if not (self.loss_scaling and name == "fp16_error_feedback"))
         self.replicas_per_node = _replicas_per_node(resource_spec)
         self.lookups_per_example = lookups_per_example(graph_item)
         replicas = len(resource_spec.replica_devices)
@@ -357,8 +367,9 @@ class SearchSpace:
         kinds = [{s.WhichOneof("kind") for s in c.shards} for c in strategy.proto.variables]
         if self.clipping == "clipnorm":
             return all(len(k) == 1 for k in kinds)
-        if self.clipping == "global_clipnorm":
-            return set().union(*kinds) <= ({"ps"} if self.ps_devices else {"all_reduce"})
+        if self.one_group:
+            groups = set().union(*kinds) <= ({"ps"} if self.ps_devices else {"all_reduce"})
+            return groups and (not self.loss_scaling or _no_residuals_nor_async(strategy))
         return True
 
     def encode(self, strategy: Strategy) -> np.ndarray:
@@ -405,7 +416,7 @@ class SearchSpace:
         options = self._ps_options(var)
         if self.config.allow_all_reduce:
             options += self._all_reduce_options(var)
-            if self.config.allow_hybrid and self.clipping is None:
+            if self.config.allow_hybrid and self.clipping is None and not self.loss_scaling:
                 options += self._hybrid_options(var)
         if not options:
             raise InvalidArgumentError(f"variable {var.name!r} has no option in this space: no PS "
@@ -467,7 +478,7 @@ class SearchSpace:
         floating = var.dtype.startswith("float")
         return [strategy_pb2.Synchronizer(all_reduce=AllReduceSynchronizer(
                     spec=AllReduceSynchronizer.AUTO, compressor=_COMPRESSORS[name], group=slot))
-                for name in self.config.compressors
+                for name in self.compressors
                 if floating or _COMPRESSORS[name] == AllReduceSynchronizer.NONE
                 for slot in range(self.config.max_groups)]
 
@@ -477,7 +488,7 @@ class SearchSpace:
                     for sync in self._dense_all_reduce(var)]
         options = []
         floating = var.dtype.startswith("float")
-        for name in self.config.compressors:
+        for name in self.compressors:
             compressor = _COMPRESSORS[name]
             if compressor != AllReduceSynchronizer.NONE and not floating:
                 continue
@@ -600,6 +611,18 @@ def _ps(device: str, local_replication: bool) -> strategy_pb2.Synchronizer:
     # sync/staleness are filled in from the candidate's consistency by decode.
     return strategy_pb2.Synchronizer(ps=strategy_pb2.PSSynchronizer(
         reduction_destination=device, local_replication=local_replication, sync=True))
+
+
+def _no_residuals_nor_async(strategy: Strategy) -> bool:
+    """No shard of `strategy` keeps an error-feedback residual or updates asynchronously."""
+    for config in strategy.proto.variables:
+        for shard in config.shards:
+            if shard.WhichOneof("kind") == "ps" and (not shard.ps.sync or shard.ps.staleness):
+                return False
+            if shard.WhichOneof("kind") == "all_reduce" and \
+                    shard.all_reduce.compressor == AllReduceSynchronizer.FP16_ERROR_FEEDBACK:
+                return False
+    return True
 
 
 def _axis(var: VariableInfo) -> int | None:

@@ -13,7 +13,8 @@ from autodist.ir.errors import CaptureError
 from autodist.ir.graph_item import GraphItem
 
 
-def _run_captured_step(graph_item: GraphItem, feeds: dict, variables: dict) -> dict:
+def _run_captured_step(graph_item: GraphItem, feeds: dict, variables: dict,
+                       scalars: dict | None = None) -> dict:
     """Executes the captured GraphDef with real variables; returns loss and gradients.
 
     Proves the GraphDef is self-contained and that the recorded tensor names
@@ -38,6 +39,8 @@ def _run_captured_step(graph_item: GraphItem, feeds: dict, variables: dict) -> d
                 input_map[info.tensor] = tf.ones([batch], tf.float32)
                 continue
             input_map[info.tensor] = tf.constant(feeds[info.name])
+        for name, value in (scalars or {}).items():  # scalar inputs of the step, by node
+            input_map[f"{name}:0"] = tf.constant(value, tf.float32)
         return tf.graph_util.import_graph_def(graph_def, input_map=input_map,
                                               return_elements=fetch_names, name="step")
 

@@ -15,6 +15,7 @@ import keras
 import autodist
 from autodist.ir.capture import capture
 from autodist.ir.errors import CaptureError, StrategyError
+from autodist.ir.graph_item import LOSS_SCALE_INPUT
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.search import builders
 from autodist.search.space import SearchSpace
@@ -129,16 +130,33 @@ def test_mixed_bfloat16_equals_keras_step():
     assert [i.dtype for i in gi.inputs] == ["float32", "float32", "float32"]
 
 
-def test_mixed_float16_is_refused():
+def test_mixed_float16_differentiates_the_scaled_loss():
+    # Keras wraps the optimizer in a LossScaleOptimizer: the step differentiates the
+    # loss times the dynamic scale (fed by the runtime), and the optimizer is Adam's.
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_float16")
     try:
-        model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(2)])
-        model.compile(optimizer="adam", loss="mse")
+        model = keras.Sequential([keras.Input((12,), name="features"),
+                                  keras.layers.Dense(16, activation="relu"),
+                                  keras.layers.Dense(2, dtype="float32")])
+        model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")
     finally:
         keras.config.set_dtype_policy(previous)
-    with pytest.raises(CaptureError, match="LossScaleOptimizer \\(around Adam\\).*mixed_float16"):
-        capture(model)
+    x, _, values = _rng_data(np.random.default_rng(4))
+    gi = capture(model)
+    assert gi.optimizer.class_name == "SGD"
+    assert gi.optimizer.loss_scale.initial_scale == 2.0 ** 15
+    assert gi.optimizer.loss_scale.dynamic_growth_steps == 2000
+    weights = {v.path: v.value for v in model.trainable_variables}
+    feeds = {"features": x, "y": values}
+    plain = _run_captured_step(gi, feeds, weights)
+    scaled = _run_captured_step(gi, feeds, weights, {LOSS_SCALE_INPUT: 2.0 ** 15})
+    loss, expected = _keras_step_gradients(model, x, values)
+    assert scaled["loss"] == plain["loss"] == pytest.approx(loss, rel=1e-3)  # unscaled
+    for name, grad in expected.items():  # float16 rounding
+        np.testing.assert_allclose(scaled[name] / 2.0 ** 15, grad, rtol=1e-2, atol=1e-4,
+                                   err_msg=name)
+        np.testing.assert_allclose(plain[name], grad, rtol=1e-2, atol=1e-4, err_msg=name)
 
 
 def test_custom_train_step_is_refused():

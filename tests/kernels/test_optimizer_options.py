@@ -291,10 +291,3 @@ def test_weight_decay_exclusions_are_captured():
 def test_schedule_clipping_and_weight_decay_together():
     _compare(lambda: keras.optimizers.AdamW(SCHEDULES["cosine_warmup"](), weight_decay=0.1,
                                             global_clipnorm=1.0), sparse_table=True, shards=2)
-
-
-def test_loss_scale_optimizer_is_refused():
-    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
-    with pytest.raises(CaptureError, match="LossScaleOptimizer .*mixed_float16.*"
-                                           "mixed_bfloat16"):
-        _optimizer_info(optimizer, [])

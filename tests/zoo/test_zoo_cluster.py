@@ -31,6 +31,10 @@ pytestmark = pytest.mark.cluster
 
 WEIGHT_ATOL = 1e-5
 HISTORY_RTOL = 1e-5
+# Float16 cases: a replica's float16 sums round differently from Keras' one sum
+# (measured: 7.6e-6 in the weights with 4 virtual nodes, the skipped steps equal).
+FLOAT16_WEIGHT_ATOL = 1e-4
+FLOAT16_HISTORY_RTOL = 1e-3
 VIRTUAL_NODES = 4
 CONFIGS = ("PS", "AllReduce", "AllReduceVirtualNodes")
 
@@ -68,6 +72,7 @@ def _train(case: ZooCase, config: str, job_dir: str):
 # node its own batch statistics and masked-loss counts: the same on any hardware), and
 # says before launch.
 _PER_VIRTUAL_NODE = "ghost batch normalization|divides by its own count"
+_FLOAT16 = "scales the loss dynamically"
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -89,7 +94,12 @@ def test_zoo_case_trains_as_keras_fit(name: str, config: str, tmp_path) -> None:
         assert any(re.search(_PER_VIRTUAL_NODE, text) for text in parity), parity
         assert all(np.isfinite(history.history["loss"]))
         return
+    if case.float16:  # said before launch, then compared at float16's precision
+        assert any(re.search(_FLOAT16, text) for text in parity), parity
+        parity = [text for text in parity if not re.search(_FLOAT16, text)]
     assert parity == [], parity   # nothing that trains differently, silently or not
+    weight_atol = FLOAT16_WEIGHT_ATOL if case.float16 else WEIGHT_ATOL
+    history_rtol = FLOAT16_HISTORY_RTOL if case.float16 else HISTORY_RTOL
 
     got = variable_values(case.model)
     assert [w.shape for w in got] == [w.shape for w in want_weights]
@@ -100,8 +110,8 @@ def test_zoo_case_trains_as_keras_fit(name: str, config: str, tmp_path) -> None:
     rate = float(np.asarray(case.model.optimizer.learning_rate))
     assert all(gap <= 2 * rate * steps for gap, _ in noise), noise
     worst = sorted((g for g in gaps if g not in noise), reverse=True)[:3]
-    assert worst[0][0] <= WEIGHT_ATOL, "max |dw|: " + ", ".join(
+    assert worst[0][0] <= weight_atol, "max |dw|: " + ", ".join(
         f"{gap:.3g} at {path}" for gap, path in worst)
     assert sorted(history.history) == sorted(want_history)
     for key, values in want_history.items():
-        np.testing.assert_allclose(history.history[key], values, rtol=HISTORY_RTOL, err_msg=key)
+        np.testing.assert_allclose(history.history[key], values, rtol=history_rtol, err_msg=key)
