@@ -51,6 +51,7 @@ import numpy as np
 from autodist.ir.atomic import atomic_write
 from autodist.search.database import TrialRecord
 from autodist.search.features import FEATURE_NAMES, featurize
+from autodist.search.lightgbm_text import canonical_model_text
 from autodist.search.metrics import (CostModelError, as_matrix, as_names, as_vector,
                                      check_same_length, group_indices, kendall_tau, log_rmse,
                                      pairwise_accuracy)
@@ -160,6 +161,9 @@ class CostModel(Predictor):
         self._num_boost_round = num_boost_round
         self._seed = seed
         self._booster = None
+        # The text a loaded model was read from (LightGBM parsed a rebuilt copy,
+        # which leaves out fields no prediction reads): what `to_json` writes back.
+        self._model_text: str | None = None
         self._feature_names: list[str] = []
         self._train_params: dict[str, Any] = {}
         self._training: dict[str, Any] = {}
@@ -292,6 +296,7 @@ class CostModel(Predictor):
         except lgb.basic.LightGBMError as e:
             raise CostModelError(f"LightGBM failed to train the {self._kind}: {e}") from e
         self._booster = booster
+        self._model_text = None
         self._feature_names = features
         self._train_params = params
         train_pred = self.predict(X)
@@ -411,7 +416,7 @@ class CostModel(Predictor):
         """The model and its metadata as one JSON document (what `save` writes)."""
         booster = self._require_fitted()
         lgb = _lightgbm()
-        model = booster.model_to_string()
+        model = self._model_text or booster.model_to_string()
         return json.dumps({
             "format": _FORMAT,
             "version": COST_MODEL_FORMAT_VERSION,
@@ -436,16 +441,16 @@ class CostModel(Predictor):
                   feature_names: Sequence[str] | None = None, *, verify: bool = True) -> CostModel:
         """Inverse of `to_json`; checks `feature_names` when given.
 
-        Every field is checked, and the model text's checksum verified, before
-        LightGBM sees the model text.
+        Every field is checked, and the model text's checksum verified; LightGBM
+        then parses only the model rebuilt from the text's checked values
+        (`lightgbm_text.canonical_model_text`), never the text itself.
 
         Args:
             text: The document.
             source: Names the document in errors.
             feature_names: If given, the features the caller will pass.
             verify: Require the checksum (format version 2). False also reads
-                version-1 documents, which have none; LightGBM may then crash
-                the process on a damaged model.
+                version-1 documents, which have none.
 
         Raises:
             CostModelError: naming the field and the value received.
@@ -490,9 +495,13 @@ class CostModel(Predictor):
             raise CostModelError(f"{source}: a residual model needs the feature "
                                  f"{SIMULATOR_FEATURE!r}. Received feature_names: "
                                  f"{short_repr(feature_list)}")
+        # LightGBM's parser trusts its input (a bad index aborts the process): it
+        # only parses text rebuilt from checked values.
+        safe_text = canonical_model_text(model_text, len(feature_list), source=source)
         lgb = _lightgbm()
         try:
-            model._booster = lgb.Booster(model_str=model_text)
+            model._booster = lgb.Booster(model_str=safe_text)
+            model._model_text = model_text
         except lgb.basic.LightGBMError as e:
             raise CostModelError(f"{source} holds a LightGBM model that cannot be read: "
                                  f"{shorten(str(e), 300)}") from e

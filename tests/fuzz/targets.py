@@ -581,10 +581,42 @@ class CostModelFile(Target):
         return _splice_deep(json.dumps(doc, indent=1, sort_keys=True), rng) \
             .encode("utf-8", "surrogatepass")
 
+    def _edited_text(self, rng: random.Random) -> bytes:
+        """The LightGBM model text edited and its checksum recomputed, as a user who
+        edits the file by hand would: only the model text's own checks stand."""
+        import hashlib
+
+        doc = json.loads(self.base)
+        lines = doc["model"].split("\n")
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            i = rng.randrange(len(lines))
+            key, sep, value = lines[i].partition("=")
+            roll = rng.random()
+            if sep and value and roll < 0.6:   # one number of a field replaced
+                parts = value.split(" ")
+                parts[rng.randrange(len(parts))] = rng.choice((
+                    "-1", "-2", "0", "1", "3", "4", "7", "-9", "65536", "2147483647",
+                    "-2147483648", "9999999999", "nan", "inf", "-inf", "1e308", "x", ""))
+                lines[i] = key + "=" + " ".join(parts)
+            elif roll < 0.7:
+                del lines[i]
+            elif roll < 0.8:
+                lines.insert(i, lines[rng.randrange(len(lines))])
+            elif roll < 0.9 and sep:
+                lines[i] = key + "=" + " ".join([value] * rng.choice((2, 1000)))
+            else:
+                lines[i:i] = ["Tree=" + str(rng.choice((0, 1, 5, 10 ** 6)))]
+        doc["model"] = "\n".join(lines)
+        doc["model_sha256"] = hashlib.sha256(doc["model"].encode("utf-8",
+                                                                 "surrogatepass")).hexdigest()
+        return json.dumps(doc, indent=1, sort_keys=True).encode("utf-8", "surrogatepass")
+
     def case(self, rng: random.Random) -> Files:
         roll = rng.random()
-        data = self._structured(rng) if roll < 0.3 else self.base
-        if roll >= 0.25:
+        if roll < 0.4:
+            return {"model.txt": self._edited_text(rng)}
+        data = self._structured(rng) if roll < 0.6 else self.base
+        if roll >= 0.55:
             data = mutate_bytes(data, rng)
         return {"model.txt": data}
 
