@@ -201,6 +201,11 @@ class JobDir:
     def ready_flag(self, job: str, task: int) -> pathlib.Path:
         return self.path / "ready" / f"{job}_{task}"
 
+    def heartbeat(self, job: str, task: int) -> pathlib.Path:
+        """A file the task touches every `HEARTBEAT_PERIOD_S` while its process runs
+        (a stopped or hung process stops touching it: `launch.heartbeats`)."""
+        return self.path / "ready" / f"{job}_{task}.alive"
+
     def recovery(self) -> pathlib.Path:
         """The chief's state after the last completed step of a failed run (npz)."""
         return self.path / "recovery.npz"

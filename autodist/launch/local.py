@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from typing import Callable, Sequence
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
-from autodist.launch import netns
+from autodist.launch import heartbeats, netns
 from autodist.launch.devices import task_environments
 from autodist.launch.errors import EXIT_PORT_IN_USE, TaskFailedError
 from autodist.launch.job import JobDir
@@ -84,11 +85,14 @@ class LocalCluster:
             the tasks in this one (reachable from other hosts, with a
             warning naming their ports) instead of raising
             `netns.ExposedNetworkError`. Also `AUTODIST_ALLOW_EXPOSED=1`.
+        hang_timeout_s: A running task whose heartbeat is older than this is
+            hung (stopped or stuck): `wait_workers` kills it and raises
+            naming it (`autodist.launch.heartbeats`). None: not watched.
     """
 
     def __init__(self, job: JobDir, spec: ResourceSpec, *, task_module: str,
                  nodes: Sequence[int] | None = None, port_retries: int = 3,
-                 allow_exposed: bool = False) -> None:
+                 allow_exposed: bool = False, hang_timeout_s: float | None = None) -> None:
         if nodes is None:
             check_local(spec)
         self.job = job
@@ -98,6 +102,7 @@ class LocalCluster:
         self.nodes = list(range(len(spec.nodes))) if nodes is None else list(nodes)
         self.port_retries = port_retries
         self.allow_exposed = allow_exposed
+        self.hang_timeout_s = hang_timeout_s
         self.tasks: list[_Task] = []
         self.network: netns.PrivateNetwork | None = None
 
@@ -174,11 +179,13 @@ class LocalCluster:
         """Waits until every worker exits 0; raises naming the first task that failed.
 
         A parameter server that exits, or a worker exiting non-zero, is a
-        failure; so is not finishing within `timeout_s`.
+        failure; so is a task that stops sending heartbeats (it is killed
+        first), and not finishing within `timeout_s`.
         """
         deadline = time.monotonic() + timeout_s
         while True:
             self._raise_if_failed()
+            self._raise_if_hung()
             workers = [t for t in self.tasks if t.job == "worker"]
             if all(t.process.poll() == 0 for t in workers):
                 return
@@ -216,6 +223,24 @@ class LocalCluster:
         t, code = min(failed, key=lambda item: item[1] >= 0)  # stable: task order
         raise TaskFailedError(f"task {t.name} exited with code {code}; log {t.log_path}:\n"
                               f"{_tail(t.log_path)}", t.name, t.log_path)
+
+    def _raise_if_hung(self) -> None:
+        """Kills and names a running task whose heartbeat is older than the hang timeout.
+
+        Killed, so that its peers fail at once (their connections to it
+        break) and a recovering run goes on without it, as without a dead task.
+        """
+        if self.hang_timeout_s is None:
+            return
+        for t in self.tasks:
+            silence = heartbeats.silence_s(self.job.heartbeat(t.job, t.index))
+            if silence is None or silence <= self.hang_timeout_s or t.process.poll() is not None:
+                continue
+            _kill_group(t.process)
+            raise TaskFailedError(
+                f"task {t.name} stopped responding: no heartbeat for {silence:.0f}s (more than "
+                f"{self.hang_timeout_s:g}s; the process was stopped or hung), so it was killed; "
+                f"log {t.log_path}:\n{_tail(t.log_path)}", t.name, t.log_path)
 
     def _failed_tasks(self) -> list[tuple[_Task, int]]:
         failed = []
@@ -270,3 +295,16 @@ def _tail(path: str, lines: int = _LOG_TAIL_LINES) -> str:
             return "".join(f.readlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def _kill_group(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """SIGKILLs a task's process group (it was started in a session of its own), also
+    when it is stopped; waits for it, bounded."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        process.kill()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass

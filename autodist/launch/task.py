@@ -45,6 +45,7 @@ import time
 import traceback
 from typing import Callable
 
+from autodist.launch import heartbeats
 from autodist.launch.errors import EXIT_FAILED, EXIT_NO_JOB, EXIT_PORT_IN_USE, JobMismatchError
 from autodist.launch.job import JobDir
 from autodist.launch.signing import JobRejectedError
@@ -132,6 +133,7 @@ def _run_local(args: argparse.Namespace, run_worker: RunWorker) -> int:
     if server is None:
         return EXIT_PORT_IN_USE
     job.ready_flag(args.job, task).write_text(str(os.getpid()))
+    heartbeats.start(job.heartbeat(args.job, task))  # the launcher's hang detection
     if args.job == "ps":
         while True:  # served until the launcher stops this process
             time.sleep(3600)

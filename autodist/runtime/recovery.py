@@ -10,6 +10,8 @@ starts the job again on the survivors (the dead worker's node removed, tasks
 renumbered, virtual nodes remapped so the global batch stays B) from that
 state, at the next step of the same data schedule. No applied update is
 lost, and the run equals one that never failed (synchronous strategies).
+A stopped or hung worker (no heartbeat for half a step's timeout,
+`launch.heartbeats`) is killed by the launcher and recovered from alike.
 
 TensorFlow aborts every collective of a process that took part in a failed
 collective, and nothing resets that short of a new process
@@ -103,6 +105,16 @@ def resume_point(job: JobDir) -> tuple[dict[str, np.ndarray], int] | None:
     return values, int(values.pop(NEXT_STEP))
 
 
+def newest_saved_state(job: JobDir) -> tuple[dict[str, np.ndarray], int] | None:
+    """`resume_point` of the newest state saved by `job` or by one of its recovery
+    jobs (``recovery-<k>`` under it), or None."""
+    jobs = [job] + [JobDir(p) for p in sorted(job.path.glob("recovery-*")) if p.is_dir()]
+    saved = [j for j in jobs if j.recovery().exists()]
+    if not saved:
+        return None
+    return resume_point(max(saved, key=lambda j: j.recovery().stat().st_mtime))
+
+
 def completed_losses(job: JobDir, workers: int, first: int,
                      steps: int) -> tuple[list[float], list[float], list[int]]:
     """Global losses and the chief's step times of steps first..first+steps-1.
@@ -152,6 +164,8 @@ class Outcome:
         earlier_times: The chief's times of those steps.
         recoveries: Per failure, {"step": the step the job resumed at,
             "failed_task": the dead worker's task index at that time,
+            "cause": how it failed (its exit code, or "stopped responding"
+            with the seconds of silence),
             "workers": workers after it, "estimated_loss_steps": steps whose
             global loss is the chief's estimate}.
     """
@@ -211,6 +225,7 @@ def run_recovering(job: JobDir, strategy: Strategy, spec: ResourceSpec, *,
             outcome.earlier_losses += losses
             outcome.earlier_times += times
             outcome.recoveries.append({"step": next_step, "failed_task": dead,
+                                       "cause": str(error).split(";")[0].splitlines()[0],
                                        "workers": outcome.spec.num_worker_tasks,
                                        "estimated_loss_steps": estimated})
             config = dataclasses.replace(config, start_step=next_step, job_id=uuid.uuid4().hex)

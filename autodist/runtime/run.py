@@ -21,6 +21,7 @@ from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.kernels.optimizers import check_supported as check_optimizer
+from autodist.launch import heartbeats
 from autodist.launch.errors import TaskFailedError
 from autodist.launch.job import DatasetFiles, JobDir, RunConfig
 from autodist.launch.local import LocalCluster, check_local
@@ -54,7 +55,9 @@ class DistributedRun:
         job_dir: Where job files and task logs go (default: a new temp dir,
             removed after a successful fit). Created with mode 0700; an
             existing directory must be this user's and closed to others.
-        step_timeout_s: Bound on one step of any task (no hang).
+        step_timeout_s: Bound on one step of any task (no hang). A local task
+            that sends no heartbeat for half of it (5 to 60 s: stopped or
+            hung) is killed and named, as a dead task.
         startup_timeout_s: Bound on the cluster coming up.
         task_step_delay_s: Worker task -> seconds of sleep before each step,
             to emulate a slow worker (tests, benchmarks).
@@ -273,8 +276,12 @@ class DistributedRun:
                 to |G|² + tr(Σ)/b over their batch sizes
                 (`autodist.kernels.monitoring`); in `History.noise_scale`.
                 Needs a replica with two or more virtual nodes. 0: off.
-            on_failure: "stop": a worker that dies fails `fit` with an error
-                naming it and its log. "continue": steps are atomic, and when
+            on_failure: "stop": a task that dies (or stops responding) fails
+                `fit` with a `TaskFailedError` naming it and its log; the model
+                keeps what was trained, as after Ctrl-C: the weights after the
+                last step every replica completed (steps are atomic), or where
+                the chief or a parameter server died, the newest checkpoint of
+                `checkpoint_dir`; the error says which. "continue": when
                 a non-chief worker dies the job goes on without it from the
                 last completed step (no applied update lost; the global
                 batch stays the same): the chief saves the state, the
@@ -414,7 +421,7 @@ class DistributedRun:
                 outcome = recovery.run_recovering(
                     job, self.strategy, self.resource_spec,
                     run_cluster=lambda job_k, spec_k: self._run_cluster(
-                        job_k, timeout_s, progress.update, spec_k, wait_for_chief=True),
+                        job_k, timeout_s, progress.update, spec_k),
                     write_job=lambda job_k, strategy_k, spec_k, config_k, values: job_k.write(
                         self.graph_item, strategy_k, spec_k, config_k, values, inputs,
                         targets, dataset_files, order),
@@ -429,6 +436,9 @@ class DistributedRun:
         except KeyboardInterrupt:
             self._keep_interrupted_weights(job)
             raise
+        except TaskFailedError as error:
+            # As after Ctrl-C, what was trained is kept: the error says which step.
+            raise self._keep_failed_weights(job, options.checkpoint_dir, error) from error
         finally:
             self._following = None
             if self.job_dir is None and not finished:
@@ -761,13 +771,15 @@ class DistributedRun:
         return path, job
 
     def _run_cluster(self, job: JobDir, timeout_s: float, on_poll,
-                     spec: ResourceSpec | None = None, wait_for_chief: bool = False) -> None:
-        """Runs the job to its end. With `wait_for_chief`, a failed worker leaves the
-        chief time to save its state (it learns of the failure within a step's
-        timeout) before the cluster is torn down."""
+                     spec: ResourceSpec | None = None) -> None:
+        """Runs the job to its end. A failed worker leaves the chief time to save its
+        state (it learns of the failure within a step's timeout) before the cluster
+        is torn down."""
         spec = spec or self.resource_spec
         cluster = (LocalCluster(job, spec, task_module=TASK_MODULE,
-                                allow_exposed=self.allow_exposed) if self.launch == "local"
+                                allow_exposed=self.allow_exposed,
+                                hang_timeout_s=heartbeats.hang_timeout(self.step_timeout_s))
+                   if self.launch == "local"
                    else RemoteCluster(job, spec, task_module=TASK_MODULE,
                                       worker_rows=lambda task: _rows_read_by(job, task),
                                       startup_timeout_s=self.startup_timeout_s,
@@ -777,7 +789,7 @@ class DistributedRun:
             try:
                 cluster.wait_workers(timeout_s, on_poll=on_poll)
             except TaskFailedError as error:
-                if wait_for_chief and recovery.dead_worker(error.task) is not None:
+                if recovery.dead_worker(error.task) is not None:
                     cluster.wait_exit("worker", 0, self.step_timeout_s + 30.0)
                 raise
             except KeyboardInterrupt:
@@ -832,6 +844,41 @@ class DistributedRun:
         _, state = keras_variable_names(self.model)
         return {n: np.asarray(v.numpy()) for n, v in
                 zip(state, [v for v in self.model.variables if not v.trainable])}
+
+    def _keep_failed_weights(self, job: JobDir, checkpoint_dir: str | None,
+                             error: TaskFailedError) -> TaskFailedError:
+        """After a task failed: the newest trained state that survived goes into the
+        model, and the returned error (`error`'s, continued) says which.
+
+        The chief saves the state after the last step every replica completed
+        when its step fails (steps are atomic: a failed step applied nothing);
+        where the chief or a parameter server died, the newest checkpoint of
+        `checkpoint_dir` stands in; else the model is unchanged.
+        """
+        held = "the model is unchanged: no trained state could be read back (the chief or a " \
+               "parameter server failed, and no checkpoint was written: fit(checkpoint_dir=...) " \
+               "keeps one)"
+        try:
+            saved = recovery.newest_saved_state(job)
+            if saved is not None:
+                values, next_step = saved
+                self._load_state(values)
+                held = (f"the model holds the weights after step {next_step} of the run, the "
+                        "last step every replica completed")
+            elif checkpoint_dir and checkpoint.latest(checkpoint_dir) is not None:
+                prefix = checkpoint.latest(checkpoint_dir)
+                self._load_state(checkpoint.load(prefix))
+                held = f"the model holds the newest checkpoint, {prefix.parent}"
+        except (OSError, ValueError, KeyError, AutodistError) as e:
+            held = f"the model is unchanged: its trained state could not be read back ({e})"
+        print(f"autodist: task {error.task} failed; {held}", file=sys.stderr, flush=True)
+        return TaskFailedError(f"{error}\n{held}", error.task, error.log)
+
+    def _load_state(self, values: Mapping[str, np.ndarray]) -> None:
+        """Weights (and, kept between fits, the optimizer's state) into the model."""
+        self._load_weights(values)
+        if self.keep_optimizer_state:
+            optimizer_state.write(self.model, self.graph_item, values)
 
     def _keep_interrupted_weights(self, job: JobDir) -> None:
         """After Ctrl-C: the weights the chief trained so far go into the model, if it

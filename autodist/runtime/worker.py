@@ -238,8 +238,7 @@ class Trainer:
         self.strategy = elastic_.strategy_for(plan, segment.members) if self.elastic else plan
         self.program = build_program(self.graph_item, self.strategy, self.spec, self.task_index,
                                      self.config.step_timeout_s, version=segment.version,
-                                     elastic=self.elastic,
-                                     atomic=self.config.on_failure == "continue")
+                                     elastic=self.elastic, atomic=True)
         self.session = open_session(
             self.target, self.program.graph,
             session_config(self.strategy, self.task_index,
@@ -539,7 +538,7 @@ class Trainer:
     def save_recovery(self) -> None:
         """Chief, after a failed step: the state after the last completed step.
 
-        With atomic steps (`on_failure="continue"`) a failed step applied no
+        Steps are atomic (`SyncOptions.atomic`): a failed step applied no
         update, so every variable, slot and the update count are those after
         step `next_index - 1`. Reading them runs no collective (a process
         whose collectives were aborted can still do this). Written
@@ -904,8 +903,9 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
         if not is_chief:
             _report_failure(mail, task_index)
             raise
-        if config.on_failure == "continue" and trainer is not None and \
-                trainer.session is not None:
+        if trainer is not None and trainer.session is not None:
+            # The last completed step's state: recovery goes on from it, and a
+            # failed fit leaves it in the model.
             try:
                 trainer.save_recovery()
             except Exception:  # pylint: disable=broad-except

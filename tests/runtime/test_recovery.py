@@ -31,8 +31,10 @@ TOLERANCE = 2e-5
 EXAMPLES, BATCH, EPOCHS = 96, 32, 3
 
 
-def _kill_after(job_dir: str, task: int, steps: int, timeout_s: float = 120.0) -> threading.Thread:
-    """SIGKILLs worker `task` once the chief has recorded `steps` steps."""
+def _kill_after(job_dir: str, task: int, steps: int, timeout_s: float = 120.0,
+                sig: int = signal.SIGKILL) -> threading.Thread:
+    """Sends `sig` (default SIGKILL) to worker `task` once the chief has recorded `steps`
+    steps."""
     from autodist.bench.slowdown import find_task_pid  # pylint: disable=C0415
 
     def kill():
@@ -42,7 +44,7 @@ def _kill_after(job_dir: str, task: int, steps: int, timeout_s: float = 120.0) -
             if progress.exists() and len(progress.read_text().splitlines()) >= steps:
                 pid = find_task_pid(job_dir, "worker", task)
                 if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, sig)
                 return
             time.sleep(0.01)
 
@@ -80,6 +82,135 @@ def test_killed_worker_loses_no_update(builder, ps, tmp_path):
     estimated_epochs = {k // (EXAMPLES // BATCH) for k in event["estimated_loss_steps"]}
     for epoch, (got, want) in enumerate(zip(history.history["loss"], keras_losses)):
         assert got == pytest.approx(want, rel=5e-2 if epoch in estimated_epochs else 1e-4)
+
+
+@pytest.mark.cluster
+def test_a_stopped_worker_is_named_killed_and_recovered_from(tmp_path):
+    """Worker 2 of 3 is stopped (SIGSTOP: alive, silent) after 4 steps. Its heartbeat
+    goes stale; the launcher names it, kills it, and the run recovers as from a killed
+    worker, before any step times out, to Keras' weights."""
+    x, y = small_mlp.data(EXAMPLES)
+    reference = models.single_device_twin(small_mlp.mlp())
+    reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    model = small_mlp.mlp()
+    spec = autodist.ResourceSpec.local(workers=3)
+    strategy = builders.AllReduce().build(autodist.capture(model), spec).with_virtual_nodes(
+        BATCH, 4)
+    job_dir = str(tmp_path / "job")
+    # A step times out after 30 s; the stopped worker is named after 15 s of silence.
+    run = autodist.distribute(model, strategy, spec, job_dir=job_dir, step_timeout_s=30,
+                              task_step_delay_s={0: 0.2, 1: 0.2, 2: 0.2})
+    stopper = _kill_after(job_dir, task=2, steps=4, sig=signal.SIGSTOP)
+    started = time.monotonic()
+    history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, on_failure="continue")
+    stopper.join(timeout=5)
+    (event,) = history.recoveries
+    assert event["failed_task"] == 2 and event["workers"] == 2, event
+    assert "stopped responding" in event["cause"], event
+    assert time.monotonic() - started < 120
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.cluster
+def test_a_stopped_worker_fails_the_run_naming_it(tmp_path):
+    """Without recovery, a stopped worker fails fit with an error that names it (not
+    the chief, whose step would time out later), within the hang timeout."""
+    from autodist.launch.errors import TaskFailedError  # pylint: disable=C0415
+
+    x, y = small_mlp.data(EXAMPLES)
+    model = small_mlp.mlp()
+    spec = autodist.ResourceSpec.local(workers=2)
+    strategy = builders.AllReduce().build(autodist.capture(model), spec)
+    job_dir = str(tmp_path / "job")
+    run = autodist.distribute(model, strategy, spec, job_dir=job_dir, step_timeout_s=30,
+                              task_step_delay_s={0: 0.2, 1: 0.2})
+    stopper = _kill_after(job_dir, task=1, steps=3, sig=signal.SIGSTOP)
+    with pytest.raises(TaskFailedError, match=r"task worker:1 stopped responding") as raised:
+        run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    stopper.join(timeout=5)
+    assert raised.value.task == "worker:1"
+
+
+def _held_step(message: str) -> int:
+    import re  # pylint: disable=import-outside-toplevel
+
+    found = re.search(r"the model holds the weights after step (\d+) of the run", message)
+    assert found, message
+    return int(found.group(1))
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("builder,ps", [(builders.AllReduce(), 0), (builders.PS(), 1)],
+                         ids=["AllReduce", "PS"])
+def test_a_failed_fit_keeps_the_last_completed_step(builder, ps, tmp_path):
+    """Default on_failure: worker 1 killed mid-run fails fit naming it, and the model
+    holds the weights (and momenta) after the last step every replica completed,
+    equal to Keras fit on that many batches, as after Ctrl-C; not its initial ones."""
+    from autodist.launch.errors import TaskFailedError  # pylint: disable=C0415
+
+    x, y = small_mlp.data(EXAMPLES * 2)
+    model = small_mlp.mlp()
+    initial = [w.copy() for w in model.get_weights()]
+    twin = models.single_device_twin(model)
+    spec = autodist.ResourceSpec.local(workers=2, ps=ps)
+    strategy = builder.build(autodist.capture(model), spec)
+    job_dir = str(tmp_path / "job")
+    run = autodist.distribute(model, strategy, spec, job_dir=job_dir, step_timeout_s=10,
+                              task_step_delay_s={0: 0.2, 1: 0.2})
+    killer = _kill_after(job_dir, task=1, steps=4)
+    with pytest.raises(TaskFailedError, match="task worker:1 exited with code -9") as raised:
+        run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    killer.join(timeout=5)
+    steps = _held_step(str(raised.value))
+    assert 4 <= steps < EPOCHS * 2 * EXAMPLES // BATCH
+    twin.fit(x[:steps * BATCH], y[:steps * BATCH], batch_size=BATCH, epochs=1, shuffle=False,
+             verbose=0)
+    for got, want, first in zip(model.get_weights(), twin.get_weights(), initial):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+        assert not np.allclose(got, first)
+    assert int(model.optimizer.iterations.numpy()) == steps
+    for got, want in zip(model.optimizer.variables, twin.optimizer.variables):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=TOLERANCE,
+                                   err_msg=got.path)
+
+
+@pytest.mark.cluster
+def test_a_dead_parameter_server_leaves_the_newest_checkpoint(tmp_path):
+    """The parameter server (which holds the variables) killed: the chief cannot read
+    the trained state back; the newest checkpoint goes into the model, and the error
+    says so."""
+    from autodist.bench.slowdown import find_task_pid  # pylint: disable=C0415
+    from autodist.launch.errors import TaskFailedError  # pylint: disable=C0415
+    from autodist.runtime import checkpoint  # pylint: disable=C0415
+
+    x, y = small_mlp.data(EXAMPLES * 2)
+    model = small_mlp.mlp()
+    spec = autodist.ResourceSpec.local(workers=2, ps=1)
+    strategy = builders.PS().build(autodist.capture(model), spec)
+    job_dir, checkpoints = str(tmp_path / "job"), tmp_path / "checkpoints"
+    run = autodist.distribute(model, strategy, spec, job_dir=job_dir, step_timeout_s=10,
+                              task_step_delay_s={0: 0.2, 1: 0.2})
+
+    def kill_ps():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (checkpoints / "latest").exists():
+                os.kill(find_task_pid(job_dir, "ps", 0), signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_ps, daemon=True)
+    killer.start()
+    with pytest.raises(TaskFailedError, match="ps:0") as raised:
+        run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                checkpoint_dir=str(checkpoints), checkpoint_every_steps=3)
+    killer.join(timeout=5)
+    assert "the model holds the newest checkpoint" in str(raised.value)
+    saved = checkpoint.load(checkpoint.latest(checkpoints))
+    got = dict(zip([v.path for v in model.trainable_variables], model.get_weights()))
+    for name, value in got.items():
+        np.testing.assert_array_equal(value, saved[name])
 
 
 @pytest.mark.cluster
