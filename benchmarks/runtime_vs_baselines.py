@@ -1,40 +1,41 @@
-"""Benchmark: autodist's runtime against the baselines a user would pick.
+"""Benchmark: autodist's runtime against the baselines a user would pick, side by side.
 
 Run inside a private network namespace (TF servers bind every interface):
 
     unshare -n bash -c 'ip link set lo up && python benchmarks/runtime_vs_baselines.py'
 
-MLP 784-256-256-10, SGD, global batch 64, synthetic data. Side by side in one
-run, median step time after warm-up:
-  * plain single-process Keras `fit`            vs autodist, 1 worker (AllReduce)
+Per model (the registry's `mlp`, SGD, and `transformer`, Adam; default sizes,
+global batch 64, synthetic data), in each of `--rounds` rounds, in alternating order:
+
+  * plain single-process Keras `fit`                  vs autodist, 1 worker (AllReduce)
   * MultiWorkerMirroredStrategy, custom loop, 2 processes
-                                                vs autodist, 2 workers (AllReduce)
-Ratios are baseline time / autodist time (> 1: autodist is faster). Targets
-from the runtime issue: >= 0.9 against Keras, >= 1.0 against MWMS. On a
-2-core machine two worker processes share the cores: the 2-worker numbers
-measure overheads, not scaling.
+    (`autodist.bench.mwms`: its timed loop runs the step and nothing else)
+                                                      vs autodist, 2 workers (AllReduce)
+
+Each measurement is the median step time of one launch after its warm-up
+(the first 20% of steps). A round's ratio is baseline / autodist (> 1:
+autodist is faster); the table gives the median over rounds and the min-max
+of the per-round ratios. On a 2-core machine two worker processes share the
+cores: the 2-worker numbers measure overheads, not scaling.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import socket
-import subprocess
+import statistics
 import sys
 import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
-
-def keras_fit_step_time(steps: int, batch: int) -> float:
+def keras_step_time(name: str, steps: int, batch: int) -> float:
     import keras
     from autodist import models
 
-    model = models.mlp()
+    model = models.build(name, seed=0)
     x, y = models.synthetic_data(model, steps * batch)
     times = []
 
@@ -49,11 +50,11 @@ def keras_fit_step_time(steps: int, batch: int) -> float:
     return float(np.median(times[len(times) // 5:]))
 
 
-def autodist_step_time(workers: int, steps: int, batch: int) -> float:
+def autodist_step_time(name: str, workers: int, steps: int, batch: int) -> float:
     import autodist
     from autodist import models
 
-    model = models.mlp()
+    model = models.build(name, seed=0)
     x, y = models.synthetic_data(model, steps * batch)
     spec = autodist.ResourceSpec.local(workers=workers)
     graph_item = autodist.capture(model)
@@ -63,46 +64,61 @@ def autodist_step_time(workers: int, steps: int, batch: int) -> float:
     return float(np.median(history.step_times[len(history.step_times) // 5:]))
 
 
-def mwms_step_time(steps: int, batch: int) -> float:
+def mwms_step_time(name: str, steps: int, batch: int) -> float:
+    from autodist.bench.mwms import measure_mwms
+
     ports = []
     for _ in range(2):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
-    cluster = {"worker": [f"localhost:{p}" for p in ports]}
-    procs = []
-    for index in range(2):
-        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster,
-                                                      "task": {"type": "worker", "index": index}}),
-                   TF_CPP_MIN_LOG_LEVEL="2")
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "mwms_worker.py"), str(steps),
-             str(steps // 5), str(batch)], env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True))
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
-    return json.loads(outputs[0].strip().splitlines()[-1])["median_step_s"]
+    times = measure_mwms(name, {}, ports, steps=steps - steps // 5, warmup=steps // 5,
+                         batch_size=batch, timeout_s=600.0)
+    return float(np.median(times))
+
+
+def _spread(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
+    return (f"{statistics.median(values) * scale:.{digits}f} "
+            f"({min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f})")
 
 
 def main() -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="mlp,transformer")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    keras_s = keras_fit_step_time(args.steps, args.batch)
-    ours_1 = autodist_step_time(1, args.steps, args.batch)
-    mwms_s = mwms_step_time(args.steps, args.batch)
-    ours_2 = autodist_step_time(2, args.steps, args.batch)
+    names = args.models.split(",")
+    measures = {
+        "keras": lambda n: keras_step_time(n, args.steps, args.batch),
+        "autodist_1": lambda n: autodist_step_time(n, 1, args.steps, args.batch),
+        "mwms": lambda n: mwms_step_time(n, args.steps, args.batch),
+        "autodist_2": lambda n: autodist_step_time(n, 2, args.steps, args.batch),
+    }
+    got: dict[tuple[str, str], list[float]] = {}
+    for r in range(args.rounds):
+        order = list(measures) if r % 2 == 0 else list(reversed(measures))
+        for name in names:
+            for key in order:
+                got.setdefault((name, key), []).append(measures[key](name))
+                print(f"round {r + 1} {name} {key}: {got[(name, key)][-1] * 1e3:.2f} ms",
+                      file=sys.stderr, flush=True)
     print(f"command: python {' '.join(sys.argv)} (in a private network namespace)")
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; MLP 784-256-256-10, SGD, "
-          f"global batch {args.batch}, {args.steps} steps, median after the first 20%\n")
-    print("| comparison | baseline ms/step | autodist ms/step | ratio (baseline/autodist) "
-          "| target |")
-    print("|---|---:|---:|---:|---|")
-    print(f"| 1 worker vs plain Keras fit | {keras_s * 1e3:.2f} | {ours_1 * 1e3:.2f} | "
-          f"{keras_s / ours_1:.2f} | >= 0.9 |")
-    print(f"| 2 workers AllReduce vs MultiWorkerMirroredStrategy | {mwms_s * 1e3:.2f} | "
-          f"{ours_2 * 1e3:.2f} | {mwms_s / ours_2:.2f} | >= 1.0 |")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; global batch "
+          f"{args.batch}, {args.steps} steps per launch, median after the first 20%; "
+          f"{args.rounds} rounds in alternating order: median (min-max)\n")
+    print("| model | comparison | baseline ms/step | autodist ms/step | "
+          "baseline / autodist |")
+    print("|---|---|---:|---:|---:|")
+    for name in names:
+        for base, ours, label in (("keras", "autodist_1", "1 worker vs plain Keras fit"),
+                                  ("mwms", "autodist_2",
+                                   "2 workers AllReduce vs MultiWorkerMirroredStrategy")):
+            ratios = [b / o for b, o in zip(got[(name, base)], got[(name, ours)])]
+            print(f"| {name} | {label} | {_spread(got[(name, base)], 1e3)} | "
+                  f"{_spread(got[(name, ours)], 1e3)} | {_spread(ratios)} |")
     return 0
 
 

@@ -298,10 +298,48 @@ class JobDir:
         return ResourceSpec.deserialize(self.file("resource_spec.pb").read_bytes())
 
     def config(self) -> RunConfig:
-        return RunConfig(**json.loads(self.file("run.json").read_text()))
+        """The job's `RunConfig` (run.json).
+
+        Raises:
+            JobArchiveError: run.json is not a config this autodist wrote (not
+                JSON, a field it does not know, e.g. of a newer version).
+        """
+        data = self._json_object("run.json")
+        try:
+            return RunConfig(**data)
+        except TypeError as e:
+            known = {f.name for f in dataclasses.fields(RunConfig)}
+            unknown = sorted(str(k)[:64] for k in data if k not in known)[:5]
+            raise JobArchiveError(
+                f"run.json of job {str(self.path)!r} is not a config of this autodist "
+                f"version: unknown fields {unknown} (a job from a newer version?) or missing "
+                f"ones ({str(e)[:200]})") from None
 
     def ports(self) -> list[int]:
-        return json.loads(self.file("cluster.json").read_text())["ports"]
+        """The tasks' ports (cluster.json).
+
+        Raises:
+            JobArchiveError: cluster.json holds no list of ports.
+        """
+        ports = self._json_object("cluster.json").get("ports")
+        if not isinstance(ports, list) or not all(
+                isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 65536 for p in ports):
+            raise JobArchiveError(f"cluster.json of job {str(self.path)!r} holds no list of "
+                                  f"ports. Received: {str(ports)[:200]}")
+        return ports
+
+    def _json_object(self, name: str) -> dict[str, Any]:
+        """A JSON object file of the job; JobArchiveError if it is anything else."""
+        try:
+            data = json.loads(self.file(name).read_bytes())
+        except FileNotFoundError:
+            raise JobArchiveError(f"job {str(self.path)!r} has no {name}") from None
+        except (ValueError, RecursionError) as e:
+            raise JobArchiveError(f"{name} of job {str(self.path)!r} is not JSON: "
+                                  f"{type(e).__name__}") from None
+        if not isinstance(data, dict):
+            raise JobArchiveError(f"{name} of job {str(self.path)!r} is not a JSON object")
+        return data
 
     def init_values(self) -> dict[str, np.ndarray]:
         with np.load(self.file("init.npz")) as data:
@@ -398,9 +436,18 @@ class JobDir:
         is checked before anything is written.
 
         Raises:
-            ValueError: the archive holds something `pack` never writes.
+            JobArchiveError: the archive is not one `pack` writes (damaged, or holding
+                anything else).
         """
         job = cls(path)
+        try:
+            return job._unpack(archive)
+        except (tarfile.TarError, EOFError) as e:   # not a tar archive, or a damaged one
+            raise JobArchiveError(f"the job archive cannot be read: {type(e).__name__}: "
+                                  f"{str(e)[:200]}") from None
+
+    def _unpack(self, archive: bytes) -> JobDir:
+        job = self
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
             members = tar.getmembers()
             if len(members) > _MAX_ARCHIVE_MEMBERS:
@@ -410,6 +457,10 @@ class JobDir:
                 allowed = name in _ARCHIVE_FILES or _ARCHIVE_DATA.fullmatch(name)
                 if not member.isfile() or not allowed:
                     raise JobArchiveError(f"job archive holds an unexpected member {name[:200]!r}")
+            # Every archive holds these (a parameter server's has no initial values).
+            missing = sorted(set(_ARCHIVE_FILES[:-1]) - {m.name for m in members})
+            if missing:
+                raise JobArchiveError(f"job archive misses {missing}")
             job._make_subdirs()
             for member in members:
                 source = tar.extractfile(member)

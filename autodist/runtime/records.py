@@ -139,6 +139,8 @@ def _loads(raw: bytes | str, kind: str) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise RecordError(f"a {kind} is not JSON: {e}. Received: {_short(raw)}") from None
+    except RecursionError:   # what a peer sends may nest without bound
+        raise RecordError(f"a {kind} is nested too deeply. Received: {_short(raw)}") from None
 
 
 @dataclasses.dataclass(frozen=True)

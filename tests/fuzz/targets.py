@@ -547,6 +547,139 @@ class DatabaseLines(Target):
                 raise AssertionError(f"skip reason not bounded: {len(s.reason)} chars")
 
 
+# ---------------------------------------------------------------- records
+class RecordMessages(Target):
+    """The JSON records between a run's processes (mailboxes, job files): step reports,
+    progress lines, run limits, epoch decisions, results, worker messages, loss records,
+    change requests and dataset descriptions. A peer or a damaged job file can send any
+    bytes; each must read as a record or raise `RecordError`."""
+
+    name = "records"
+
+    def setup(self, workdir: pathlib.Path) -> None:
+        from autodist.runtime import records as r
+        from autodist.runtime.elastic import Segment
+
+        self.error = r.RecordError
+        sample = r.MonitorSample(batches=(8, 8, 16), sq_norms=(3.0, 5.0, 2.5),
+                                 compute_s=(0.01,), communication_s=(0.02,), tasks=(0,),
+                                 examples=(32,))
+        result = r.WorkerResult(
+            losses=(0.5, 0.25), step_times=(0.1, 0.2), steps_per_epoch=2, epoch_starts=(0, 2),
+            step_examples=(64, 64), max_lead=1, resizes=(r.ResizeEvent(1, 2, 0, 0.5),),
+            monitor=(r.MonitoredStep(0, sample),), epoch_metrics=((1.0, [2.0, 3.0]),))
+        self.records = [
+            r.StepReport(task=1, step=7, loss=0.25, monitor=sample, metrics=(1.0, [2.0])),
+            r.ProgressRecord(step=12, epoch=2, epoch_step=0, loss=1.5, seconds=0.01,
+                             examples=64, last_of_epoch=False, workers=3, plan=1,
+                             monitor=sample),
+            r.RunLimit(limit=8, final=False, segments=(Segment(0, 0, 4, (0, 1)),
+                                                       Segment(1, 4, 8, (0,), 1)),
+                       plans=("strategy text",)),
+            result,
+            r.WorkerResult(steps_per_epoch=3, probe={"/job:worker/task:0/device:CPU:0":
+                                                     r.Probe(32, (0.1, 0.2))}),
+            r.WorkerMessage(task=2, error="Traceback ..."),
+            r.WorkerMessage(task=2, result=result),
+            r.ChangeRequest(sequence=3, members=(0, 2)),
+            r.ChangeRequest(sequence=4, strategy="text"),
+            r.LossRecord(step=5, loss=0.125),
+            r.DatasetDescription(dtypes=("float32", "int32", "float32"),
+                                 shapes=((None, 8), (None,), (None,)), num_inputs=1,
+                                 num_targets=1, weighted=True, batches=None,
+                                 cardinality_known=False, passes_before=3),
+        ]
+        self.raw = [record.to_json() for record in self.records]
+        self.raw = [raw.encode() if isinstance(raw, str) else raw for raw in self.raw]
+
+    def case(self, rng: random.Random) -> Files:
+        k = rng.randrange(len(self.records))
+        data = self.raw[k]
+        if rng.random() < 0.6:
+            obj = json.loads(data)
+            for _ in range(rng.choice((1, 1, 2))):
+                set_random_path(obj, rng, _maybe_deep(rng))
+            data = _splice_deep(json.dumps(obj), rng).encode("utf-8", "surrogatepass")
+        else:
+            data = mutate_bytes(data, rng)
+        return {"record": data, "kind": str(k).encode()}
+
+    def check(self, files: Files, workdir: pathlib.Path) -> None:
+        kind = type(self.records[int(files["kind"])])
+        record = kind.from_json(files["record"])
+        again = record.to_json()   # what reads is a record: it writes again as it read
+        if kind.from_json(again) != record:
+            raise AssertionError(f"a {kind.__name__} read does not survive writing it again")
+
+
+# ---------------------------------------------------------------- job messages
+class JobMessages(Target):
+    """What reaches `autodist serve`'s job box from anyone on the network: the sealed job
+    message (magic, tag, header, archive), read by `signing.unseal` with the cluster's
+    secret and without one (``--insecure``), then the archive unpacked and its config and
+    ports read, as a serving task does before it runs a job. Each must give a job or
+    raise a named error (`AutodistError`: rejected, damaged archive, foreign config)."""
+
+    name = "job_message"
+
+    def setup(self, workdir: pathlib.Path) -> None:
+        import dataclasses
+        import io
+        import tarfile
+        import time
+
+        from autodist.ir.errors import AutodistError
+        from autodist.launch import signing
+        from autodist.launch.job import JobDir, RunConfig
+
+        self.error = AutodistError
+        self.signing, self.JobDir = signing, JobDir
+        self.secret = b"a-cluster-secret-of-some-length"
+        self.now = time.time()
+        files = {"graph_item.pb": b"\x08\x01", "strategy.pb": b"", "resource_spec.pb": b"",
+                 "run.json": json.dumps(dataclasses.asdict(
+                     RunConfig(global_batch_size=16, job_id="cafe01"))).encode(),
+                 "cluster.json": json.dumps({"ports": [2222, 2223]}).encode(),
+                 "init.npz": b"PK\x05\x06" + b"\x00" * 18,
+                 "data/y.npy": b"\x93NUMPY"}
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        self.archive = buffer.getvalue()
+        self.work = workdir
+
+    def case(self, rng: random.Random) -> Files:
+        secret = self.secret if rng.random() < 0.5 else None
+        archive = self.archive
+        roll = rng.random()
+        if roll < 0.35:   # a damaged archive, sealed as it is: only the reader stands
+            archive = mutate_bytes(archive, rng)
+        header_id = rng.choice(("cafe01", "x" * 64, "cafe01\"", ""))
+        message = self.signing.seal(self.secret if secret is not None and rng.random() < 0.8
+                                    else None, header_id, "worker:1", archive,
+                                    self.now + rng.choice((0, 0, 0, 1e6, -1e6)))
+        if roll >= 0.35:
+            message = mutate_bytes(message, rng) if rng.random() < 0.8 else \
+                rng.choice((b"[" * 3000, b"", message[:20], message + b"\x00" * 100))
+        return {"message": message, "secret": b"1" if secret is not None else b""}
+
+    def check(self, files: Files, workdir: pathlib.Path) -> None:
+        import shutil
+        import tempfile
+
+        secret = self.secret if files["secret"] else None
+        _, archive = self.signing.unseal(files["message"], secret, "worker:1", self.now)
+        work = pathlib.Path(tempfile.mkdtemp(dir=workdir))
+        try:
+            job = self.JobDir.unpack(archive, work)
+            job.config(), job.ports()
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 # ---------------------------------------------------------------- cost model
 class CostModelFile(Target):
     name = "cost_model"
@@ -735,5 +868,5 @@ class HarnessSelfTest(Target):
 
 TARGETS: dict[str, type[Target]] = {t.name: t for t in (
     StrategyBinary, StrategyText, ResourceSpecYaml, TfConfig, ResourceSpecBinary,
-    DatabaseLines, CostModelFile, CheckpointFiles)}
+    DatabaseLines, RecordMessages, JobMessages, CostModelFile, CheckpointFiles)}
 SELF_TESTS: dict[str, type[Target]] = {HarnessSelfTest.name: HarnessSelfTest}

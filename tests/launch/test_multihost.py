@@ -262,9 +262,11 @@ def test_a_job_without_the_secret_is_rejected_and_the_task_serves_on(tmp_path, m
             process.wait(timeout=10)
     text = log.read_text()
     assert text.count("JobRejectedError: task worker:1") == 2
-    assert "ReadError: task worker:1 rejected a job (claimed job id 'cafe00')" in text
-    assert "TypeError: task worker:1 rejected a job (claimed job id 'cafe01')" in text
-    assert "a_field_from_the_future" in text
+    # Named: a damaged archive and a config of another version are JobArchiveErrors.
+    assert "JobArchiveError: task worker:1 rejected a job (claimed job id 'cafe00')" in text
+    assert "the job archive cannot be read: ReadError" in text
+    assert "JobArchiveError: task worker:1 rejected a job (claimed job id 'cafe01')" in text
+    assert "unknown fields ['a_field_from_the_future']" in text
     assert "bad signature" in text and "the job is unsigned" in text
     assert SECRET not in text and "not-the-cluster-secret" not in text
     assert "task worker:1 received a job" in text and "task worker:1 done" in text
