@@ -87,15 +87,6 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
     ar_shards = [s for s in all_shards if s.kind == "all_reduce"]
     with program.graph.as_default():
         hyper_cache: dict[tuple[tf.DType, str], dict[str, tf.Tensor]] = {}
-        counts: dict[str, tf.Tensor] = {}
-
-        def replica_count(device):
-            # The number of gradients a take waits for, one constant per device.
-            if device not in counts:
-                with tf.device(device), tf.control_dependencies(None):
-                    counts[device] = tf.constant(len(strategy.replicas), tf.int32)
-            return counts[device]
-
         def update(var, gradient: ReducedGradient, slots, step=None, finite=None):
             dtype = var.dtype.base_dtype
             step = update_count if step is None else step
@@ -207,27 +198,29 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
             var = get_storage(program, shard, program.replicas[0])
             slots = Slots(get_slots(program, shard, program.replicas[0]))
             destination = shard.synchronizer.ps.reduction_destination
-            acc = ps.accumulator(shard, version=options.version)
-            # Keras squares each occurrence of a sparse row: accumulate those too.
-            square_acc = ps.accumulator(shard, "square", options.version) \
+            # Every replica of the strategy pushes; the chief sums in replica order.
+            everyone = range(len(strategy.replicas))
+            total_sum = ps.OrderedSum(shard, everyone, version=options.version)
+            # Keras squares each occurrence of a sparse row: sum those too.
+            square_sum = ps.OrderedSum(shard, everyone, "square", options.version) \
                 if shard.sparse and optimizer_squares_gradient(gi.optimizer) else None
             shard_pushes = []
             for r in replicas_with_grad:
                 grad = scaled[r.index][shard.name]
                 with tf.device(r.device):
-                    shard_pushes.append(ps.push(acc, shard, grad, step_value))
-                    if square_acc is not None:
-                        squares = tf.IndexedSlices(tf.square(grad.values), grad.indices,
-                                                   grad.dense_shape)
-                        shard_pushes.append(ps.push(square_acc, shard, squares, step_value))
+                    squares = None if square_sum is None else tf.IndexedSlices(
+                        tf.square(grad.values), grad.indices, grad.dense_shape)
+                with tf.device(destination):   # where the queues are
+                    shard_pushes.append(total_sum.push(r.index, grad))
+                    if squares is not None:
+                        shard_pushes.append(square_sum.push(r.index, squares))
             pushes += shard_pushes
             if options.is_chief:
                 # The update runs where the variable lives, once this task's pushes are in.
-                num_required = replica_count(destination)
                 with tf.device(destination), tf.control_dependencies(shard_pushes):
-                    total = ps.take(acc, shard, num_required)
-                    total_square = None if square_acc is None else dense_gradient(
-                        ps.take(square_acc, shard, num_required), shard.shape)
+                    total = total_sum.take()
+                    total_square = None if square_sum is None else dense_gradient(
+                        square_sum.take(), shard.shape)
                 ps_takes.append((destination, var, slots,
                                  ReducedGradient(shard.var_name, total, total_square,
                                                  shard.sparse)))

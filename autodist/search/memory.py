@@ -17,10 +17,11 @@ each plus an 8-byte index):
   it); an all-gathered one holds its own rows r·(row + 8) and every
   replica's W·r·(row + 8);
 * on a parameter server, in its node's host pool: the variable and its
-  slots (1 + S)·B and the accumulator the replicas push into (B; for a
-  sparse gradient the pushed rows, at most the table, twice for squaring
-  optimizers); on every replica the value it reads and its gradient, 2·B
-  (sparse: the r rows read and their gradient);
+  slots (1 + S)·B and, synchronous, every replica's gradient queued for the
+  chief's sum in replica order and the sum, (W + 1)·B (sparse: the W·r
+  pushed rows and their concatenation, twice for squaring optimizers;
+  asynchronous: one gradient, B or r rows); on every replica the value it
+  reads and its gradient, 2·B (sparse: the r rows read and their gradient);
 * local replication adds a copy B in the host pool of every node that runs
   replicas;
 * an update that densifies a sparse gradient (every rule but plain SGD)
@@ -216,12 +217,17 @@ class MemoryModel:
             update_temp = b if var.sparse_gradient and self._dense_updates else 0.0
             if shard.WhichOneof("kind") == "ps":
                 home = _HOST0 + spec.node_of(shard.ps.reduction_destination)
+                # Synchronous: every replica's gradient waits in its queue for the
+                # chief's ordered sum (`ps_synchronizer.OrderedSum`); asynchronous:
+                # one gradient at a time is applied.
+                queued = w if shard.ps.sync and not shard.ps.staleness else 1
                 if var.sparse_gradient:
-                    pushed = min(w * sparse_rows, b + sizes[k] * INDEX_BYTES)
+                    # The queued rows, and the sum's concatenation of them.
+                    pushed = queued * sparse_rows * (2 if queued > 1 else 1)
                     out[home] += (1 + slots) * b + pushed * (2 if self._squares else 1)
                     out[REPLICA] += rows * row_bytes + sparse_rows
                 else:
-                    out[home] += (1 + slots) * b + b
+                    out[home] += (1 + slots) * b + (queued + (queued > 1)) * b
                     out[REPLICA] += 2 * b
                 out[home] += update_temp
                 if shard.ps.local_replication:

@@ -81,17 +81,18 @@ def test_collectives_span_every_replica_of_every_task(ncf_item, task_index):
 
 def test_the_chief_takes_every_replicas_gradient(ncf_item):
     program = _program(ncf_item, builders.PS(), 0)
-    takes = [op for op in program.graph.get_operations() if "TakeGradient" in op.type]
-    assert takes and {_const(op.inputs[1]) for op in takes} == {4}
-    # Both local replicas push to each accumulator.
-    pushes = [op for op in program.graph.get_operations()
-              if "Accumulator" in op.type and "Apply" in op.type]
-    per_accumulator: dict[str, int] = {}
-    for op in pushes:
-        per_accumulator[op.inputs[0].op.name] = per_accumulator.get(op.inputs[0].op.name, 0) + 1
-    # One accumulator per variable, and for Adam one of squared rows per embedding.
-    assert len(per_accumulator) == len(ncf_item.variables) + 2
-    assert set(per_accumulator.values()) == {2}
+    ops = program.graph.get_operations()
+    # One queue per replica (4: 2 tasks x 2) for every variable, and for Adam one of
+    # squared rows per embedding; the chief dequeues from each, in replica order.
+    queues = [op for op in ops if op.type == "FIFOQueueV2" and "_ps_sum_" in op.name]
+    assert len(queues) == 4 * (len(ncf_item.variables) + 2)
+    assert len([op for op in ops if op.type == "QueueDequeueV2"
+                and "_ps_sum_" in op.inputs[0].op.name]) == len(queues)
+    # This task's 2 local replicas push to their own queues of each variable.
+    pushes = [op.inputs[0].op.name for op in ops if op.type == "QueueEnqueueV2"
+              and "_ps_sum_" in op.inputs[0].op.name]
+    assert len(pushes) == len(set(pushes)) == 2 * (len(ncf_item.variables) + 2)
+    assert {name.rsplit("_replica_", 1)[1] for name in pushes} == {"0", "1"}
 
 
 def test_local_replication_one_copy_per_task_read_by_both_replicas(ncf_item):

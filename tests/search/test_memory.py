@@ -71,15 +71,16 @@ def _ar(spec=AllReduceSynchronizer.AUTO):
 @pytest.mark.parametrize("name,config,expected", [
     # Mirrored: (1 + 2 slots) x 1e6 + gradient 1e6 + fused buffer 1e6.
     ("w", _ar(), {REPLICA: 5e6}),
-    # On node 1's PS: variable, slots and accumulator; replicas read it and push a gradient.
-    ("w", _ps(W1), {HOST1: 4e6, REPLICA: 2e6}),
-    ("w", _ps(W0, local=True), {HOST0: 4e6, REPLICA: 2e6, WORKER_HOST: 1e6}),
-    ("w", _ps(W0, W1), {HOST0: 2e6, HOST1: 2e6, REPLICA: 2e6}),
-    # Sparse on a PS: (1 + 2) x 1e6, the 4 replicas' pushed rows 4 x 20 x (100 + 8) twice
-    # (their squares), and the dense temporary of Adam's update 1e6; each replica reads 20
-    # rows (2000 B) and pushes their gradient (2160 B).
-    ("emb", _ps(W0), {HOST0: 3e6 + 17280 + 1e6, REPLICA: 4160}),
-    ("emb", _ps(W0, W1), {HOST0: 1.5e6 + 8640 + 5e5, HOST1: 1.5e6 + 8640 + 5e5,
+    # On node 1's PS: variable and slots, the 4 replicas' queued gradients and their sum;
+    # replicas read it and push a gradient.
+    ("w", _ps(W1), {HOST1: 3e6 + 5e6, REPLICA: 2e6}),
+    ("w", _ps(W0, local=True), {HOST0: 8e6, REPLICA: 2e6, WORKER_HOST: 1e6}),
+    ("w", _ps(W0, W1), {HOST0: 1.5e6 + 2.5e6, HOST1: 1.5e6 + 2.5e6, REPLICA: 2e6}),
+    # Sparse on a PS: (1 + 2) x 1e6, the 4 replicas' queued rows 4 x 20 x (100 + 8) and
+    # their concatenation, twice (their squares), and the dense temporary of Adam's update
+    # 1e6; each replica reads 20 rows (2000 B) and pushes their gradient (2160 B).
+    ("emb", _ps(W0), {HOST0: 3e6 + 2 * 17280 + 1e6, REPLICA: 4160}),
+    ("emb", _ps(W0, W1), {HOST0: 1.5e6 + 2 * 8640 + 5e5, HOST1: 1.5e6 + 2 * 8640 + 5e5,
                           REPLICA: 4160}),
     # All-gathered: the table and slots, its own rows and all 4 replicas' (5 x 2160), and
     # the dense temporary of the update.
@@ -113,11 +114,12 @@ def test_pools_of_gpu_nodes():
                      "host memory of /job:worker/task:0", "host memory of /job:worker/task:1"]
     np.testing.assert_allclose(model.capacities, [1e9, 64e9, 64e9])
     np.testing.assert_allclose(model.fixed[REPLICA], 11000)
-    # w on node 1's PS with a local copy, emb all-gathered.
+    # w on node 1's PS with a local copy (its variable, 2 slots, the 4 replicas' queued
+    # gradients and their sum), emb all-gathered.
     columns = (model.config_columns(_workload().variable("w"), _ps(W1, local=True))
                + model.config_columns(_workload().variable("emb"), _ar()))
     np.testing.assert_allclose(model.pool_bytes(columns)[0],
-                               [11000 + 2e6 + 4010800, 1e6, 4e6 + 1e6])
+                               [11000 + 2e6 + 4010800, 1e6, 8e6 + 1e6])
 
 
 def test_cpu_replicas_share_their_host_with_ps_variables():
