@@ -11,16 +11,26 @@ ops to sum over the replicas (`autodist.kernels.batch_norm`), so every
 replica normalizes with the global batch's statistics and the gradients are
 those of one device.
 
-A layer whose ops do not have this shape (masked moments, `synchronized=True`,
-a custom normalization) is listed as not syncable, with the reason.
+A layer that normalizes the model's input (nothing trainable before it) has
+no gradient of its moments: only its forward sums are rewritten. A layer
+whose ops do not have this shape (masked moments, `synchronized=True`, a
+custom normalization) is listed as not syncable, with the reason.
 """
 from __future__ import annotations
 
 from autodist.proto import graph_item_pb2
 
 
-def analyze(graph_def) -> list[graph_item_pb2.BatchNormInfo]:
-    """Every batch-statistics computation of the step (see the module docstring)."""
+def analyze(graph_def, trainable_handles=frozenset()) -> list[graph_item_pb2.BatchNormInfo]:
+    """Every batch-statistics computation of the step (see the module docstring).
+
+    Args:
+        graph_def: The step.
+        trainable_handles: The nodes of the trainable variables' handles. A layer
+            whose input depends on none of them (it normalizes the model's
+            input) has no gradient of its moments: its statistics are summed
+            forward only (`BatchNormInfo.mean_gradient` left empty).
+    """
     nodes = {n.name: n for n in graph_def.node}
     consumers: dict[str, list] = {}
     for node in graph_def.node:
@@ -46,6 +56,10 @@ def analyze(graph_def) -> list[graph_item_pb2.BatchNormInfo]:
                 break
             found.append(gradient)
         if len(found) < 2:
+            if not found and not _depends_on(node, nodes, set(trainable_handles)):
+                info.syncable = True   # nothing trainable before it: no backward to sum
+                out.append(info)
+                continue
             out.append(_unsyncable(info, "the gradient of its moments was not found"))
             continue
         (info.mean_gradient, info.mean_upstream), \
@@ -87,6 +101,20 @@ def _gradient_of(mean, nodes, consumers) -> tuple[str, str] | None:
     return None
 
 
+def _depends_on(node, nodes, handles: set) -> bool:
+    """Whether `node` is computed from any of the nodes named `handles`."""
+    seen, todo = set(), [node.name]
+    while todo:
+        name = todo.pop()
+        if name in handles:
+            return True
+        if name in seen or name not in nodes:
+            continue
+        seen.add(name)
+        todo.extend(i.lstrip("^").split(":")[0] for i in nodes[name].input)
+    return False
+
+
 def _of(consumers, node, op: str) -> list:
     return [c for c in consumers.get(node.name, []) if c.op == op]
 
@@ -97,5 +125,6 @@ def _unsyncable(info, reason: str):
 
 
 def _layer(scope: str) -> str:
-    parts = scope.split("/")
-    return "/".join(parts[:2]) if len(parts) > 2 else scope
+    """The layer's name scope in the step, nested models included (the traced step adds
+    "_1" to each name: the user's `batch_normalization` is `batch_normalization_1`)."""
+    return scope

@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from autodist.ir.errors import CaptureError
 from autodist.ir import batch_norms, loss_masks, random_ops
+from autodist.ir.batch_shapes import graph_at_batch
 from autodist.ir.graph_item import LOSS_SCALE_INPUT, GraphItem
 from autodist.ir.op_costs import estimate_ops
 from autodist.proto import graph_item_pb2
@@ -194,14 +195,19 @@ def _rows_per_example(gradients: list, inputs) -> list:
     return out
 
 
+# Ops whose outputs depend on their input's shape, not its values.
+_SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+
 def _reads_any(tensor, sources: set) -> bool:
-    """Whether `tensor` is computed from any of the ops `sources`."""
+    """Whether `tensor` is computed from the values of any of the ops `sources` (a
+    position embedding's `arange` over a variable length reads only their shape)."""
     seen, todo = set(), [tensor.op]
     while todo:
         op = todo.pop()
         if op in sources:
             return True
-        if op in seen:
+        if op in seen or op.type in _SHAPE_OPS:
             continue
         seen.add(op)
         todo.extend(t.op for t in op.inputs)
@@ -1156,13 +1162,19 @@ def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, opti
         info.slots.extend(_slot_names(optimizer_info, t.name))
         variables.append(info)
 
-    ops = estimate_ops(graph, batch_size, _producer(loss.op).name, keep=_ancestors(fetches) - dropped)
-    _count_sparse_rows(graph_def, inputs, variables, ops, batch_size)
+    # Shapes at exactly `batch_size` examples where shape inference can tell them (a
+    # dimension derived from the batch, e.g. UpSampling2D's gradient reshapes, is then
+    # known, not guessed as the batch); the traced graph's otherwise.
+    at_batch = graph_at_batch(graph_def, inputs, batch_size, _handles(traced, states))
+    ops = estimate_ops(at_batch or graph, batch_size, _producer(loss.op).name,
+                       keep=_ancestors(fetches) - dropped)
+    if at_batch is not None:
+        _count_sparse_rows(at_batch, variables, ops)
     proto = graph_item_pb2.GraphItem(
         graph_def=graph_def.SerializeToString(deterministic=True), source=source, name=name,
         inputs=inputs, loss_tensor=loss.name, variables=variables, state_variables=states,
         optimizer=optimizer_info, ops=ops, estimate_batch_size=batch_size,
-        metric_states=metrics, batch_norms=batch_norms.analyze(graph_def),
+        metric_states=metrics, batch_norms=batch_norms.analyze(graph_def, {v.handle_node for v in variables}),
         loss_masks=loss_masks.analyze(graph_def),
         random_ops=random_ops.analyze(graph_def, inputs, _handles(traced, states)),
         tables=tables)
@@ -1210,32 +1222,20 @@ def _state_info(name, handle_node, dtype, shape, updates) -> graph_item_pb2.Stat
                                     update_ops=updates)
 
 
-def _count_sparse_rows(graph_def, inputs, variables, ops, batch_size: int) -> None:
-    """Sets the output bytes of each sparse gradient's values at `batch_size` examples.
+def _count_sparse_rows(graph: tf.Graph, variables, ops) -> None:
+    """Sets the output bytes of each sparse gradient's values in `graph` (the step at
+    the estimate batch, `_graph_at_batch`).
 
     A lookup of several ids per example flattens them into one unknown
     dimension (batch x ids), which the per-op estimate takes for the batch
-    alone. Shape inference on a copy of the step whose inputs hold exactly
-    `batch_size` examples gives the real number of rows (one per lookup);
-    where it cannot tell, the estimate stays.
+    alone. Shape inference on the step whose inputs hold exactly the batch
+    gives the real number of rows (one per lookup); where it cannot tell, the
+    estimate stays.
     """
-    sparse = [v for v in variables if v.sparse_gradient]
-    if not sparse:
-        return
-    graph = tf.Graph()
-    with graph.as_default():
-        feeds = {}
-        for t in inputs:
-            if not t.shape:
-                continue
-            shape = [batch_size if d < 0 else d for d in t.shape]
-            feeds[t.tensor] = tf.compat.v1.placeholder(tf.as_dtype(t.dtype), shape)
-        try:
-            tf.import_graph_def(graph_def, input_map=feeds, name="")
-        except (ValueError, tf.errors.OpError):
-            return
     by_name = {op.name: op for op in ops}
-    for var in sparse:
+    for var in variables:
+        if not var.sparse_gradient:
+            continue
         op = by_name.get(var.gradient.values.split(":")[0])
         shape = graph.get_tensor_by_name(var.gradient.values).shape
         if op is not None and shape.is_fully_defined():

@@ -23,6 +23,7 @@ from typing import Mapping, Sequence
 
 import tensorflow as tf
 
+from autodist.ir.batch_shapes import graph_at_batch
 from autodist.proto import graph_item_pb2
 
 # Stateless ops drawing a tensor of the shape given as input 0.
@@ -109,22 +110,9 @@ def set_batch_axis(info, small: Sequence[int], large: Sequence[int]):
 def _shapes_at(graph_def, inputs, batch: int, nodes,
                handles: Mapping[str, tuple[str, Sequence[int]]]) -> dict[str, list[int] | None]:
     """The shape each node draws with `batch` examples (None: not inferred)."""
-    graph = tf.Graph()
-    with graph.as_default():
-        # Handles that know their variable's shape: reads then have known shapes.
-        feeds = {f"{node}:0": tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(dtype), shape=shape,
-                                                     shared_name=f"shape_of_{i}")
-                 for i, (node, (dtype, shape)) in enumerate(sorted(handles.items()))}
-        for info in inputs:
-            if not info.shape:
-                continue
-            shape = [batch] + [_FIXED_LENGTH if d < 0 else d for d in info.shape[1:]]
-            dtype = tf.as_dtype(info.dtype)
-            feeds[info.tensor] = tf.compat.v1.placeholder(dtype, shape)
-        try:
-            tf.import_graph_def(graph_def, input_map=feeds, name="")
-        except (ValueError, tf.errors.OpError):
-            return {}
+    graph = graph_at_batch(graph_def, inputs, batch, handles, length=_FIXED_LENGTH)
+    if graph is None:
+        return {}
     out = {}
     for node in nodes:
         # The draw's shape as TensorFlow's shape inference reads it from the shape input.

@@ -47,6 +47,8 @@ def for_global_batch(graph_def, batch_norms: Sequence, sums: ReplicaSums) -> Non
     for info in batch_norms:
         _moment(graph_def, nodes[info.mean], sums)
         _moment(graph_def, nodes[info.variance], sums)
+        if not info.mean_gradient:   # it normalizes the model's input: no backward
+            continue
         _gradient(graph_def, nodes[info.mean_gradient], nodes[info.mean_upstream], sums)
         _gradient(graph_def, nodes[info.variance_gradient], nodes[info.variance_upstream],
                   sums)

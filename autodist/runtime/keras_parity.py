@@ -41,11 +41,11 @@ def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
     found = graph_item.batch_norms
     if len(strategy.virtual_node_devices) <= 1 or not (layers or found):
         return
-    unsynced = [bn.layer for bn in found if not bn.syncable]
+    unsynced = sorted(f"{bn.layer} ({bn.reason})" for bn in found if not bn.syncable)
     if unsynced or len(layers) > len(found):
-        names = unsynced or [layer.name for layer in layers]
+        names = unsynced or sorted(layer.name for layer in layers)
         warnings.warn(
-            f"batch normalization layer(s) {sorted(names)} compute their statistics in a way "
+            f"batch normalization layer(s) {names} compute their statistics in a way "
             "the runtime cannot sum over replicas (masked moments, synchronized=True, or not "
             "tf.nn.moments): each replica normalizes with its own part of the batch, so the "
             "run differs from Keras fit. Use keras.layers.BatchNormalization without a mask",

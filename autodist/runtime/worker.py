@@ -436,6 +436,14 @@ class Trainer:
             if self.program.metric_states:
                 fetches["metrics"] = self.program.metric_states
             ps_op, after, ssp = outputs.ps_op, outputs.after_step, outputs.ssp
+            if after is not None and config.on_failure != "continue":
+                # The wait for the chief's update (synchronous PS) in the step's last
+                # run: one session run fewer per step. A recoverable run keeps it
+                # apart, so that a worker's loss is recorded before it waits (`recovery`).
+                if ps_op is None:
+                    fetches["after"], after = after, None
+                else:
+                    ps_op, after = [ps_op, after], None
             epoch, step, _, epoch_steps = self.schedule.locate(index)
             data = self.data.batch(index)
             parts = batching.virtual_node_rows(data.rows, self.strategy.num_virtual_nodes)

@@ -365,3 +365,19 @@ def test_v1_adam_hyperparameters():
     assert hp["learning_rate"] == pytest.approx(0.003)
     assert hp["beta_1"] == pytest.approx(0.8)
     assert list(gi.variable("w").slots) == ["m", "v"]
+
+
+def test_shapes_derived_from_the_batch_are_inferred_not_guessed():
+    # UpSampling2D's gradient reshapes to several dimensions derived from the batch; each
+    # guessed as the batch made one op 2^52 bytes and optimize predicted 56,000 s a step.
+    import keras  # pylint: disable=import-outside-toplevel
+
+    inputs = keras.Input((4, 4, 2))
+    h = keras.layers.UpSampling2D()(keras.layers.Conv2D(3, 3, padding="same")(inputs))
+    model = keras.Model(inputs, keras.layers.Conv2DTranspose(1, 3, padding="same")(h))
+    model.compile(optimizer="adam", loss="mse")
+    gi = capture(model, estimate_batch_size=32)
+    biggest = max(gi.ops, key=lambda op: op.output_bytes)
+    # The largest tensors of the step: 32 x 8 x 8 x 3 floats.
+    assert biggest.output_bytes <= 32 * 8 * 8 * 3 * 4, (biggest.name, biggest.output_bytes)
+    assert gi.total_flops < 1e8

@@ -313,3 +313,43 @@ def test_metric_logs_refuse_a_model_compiled_again_with_other_metrics():
     model._symbolic_build(data_batch=(np.zeros((2, 12), np.float32), np.zeros(2, np.int32)))
     with pytest.raises(autodist.AutodistError, match="not those it was captured with"):
         MetricLogs(model, gi)
+
+
+def test_a_position_embedding_over_a_variable_length_is_captured_dense():
+    # keras-io's NMT and text transformers look positions up at arange(length of the
+    # batch): the indices read the input's shape, not its ids, so every row is summed
+    # over the batch and Adam must square the sum (a sparse capture squared each
+    # replica's part: 8e-4 in the weights on 2 workers, silently).
+    class TokenAndPosition(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.tokens = keras.layers.Embedding(20, 4, name="tokens")
+            self.positions = keras.layers.Embedding(8, 4, name="positions")
+
+        def call(self, ids):
+            length = keras.ops.shape(ids)[-1]
+            return self.tokens(ids) + self.positions(keras.ops.arange(0, length, 1))
+
+    ids = keras.Input((None,), dtype="int64", name="ids")
+    pooled = keras.layers.GlobalAveragePooling1D()(TokenAndPosition(name="embed")(ids))
+    model = keras.Model(ids, keras.layers.Dense(2)(pooled))
+    model.compile(optimizer="adam", loss="mse")
+    sparse = {v.name: v.sparse_gradient for v in capture(model).variables}
+    assert sparse["embed/positions/embeddings"] is False
+    assert sparse["embed/tokens/embeddings"] is True   # each row one example's lookup
+
+
+def test_batch_normalization_of_the_model_input_is_summed_forward_only():
+    # Nothing trainable before it: the step has no gradient of its moments, and its
+    # statistics are summed over replicas in the forward pass alone (it was refused
+    # as "not syncable" and each replica normalized with its own half of the batch).
+    model = keras.Sequential([keras.Input((6,)), keras.layers.BatchNormalization(name="bn_in"),
+                              keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.BatchNormalization(name="bn_hidden"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    # Named by their name scope in the traced step ("sequential_1/bn_in_1").
+    found = {bn.layer.split("/")[-1].rsplit("_", 1)[0]: bn for bn in capture(model).batch_norms}
+    assert set(found) == {"bn_in", "bn_hidden"}, list(found)
+    assert found["bn_in"].syncable and not found["bn_in"].mean_gradient
+    assert found["bn_hidden"].syncable and found["bn_hidden"].mean_gradient

@@ -801,11 +801,163 @@ def digits_sample_weight() -> ZooCase:
                    model, x, y, _fit_kwargs(sample_weight=sample_weight, validation_split=0.2))
 
 
+class _NmtPositionalEmbedding(layers.Layer):
+    """Token and position embeddings of a variable-length sequence, with a padding mask."""
+
+    def __init__(self, sequence_length: int, vocab_size: int, embed_dim: int,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.token_embeddings = layers.Embedding(vocab_size, embed_dim)
+        self.position_embeddings = layers.Embedding(sequence_length, embed_dim)
+
+    def call(self, inputs):
+        # The length is the batch's (Input((None,))): the rows looked up depend on the
+        # input's shape, not its values, and each is summed over the batch.
+        positions = ops.arange(0, ops.shape(inputs)[-1], 1)
+        return self.token_embeddings(inputs) + self.position_embeddings(positions)
+
+    def compute_mask(self, inputs, mask=None):
+        return ops.not_equal(inputs, 0)
+
+
+class _NmtEncoder(layers.Layer):
+    def __init__(self, embed_dim: int, dense_dim: int, num_heads: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.attention = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.dense_proj = keras.Sequential([layers.Dense(dense_dim, activation="relu"),
+                                            layers.Dense(embed_dim)])
+        self.layernorm_1 = layers.LayerNormalization()
+        self.layernorm_2 = layers.LayerNormalization()
+        self.supports_masking = True
+
+    def call(self, inputs, mask=None):
+        padding_mask = None if mask is None else ops.cast(mask[:, None, :], dtype="int32")
+        attention = self.attention(query=inputs, value=inputs, key=inputs,
+                                   attention_mask=padding_mask)
+        projected = self.layernorm_1(inputs + attention)
+        return self.layernorm_2(projected + self.dense_proj(projected))
+
+
+class _NmtDecoder(layers.Layer):
+    def __init__(self, embed_dim: int, latent_dim: int, num_heads: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.attention_1 = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.attention_2 = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.dense_proj = keras.Sequential([layers.Dense(latent_dim, activation="relu"),
+                                            layers.Dense(embed_dim)])
+        self.layernorm_1 = layers.LayerNormalization()
+        self.layernorm_2 = layers.LayerNormalization()
+        self.layernorm_3 = layers.LayerNormalization()
+        self.supports_masking = True
+
+    def call(self, inputs, encoder_outputs, mask=None):
+        shape = ops.shape(inputs)
+        causal = ops.cast(ops.arange(shape[1])[:, None] >= ops.arange(shape[1]), "int32")
+        causal = ops.broadcast_to(ops.reshape(causal, (1, shape[1], shape[1])),
+                                  (shape[0], shape[1], shape[1]))
+        padding_mask = None
+        if mask is not None:
+            padding_mask = ops.minimum(ops.cast(mask[:, None, :], dtype="int32"), causal)
+        a1 = self.attention_1(query=inputs, value=inputs, key=inputs, attention_mask=causal)
+        out_1 = self.layernorm_1(inputs + a1)
+        a2 = self.attention_2(query=out_1, value=encoder_outputs, key=encoder_outputs,
+                              attention_mask=padding_mask)
+        out_2 = self.layernorm_2(out_1 + a2)
+        return self.layernorm_3(out_2 + self.dense_proj(out_2))
+
+
+def nmt_transformer() -> ZooCase:
+    """English-to-Spanish style encoder-decoder Transformer on variable-length ids.
+
+    Follows examples/nlp/neural_machine_translation_with_transformer.py:
+    Input((None,)) int64 ids by name, a position embedding looked up at
+    `arange(length)` of the batch, padding masks from `compute_mask`, a causal
+    mask, cross-attention, a nested decoder model, Dropout(0.5), softmax over
+    the vocabulary, (N, T) sparse targets, RMSprop (which squares each
+    gradient: a position embedding's rows must be summed over the batch first).
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(23)
+    vocab, seq_len, embed_dim, dense_dim, heads, n = 20, 8, 8, 16, 2, 64
+    encoder_inputs = keras.Input(shape=(None,), dtype="int64", name="encoder_inputs")
+    h = _NmtPositionalEmbedding(seq_len, vocab, embed_dim)(encoder_inputs)
+    encoder_outputs = _NmtEncoder(embed_dim, dense_dim, heads)(h)
+    decoder_inputs = keras.Input(shape=(None,), dtype="int64", name="decoder_inputs")
+    encoded = keras.Input(shape=(None, embed_dim), name="decoder_state_inputs")
+    h = _NmtPositionalEmbedding(seq_len, vocab, embed_dim)(decoder_inputs)
+    h = layers.Dropout(0.5)(_NmtDecoder(embed_dim, dense_dim, heads)(h, encoded))
+    decoder = keras.Model([decoder_inputs, encoded], layers.Dense(vocab, activation="softmax")(h))
+    outputs = decoder([decoder_inputs, encoder_outputs])
+    model = keras.Model([encoder_inputs, decoder_inputs], outputs, name="transformer")
+    model.compile("rmsprop", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    source = np.zeros((n, seq_len), dtype="int64")
+    for i, length in enumerate(rng.integers(2, seq_len + 1, n)):
+        source[i, :length] = rng.integers(3, vocab, length)
+    target = np.zeros((n, seq_len + 1), dtype="int64")
+    for i, length in enumerate(rng.integers(2, seq_len, n)):
+        target[i, 0] = 1                                            # [start]
+        target[i, 1:length + 1] = (source[i, :length] * 3) % (vocab - 3) + 3
+        target[i, length + 1] = 2                                   # [end]
+    x = {"encoder_inputs": source, "decoder_inputs": target[:, :-1]}
+    return ZooCase("nmt_transformer",
+                   "examples/nlp/neural_machine_translation_with_transformer.py",
+                   ("dict_inputs", "variable_length", "time_targets", "masking", "random",
+                    "dtypes"),
+                   model, x, target[:, 1:], _fit_kwargs(batch_size=16),
+                   zero_gradient=("key/bias",))
+
+
+def siamese_contrastive() -> ZooCase:
+    """Siamese network with a contrastive loss, its tower normalizing raw pixels.
+
+    Follows examples/vision/siamese_contrastive.py: a shared tower (a model
+    used twice per step) whose first layer is BatchNormalization of the
+    model's input (nothing trainable before it), Conv2D/AveragePooling,
+    BatchNormalization, a Lambda euclidean distance, BatchNormalization of it,
+    a closure loss, RMSprop by name, two image inputs, float32 (N,) labels and
+    validation data.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(29)
+    n = 64
+    digits = rng.integers(0, 4, n)
+    base = rng.random((4, 12, 12, 1)).astype("float32")
+    x1 = ((base[digits] + 0.3 * rng.random((n, 12, 12, 1))) * 255).astype("float32")
+    pair = np.where(rng.random(n) < 0.5, digits, rng.integers(0, 4, n))
+    x2 = ((base[pair] + 0.3 * rng.random((n, 12, 12, 1))) * 255).astype("float32")
+    y = (pair == digits).astype("float32")
+
+    def euclidean_distance(vectors):
+        a, b = vectors
+        squares = ops.sum(ops.square(a - b), axis=1, keepdims=True)
+        return ops.sqrt(ops.maximum(squares, keras.config.epsilon()))
+
+    def contrastive_loss(y_true, y_pred):
+        margin_square = ops.square(ops.maximum(1 - y_pred, 0))
+        return ops.mean((1 - y_true) * ops.square(y_pred) + y_true * margin_square)
+
+    tower_input = layers.Input((12, 12, 1))
+    h = layers.BatchNormalization()(tower_input)
+    h = layers.AveragePooling2D((2, 2))(layers.Conv2D(4, (3, 3), activation="tanh")(h))
+    h = layers.BatchNormalization()(layers.Flatten()(h))
+    tower = keras.Model(tower_input, layers.Dense(8, activation="tanh")(h))
+    input_1, input_2 = layers.Input((12, 12, 1)), layers.Input((12, 12, 1))
+    distance = layers.Lambda(euclidean_distance)([tower(input_1), tower(input_2)])
+    outputs = layers.Dense(1, activation="sigmoid")(layers.BatchNormalization()(distance))
+    model = keras.Model(inputs=[input_1, input_2], outputs=outputs)
+    model.compile(loss=contrastive_loss, optimizer="RMSprop", metrics=["accuracy"])
+    validation = ([x1[:16][::-1].copy(), x2[:16].copy()], y[:16][::-1].copy())
+    return ZooCase("siamese_contrastive", "examples/vision/siamese_contrastive.py",
+                   ("batchnorm", "1d_targets", "validation"),
+                   model, [x1, x2], y, _fit_kwargs(batch_size=16, validation_data=validation))
+
+
 ZOO: dict[str, Callable[[], ZooCase]] = {builder.__name__: builder for builder in (
     heart_disease, census_deep_cross, movielens_recommender, text_cnn_strings,
     imdb_bidirectional_lstm, imdb_masked_lstm, ticket_triage, char_gpt, lstm_seq2seq,
     ecg_fcn, anomaly_autoencoder, weather_lstm, mnist_convnet, augmented_xception,
-    vision_transformer, transformer_text_mixed, fraud_class_weight, digits_sample_weight)}
+    vision_transformer, transformer_text_mixed, fraud_class_weight, digits_sample_weight,
+    nmt_transformer, siamese_contrastive)}
 
 
 def variable_values(model: keras.Model) -> list[np.ndarray]:

@@ -1,0 +1,49 @@
+"""A step imported with inputs of a given number of examples, for static shapes.
+
+The traced step's inputs have an unknown batch dimension, so shape inference
+leaves every shape derived from it unknown, and a guess (the batch, for each
+unknown dimension) can be far off: an upsampling gradient reshapes to several
+dimensions at once. Importing the step with inputs of exactly `batch`
+examples and with variable handles that carry their variable's shape lets
+TensorFlow's shape inference compute them. Used for the per-op cost
+estimates and the rows of sparse gradients (`capture`) and for the shapes
+random ops draw (`random_ops`).
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import tensorflow as tf
+
+
+def graph_at_batch(graph_def, inputs, batch: int, handles: Mapping[str, tuple[str, Sequence[int]]],
+                   length: int | None = None) -> tf.Graph | None:
+    """A copy of the step whose inputs hold `batch` examples; None if it cannot be imported.
+
+    Args:
+        graph_def: The step.
+        inputs: Its `TensorInfo` inputs (an unknown dimension is -1).
+        batch: Examples per input.
+        handles: Each variable placeholder -> (dtype, shape) of its variable.
+        length: Substituted for the inputs' other unknown dimensions (variable
+            lengths); default `batch`.
+    """
+    length = batch if length is None else length
+    graph = tf.Graph()
+    with graph.as_default():
+        feeds = {f"{node}:0": tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(dtype), shape=shape,
+                                                     shared_name=f"shape_of_{i}",
+                                                     name=f"autodist_shape_of_{i}")
+                 for i, (node, (dtype, shape)) in enumerate(sorted(handles.items()))}
+        for i, info in enumerate(inputs):
+            if not info.shape:
+                continue
+            shape = [batch if d < 0 and k == 0 else length if d < 0 else d
+                     for k, d in enumerate(info.shape)]
+            feeds[info.tensor] = tf.compat.v1.placeholder(tf.as_dtype(info.dtype), shape,
+                                                          name=f"autodist_input_at_batch_{i}")
+        try:
+            tf.import_graph_def(graph_def, input_map=feeds, name="")
+        except (ValueError, tf.errors.OpError):
+            return None
+    return graph
