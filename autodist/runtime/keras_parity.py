@@ -37,7 +37,7 @@ def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
     else each virtual node's own (said here), or refused where asked for but impossible."""
     from autodist.kernels import batch_norm  # pylint: disable=import-outside-toplevel
 
-    layers = _keras_batch_norm_layers(model)
+    layers = _keras_batch_norm_layers(model, graph_item)
     found = graph_item.batch_norms
     if len(strategy.virtual_node_devices) <= 1 or not (layers or found):
         return
@@ -127,8 +127,11 @@ def _loss_scaling(graph_item: GraphItem, strategy: Strategy) -> None:
         ParityWarning, stacklevel=3)
 
 
-def _keras_batch_norm_layers(model: Any) -> list:
-    """The model's trainable BatchNormalization layers (they use batch statistics)."""
+def _keras_batch_norm_layers(model: Any, graph_item: GraphItem) -> list:
+    """The model's BatchNormalization layers that use batch statistics in the step:
+    trainable, and in training mode (the step updates their moving mean; a layer a
+    custom call runs in inference mode normalizes with its moving statistics, as
+    Keras' does)."""
     try:
         import keras  # pylint: disable=import-outside-toplevel
 
@@ -136,8 +139,10 @@ def _keras_batch_norm_layers(model: Any) -> list:
         layers = list(flatten(include_self=False)) if flatten else list(model.layers)
     except Exception:  # pylint: disable=broad-except  # not a Keras model
         return []
+    updated = {s.name for s in graph_item.state_variables if s.update_ops}
     return [layer for layer in layers
-            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable]
+            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable
+            and getattr(getattr(layer, "moving_mean", None), "path", None) in updated]
 
 
 def _random_ops(graph_item: GraphItem, strategy: Strategy) -> None:

@@ -143,3 +143,28 @@ def test_per_example_normalizations_are_not_batch_statistics():
     model = keras.Model(inputs, keras.layers.Dense(1)(h))
     model.compile("sgd", "mse")
     assert capture(model).batch_norms == []
+
+
+def test_batch_normalization_run_in_inference_mode_is_not_batch_statistics():
+    # A custom call that runs its BatchNormalization with training=False (as keras-io's
+    # GNN example ends up doing) normalizes with the moving statistics, as Keras does:
+    # nothing to sum, nothing to say.
+    class Frozen(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.norm = keras.layers.BatchNormalization()
+
+        def call(self, x):
+            return self.norm(x, training=False)
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(Frozen()(keras.layers.Dense(4)(inputs))))
+    model.compile("sgd", "mse")
+    item = capture(model)
+    assert item.batch_norms == []
+    spec = autodist.ResourceSpec.local(workers=2)
+    strategy = builders.AllReduce().build(item, spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keras_parity.check(model, item, strategy)
+        keras_parity.check(model, item, strategy.with_virtual_nodes(8, 4))
