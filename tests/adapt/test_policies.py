@@ -198,7 +198,9 @@ def test_throughput_replan_on_a_slowed_worker(tmp_path):
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
     replans = [a for a in history.actions if a["action"] == "replan"]
     assert len(replans) == 1 and replans[0]["changed"], history.actions
-    assert replans[0]["step"] > slow.started and scales[0] < 0.5
+    # The replanner sees the cluster's 1 Gbit/s scaled by the measured drop, which is
+    # below the trigger (how far below depends on the machine's load).
+    assert replans[0]["step"] > slow.started and scales[0] < watch.fraction
     switches = [r for r in history.resizes if r["plan"] == 1]
     assert len(switches) == 1 and switches[0]["step"] > replans[0]["step"]
 
