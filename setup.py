@@ -5,15 +5,33 @@ TensorFlow comes from an extra so that CPU machines never pull CUDA:
     pip install -e ".[cpu]"     # tensorflow-cpu
     pip install -e ".[gpu]"     # tensorflow with CUDA libraries
 """
+import pathlib
+import re
+
 from setuptools import find_packages, setup
 
 TF_VERSION = "2.21.*"
 
+
+def read_version() -> str:
+    """`__version__` of autodist/__init__.py, the one place the version is written.
+
+    Parsed, not imported: installing must not need the package's dependencies.
+    """
+    text = (pathlib.Path(__file__).resolve().parent / "autodist" / "__init__.py").read_text(
+        encoding="utf-8")
+    match = re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.MULTILINE)
+    if match is None:
+        raise RuntimeError("autodist/__init__.py has no __version__ = \"...\" line")
+    return match.group(1)
+
+
 setup(
     name="autodist",
-    version="0.1.0",
+    version=read_version(),
     description="Automatic distribution of TensorFlow training: capture, "
                 "strategy search, graph rewriting and a distributed runtime.",
+    license="Apache-2.0",
     packages=find_packages(include=["autodist", "autodist.*"]),
     # The shipped cost model (benchmarks/train_cost_model.py rebuilds it).
     package_data={"autodist.search": ["data/*.txt"]},
@@ -30,10 +48,14 @@ setup(
     extras_require={
         "cpu": [f"tensorflow-cpu=={TF_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
-        "test": ["pytest>=8", "grpcio-tools>=1.80"],
+        # nbclient, ipykernel, nbformat: tests/test_notebooks.py runs examples/*.ipynb.
+        "test": ["pytest>=8", "grpcio-tools>=1.80", "nbclient>=0.10", "ipykernel>=6.29",
+                 "nbformat>=5.10"],
         "dev": ["grpcio-tools>=1.80"],
         # `autodist bench` draws its plot with matplotlib (without it: CSV and markdown only).
         "bench": ["matplotlib>=3.7"],
+        # The documentation site (mkdocs.yml; `mkdocs build --strict`, tests/test_docs.py).
+        "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],
     },
     entry_points={"console_scripts": ["autodist=autodist.cli:main"]},
 )

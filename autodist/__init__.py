@@ -19,7 +19,7 @@ from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version source: setup.py parses this line
 
 # Names resolved on first use, so that `import autodist` stays cheap.
 _LAZY = {

@@ -24,7 +24,7 @@ def distribute(model, strategy: Strategy, resource_spec: ResourceSpec, *,
         **options: Passed to `DistributedRun` (job_dir, step_timeout_s, launch,
             allow_exposed, secret_file, ...). `launch="remote"` runs on a
             multi-host cluster whose other tasks already run `autodist serve`
-            (see the README, "Multi-host / Kubernetes").
+            (see docs/multihost.md).
 
     Returns:
         A DistributedRun; call `.fit(x, y, batch_size=..., epochs=...)`.

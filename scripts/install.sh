@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv (if absent) and installs autodist with the CPU TensorFlow and test tools.
+# Creates .venv (if absent) and installs autodist with the CPU TensorFlow, the test tools
+# (pytest, protoc, the notebook runner) and the documentation tools (mkdocs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -7,4 +8,4 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[cpu,test]"
+.venv/bin/python -m pip install --quiet -e ".[cpu,test,docs]"

@@ -357,8 +357,8 @@ def test_a_dataset_reshuffled_each_epoch_trains_as_keras_fit():
     assert len(ours.weights) == 3
     for got, want in zip(ours.weights, theirs.weights):
         _assert_weights_equal(got, want)
-    # A second fit: Keras' optimizer state carries over and ours starts anew (README), so
-    # compare its first step's loss, which only the weights and the batch decide.
+    # A second fit: compare its first step's loss (the weights and the batch decide it; the
+    # optimizer's state, which carries over in both, does not yet).
     first_losses = []
 
     class FirstLoss(keras.callbacks.Callback):
