@@ -222,9 +222,21 @@ class GraphItem:
         return self._proto.SerializeToString(deterministic=True)
 
     @classmethod
-    def deserialize(cls, data: bytes) -> GraphItem:
+    def deserialize(cls, data: bytes, source: str = "the GraphItem") -> GraphItem:
+        """A GraphItem from `serialize`'s bytes, every field checked (`graph_item_checks`).
+
+        Raises:
+            CaptureError: not a GraphItem, or a field that is wrong (named).
+        """
+        from autodist.ir.graph_item_checks import check_graph_item  # pylint: disable=C0415
+
         proto = graph_item_pb2.GraphItem()
-        proto.ParseFromString(data)
+        try:
+            proto.ParseFromString(data)
+        except Exception as e:  # protobuf raises DecodeError (and RecursionError)
+            raise CaptureError(f"{source} is not a GraphItem protobuf: "
+                               f"{type(e).__name__}: {str(e)[:200]}") from None
+        check_graph_item(proto, source)
         return cls(proto)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -237,10 +249,7 @@ class GraphItem:
             data = pathlib.Path(path).read_bytes()
         except OSError as e:
             raise CaptureError(f"cannot read GraphItem file {str(path)!r}: {e}") from e
-        try:
-            return cls.deserialize(data)
-        except Exception as e:  # protobuf raises DecodeError
-            raise CaptureError(f"{str(path)!r} is not a GraphItem protobuf: {e}") from e
+        return cls.deserialize(data, source=f"GraphItem file {str(path)!r}")
 
     def summary(self) -> str:
         """A table of the variables: name, shape, dtype, bytes, sparse, axes, slots."""

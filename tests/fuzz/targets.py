@@ -547,6 +547,62 @@ class DatabaseLines(Target):
                 raise AssertionError(f"skip reason not bounded: {len(s.reason)} chars")
 
 
+# ---------------------------------------------------------------- graph item
+class GraphItemBinary(Target):
+    """A saved GraphItem (`autodist` CLI's MODEL.pb, a job's graph_item.pb), read and
+    then used as the search uses it: its summary, two builders' strategies validated
+    against it, and the simulator's predictions of sampled candidates."""
+
+    name = "graph_item"
+
+    def setup(self, workdir: pathlib.Path) -> None:
+        from autodist.ir.errors import AutodistError
+        from autodist.ir.graph_item import GraphItem
+        from autodist.ir.resource_spec import ResourceSpec
+        from tests.search.workloads import graph_item
+
+        self.error = AutodistError
+        self.GraphItem = GraphItem
+        gi = graph_item([("emb", (1000, 16), True), ("dense/kernel", (16, 8), False),
+                         ("dense/bias", (8,), False), ("out/kernel", (8, 1), False)],
+                        optimizer="adam", ops=[("MatMul", "forward", 4096),
+                                               ("MatMul", "backward", 4096)])
+        gi.proto.optimizer.hyperparameters["learning_rate"] = 0.001
+        gi.proto.loss_tensor = "loss:0"
+        self.base = type(gi)(gi.proto).serialize()
+        self.spec = ResourceSpec.local(workers=2, ps=1)
+        self.check({"graph_item.pb": self.base}, workdir)   # the base reads and is usable
+        self.strings = list(gi.variable_names) + ["float32", "int64", "forward", "x:0"]
+
+    def case(self, rng: random.Random) -> Files:
+        from autodist.proto import graph_item_pb2
+
+        if rng.random() < 0.7:
+            proto = graph_item_pb2.GraphItem()
+            proto.ParseFromString(self.base)
+            for _ in range(rng.choice((1, 1, 2, 3))):
+                mutate_proto(proto, rng, self.strings)
+            return {"graph_item.pb": proto.SerializeToString()}
+        return {"graph_item.pb": mutate_bytes(self.base, rng)}
+
+    def check(self, files: Files, workdir: pathlib.Path) -> None:
+        import numpy as np
+
+        from autodist.search import builders
+        from autodist.search.simulator import Simulator
+        from autodist.search.space import SearchSpace
+
+        gi = self.GraphItem.deserialize(files["graph_item.pb"])
+        gi.summary()
+        for builder in (builders.AllReduce(), builders.PS()):
+            builder.build(gi, self.spec).validate(gi, self.spec)
+        space = SearchSpace(gi, self.spec)
+        candidates = space.sample(4, np.random.default_rng(0))
+        prediction = Simulator(space).predict(candidates)
+        if not np.all(np.isfinite(prediction.step_time_s)):
+            raise AssertionError(f"a GraphItem that reads predicts {prediction.step_time_s}")
+
+
 # ---------------------------------------------------------------- records
 class RecordMessages(Target):
     """The JSON records between a run's processes (mailboxes, job files): step reports,
@@ -868,5 +924,6 @@ class HarnessSelfTest(Target):
 
 TARGETS: dict[str, type[Target]] = {t.name: t for t in (
     StrategyBinary, StrategyText, ResourceSpecYaml, TfConfig, ResourceSpecBinary,
-    DatabaseLines, RecordMessages, JobMessages, CostModelFile, CheckpointFiles)}
+    GraphItemBinary, DatabaseLines, RecordMessages, JobMessages, CostModelFile,
+    CheckpointFiles)}
 SELF_TESTS: dict[str, type[Target]] = {HarnessSelfTest.name: HarnessSelfTest}

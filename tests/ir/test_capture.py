@@ -381,3 +381,32 @@ def test_shapes_derived_from_the_batch_are_inferred_not_guessed():
     # The largest tensors of the step: 32 x 8 x 8 x 3 floats.
     assert biggest.output_bytes <= 32 * 8 * 8 * 3 * 4, (biggest.name, biggest.output_bytes)
     assert gi.total_flops < 1e8
+
+
+def test_a_graph_item_read_from_bytes_is_checked_field_by_field(mlp_item, tmp_path):
+    from autodist.ir.graph_item import GraphItem  # pylint: disable=import-outside-toplevel
+
+    path = tmp_path / "model.pb"
+    mlp_item.save(path)
+    assert GraphItem.load(path).fingerprint == mlp_item.fingerprint
+    cases = [
+        (lambda p: p.variables[0].shape.__setitem__(0, -3), "shape must hold non-negative"),
+        (lambda p: setattr(p.variables[0], "byte_size", 7), "byte_size must be its"),
+        (lambda p: setattr(p.variables[0], "dtype", "float7"), "dtype must be one of"),
+        (lambda p: p.variables[0].partitionable_axes.append(5), "partitionable_axes must be"),
+        (lambda p: setattr(p.variables[1], "name", p.variables[0].name), "must be set and unique"),
+        (lambda p: setattr(p.ops[0], "flops", float("nan")), "finite FLOPs"),
+        (lambda p: setattr(p, "schema_version", 99), "newer than 1"),
+        (lambda p: p.optimizer.hyperparameters.__setitem__("learning_rate", float("inf")),
+         r"hyperparameters\['learning_rate'\] must be finite"),
+    ]
+    for edit, message in cases:
+        proto = type(mlp_item.proto)()
+        proto.CopyFrom(mlp_item.proto)
+        edit(proto)
+        path.write_bytes(proto.SerializeToString())
+        with pytest.raises(CaptureError, match=message):
+            GraphItem.load(path)
+    path.write_bytes(b"\x08" + b"\xff" * 40)
+    with pytest.raises(CaptureError, match="is not a GraphItem protobuf"):
+        GraphItem.load(path)
