@@ -53,10 +53,14 @@ def load_model(model: str, batch_size: int | None = None):
         keras_model = keras.models.load_model(path)
     elif ":" in model:
         module_name, _, attr = model.partition(":")
+        # As `python -c` would: a module of the current directory is importable (a
+        # console script's path starts at its own directory, not the caller's).
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
         try:
             factory = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as e:
-            raise AutodistError(f"cannot load {model!r}: {e}") from e
+            raise AutodistError(f"cannot load {model!r} (from {os.getcwd()!r}): {e}") from e
         keras_model = factory()
     else:
         raise AutodistError(
@@ -368,8 +372,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from autodist import __version__  # pylint: disable=import-outside-toplevel
+
     parser = argparse.ArgumentParser(prog="autodist", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"autodist {__version__}")
+    parser.add_argument("--verbose", action="store_true",
+                        help="let TensorFlow print its C++ log lines (quiet by default, in "
+                             "this process and the tasks it starts)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     inspect = sub.add_parser("inspect", help="capture a model and print its variables")
@@ -382,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     strategy = sub.add_parser("strategy", help="show or build strategies")
     strategy_sub = strategy.add_subparsers(dest="strategy_command", required=True)
     show = strategy_sub.add_parser("show", help="print a strategy file")
-    show.add_argument("file")
+    show.add_argument("file", help="a strategy file (binary, or text .pbtxt)")
     show.add_argument("--text", action="store_true", help="also print the text protobuf")
     show.add_argument("--graph-item", help="validate against this model / GraphItem")
     show.add_argument("--cluster", help="resource spec YAML for validation "
@@ -392,26 +402,31 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("builder", help="PS, PSLoadBalancing, PartitionedPS, "
                                        "UnevenPartitionedPS, AllReduce, PartitionedAR, "
                                        "RandomAxisPartitionAR or Parallax")
-    build.add_argument("--model", required=True)
+    build.add_argument("--model", required=True,
+                       help="example name, .keras file, GraphItem .pb or module:function")
     build.add_argument("--cluster", help="resource spec YAML (default: local 2 workers + 1 PS)")
     build.add_argument("--out", help="write the strategy (binary) to this file")
     build.set_defaults(func=_cmd_strategy_build)
 
     run = sub.add_parser("run", help="train an example model on a local cluster with a builder "
                                      "and compare with single-device Keras")
-    run.add_argument("--model", default="mlp", help="example model name")
+    run.add_argument("--model", default="mlp",
+                     help="example model name (autodist.models.REGISTRY; default mlp)")
     run.add_argument("--builder", default="AllReduce",
                      help="a builder name, or 'search' for the strategy autodist.optimize finds")
-    run.add_argument("--workers", type=int, default=2)
-    run.add_argument("--ps", type=int, default=1)
+    run.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    run.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
     run.add_argument("--cluster", help="resource spec YAML of a local cluster instead")
-    run.add_argument("--epochs", type=int, default=2)
-    run.add_argument("--batch-size", type=int, default=64)
-    run.add_argument("--examples", type=int, default=512)
+    run.add_argument("--epochs", type=int, default=2, help="passes over the data (default 2)")
+    run.add_argument("--batch-size", type=int, default=64,
+                     help="global batch: examples per step over all workers (default 64)")
+    run.add_argument("--examples", type=int, default=512,
+                     help="synthetic examples to train on (default 512)")
     run.set_defaults(func=_cmd_run)
 
     search = sub.add_parser("search", help="search a strategy for a model on a cluster")
-    search.add_argument("--model", required=True)
+    search.add_argument("--model", required=True,
+                        help="example name, .keras file, GraphItem .pb or module:function")
     search.add_argument("--cluster", help="resource spec YAML (default: local 2 workers + 1 PS)")
     search.add_argument("--trials", type=int, default=0,
                         help="strategies to measure on a local cluster (default 0: predict)")
@@ -426,13 +441,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated: none, fp16, fp16_error_feedback")
     search.add_argument("--consistency", default="sync",
                         help="comma-separated: sync, async, ssp:<s>")
-    search.add_argument("--seed", type=int, default=0)
+    search.add_argument("--seed", type=int, default=0,
+                        help="seeds the search's sampling (default 0: reproducible)")
     search.add_argument("--out", help="write the strategy (binary; .pbtxt: text) here")
     search.set_defaults(func=_cmd_search)
 
     export = sub.add_parser("export", help="write the best measured strategy of a trial "
                                            "database to a file")
-    export.add_argument("database")
+    export.add_argument("database", help="a trial database (JSON Lines) of measured trials")
     export.add_argument("--workload", help="workload key (needed if the database has several)")
     export.add_argument("--out", required=True, help="strategy file (binary; .pbtxt: text)")
     export.set_defaults(func=_cmd_export)
@@ -498,7 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)[1:]
+    if not args.verbose:   # inherited by the task processes a command starts
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    args.argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--verbose"][1:]
     try:
         return args.func(args)
     except (AutodistError, ValueError, KeyError) as e:

@@ -97,3 +97,33 @@ def test_serve_needs_a_secret_or_insecure(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTODIST_SECRET", "a-secret-long-enough-to-use")
     assert cli.main([*serve, "--insecure"]) == 2
     assert "--insecure serves without a secret, but a secret was given" in capsys.readouterr().err
+
+
+def test_version_and_help_on_every_flag(capsys):
+    from autodist import __version__
+
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["--version"])
+    assert raised.value.code == 0 and capsys.readouterr().out.strip() == f"autodist {__version__}"
+    parser = cli.build_parser()
+    missing = []
+    for name, sub in parser._subparsers._group_actions[0].choices.items():  # pylint: disable=W0212
+        for action in sub._actions:  # pylint: disable=W0212
+            if action.option_strings and action.help is None:
+                missing.append(f"{name} {action.option_strings[0]}")
+    assert not missing, missing
+
+
+def test_a_model_function_of_the_current_directory_loads(capsys, tmp_path, monkeypatch):
+    (tmp_path / "mymodels.py").write_text(
+        "import keras\n"
+        "def build():\n"
+        "    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])\n"
+        "    model.compile(optimizer='sgd', loss='mse')\n"
+        "    return model\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert cli.main(["inspect", "mymodels:build"]) == 0
+    assert "dense" in capsys.readouterr().out
+    assert cli.main(["inspect", "nomodule:build"]) == 2
+    assert "cannot load 'nomodule:build' (from" in capsys.readouterr().err
