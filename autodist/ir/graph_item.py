@@ -16,9 +16,9 @@ from google.protobuf import text_format
 from autodist.ir.atomic import atomic_write
 from autodist.ir.errors import CaptureError, UnknownVariableError
 from autodist.ir.fingerprint import fingerprint
+from autodist.ir.graph_item_checks import GRAPH_ITEM_SCHEMA_VERSION, check_graph_item
 from autodist.proto import graph_item_pb2
 
-GRAPH_ITEM_SCHEMA_VERSION = 1
 
 VariableInfo = graph_item_pb2.VariableInfo
 
@@ -228,8 +228,6 @@ class GraphItem:
         Raises:
             CaptureError: not a GraphItem, or a field that is wrong (named).
         """
-        from autodist.ir.graph_item_checks import check_graph_item  # pylint: disable=C0415
-
         proto = graph_item_pb2.GraphItem()
         try:
             proto.ParseFromString(data)

@@ -29,6 +29,10 @@ MAX_RANK = 32
 PHASES = ("input", "forward", "backward", "update", "")
 
 
+# The newest GraphItem schema this autodist writes and reads.
+GRAPH_ITEM_SCHEMA_VERSION = 1
+
+
 def check_graph_item(proto: graph_item_pb2.GraphItem, source: str = "the GraphItem") -> None:
     """Raises `CaptureError` naming the first field of `proto` that is wrong.
 
@@ -36,8 +40,6 @@ def check_graph_item(proto: graph_item_pb2.GraphItem, source: str = "the GraphIt
         proto: A GraphItem as read from bytes.
         source: Names it in errors (a file path).
     """
-    from autodist.ir.graph_item import GRAPH_ITEM_SCHEMA_VERSION  # pylint: disable=C0415
-
     if proto.schema_version > GRAPH_ITEM_SCHEMA_VERSION:
         _fail(source, "schema_version", proto.schema_version,
               f"newer than {GRAPH_ITEM_SCHEMA_VERSION}, the newest this autodist reads")
