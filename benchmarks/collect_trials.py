@@ -92,7 +92,6 @@ def main() -> int:
     if os.path.exists(args.database) and os.path.getsize(args.database) and not args.append:
         parser.error(f"{args.database} exists; pass --append to extend it")
 
-    # pylint: disable=import-outside-toplevel
     import autodist
     from autodist import models
     from autodist.runtime.runner import LocalRunner
@@ -101,7 +100,6 @@ def main() -> int:
     from autodist.search.simulator import Simulator
     from autodist.search.space import SearchSpace
 
-    # pylint: enable=import-outside-toplevel
     database = Database(args.database)
     existing = database.records() if args.append else []
     command = "python benchmarks/collect_trials.py " + shlex.join(sys.argv[1:])

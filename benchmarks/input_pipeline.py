@@ -48,7 +48,7 @@ BATCH = 128
 
 def write_records(directory: str, examples: int, dim: int, files: int = 4) -> list[str]:
     """`examples` records of `dim` float32 features and a label, split over files."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     rng = np.random.default_rng(0)
     paths = []
@@ -71,7 +71,7 @@ def make_dataset(paths: list[str], dim: int, preprocess: int, examples: int | No
                  batch: int = BATCH):
     """Batches of (features, label); `preprocess` rounds of tanh(x @ W) per batch;
     `examples` given: the length declared."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     weights = tf.constant(np.random.default_rng(1).normal(
         scale=dim ** -0.5, size=(dim, dim)).astype("float32"))
@@ -97,10 +97,10 @@ def child(args) -> None:
     a step costs with its input, waits for the input included. (History's
     step times are the chief's session runs only, after its batch is ready.)
     """
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
-    import autodist  # pylint: disable=import-outside-toplevel
-    from autodist import models  # pylint: disable=import-outside-toplevel
+    import autodist
+    from autodist import models
 
     class StepEnds(keras.callbacks.Callback):
         def __init__(self):
@@ -175,7 +175,7 @@ def main() -> int:
         child(args)
         return 0
 
-    from autodist.launch import netns  # pylint: disable=import-outside-toplevel
+    from autodist.launch import netns
 
     if os.geteuid() != 0 or not netns.is_private():
         print("run as root inside `unshare -n` (see the docstring)", file=sys.stderr)

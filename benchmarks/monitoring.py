@@ -53,7 +53,7 @@ def main() -> int:
              "target <= 5% |", "|---|---:|---:|---:|---|---|"]
     for name in args.models.split(","):
         plain, watched = [], []
-        for k in range(3):
+        for _ in range(3):
             plain.append(step_time(name, False, args.batch, args.steps,
                                    tempfile.mkdtemp(prefix="autodist-mon-")))
             watched.append(step_time(name, True, args.batch, args.steps,

@@ -134,7 +134,7 @@ def _spec(resource_spec_cls, gpus: int, gbps: float, gpu_memory: str, cpu_memory
 
 def _layout(strategy, graph_item) -> str:
     """Variables by how their gradients travel, e.g. "all-reduce 386, PS 5"."""
-    from autodist.ir.strategy import is_gathered  # pylint: disable=import-outside-toplevel
+    from autodist.ir.strategy import is_gathered
 
     sparse = {v.name: v.sparse_gradient for v in graph_item.variables}
     counts: dict[str, int] = {}

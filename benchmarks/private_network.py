@@ -37,9 +37,9 @@ def main() -> int:
     parser.add_argument("--out", help="write the markdown table here")
     args = parser.parse_args()
 
-    import autodist  # pylint: disable=import-outside-toplevel
-    from autodist import models  # pylint: disable=import-outside-toplevel
-    from autodist.launch import netns  # pylint: disable=import-outside-toplevel
+    import autodist
+    from autodist import models
+    from autodist.launch import netns
 
     if os.geteuid() != 0 or not netns.is_private():
         print("run as root inside `unshare -n` (see the docstring)", file=sys.stderr)

@@ -46,7 +46,8 @@ def main() -> int:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model {args.model}: "
           f"{graph_item.num_parameters:,} parameters, {len(graph_item.variables)} variables, "
           f"{nodes:,} captured nodes\n")
-    print("| builder | program ops (worker 0) | rewrite s (best) | rewrite s (first) | target 2 s |")
+    print("| builder | program ops (worker 0) | rewrite s (best) | rewrite s (first) "
+          "| target 2 s |")
     print("|---|---:|---:|---:|---|")
     for name, ops, best, first in rows:
         print(f"| {name} | {ops:,} | {best:.2f} | {first:.2f} | "

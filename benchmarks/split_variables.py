@@ -44,7 +44,6 @@ def main() -> int:
               file=sys.stderr)
         return 2
 
-    # pylint: disable=import-outside-toplevel
     from autodist import api, models
     from autodist.ir.capture import capture
     from autodist.runtime.runner import LocalRunner
@@ -52,7 +51,6 @@ def main() -> int:
     from autodist.search.simulator import Calibration, Simulator
     from autodist.search.space import SearchSpace
 
-    # pylint: enable=import-outside-toplevel
     model = models.build_bench(args.model)
     gi = capture(model)
     spec, _ = capped_spec(args.workers, args.ps, args.mbit)

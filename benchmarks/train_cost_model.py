@@ -28,11 +28,12 @@ when it ranks held-out models at least about as well as the simulator
 (`--margin`), its top-1 slowdown is no worse (what `optimize` trains is
 the strategy ranked first), and on no cluster shape are its first choices
 slower than the simulator's by more than `--shape-margin` (a mean won on
-some shapes and lost on others does not help every user); otherwise nothing is shipped (and an old shipped file is
-removed), so `autodist.optimize` ranks with the simulator. The tables go to
-`benchmarks/results/cost_model.md`. The library parts live in the package:
-`autodist.bench.trials` (reading, rescoring, rows), `autodist.bench.shipping`
-(leave-one-model-out, the rule) and `autodist.search.metrics`.
+some shapes and lost on others does not help every user); otherwise nothing
+is shipped (and an old shipped file is removed), so `autodist.optimize` ranks
+with the simulator. The tables go to `benchmarks/results/cost_model.md`. The
+library parts live in the package: `autodist.bench.trials` (reading,
+rescoring, rows), `autodist.bench.shipping` (leave-one-model-out, the rule)
+and `autodist.search.metrics`.
 """
 from __future__ import annotations
 
@@ -260,8 +261,8 @@ def main() -> int:
                              "scoring each trial's strategy again with the current simulator")
     args = parser.parse_args()
 
-    from autodist.search.cost_model import CostModel  # pylint: disable=C0415
-    from autodist.search.features import FEATURE_NAMES  # pylint: disable=C0415
+    from autodist.search.cost_model import CostModel
+    from autodist.search.features import FEATURE_NAMES
 
     records, skipped = read_records(args.database)
     if not args.stored_features:

@@ -126,7 +126,8 @@ def main() -> int:
     rows = []
     for name in args.models.split(","):
         rows += overhead(name, args.batch, nodes, args.steps, work)
-    hetero = None if args.skip_unequal else unequal(args.batch, max(nodes), args.slow_fraction, args.steps, work)
+    hetero = None if args.skip_unequal else unequal(args.batch, max(nodes), args.slow_fraction,
+                                                    args.steps, work)
     lines = [f"machine: {platform.machine()}, {os.cpu_count()} cores; command: "
              f"`python benchmarks/virtual_nodes.py {' '.join(sys.argv[1:])}`".rstrip(), "",
              "| model | global batch | virtual nodes | one batch ms | virtual nodes ms | "

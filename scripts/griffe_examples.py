@@ -17,7 +17,7 @@ _EXAMPLE = re.compile(r"^(\s*)Example:\s*$", re.MULTILINE)
 class ExampleSections(griffe.Extension):
     """Turns "Example:" section headers into "Examples:" in every docstring."""
 
-    def on_object(self, *, obj, **kwargs) -> None:  # noqa: D102  (griffe's hook)
+    def on_object(self, *, obj, **kwargs) -> None:
         docstring = obj.docstring
         if docstring is not None and "Example:" in docstring.value:
             docstring.value = _EXAMPLE.sub(r"\1Examples:", docstring.value)

@@ -7,7 +7,7 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from autodist.ir.resource_spec import ResourceSpec  # noqa: E402
+from autodist.ir.resource_spec import ResourceSpec
 
 
 @pytest.fixture(scope="session")

@@ -84,7 +84,8 @@ def test_reports_round_trip_and_merge(tmp_path):
     assert [(r.strategy, r.error) for r in back] == [(r.strategy, r.error) for r in rows]
     assert back[2].median_ms == pytest.approx(16.0) and back[2].capped is True
     text = open(paths[1], encoding="utf-8").read()
-    assert ("| mlp | 100 | AllReduce 20.0 | search 16.0 | 1.25× | 25.0 | 1.56× | 30.0 | 1.25× |") in text
+    assert ("| mlp | 100 | AllReduce 20.0 | search 16.0 | 1.25× | 25.0 | 1.56× | 30.0 "
+            "| 1.25× |") in text
     assert "failed: boom" in text and "autodist bench --models mlp" in text
     other = Row(model="ncf", mbit=100.0, workers=2, ps=1, batch_size=64, system=SINGLE,
                 strategy="Keras")

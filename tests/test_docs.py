@@ -88,7 +88,7 @@ def _containers(template: dict) -> list[dict]:
 
 
 def _check_command(command: list[str], chief: bool) -> None:
-    from autodist.cli import build_parser  # pylint: disable=import-outside-toplevel
+    from autodist.cli import build_parser
 
     if chief:
         assert command[0] == "python", command
@@ -108,7 +108,7 @@ def _check_secret(container: dict, volumes: list[dict]) -> None:
 
 
 def test_the_tfjob_manifest_serves_every_task_but_the_chief():
-    from autodist.launch.tf_config import task_from_tf_config  # pylint: disable=C0415
+    from autodist.launch.tf_config import task_from_tf_config
 
     (tfjob,), = [docs for docs in _manifests() if docs[0]["kind"] == "TFJob"]
     replicas = tfjob["spec"]["tfReplicaSpecs"]
@@ -130,7 +130,7 @@ def test_the_tfjob_manifest_serves_every_task_but_the_chief():
 
 
 def test_the_plain_manifests_name_their_tasks_and_serve_every_task_but_the_chief():
-    from autodist.launch.tf_config import task_from_tf_config  # pylint: disable=C0415
+    from autodist.launch.tf_config import task_from_tf_config
 
     (documents,) = [docs for docs in _manifests() if any(d["kind"] == "Pod" for d in docs)]
     services = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Service"}
@@ -172,7 +172,7 @@ def test_the_network_policy_admits_the_job_pods():
 
 
 def test_setup_reads_the_version_from_the_package():
-    import autodist  # pylint: disable=import-outside-toplevel
+    import autodist
 
     result = subprocess.run([sys.executable, "setup.py", "--version"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120, check=True)

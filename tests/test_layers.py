@@ -21,12 +21,14 @@ ALLOWED = {
     "launch": {"ir", "proto"},
     "models": {"ir"},
     "adapt": {"ir", "proto", "kernels", "search"},
+    "plotting": {"ir", "proto", "search", "adapt"},
     "runtime": {"ir", "proto", "kernels", "search", "launch", "adapt", "models"},
-    "api": {"ir", "proto", "kernels", "search", "launch", "adapt", "runtime", "models"},
+    "api": {"ir", "proto", "kernels", "search", "launch", "adapt", "runtime", "models",
+            "plotting"},
     "bench": {"ir", "proto", "kernels", "search", "launch", "adapt", "runtime", "models",
-              "api"},
+              "api", "plotting"},
     "cli": {"ir", "proto", "kernels", "search", "launch", "adapt", "runtime", "models",
-            "api", "bench"},
+            "api", "bench", "plotting"},
 }
 
 

@@ -31,8 +31,8 @@ def test_the_examples_are_stored_without_outputs():
 
 def _kernel_manager(kernels: pathlib.Path):
     """A kernel of this very Python (not whatever 'python3' kernel Jupyter finds)."""
-    from jupyter_client.kernelspec import KernelSpecManager  # pylint: disable=C0415
-    from jupyter_client.manager import KernelManager  # pylint: disable=C0415
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
 
     spec = kernels / "autodist-tests"
     spec.mkdir(parents=True)

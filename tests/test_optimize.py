@@ -88,7 +88,7 @@ def test_cli_search_writes_a_strategy_and_export_reads_the_database(tmp_path, ca
     assert strategy.origin == "search"
 
     # export picks the fastest measured record of the database's workload.
-    from autodist.search.tuner import Tuner  # pylint: disable=import-outside-toplevel
+    from autodist.search.tuner import Tuner
     gi = cli.load_graph_item("ncf")
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
     tuner = Tuner(gi, spec, search_budget=200)
@@ -109,7 +109,7 @@ def test_cli_search_writes_a_strategy_and_export_reads_the_database(tmp_path, ca
 
 
 def test_optimize_with_a_measured_calibration():
-    from autodist.search.simulator import Calibration  # pylint: disable=import-outside-toplevel
+    from autodist.search.simulator import Calibration
     model = models.build("ncf")
     plan = autodist.optimize(model, calibration="measure")
     assert plan.predicted_step_time > 0
@@ -125,7 +125,7 @@ def test_optimize_ranks_with_the_shipped_cost_model_or_the_simulator():
     benchmarks/train_cost_model.py decides (benchmarks/results/cost_model.md);
     without a shipped file, optimize ranks with the simulator.
     """
-    from autodist.search.features import FEATURE_NAMES  # pylint: disable=C0415
+    from autodist.search.features import FEATURE_NAMES
 
     shipped = default_cost_model()
     model = models.build("mlp", hidden=(32,))

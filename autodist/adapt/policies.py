@@ -1,4 +1,5 @@
-"""Built-in adaptation policies: scheduled resizes, re-plans on slowdowns, adaptive batch, autoscaling.
+"""Built-in adaptation policies: scheduled resizes, re-plans on slowdowns, adaptive batch,
+autoscaling.
 
 Each is a `Policy` (`autodist.adapt.policy`) that asks for actions through its
 `Control`; `fit(..., policies=[...])` runs them. The base classes are
@@ -292,7 +293,7 @@ class Autoscale(Policy):
             self._requests.put(("done", result))
         except _FitEnded:
             pass
-        except Exception as e:  # pylint: disable=broad-except
+        except Exception as e:  # noqa: BLE001
             # Reported to the driver's thread, which records it.
             self._requests.put(("failed", e))
 

@@ -278,7 +278,7 @@ class Control:
 
 def search_replanner(graph_item: GraphItem, spec: ResourceSpec, current: Strategy) -> Strategy:
     """The search's pick for `spec` (simulator or shipped cost model, no trials)."""
-    from autodist.search.tuner import Tuner  # pylint: disable=import-outside-toplevel
+    from autodist.search.tuner import Tuner
 
     batch = current.global_batch_size
     return Tuner(graph_item, spec, batch_size=batch, search_budget=2000).tune(0).strategy

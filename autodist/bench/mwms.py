@@ -71,12 +71,12 @@ def measure_mwms(model_name: str, model_kwargs: dict[str, Any], ports: Sequence[
 
 def _worker(config: dict[str, Any]) -> int:
     """One MWMS worker: trains and prints its timed step times as JSON."""
-    import time  # pylint: disable=import-outside-toplevel
+    import time
 
-    import keras  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import keras
+    import tensorflow as tf
 
-    from autodist import models  # pylint: disable=import-outside-toplevel
+    from autodist import models
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     replicas = strategy.num_replicas_in_sync

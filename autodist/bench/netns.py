@@ -84,7 +84,7 @@ def capped_spec(workers: int, ps: int, mbit: float, base_port: int = BASE_PORT,
     Returns:
         (the ResourceSpec, the ports of its tasks).
     """
-    from autodist.ir.resource_spec import ResourceSpec  # pylint: disable=C0415
+    from autodist.ir.resource_spec import ResourceSpec
 
     if workers < 1 or ps < 0:
         raise InvalidArgumentError(f"need >= 1 worker and >= 0 PS. Received: workers={workers!r}, "

@@ -110,11 +110,11 @@ def few_shot(rows: Rows, max_trials: int = 8, refit_min_trials: int = 2, seed: i
             workload = names[idx[0]]
             times = rows.times[idx]
             for kind, base in pretrained.items():
-                out[kind][workload] = _tune(times, lambda measured, b=base: _refit(
+                out[kind][workload] = _tune(times, lambda measured, b=base, idx=idx: _refit(
                     b, [rows.records[idx[i]] for i in measured], refit_min_trials, seed
                 ).predict(rows.X[idx]), max_trials)
             sim = rows.simulator[idx]
-            out["simulator"][workload] = _tune(times, lambda measured: sim, max_trials)
+            out["simulator"][workload] = _tune(times, lambda measured, sim=sim: sim, max_trials)
             draws = [_best_so_far(times, rng.permutation(len(idx))[:max(max_trials, 1)],
                                   max_trials) for _ in range(random_seeds)]
             out[RANDOM][workload] = [float(np.mean(col)) for col in zip(*draws)]

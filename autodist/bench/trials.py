@@ -78,13 +78,13 @@ def candidate_strategies(graph_item: GraphItem, spec: ResourceSpec, space: Searc
         unless already in `skip`); the key is `space.encode(strategy)` as a
         tuple, which identifies a strategy.
     """
-    from autodist.search import builders  # pylint: disable=import-outside-toplevel
+    from autodist.search import builders
 
     out, seen = [], set(skip)
     for name, cls in builders.BUILDERS.items():
         try:
             strategy = cls().build(graph_item, spec)
-        except Exception as e:  # pylint: disable=broad-except
+        except Exception as e:  # noqa: BLE001
             on_builder_error(name, f"{type(e).__name__}: {e}")
             continue
         key = tuple(int(c) for c in space.encode(strategy))
@@ -253,7 +253,6 @@ def rescore(records: Sequence[TrialRecord]) -> list[TrialRecord]:
     Raises:
         ValueError: A model now captures to another graph than its trials'.
     """
-    # pylint: disable=import-outside-toplevel
     import keras
 
     from autodist import models
@@ -261,7 +260,6 @@ def rescore(records: Sequence[TrialRecord]) -> list[TrialRecord]:
     from autodist.search.features import featurize_strategy
     from autodist.search.simulator import Simulator
 
-    # pylint: enable=import-outside-toplevel
     graph_items: dict[str, Any] = {}
     simulators: dict[tuple[str, str, float], Any] = {}
     out = []

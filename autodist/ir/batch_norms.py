@@ -71,7 +71,7 @@ def analyze(graph_def, trainable_handles=frozenset()) -> list[graph_item_pb2.Bat
 
 def _reduces_examples(mean, nodes) -> bool:
     """Whether a Mean reduces over the batch axis (its reduction axes include 0)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     axes = nodes.get(mean.input[1].split(":")[0])
     if axes is None or axes.op != "Const":

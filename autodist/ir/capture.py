@@ -78,7 +78,7 @@ def capture(target: Any, *, x: Any = None, y: Any = None,
     Raises:
         CaptureError: naming what is missing or unsupported.
     """
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
     if estimate_batch_size < 1:
         raise CaptureError(f"estimate_batch_size must be >= 1. Received: {estimate_batch_size!r}")
@@ -100,7 +100,7 @@ def capture(target: Any, *, x: Any = None, y: Any = None,
 
 
 def _func_graph_type() -> type:
-    from tensorflow.python.framework import func_graph  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.framework import func_graph
     return func_graph.FuncGraph
 
 
@@ -219,7 +219,7 @@ def _added_loss_terms(model) -> list:
     regularizers; weight regularizers, which do not depend on the batch, aside)."""
     flatten = getattr(model, "_flatten_layers", None)
     layers = list(flatten(include_self=True)) if flatten else [model]
-    return [t for layer in layers for t in layer._get_own_losses()]  # pylint: disable=W0212
+    return [t for layer in layers for t in layer._get_own_losses()]  # noqa: SLF001
 
 
 ADDED_LOSS_SCALE = "autodist_added_loss_scale"
@@ -237,12 +237,12 @@ def _scaled_added_losses(model, terms: list):
     scaled = [t * tf.compat.v1.placeholder_with_default(
         tf.constant(1.0, t.dtype), [], name=f"{ADDED_LOSS_SCALE}_{i}")
         for i, t in enumerate(terms)]
-    previous = model._losses_override  # pylint: disable=protected-access
-    model._losses_override = scaled + model._get_regularization_losses()  # pylint: disable=W0212
+    previous = model._losses_override  # noqa: SLF001
+    model._losses_override = scaled + model._get_regularization_losses()  # noqa: SLF001
     try:
         yield
     finally:
-        model._losses_override = previous  # pylint: disable=protected-access
+        model._losses_override = previous  # noqa: SLF001
 
 
 def _example_batch(item: GraphItem, size: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -282,7 +282,7 @@ def _infer_draw_shapes(item: GraphItem, model) -> None:
             _run_terms(graph_def, handles, _example_batch(item, size), list(item.random_ops),
                        list(shapes.values()), item.tables)
             for size in random_ops.TRIAL_BATCHES)
-    except Exception:  # pylint: disable=broad-except  # examples that do not suit the model
+    except Exception:  # noqa: BLE001  # examples that do not suit the model
         return
     finally:
         for variable, value in state:
@@ -319,7 +319,7 @@ def _classify_added_losses(item: GraphItem, model) -> None:
         values = [_run_terms(graph_def, handles, batch, draws, [t.tensor for t in terms],
                              item.tables)
                   for batch in batches]
-    except Exception:  # pylint: disable=broad-except  # examples that do not suit the model
+    except Exception:  # noqa: BLE001  # examples that do not suit the model
         values = None
     finally:
         for variable, value in state:
@@ -363,7 +363,7 @@ def _variable_handles(item: GraphItem, model) -> dict[str, Any]:
 
 def _filled_tables(tables) -> dict[str, Any]:
     """A copy of each captured lookup table, filled, by its placeholder (in a graph)."""
-    from tensorflow.core.framework import tensor_pb2  # pylint: disable=import-outside-toplevel
+    from tensorflow.core.framework import tensor_pb2
 
     def value(data: bytes):
         proto = tensor_pb2.TensorProto()
@@ -437,15 +437,15 @@ def _build_keras_metrics(model, x_spec, y_spec) -> None:
     state that is a sum over examples, as it is for every Keras metric (sums
     and counts, confusion counts); a metric of another kind is refused.
     """
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
-    compiled = model._compile_metrics  # pylint: disable=protected-access
-    compile_loss = model._compile_loss  # pylint: disable=protected-access
+    compiled = model._compile_metrics  # noqa: SLF001
+    compile_loss = model._compile_loss  # noqa: SLF001
     # The compiled loss makes its per-output trackers when built: build it (and the
     # metrics) now, so the trace does not create metric state the capture never lists.
     if any(part is not None and not part.built for part in (compiled, compile_loss)):
-        model._symbolic_build(data_batch=(x_spec, y_spec))  # pylint: disable=protected-access
-    known = [model._loss_tracker, compiled]  # pylint: disable=protected-access
+        model._symbolic_build(data_batch=(x_spec, y_spec))  # noqa: SLF001
+    known = [model._loss_tracker, compiled]  # noqa: SLF001
     known += list(compile_loss.metrics) if compile_loss is not None else []
     for metric in model.metrics:
         if not any(metric is k for k in known):
@@ -478,7 +478,7 @@ def _check_additive(metric, model_name: str) -> None:
         y_true = rng.integers(0, 2, size=(8, 4)).astype("float32")
         both = contribution(y_true, y_pred)
         halves = [contribution(y_true[:4], y_pred[:4]), contribution(y_true[4:], y_pred[4:])]
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
         raise CaptureError(
             f"cannot check that metric {metric.name!r} ({type(metric).__name__}) of model "
             f"{model_name!r} sums over batches ({type(e).__name__}: {e}); the distributed run "
@@ -501,17 +501,16 @@ def _metric_contributions(model, metric_variables, inputs, targets, predictions,
     trackers of `compile(loss=...)`, the compiled metrics), in a stateless
     scope where every metric variable starts at zero.
     """
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
     zeros = [tf.zeros(v.shape, v.dtype) for v in metric_variables]
-    # pylint: disable=protected-access
     with keras.StatelessScope(state_mapping=list(zip(metric_variables, zeros))) as scope:
-        compile_loss = model._compile_loss
+        compile_loss = model._compile_loss  # noqa: SLF001
         if compile_loss is not None and compile_loss.metrics:
             # Its per-output trackers.
             compile_loss(targets, predictions, _loss_weights_structure(model, sample_weight))
-        if model._loss_tracker is not None:
-            model._loss_tracker.update_state(
+        if model._loss_tracker is not None:  # noqa: SLF001
+            model._loss_tracker.update_state(  # noqa: SLF001
                 loss, sample_weight=tf.shape(tf.nest.flatten(inputs)[0])[0])
         model.compute_metrics(inputs, targets, predictions, sample_weight=sample_weight)
     states = []
@@ -558,7 +557,7 @@ def _keras_compute_loss(model, inputs, targets, predictions, sample_weight=None)
     """The loss as Keras' train step computes it (a `compute_loss` override included)."""
     sample_weight = _loss_weights_structure(model, sample_weight)
     if hasattr(model, "_compute_loss"):  # handles overrides without a `training` argument
-        return model._compute_loss(x=inputs, y=targets, y_pred=predictions,  # pylint: disable=W0212
+        return model._compute_loss(x=inputs, y=targets, y_pred=predictions,  # noqa: SLF001
                                    sample_weight=sample_weight, training=True)
     return model.compute_loss(x=inputs, y=targets, y_pred=predictions,
                               sample_weight=sample_weight, training=True)
@@ -680,7 +679,7 @@ def _sample_weight_spec(model, x_spec, y_spec):
     losses = _losses_by_target(model, y_spec)
     try:
         outputs = model.compute_output_spec(tf.nest.map_structure(_symbolic, x_spec))
-    except Exception:  # pylint: disable=broad-except  # Keras raises many types here
+    except Exception:  # noqa: BLE001  # Keras raises many types here
         outputs = None
     flat_y = tf.nest.flatten(y_spec)
     flat_out = tf.nest.flatten(outputs) if outputs is not None else []
@@ -710,8 +709,8 @@ def _losses_by_target(model, y_spec) -> list:
 def _loss_values_shape(loss, target: tf.TensorSpec, output) -> list[int | None]:
     """The shape of a loss's values before reduction (`Loss.call`), batch unknown;
     one value per example where it cannot be traced."""
-    import keras  # pylint: disable=import-outside-toplevel
-    from keras.src.trainers import compile_utils  # pylint: disable=import-outside-toplevel
+    import keras
+    from keras.src.trainers import compile_utils
 
     if loss is None or output is None:
         return [None]
@@ -722,7 +721,7 @@ def _loss_values_shape(loss, target: tf.TensorSpec, output) -> list[int | None]:
             return [None]
         values = tf.function(lambda t, p: resolved.call(t, p), autograph=False) \
             .get_concrete_function(target, y_pred).structured_outputs
-    except Exception:  # pylint: disable=broad-except  # a user's loss may raise anything
+    except Exception:  # noqa: BLE001  # a user's loss may raise anything
         return [None]
     if not isinstance(values, tf.Tensor) or values.shape.rank in (None, 0):
         return [None]
@@ -795,7 +794,7 @@ def _keras_target_names(model, y_spec) -> list[str]:
 
 
 def _symbolic(spec: tf.TensorSpec):
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
     return keras.KerasTensor(spec.shape, dtype=spec.dtype.name)
 
 
@@ -1174,7 +1173,8 @@ def _assemble(graph, graph_def, source, name, inputs, loss, traced, states, opti
         graph_def=graph_def.SerializeToString(deterministic=True), source=source, name=name,
         inputs=inputs, loss_tensor=loss.name, variables=variables, state_variables=states,
         optimizer=optimizer_info, ops=ops, estimate_batch_size=batch_size,
-        metric_states=metrics, batch_norms=batch_norms.analyze(graph_def, {v.handle_node for v in variables}),
+        metric_states=metrics,
+        batch_norms=batch_norms.analyze(graph_def, {v.handle_node for v in variables}),
         loss_masks=loss_masks.analyze(graph_def),
         random_ops=random_ops.analyze(graph_def, inputs, _handles(traced, states)),
         tables=tables)
@@ -1287,7 +1287,7 @@ def _optimizer_info(optimizer, variables,
         variables: The trainable variables it updates.
         names: Their names in the GraphItem (for Keras' weight-decay exclusions).
     """
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
     class_name = type(optimizer).__name__
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
@@ -1325,7 +1325,7 @@ def _optimizer_info(optimizer, variables,
                 hyper[key] = float(value)
         info = graph_item_pb2.OptimizerInfo(algorithm=algorithm, family="keras",
                                             class_name=class_name)
-        rate = optimizer._learning_rate  # pylint: disable=protected-access
+        rate = optimizer._learning_rate  # noqa: SLF001
         if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
             hyper.pop("learning_rate", None)
             info.learning_rate_schedule.CopyFrom(_trace_schedule(rate))
@@ -1341,7 +1341,7 @@ def _optimizer_info(optimizer, variables,
         if config.get("weight_decay") is not None and names is not None:
             info.weight_decay_excluded.extend(
                 n for v, n in zip(variables, names)
-                if not optimizer._use_weight_decay(v))  # pylint: disable=protected-access
+                if not optimizer._use_weight_decay(v))  # noqa: SLF001
         try:
             serialized = keras.optimizers.serialize(optimizer)
         except NotImplementedError:  # a schedule without get_config
@@ -1356,7 +1356,7 @@ def _loss_scale_info(optimizer, variables,
                      names: Sequence[str] | None) -> graph_item_pb2.OptimizerInfo:
     """A Keras LossScaleOptimizer (as the 'mixed_float16' policy makes): its inner
     optimizer, with the dynamic loss scaling around it (`OptimizerInfo.loss_scale`)."""
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
     inner = optimizer.inner_optimizer
     if isinstance(inner, keras.optimizers.LossScaleOptimizer):
@@ -1378,7 +1378,7 @@ def _keras_optimizer_config(optimizer) -> dict[str, Any]:
     """`get_config()`, or, where a schedule without `get_config` makes it fail,
     the constructor's arguments read from the optimizer's attributes of the same
     name (as Keras optimizers keep them)."""
-    import inspect  # pylint: disable=import-outside-toplevel
+    import inspect
 
     try:
         return optimizer.get_config()
@@ -1399,7 +1399,7 @@ def _trace_schedule(schedule) -> graph_item_pb2.LearningRateSchedule:
     The graph is checked against the schedule at a few steps, so a schedule
     whose value depends on Python state rather than on the step is refused.
     """
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
     name = type(schedule).__name__
     try:
@@ -1429,7 +1429,7 @@ def _trace_schedule(schedule) -> graph_item_pb2.LearningRateSchedule:
     try:
         config = json.dumps(keras.optimizers.schedules.serialize(schedule), sort_keys=True,
                             default=str)
-    except Exception:  # a custom schedule without get_config
+    except Exception:  # noqa: BLE001 (a custom schedule without get_config)
         config = ""
     return graph_item_pb2.LearningRateSchedule(
         class_name=name, config_json=config,

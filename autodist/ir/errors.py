@@ -29,7 +29,7 @@ def short_repr(value: object, limit: int = MAX_VALUE_CHARS) -> str:
     shortener.maxlong = 60
     try:
         text = shortener.repr(value)
-    except Exception:  # pylint: disable=broad-except  # a broken __repr__ must not hide the error
+    except Exception:  # noqa: BLE001  # a broken __repr__ must not hide the error
         text = f"<{type(value).__name__}>"
     return shorten(text, limit)
 

@@ -186,7 +186,7 @@ class GraphItem:
 
     def graph_def(self):
         """The step as a `tf.compat.v1.GraphDef` (imports TensorFlow)."""
-        from tensorflow.core.framework import graph_pb2  # pylint: disable=import-outside-toplevel
+        from tensorflow.core.framework import graph_pb2
 
         graph_def = graph_pb2.GraphDef()
         graph_def.ParseFromString(self._proto.graph_def)
@@ -199,7 +199,7 @@ class GraphItem:
         ``order`` (topological index); edges go from producer to consumer,
         control edges included (attribute ``control=True``).
         """
-        from tensorflow.core.framework import graph_pb2  # pylint: disable=import-outside-toplevel
+        from tensorflow.core.framework import graph_pb2
 
         graph_def = graph_pb2.GraphDef()
         graph_def.ParseFromString(self._proto.graph_def)
@@ -231,7 +231,7 @@ class GraphItem:
         proto = graph_item_pb2.GraphItem()
         try:
             proto.ParseFromString(data)
-        except Exception as e:  # protobuf raises DecodeError (and RecursionError)
+        except Exception as e:  # noqa: BLE001 (protobuf raises DecodeError, RecursionError)
             raise CaptureError(f"{source} is not a GraphItem protobuf: "
                                f"{type(e).__name__}: {str(e)[:200]}") from None
         check_graph_item(proto, source)
@@ -268,15 +268,18 @@ class GraphItem:
         for op in self._proto.ops:
             phases[op.phase] = phases.get(op.phase, 0) + 1
         header = [
-            f"GraphItem {self.name!r} (captured from {self.source}), fingerprint {self.fingerprint}",
+            f"GraphItem {self.name!r} (captured from {self.source}), "
+            f"fingerprint {self.fingerprint}",
             f"  variables: {len(self._proto.variables)} trainable, "
             f"{self.num_parameters:,} parameters, {self.total_variable_bytes:,} bytes; "
             f"{len(self._proto.state_variables)} state variables",
             f"  optimizer: {opt.class_name} ({opt.family} {opt.algorithm}) {hp}",
             f"  ops: {len(self._proto.ops)} "
             f"({', '.join(f'{k} {v}' for k, v in sorted(phases.items()))}), "
-            f"{self.total_flops / 1e9:.3f} GFLOP per step at batch {self._proto.estimate_batch_size}",
-            "  inputs: " + ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}" for t in self._proto.inputs),
+            f"{self.total_flops / 1e9:.3f} GFLOP per step "
+            f"at batch {self._proto.estimate_batch_size}",
+            "  inputs: " + ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}"
+                                     for t in self._proto.inputs),
             "",
         ]
         return "\n".join(header + lines)

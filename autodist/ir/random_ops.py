@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-import tensorflow as tf
 
 from autodist.ir.batch_shapes import graph_at_batch
 from autodist.proto import graph_item_pb2

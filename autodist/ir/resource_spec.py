@@ -120,7 +120,7 @@ def _load_yaml(text: str, source: str) -> Any:
     loader that stops composing at the depth bound (PyYAML's own scanner is
     quadratic in the nesting of flow collections).
     """
-    import yaml  # pylint: disable=import-outside-toplevel
+    import yaml
 
     loader = None
     try:
@@ -148,7 +148,7 @@ def _load_yaml(text: str, source: str) -> Any:
 def _depth_bounded_loader(yaml) -> type:
     """PyYAML's pure-Python SafeLoader, refusing nesting deeper than MAX_YAML_DEPTH."""
 
-    class DepthBoundedLoader(yaml.SafeLoader):  # pylint: disable=too-many-ancestors
+    class DepthBoundedLoader(yaml.SafeLoader):
         _depth = 0
 
         def compose_node(self, parent, index):

@@ -10,8 +10,9 @@ Sparse gradients (IndexedSlices) are summed into a dense gradient before the
 update, as Keras does (its update formulas densify IndexedSlices), so every
 row's slots decay each step. Plain SGD (no momentum, no weight decay) is the
 exception, in Keras and here: its update is a scatter of the touched rows
-(`ResourceScatterSub`), so a step costs the rows, not the table. Keras squares a sparse gradient before
-densifying it, so where a row occurs several times in a batch its "squared
+(`ResourceScatterSub`), so a step costs the rows, not the table. Keras squares
+a sparse gradient before densifying it, so where a row occurs several times in
+a batch its "squared
 gradient" is the sum of the squares of its occurrences, not the square of
 their sum; `apply_update` takes that sum (`grad_square`) to match Keras
 exactly.
@@ -145,7 +146,7 @@ def hyperparameter_tensors(info: graph_item_pb2.OptimizerInfo, dtype: tf.DType,
 def scheduled_learning_rate(schedule: graph_item_pb2.LearningRateSchedule,
                             step: tf.Tensor) -> tf.Tensor:
     """The captured schedule's learning rate at `step` (imported into the default graph)."""
-    from tensorflow.core.framework import graph_pb2  # pylint: disable=import-outside-toplevel
+    from tensorflow.core.framework import graph_pb2
 
     graph_def = graph_pb2.GraphDef()
     graph_def.ParseFromString(schedule.graph_def)

@@ -147,7 +147,7 @@ def _rewrite_reads(graph_def, handle_node: str, shards: list[Shard]):
     out.versions.CopyFrom(graph_def.versions)
     out.library.CopyFrom(graph_def.library)
     dtype = tf.as_dtype(shards[0].dtype)
-    for k, shard in enumerate(shards):
+    for shard in shards:
         node = out.node.add(name=shard.placeholder, op="Placeholder")
         node.attr["dtype"].type = tf.resource.as_datatype_enum
         node.attr["shape"].shape.CopyFrom(tf.TensorShape([]).as_proto())

@@ -79,7 +79,7 @@ def apply(program: Program, strategy: Strategy) -> Program:
 def _create_tables(program: Program) -> None:
     """This task's copy of every lookup table the step reads (`GraphItem.tables`), on its
     CPU; filled by `program.table_initializers` (run with the local variables)."""
-    from tensorflow.core.framework import tensor_pb2  # pylint: disable=import-outside-toplevel
+    from tensorflow.core.framework import tensor_pb2
 
     def value(data: bytes):
         proto = tensor_pb2.TensorProto()

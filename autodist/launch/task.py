@@ -111,18 +111,18 @@ def main(argv: list[str] | None, run_worker: RunWorker) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         return _serve(args, run_worker) if serving else _run_local(args, run_worker)
-    except Exception:  # pylint: disable=broad-except
+    except Exception:  # noqa: BLE001
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
         # Not a normal exit: closing a session whose peer stopped answering
         # (the likely cause of the failure) would wait for it forever.
-        os._exit(EXIT_FAILED)  # pylint: disable=protected-access
+        os._exit(EXIT_FAILED)
 
 
 def _run_local(args: argparse.Namespace, run_worker: RunWorker) -> int:
     """A task whose job directory the driver wrote on this host."""
-    from autodist.launch.server import start_server  # pylint: disable=import-outside-toplevel
+    from autodist.launch.server import start_server
 
     job = JobDir(args.job_dir)
     task = int(args.task)
@@ -143,10 +143,9 @@ def _run_local(args: argparse.Namespace, run_worker: RunWorker) -> int:
 
 def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
     """A task on its own host: waits for the chief to ship the job, then runs it."""
-    # pylint: disable=import-outside-toplevel
     from autodist.ir.gpus import visible_gpus
-    from autodist.launch import mailbox, signing, tf_config
-    from autodist.launch.devices import check_shipped_devices, task_environment
+    from autodist.launch import mailbox, tf_config
+    from autodist.launch.devices import task_environment
     from autodist.launch.server import start_server
 
     secret = serving_secret(args.secret_file, args.insecure)
@@ -205,8 +204,8 @@ def _accept(message: bytes, secret: bytes | None, name: str, cluster, own, devic
     """A received job verified, unpacked and checked: (job id, archive, job, its directory,
     config); or None after a rejection receipt, whatever was wrong with it (the task then
     waits for the next job: nothing a peer sends may end it)."""
-    from autodist.launch import signing  # pylint: disable=import-outside-toplevel
-    from autodist.launch.devices import check_shipped_devices  # pylint: disable=C0415
+    from autodist.launch import signing
+    from autodist.launch.devices import check_shipped_devices
 
     job_id, work = "", None
     try:
@@ -227,7 +226,7 @@ def _accept(message: bytes, secret: bytes | None, name: str, cluster, own, devic
         return job_id, archive, job, work, config
     except JobRejectedError as e:
         kind, reason, job_id = "JobRejectedError", e.reason, e.job_id
-    except Exception as e:  # pylint: disable=broad-except  # a job this task cannot run
+    except Exception as e:  # noqa: BLE001  # a job this task cannot run
         kind, reason = type(e).__name__, f"{type(e).__name__}: {str(e)[:500]}"
     logger.error("%s: task %s rejected a job (claimed job id %r): %s; waiting for the next job",
                  kind, name, job_id, reason)
@@ -244,7 +243,7 @@ def serving_secret(secret_file: str | None, insecure: bool) -> bytes | None:
         SecretError: the secret cannot be read, or there is none and not
             `insecure`, or both.
     """
-    from autodist.launch import signing  # pylint: disable=import-outside-toplevel
+    from autodist.launch import signing
 
     secret = signing.load_secret(secret_file)
     if secret is None and not insecure:
@@ -263,7 +262,7 @@ def serving_secret(secret_file: str | None, insecure: bool) -> bytes | None:
 def _send_receipt(cluster: dict[str, list[str]], own: tuple[str, int], job_id: str,
                   receipt: bytes) -> None:
     """Tells the chief (through this task's own receipt box) what became of its job."""
-    from autodist.launch import mailbox  # pylint: disable=import-outside-toplevel
+    from autodist.launch import mailbox
 
     if not job_id:
         return  # the chief tags its receipts with its job id: none to answer
@@ -283,7 +282,7 @@ def _exit_on_abort(cluster: dict[str, list[str]], own: tuple[str, int], job_id: 
     So a failed job frees the task (and its port) for the next one at once,
     instead of when its own timeouts expire.
     """
-    from autodist.launch import mailbox  # pylint: disable=import-outside-toplevel
+    from autodist.launch import mailbox
 
     def watch() -> None:
         mail = mailbox.Mailboxes(cluster, job_id=job_id)  # its own sessions: not thread-shared
@@ -293,7 +292,7 @@ def _exit_on_abort(cluster: dict[str, list[str]], own: tuple[str, int], job_id: 
             return
         print(f"autodist: task {own[0]}:{own[1]}: the driver aborted the job", file=sys.stderr,
               flush=True)
-        os._exit(EXIT_FAILED)  # pylint: disable=protected-access
+        os._exit(EXIT_FAILED)
 
     threading.Thread(target=watch, name="abort-watch", daemon=True).start()
 
@@ -304,7 +303,7 @@ def _exit_with_parent(parent_pid: int, period_s: float = 1.0) -> None:
     def watch() -> None:
         while True:
             if os.getppid() != parent_pid:
-                os._exit(EXIT_FAILED)  # pylint: disable=protected-access
+                os._exit(EXIT_FAILED)
             time.sleep(period_s)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()

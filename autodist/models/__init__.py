@@ -25,7 +25,7 @@ from autodist.ir.errors import InvalidArgumentError
 def mlp(input_dim: int = 784, hidden: tuple[int, ...] = (256, 256), classes: int = 10,
         seed: int = 0, optimizer: Any = "sgd"):
     """A multi-layer perceptron for classification (sparse integer labels)."""
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((input_dim,), name="features")
@@ -42,8 +42,8 @@ def mlp(input_dim: int = 784, hidden: tuple[int, ...] = (256, 256), classes: int
 def cnn(image_size: int = 32, channels: int = 3, classes: int = 10, seed: int = 0,
         optimizer: Any = "sgd"):
     """A small ResNet-style CNN with batch normalization and a residual block."""
-    import keras  # pylint: disable=import-outside-toplevel
-    from keras import layers  # pylint: disable=import-outside-toplevel
+    import keras
+    from keras import layers
 
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((image_size, image_size, channels), name="image")
@@ -73,8 +73,8 @@ def embedding_model(num_users: int = 1000, num_items: int = 2000, dim: int = 16,
     Inputs are integer user and item ids; the output is a click logit. Both
     embedding tables get sparse (IndexedSlices) gradients.
     """
-    import keras  # pylint: disable=import-outside-toplevel
-    from keras import layers  # pylint: disable=import-outside-toplevel
+    import keras
+    from keras import layers
 
     keras.utils.set_random_seed(seed)
     user = keras.Input((1,), dtype="int32", name="user")
@@ -101,8 +101,8 @@ def ctr_model(num_users: int = 100_000, num_categories: int = 500, history_len: 
     move cheaply as rows, while the many rows of the small one cost more than
     the table itself.
     """
-    import keras  # pylint: disable=import-outside-toplevel
-    from keras import layers  # pylint: disable=import-outside-toplevel
+    import keras
+    from keras import layers
 
     keras.utils.set_random_seed(seed)
     user = keras.Input((1,), dtype="int32", name="user")
@@ -123,8 +123,8 @@ def transformer(vocab_size: int = 1000, seq_len: int = 16, dim: int = 32, heads:
                 layers_count: int = 2, classes: int = 2, seed: int = 0,
                 optimizer: Any = "adam"):
     """A small Transformer encoder classifier (token + position embeddings)."""
-    import keras  # pylint: disable=import-outside-toplevel
-    from keras import layers  # pylint: disable=import-outside-toplevel
+    import keras
+    from keras import layers
 
     keras.utils.set_random_seed(seed)
     tokens = keras.Input((seq_len,), dtype="int32", name="tokens")
@@ -146,7 +146,7 @@ def transformer(vocab_size: int = 1000, seq_len: int = 16, dim: int = 32, heads:
 
 def _position_embedding_layer():
     """A layer adding a learned (seq_len, dim) position table to its input."""
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
     class PositionEmbedding(keras.layers.Layer):
         def __init__(self, seq_len: int, dim: int, **kwargs: Any) -> None:
@@ -170,8 +170,8 @@ def language_model(vocab_size: int = 20000, seq_len: int = 8, dim: int = 32,
     (IndexedSlices) gradients; the output projection, as large, dense ones:
     the two ends of the strategy choice for big tables.
     """
-    import keras  # pylint: disable=import-outside-toplevel
-    from keras import layers  # pylint: disable=import-outside-toplevel
+    import keras
+    from keras import layers
 
     keras.utils.set_random_seed(seed)
     tokens = keras.Input((seq_len,), dtype="int32", name="tokens")
@@ -188,7 +188,7 @@ def language_model(vocab_size: int = 20000, seq_len: int = 8, dim: int = 32,
 def resnet50(image_size: int = 64, classes: int = 1000, seed: int = 0,
              optimizer: Any = "sgd"):
     """Keras' ResNet50 (about 25M parameters), untrained, at a small image size."""
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
     keras.utils.set_random_seed(seed)
     model = keras.applications.ResNet50(weights=None, input_shape=(image_size, image_size, 3),
@@ -254,7 +254,7 @@ def single_device_twin(model):
     The reference a distributed run is checked against: train the twin with
     Keras `fit` on one device and compare weights.
     """
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
     twin = keras.models.clone_model(model)
     twin.set_weights(model.get_weights())
@@ -271,8 +271,8 @@ def synthetic_data(model, num_examples: int, seed: int = 0):
     Integer inputs (ids) are drawn below the size of the embedding they feed,
     read from the model's Embedding layers in order.
     """
-    import keras  # pylint: disable=import-outside-toplevel
-    import numpy as np  # pylint: disable=import-outside-toplevel
+    import keras
+    import numpy as np
 
     rng = np.random.default_rng(seed)
     vocab = [layer.input_dim for layer in model.layers

@@ -92,11 +92,11 @@ def keras_order(num_examples: int, batch_size: int, shuffle: bool | str) -> np.n
     function: seeded by the global seed and the function's graph alone, it draws
     the same order every pass (checked on two passes).
     """
-    from tensorflow.python.eager import context  # pylint: disable=import-outside-toplevel
+    from tensorflow.python.eager import context
 
     if not shuffle or context.global_seed() is None:
         return None
-    from keras.src.trainers.data_adapters.array_data_adapter import (  # pylint: disable=C0415
+    from keras.src.trainers.data_adapters.array_data_adapter import (
         ArrayDataAdapter)
 
     adapter = ArrayDataAdapter(np.arange(num_examples, dtype=np.int64),

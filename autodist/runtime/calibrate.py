@@ -17,7 +17,7 @@ from autodist.search.simulator import Calibration
 
 def measure_calibration(seconds: float = 1.0) -> Calibration:
     """A Calibration measured with TensorFlow, in about `seconds`."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     budget = seconds / 4
     graph = tf.Graph()

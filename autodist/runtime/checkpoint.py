@@ -385,12 +385,12 @@ def load(path: str | os.PathLike, *, verify: bool = True) -> dict[str, np.ndarra
     prefix = resolve(path)
     if verify:
         check_files(prefix)
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     try:
         reader = tf.train.load_checkpoint(str(prefix))
         return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
-    except Exception as e:  # pylint: disable=broad-except  # TF raises many kinds
+    except Exception as e:  # TF raises many kinds
         raise CheckpointError(f"TensorFlow cannot read checkpoint {str(prefix)!r}: "
                               f"{type(e).__name__}: {shorten(str(e), 500)}") from e
 
@@ -402,7 +402,7 @@ def restore_keras_weights(model, path: str | os.PathLike, *, verify: bool = True
         AutodistError: naming variables the checkpoint lacks or whose shapes differ.
         CheckpointError: the checkpoint is missing or damaged (see `load`).
     """
-    from autodist.ir.capture import keras_variable_names  # pylint: disable=C0415
+    from autodist.ir.capture import keras_variable_names
 
     values = load(path, verify=verify)
     trainable, state = keras_variable_names(model)

@@ -38,7 +38,7 @@ def serialize(dataset) -> bytes:
         DatasetGraphError: it holds state TensorFlow cannot serialize,
             naming the op, and how to avoid it.
     """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     try:
         return tf.raw_ops.DatasetToGraphV2(
@@ -134,7 +134,7 @@ def relies_on_autotune(graph: bytes) -> bool:
 
 def without_autotune(dataset):
     """`dataset` with tf.data's autotuning off (see `relies_on_autotune`)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     options = tf.data.Options()
     options.autotune.enabled = False
@@ -148,7 +148,7 @@ def restore(graph: bytes, element_spec: Any):
         graph: What `serialize` returned.
         element_spec: The dataset's element spec.
     """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     variant = tf.raw_ops.DatasetFromGraph(graph_def=_with_new_generators(graph))
     return tf.data.experimental.from_variant(variant, element_spec)
@@ -157,7 +157,7 @@ def restore(graph: bytes, element_spec: Any):
 def seed_generators(graph: bytes) -> tuple[str, ...]:
     """The names of the resources `graph` holds: the seed generators of reshuffling ops,
     which each pass over the dataset advances (unique to a dataset in its process)."""
-    from tensorflow.core.framework import graph_pb2  # pylint: disable=C0415
+    from tensorflow.core.framework import graph_pb2
 
     graph_def = graph_pb2.GraphDef()
     graph_def.ParseFromString(graph)
@@ -166,7 +166,7 @@ def seed_generators(graph: bytes) -> tuple[str, ...]:
 
 def _with_new_generators(graph: bytes) -> bytes:
     """`graph` with every resource it names renamed to a name of this call's own."""
-    from tensorflow.core.framework import graph_pb2  # pylint: disable=C0415
+    from tensorflow.core.framework import graph_pb2
 
     graph_def = graph_pb2.GraphDef()
     graph_def.ParseFromString(graph)
@@ -178,7 +178,7 @@ def _with_new_generators(graph: bytes) -> bytes:
 
 def _resource_handles(graph_def):
     """The resource handles the Const nodes of `graph_def` (and its functions) hold."""
-    from tensorflow.core.framework import types_pb2  # pylint: disable=C0415
+    from tensorflow.core.framework import types_pb2
 
     nodes = list(graph_def.node)
     for function in graph_def.library.function:
@@ -190,7 +190,7 @@ def _resource_handles(graph_def):
 
 def _bodies(graph: bytes) -> list[list]:
     """The node lists of a serialized GraphDef: its own, then each function's."""
-    from tensorflow.core.framework import graph_pb2  # pylint: disable=C0415
+    from tensorflow.core.framework import graph_pb2
 
     graph_def = graph_pb2.GraphDef()
     graph_def.ParseFromString(graph)
@@ -199,7 +199,7 @@ def _bodies(graph: bytes) -> list[list]:
 
 def _options(node):
     """The `tf.data.Options` an OptionsDataset node sets (as their protobuf)."""
-    from tensorflow.core.framework import dataset_options_pb2  # pylint: disable=C0415
+    from tensorflow.core.framework import dataset_options_pb2
 
     options = dataset_options_pb2.Options()
     options.ParseFromString(node.attr["serialized_options"].s)
@@ -214,7 +214,7 @@ def _seed_inputs(node) -> list[int]:
 
 def _named_inputs(node, names: tuple[str, ...]) -> list[int]:
     """Indices in `node.input` of its single inputs called one of `names` (by its op)."""
-    from tensorflow.python.framework import op_def_registry  # pylint: disable=C0415
+    from tensorflow.python.framework import op_def_registry
 
     op_def = op_def_registry.get(node.op)
     if op_def is None:
@@ -235,14 +235,14 @@ def _named_inputs(node, names: tuple[str, ...]) -> list[int]:
 
 def _attr(node, name: str):
     """`node`'s attribute `name`, or an empty one (without adding it to the node)."""
-    from tensorflow.core.framework import attr_value_pb2  # pylint: disable=C0415
+    from tensorflow.core.framework import attr_value_pb2
 
     return node.attr[name] if name in node.attr else attr_value_pb2.AttrValue()
 
 
 def _const_value(by_name: dict, name: str) -> int | None:
     """The integer a Const node holds, or None (another op, or a function argument)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     node = by_name.get(name)
     if node is None or node.op != "Const":

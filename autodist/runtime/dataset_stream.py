@@ -139,7 +139,7 @@ class DatasetStream:
     def _produce(self) -> None:
         index = 0
         try:
-            import tensorflow as tf  # pylint: disable=import-outside-toplevel
+            import tensorflow as tf
 
             d = self.description
             spec = tuple(tf.TensorSpec(shape, tf.as_dtype(dtype))
@@ -167,7 +167,7 @@ class DatasetStream:
                     if not self._put(self._global_batch(index, arrays, last)):
                         return
                     index += 1
-        except Exception as e:  # pylint: disable=broad-except
+        except Exception as e:  # noqa: BLE001
             if not isinstance(e, DatasetError):
                 e = DatasetError(f"reading the dataset failed at step {index} "
                                  f"({type(e).__name__}): {str(e)[:500]}. The workers read "

@@ -96,7 +96,7 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
             run empty; batches too small for the virtual nodes or not the
             strategy's global batch.
     """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     flat, description = _flattened(dataset, graph_item, class_weight)
     graph = dataset_graph.serialize(flat)
@@ -203,7 +203,7 @@ def _check_batch_sizes(static: int | None, smallest: int | None, largest: int | 
 def _count(graph: bytes, element_spec) -> tuple[int, int, int]:
     """(batches, smallest, largest batch) of one pass, read in the driver without keeping
     anything (a copy of the dataset with its own seeds: the user's is not advanced)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     logger.info("counting the dataset's batches (its cardinality is unknown): one pass")
     copy = dataset_graph.restore(graph, element_spec)
@@ -222,7 +222,7 @@ def _flattened(dataset, graph_item: GraphItem, class_weight: Any
                ) -> tuple[Any, DatasetDescription]:
     """The dataset with flat elements (model inputs, targets, weights), cast to the
     model's dtypes, and their description (before counting)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     spec = dataset.element_spec
     if not isinstance(spec, tuple) or len(spec) not in (2, 3):
@@ -273,7 +273,7 @@ def _flattened(dataset, graph_item: GraphItem, class_weight: Any
 
 def _class_weights(y, table: dict[int, float]):
     """Per-example weights of a batch's classes, as `targets.sample_weights` makes them."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     labels = y
     if labels.shape.rank > 1:
@@ -328,7 +328,7 @@ def _check_shape(spec, info, squeezable: bool = False) -> None:
     """An input's or target's examples must have the captured shape (known dimensions);
     a target may have a trailing dimension of 1 more or less (Keras' losses squeeze or
     expand it)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     if not isinstance(spec, tf.TensorSpec):
         raise DatasetError(f"dataset component for {info.name!r} must be a dense tensor; "
@@ -381,7 +381,7 @@ def _check_weight_shape(spec, rank: int) -> None:
 def _conform_rank(tensor, rank: int):
     """A target with the captured rank: a trailing 1 removed or added (Keras' losses
     squeeze or expand it the same way)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     if tensor.shape.rank == rank + 1:
         return tf.squeeze(tensor, -1)

@@ -14,7 +14,6 @@ TASK_MODULE = "autodist.runtime.entry"
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one task process (see `autodist.launch.task.build_parser` for `argv`)."""
-    # pylint: disable=import-outside-toplevel
     from autodist.launch import task
     from autodist.runtime.worker import run_worker
 

@@ -27,8 +27,9 @@ task needs the directory.
   `DistributedRun.resize` / `replan`) starts a new membership one step ahead
   of the chief, for the same reason: the chief ends the current segment
   there and appends one on the requested member tasks and strategy
-  (`elastic.Segment`; new strategies travel as text in the limit messages). Every limit message carries the
-  whole segment list, so every worker, idle ones included, agrees on who
+  (`elastic.Segment`; new strategies travel as text in the limit messages).
+  Every limit message carries the whole segment list, so every worker, idle
+  ones included, agrees on who
   runs each step. Only members report step losses; an idle worker waits for
   a segment that includes it, or for the chief's final limit at the end.
 

@@ -116,7 +116,7 @@ def read_results(history: History, job: JobDir, epochs: int, spec: ResourceSpec,
             for key, value in metric_logs(states).items():
                 values = history.history.setdefault(key, [])
                 values[e:e + 1] = [value]
-    for key, values in history.history.items():  # logs of epochs that did not run
+    for values in history.history.values():  # logs of epochs that did not run
         del values[ran:]
     history.epoch = list(range(initial_epoch, initial_epoch + ran))
     history.step_losses = losses

@@ -35,7 +35,7 @@ def check(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
 def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
     """Batch statistics: the global batch's where every replica runs one virtual node,
     else each virtual node's own (said here), or refused where asked for but impossible."""
-    from autodist.kernels import batch_norm  # pylint: disable=import-outside-toplevel
+    from autodist.kernels import batch_norm
 
     layers = _keras_batch_norm_layers(model, graph_item)
     found = graph_item.batch_norms
@@ -76,7 +76,7 @@ def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
 def _loss_masks(graph_item: GraphItem, strategy: Strategy) -> None:
     """A masked loss divides by the batch's count of unmasked values: summed over
     replicas where each runs one virtual node, else each virtual node's own."""
-    from autodist.kernels import global_batch  # pylint: disable=import-outside-toplevel
+    from autodist.kernels import global_batch
 
     if not graph_item.loss_masks or strategy.num_virtual_nodes <= 1 or \
             global_batch.sums_batch_quantities(strategy):
@@ -133,11 +133,11 @@ def _keras_batch_norm_layers(model: Any, graph_item: GraphItem) -> list:
     custom call runs in inference mode normalizes with its moving statistics, as
     Keras' does)."""
     try:
-        import keras  # pylint: disable=import-outside-toplevel
+        import keras
 
         flatten = getattr(model, "_flatten_layers", None)
         layers = list(flatten(include_self=False)) if flatten else list(model.layers)
-    except Exception:  # pylint: disable=broad-except  # not a Keras model
+    except Exception:  # noqa: BLE001  # not a Keras model
         return []
     updated = {s.name for s in graph_item.state_variables if s.update_ops}
     return [layer for layer in layers

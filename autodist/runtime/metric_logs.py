@@ -29,7 +29,7 @@ class MetricLogs:
     """
 
     def __init__(self, model, graph_item: GraphItem) -> None:
-        from autodist.ir.capture import (keras_metric_variables,  # pylint: disable=C0415
+        from autodist.ir.capture import (keras_metric_variables,
                                          unique_names)
 
         self.model = model

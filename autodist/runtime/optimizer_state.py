@@ -47,7 +47,7 @@ def _slot_variables(model, graph_item) -> dict[str, Any] | None:
     out = {}
     for var, info_var in zip(trainable, graph_item.variables):
         try:
-            index = optimizer._get_variable_index(var)  # pylint: disable=protected-access
+            index = optimizer._get_variable_index(var)  # noqa: SLF001
         except KeyError:
             return None
         for slot in info_var.slots:

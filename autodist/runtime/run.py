@@ -92,7 +92,7 @@ class DistributedRun:
                  task_step_delay_s: dict[int, float] | None = None,
                  launch: str = "local", allow_exposed: bool = False,
                  secret_file: str | None = None, keep_optimizer_state: bool = True) -> None:
-        from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
+        from autodist.ir.capture import capture
 
         if launch not in LAUNCH_MODES:
             raise AutodistError(f"launch must be one of {LAUNCH_MODES}. Received: {launch!r}")
@@ -807,7 +807,7 @@ class DistributedRun:
                 raise
 
     def _initial_values(self) -> dict[str, np.ndarray]:
-        from autodist.ir.capture import keras_variable_names  # pylint: disable=C0415
+        from autodist.ir.capture import keras_variable_names
 
         trainable, state = keras_variable_names(self.model)
         values = {n: np.asarray(v.numpy()) for n, v in zip(trainable,
@@ -827,7 +827,7 @@ class DistributedRun:
 
     def _load_weights(self, weights) -> None:
         """Puts trained values (by variable name: an .npz or a dict) into the model."""
-        from autodist.ir.capture import keras_variable_names  # pylint: disable=C0415
+        from autodist.ir.capture import keras_variable_names
 
         trainable, state = keras_variable_names(self.model)
         non_trainable = [v for v in self.model.variables if not v.trainable]
@@ -839,7 +839,7 @@ class DistributedRun:
 
     def _read_state(self) -> dict[str, np.ndarray]:
         """The model's state variables by capture name (see `Progress`)."""
-        from autodist.ir.capture import keras_variable_names  # pylint: disable=C0415
+        from autodist.ir.capture import keras_variable_names
 
         _, state = keras_variable_names(self.model)
         return {n: np.asarray(v.numpy()) for n, v in

@@ -139,7 +139,7 @@ def measure_with_fallback(strategies: Sequence[Any],
             raise AutodistError(f"the launch returned {len(results)} results for "
                                 f"{len(strategies)} strategies")
         return results
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:  # noqa: BLE001
         failed = MeasureResult.failure(e, launch_size=1)
         log(f"launch of {len(strategies)} failed: {failed.error.splitlines()[0][:200]}")
         if len(strategies) == 1:
@@ -253,7 +253,7 @@ class LocalRunner(Runner):
     def _fit(self, first: Strategy, switch_at: Mapping[int, Strategy],
              total_steps: int) -> LaunchRecord:
         """One launch on the local cluster: `fit` with the strategies switched in place."""
-        from autodist.runtime.run import DistributedRun  # pylint: disable=C0415
+        from autodist.runtime.run import DistributedRun
 
         x, y = self._rows(total_steps * self.batch_size)
         weights = [np.array(w) for w in self.model.get_weights()]
@@ -279,7 +279,7 @@ class LocalRunner(Runner):
             take = lambda a: a[index] if rows > available else a[:rows]  # noqa: E731
         else:
             if self._data is None or self._data_rows < rows:
-                from autodist.models import synthetic_data  # pylint: disable=C0415
+                from autodist.models import synthetic_data
 
                 self._data = synthetic_data(self.model, rows, seed=self._data_seed)
                 self._data_rows = rows

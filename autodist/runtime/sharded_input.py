@@ -213,7 +213,7 @@ def prepare(sharded: ShardedDataset, graph_item: GraphItem, strategy: Strategy,
 def _check_length(dataset, shard: InputShard, steps_per_epoch: int | None) -> None:
     """Shards are read in step with each other: their length must be known up front
     (counting it would read every shard in the driver)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     if int(dataset.cardinality()) == tf.data.UNKNOWN_CARDINALITY:
         hint = "" if steps_per_epoch is not None else " and give steps_per_epoch"
@@ -226,7 +226,7 @@ def _check_length(dataset, shard: InputShard, steps_per_epoch: int | None) -> No
 
 def _check_batch_size(dataset, shard: InputShard) -> None:
     """A batch dimension the element spec fixes must be the shard's share."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     specs = tf.nest.flatten(dataset.element_spec)
     shape = getattr(specs[0], "shape", None) if specs else None

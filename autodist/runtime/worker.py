@@ -117,7 +117,7 @@ def open_session(target: str, graph: tf.Graph, config: tf.compat.v1.ConfigProto,
         try:
             session.run(noop)
             outcome.append(None)
-        except BaseException as e:  # pylint: disable=broad-except  # re-raised below
+        except BaseException as e:  # noqa: BLE001  # re-raised below
             outcome.append(e)
 
     thread = threading.Thread(target=first_run, name="autodist-session-create", daemon=True)
@@ -756,7 +756,7 @@ class Trainer:
                 shards = program.shards[var.name]
                 axis = shards[0].axis
 
-                def joined(parts):
+                def joined(parts, axis=axis):
                     values = [p.read_value() for p in parts]
                     return values[0] if len(values) == 1 else tf.concat(values, axis)
 
@@ -916,7 +916,7 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
             # failed fit leaves it in the model.
             try:
                 trainer.save_recovery()
-            except Exception:  # pylint: disable=broad-except
+            except Exception:
                 logger.exception("could not save the state for recovery")
         failure = _safe_peer_failure(mail)
         if failure is not None:
@@ -978,14 +978,14 @@ def _report_failure(mail: Mailboxes, task_index: int) -> None:
     message = WorkerMessage(task_index, error=traceback.format_exc(limit=8))
     try:
         mail.send(CHIEF, mailbox.RESULTS, message.to_json(), timeout_s=5.0)
-    except Exception:  # pylint: disable=broad-except
+    except Exception:  # noqa: BLE001
         logger.warning("could not tell the chief that this worker failed")
 
 
 def _safe_peer_failure(mail: Mailboxes) -> str | None:
     try:
         messages = mail.receive_all(CHIEF, mailbox.RESULTS, timeout_s=5.0)
-    except Exception:  # pylint: disable=broad-except
+    except Exception:  # noqa: BLE001
         return None
     for raw in messages:
         message = WorkerMessage.from_json(raw)

@@ -154,7 +154,7 @@ class _SlowWorkerAfter(policies.Policy):
     """Test harness: from step `step` on, worker 1 runs `fraction` of the time."""
 
     def __init__(self, job_dir, step, fraction):
-        from autodist.bench.slowdown import Slowdown  # pylint: disable=C0415
+        from autodist.bench.slowdown import Slowdown
 
         self.slowdown = Slowdown(job_dir, 1, fraction)
         self.step, self.started = step, None
@@ -265,7 +265,7 @@ class _SetBatchAfterFirstEpoch(policies.Policy):
 
 @pytest.mark.cluster
 def test_set_batch_size_at_an_epoch_end_equals_keras_with_the_new_batch_and_rate(tmp_path):
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
     examples, batch, bigger = 96, 32, 48
     x, y = small_mlp.data(examples)
@@ -322,7 +322,7 @@ def test_adaptive_batch_size_follows_the_noise_scale(control, mlp_item):
 
 
 def test_epoch_schedule_with_a_batch_change():
-    from autodist.runtime.batching import EpochSchedule  # pylint: disable=C0415
+    from autodist.runtime.batching import EpochSchedule
 
     # 100 examples: batch 32 for epoch 0 (4 steps), 48 from step 4 (3 steps each).
     schedule = EpochSchedule(100, 3, None, lambda step: 32 if step < 4 else 48)

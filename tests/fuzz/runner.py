@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
         for index in range(start, stop):
             try:
                 files = target.case(case_rng(name, seed, index))
-            except Exception as e:  # pylint: disable=broad-except
+            except Exception as e:
                 raise RuntimeError(f"the fuzzer failed to make case {index} (a bug in "
                                    "tests/fuzz, not in the reader)") from e
             began = time.perf_counter()
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
                 length = len(message)
                 outcome = "named" if length <= MAX_MESSAGE_CHARS else "oversize"
                 detail = f"{type(e).__name__}: {message[:300]}"
-            except BaseException as e:  # pylint: disable=broad-except
+            except BaseException as e:
                 if isinstance(e, KeyboardInterrupt):
                     raise
                 outcome = "other"

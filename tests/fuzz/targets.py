@@ -244,7 +244,7 @@ class _StrategyTarget(Target):
         s.summary()
         s.to_text()
         s.validate(self.gi, self.spec)
-        s.num_virtual_nodes, s.virtual_node_devices, s.global_batch_size, s.hyperparameters
+        _ = s.num_virtual_nodes, s.virtual_node_devices, s.global_batch_size, s.hyperparameters
         hash(s)
         _sane_strategy(s)
 
@@ -391,8 +391,8 @@ def _use_spec(spec) -> None:
     assert devices <= 1 << 20, f"{devices} devices accepted"
     for node in spec.nodes:
         assert math.isfinite(node.network_bandwidth_gbps), node.network_bandwidth_gbps
-    spec.device_names, spec.replica_devices, spec.ps_devices, spec.chief_index
-    spec.num_worker_tasks, spec.fingerprint, repr(spec), spec.to_text()
+    _ = spec.device_names, spec.replica_devices, spec.ps_devices, spec.chief_index
+    _ = spec.num_worker_tasks, spec.fingerprint, repr(spec), spec.to_text()
     for i in range(len(spec.nodes)):
         spec.bandwidth_gbps(i)
         spec.task_of(i)
@@ -539,7 +539,7 @@ class DatabaseLines(Target):
             if r.created_at in intact:
                 continue
             # A damaged record that reads must be usable and written again as it was.
-            r.ok, r.median_step_time_s
+            _ = r.ok, r.median_step_time_s
             if self.db.decode_line(self.db.encode_line(r).rstrip(b"\n")) != r:
                 raise AssertionError("a record read does not survive writing it again")
         for s in contents.skipped:

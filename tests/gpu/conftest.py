@@ -19,7 +19,7 @@ import pytest
 os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 os.environ.setdefault("NVIDIA_TF32_OVERRIDE", "0")
 
-from tests.gpu.helpers import usable_gpus  # noqa: E402
+from tests.gpu.helpers import usable_gpus
 
 
 def pytest_collection_modifyitems(config, items):

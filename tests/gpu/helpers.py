@@ -12,11 +12,11 @@ def usable_gpus() -> int:
 
     TensorFlow is not imported on a host that shows no GPU at all.
     """
-    from autodist.ir.gpus import visible_gpus  # pylint: disable=import-outside-toplevel
+    from autodist.ir.gpus import visible_gpus
 
     if not visible_gpus():
         return 0
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     if not tf.test.is_built_with_cuda():
         return 0

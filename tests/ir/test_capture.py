@@ -169,7 +169,7 @@ def test_two_embedding_tables_are_sparse(ncf_item):
 
 def test_sparse_gradient_rows_count_every_lookup():
     """A history of 7 ids per example puts 7 rows per example in the gradient."""
-    from autodist.search.space import lookups_per_example  # pylint: disable=C0415
+    from autodist.search.space import lookups_per_example
 
     model = models.ctr_model(num_users=100, num_categories=10, history_len=7, dim=4)
     gi = capture(model, estimate_batch_size=16)
@@ -370,7 +370,7 @@ def test_v1_adam_hyperparameters():
 def test_shapes_derived_from_the_batch_are_inferred_not_guessed():
     # UpSampling2D's gradient reshapes to several dimensions derived from the batch; each
     # guessed as the batch made one op 2^52 bytes and optimize predicted 56,000 s a step.
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
     inputs = keras.Input((4, 4, 2))
     h = keras.layers.UpSampling2D()(keras.layers.Conv2D(3, 3, padding="same")(inputs))
@@ -384,7 +384,7 @@ def test_shapes_derived_from_the_batch_are_inferred_not_guessed():
 
 
 def test_a_graph_item_read_from_bytes_is_checked_field_by_field(mlp_item, tmp_path):
-    from autodist.ir.graph_item import GraphItem  # pylint: disable=import-outside-toplevel
+    from autodist.ir.graph_item import GraphItem
 
     path = tmp_path / "model.pb"
     mlp_item.save(path)

@@ -209,7 +209,7 @@ def test_clipnorm_refuses_a_variable_split_between_ps_and_all_reduce():
     assert space.clipping == "clipnorm"
     assert all(len({s.WhichOneof("kind") for s in option.shards}) == 1
                for options in space.options for option in options)
-    from tests.runtime.test_distributed_training import _Hybrid  # pylint: disable=C0415
+    from tests.runtime.test_distributed_training import _Hybrid
 
     plain = capture(_mlp(keras.optimizers.SGD(0.1)))
     hybrid = _Hybrid().build(plain, spec)

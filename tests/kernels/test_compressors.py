@@ -85,7 +85,7 @@ class _Local:
         self.session.run(self.names["init"])
         rng = np.random.default_rng(0)
         with graph.as_default():
-            for name, tensor in self.names["reads"].items():
+            for name in self.names["reads"]:
                 if self.roles[name].kind == "variable":
                     var = program.storage[name]
                     value = rng.normal(scale=0.3, size=var.shape.as_list()).astype(np.float32)

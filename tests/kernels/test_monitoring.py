@@ -125,7 +125,7 @@ def test_fit_equals_the_two_point_estimate():
 def test_step_timestamps_put_the_gradients_after_the_start_of_every_step(mlp_item):
     """The start is fed by the host before the run: a timestamp op with no inputs ran
     after the gradients in some steps (then the step had no compute time)."""
-    import time  # pylint: disable=import-outside-toplevel
+    import time
 
     spec = autodist.ResourceSpec.local(workers=1)
     strategy = builders.AllReduce().build(mlp_item, spec)

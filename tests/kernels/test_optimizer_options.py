@@ -146,7 +146,7 @@ def _compare(make_optimizer, sparse_table=False, shards=1, seed=0):
     info.ClearField("weight_decay_excluded")
     info.weight_decay_excluded.extend(
         n for n in names if "weight_decay" in info.hyperparameters
-        and not optimizer._use_weight_decay(variables[n]))  # pylint: disable=protected-access
+        and not optimizer._use_weight_decay(variables[n]))
     check_supported(info)
     got = _kernel_result(info, initial, steps, shards)
     for name in names:

@@ -57,7 +57,7 @@ def test_server_config_makes_logical_cpus():
 
 
 def test_a_task_without_its_gpus_fails_before_its_server_starts():
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     from autodist.launch.server import check_gpus
 

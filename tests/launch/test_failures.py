@@ -110,7 +110,8 @@ import autodist
 from autodist.launch.job import JobDir
 from autodist.launch.local import LocalCluster
 spec = autodist.ResourceSpec.local(workers=1, ps=1)
-cluster = LocalCluster(JobDir({str(tmp_path / 'job')!r}), spec, task_module='autodist.runtime.entry')
+cluster = LocalCluster(JobDir({str(tmp_path / 'job')!r}), spec,
+                       task_module='autodist.runtime.entry')
 cluster.start()
 print(" ".join(str(t.process.pid) for t in cluster.tasks), flush=True)
 time.sleep(600)

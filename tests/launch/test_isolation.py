@@ -122,7 +122,7 @@ def _train(tmp_path, peer, name: str, **options):
 
 def test_a_local_fit_is_out_of_other_hosts_reach(tmp_path, another_host):
     # The probe itself: a listener here at HOST is reached from the other host.
-    import socket  # pylint: disable=import-outside-toplevel
+    import socket
 
     with socket.socket() as listener:
         listener.bind((HOST, 0))

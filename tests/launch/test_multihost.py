@@ -53,7 +53,7 @@ def _serve(tmp_path, cluster: dict, kind: str, index: int, job_timeout: float,
     home.mkdir()
     env = dict(os.environ, TF_CONFIG=_tf_config(cluster, kind, index))
     assert env[SECRET_FILE_ENV]  # see the fixture secret_file
-    log = open(home / "serve.log", "wb")  # pylint: disable=consider-using-with
+    log = open(home / "serve.log", "wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "autodist.cli", "serve", "--tf-config", "--max-jobs", "1",
          "--job-timeout", str(job_timeout), "--work-dir", str(home / "jobs"),
@@ -277,7 +277,7 @@ def test_served_workers_read_a_tfrecord_dataset_at_the_same_paths(tmp_path, monk
     """fit(dataset) on a served cluster: the job ships the dataset's graph (no rows); the
     served worker reads the TFRecord files at the paths the driver named, reshuffled
     each epoch as Keras reads them."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"]}

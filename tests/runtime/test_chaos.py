@@ -87,7 +87,7 @@ def _steps_done(job_root: pathlib.Path) -> int:
         except OSError:
             continue
         if lines:
-            import json  # pylint: disable=import-outside-toplevel
+            import json
             try:
                 newest = max(newest, json.loads(lines[-1])["step"])
             except (ValueError, KeyError):

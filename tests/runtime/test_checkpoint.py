@@ -44,7 +44,8 @@ def test_checkpoint_names_values_and_keras_restore(tmp_path):
     for a, b in zip(fresh.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(a, b)
     bad = models.embedding_model(num_users=50, num_items=72, dim=8)
-    with pytest.raises(autodist.AutodistError, match="has shape \\[71, 8\\], the model \\[72, 8\\]"):
+    with pytest.raises(autodist.AutodistError,
+                       match="has shape \\[71, 8\\], the model \\[72, 8\\]"):
         autodist.restore_keras_weights(bad, ckpt_dir)
 
 

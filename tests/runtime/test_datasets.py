@@ -50,7 +50,7 @@ def _indexed(n=10, known=True, seed=3):
 def _keras_reads(dataset, steps_per_epoch, epochs):
     """The labels of each batch Keras 3's fit reads, per epoch (its own EpochIterator,
     driven as `fit` drives it; the train step's next() is done here)."""
-    from keras.src.backend.tensorflow.trainer import TFEpochIterator  # pylint: disable=C0415
+    from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
     iterator = TFEpochIterator(x=dataset, steps_per_epoch=steps_per_epoch,
                                distribute_strategy=tf.distribute.get_strategy())
@@ -136,7 +136,7 @@ def _autotuned():
 def test_autotuning_is_kept_only_where_a_dataset_relies_on_it(make, relies):
     """The workers turn tf.data's autotuning off where it tunes nothing: destroying an
     autotuned iterator waits for its tuning thread (seconds, at every pass's end)."""
-    from autodist.runtime import dataset_graph  # pylint: disable=import-outside-toplevel
+    from autodist.runtime import dataset_graph
 
     ds = make(tf.data.Dataset.from_tensor_slices((np.ones((8, 2), "float32"), np.arange(8))))
     assert dataset_graph.relies_on_autotune(dataset_graph.serialize(ds)) == relies
@@ -147,7 +147,7 @@ def test_autotuning_is_kept_only_where_a_dataset_relies_on_it(make, relies):
 
 def test_tfrecord_files_do_not_count_as_autotuned(tmp_path):
     """A TFRecordDataset's buffer_size -1 is its default buffer, not AUTOTUNE."""
-    from autodist.runtime import dataset_graph  # pylint: disable=import-outside-toplevel
+    from autodist.runtime import dataset_graph
 
     path = str(tmp_path / "r.tfrecord")
     with tf.io.TFRecordWriter(path) as writer:

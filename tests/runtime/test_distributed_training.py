@@ -102,11 +102,11 @@ class _Hybrid:
     """Every dense variable that can split: half its shards on the PS, half all-reduced."""
 
     def build(self, graph_item, spec):
-        from autodist.search.space import SearchSpace, SpaceOptions  # pylint: disable=C0415
+        from autodist.search.space import SearchSpace, SpaceOptions
 
         space = SearchSpace(graph_item, spec, SpaceOptions(min_shard_bytes=64, max_shards=4))
         candidate = []
-        for v, options in enumerate(space.options):
+        for options in space.options:
             kinds = [{s.WhichOneof("kind") for s in c.shards} for c in options]
             hybrid = [i for i, k in enumerate(kinds) if len(k) == 2
                       and options[i].partitioner.num_shards == 4

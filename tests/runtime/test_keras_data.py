@@ -42,7 +42,8 @@ def test_missing_and_misshapen_inputs_are_named_as_the_user_named_them(dict_item
                                         r"\['alpha', 'zeta2'\]"):
         keras_data.fit_arrays({"alpha": np.ones((4, 2)), "zeta2": np.ones((4, 1))},
                               np.ones(4), None, dict_item)
-    with pytest.raises(DataError, match=r"input 'alpha' needs an array of shape \(N, 2\).*\(4, 3\)"):
+    with pytest.raises(DataError,
+                       match=r"input 'alpha' needs an array of shape \(N, 2\).*\(4, 3\)"):
         keras_data.fit_arrays({"alpha": np.ones((4, 3)), "zeta": np.ones((4, 1))},
                               np.ones(4), None, dict_item)
     with pytest.raises(DataError, match="same number of examples"):
@@ -69,7 +70,8 @@ def test_variable_length_inputs_and_time_axis_targets():
     data = keras_data.fit_arrays(x, y, np.ones((6, 5)), item)
     assert data.targets[0].dtype == np.int32 and data.weights.shape == (6, 5)
     # One weight per example for a loss per timestep: Keras fails on it too.
-    with pytest.raises(DataError, match=r"sample_weight needs an array of shape \(N, None\).*\(6,\)"):
+    with pytest.raises(DataError,
+                       match=r"sample_weight needs an array of shape \(N, None\).*\(6,\)"):
         keras_data.fit_arrays(x, y, np.ones(6), item)
 
 

@@ -6,9 +6,10 @@ import json
 import pytest
 
 from autodist.runtime.elastic import Segment
-from autodist.runtime.records import (ChangeRequest, DatasetDescription, LossRecord, MonitoredStep, MonitorSample,
-                                      Probe, ProgressRecord, RecordError, ResizeEvent, RunLimit,
-                                      StepReport, WorkerMessage, WorkerResult)
+from autodist.runtime.records import (ChangeRequest, DatasetDescription, LossRecord,
+                                      MonitoredStep, MonitorSample, Probe, ProgressRecord,
+                                      RecordError, ResizeEvent, RunLimit, StepReport,
+                                      WorkerMessage, WorkerResult)
 
 SAMPLE = MonitorSample(batches=(8, 8, 16), sq_norms=(3.0, 5.0, 2.5), compute_s=(0.01,),
                        communication_s=(0.02,), tasks=(0,), examples=(32,))

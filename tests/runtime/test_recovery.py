@@ -35,7 +35,7 @@ def _kill_after(job_dir: str, task: int, steps: int, timeout_s: float = 120.0,
                 sig: int = signal.SIGKILL) -> threading.Thread:
     """Sends `sig` (default SIGKILL) to worker `task` once the chief has recorded `steps`
     steps."""
-    from autodist.bench.slowdown import find_task_pid  # pylint: disable=C0415
+    from autodist.bench.slowdown import find_task_pid
 
     def kill():
         progress = pathlib.Path(job_dir) / "progress.jsonl"
@@ -116,7 +116,7 @@ def test_a_stopped_worker_is_named_killed_and_recovered_from(tmp_path):
 def test_a_stopped_worker_fails_the_run_naming_it(tmp_path):
     """Without recovery, a stopped worker fails fit with an error that names it (not
     the chief, whose step would time out later), within the hang timeout."""
-    from autodist.launch.errors import TaskFailedError  # pylint: disable=C0415
+    from autodist.launch.errors import TaskFailedError
 
     x, y = small_mlp.data(EXAMPLES)
     model = small_mlp.mlp()
@@ -133,7 +133,7 @@ def test_a_stopped_worker_fails_the_run_naming_it(tmp_path):
 
 
 def _held_step(message: str) -> int:
-    import re  # pylint: disable=import-outside-toplevel
+    import re
 
     found = re.search(r"the model holds the weights after step (\d+) of the run", message)
     assert found, message
@@ -147,7 +147,7 @@ def test_a_failed_fit_keeps_the_last_completed_step(builder, ps, tmp_path):
     """Default on_failure: worker 1 killed mid-run fails fit naming it, and the model
     holds the weights (and momenta) after the last step every replica completed,
     equal to Keras fit on that many batches, as after Ctrl-C; not its initial ones."""
-    from autodist.launch.errors import TaskFailedError  # pylint: disable=C0415
+    from autodist.launch.errors import TaskFailedError
 
     x, y = small_mlp.data(EXAMPLES * 2)
     model = small_mlp.mlp()
@@ -180,9 +180,9 @@ def test_a_dead_parameter_server_leaves_the_newest_checkpoint(tmp_path):
     """The parameter server (which holds the variables) killed: the chief cannot read
     the trained state back; the newest checkpoint goes into the model, and the error
     says so."""
-    from autodist.bench.slowdown import find_task_pid  # pylint: disable=C0415
-    from autodist.launch.errors import TaskFailedError  # pylint: disable=C0415
-    from autodist.runtime import checkpoint  # pylint: disable=C0415
+    from autodist.bench.slowdown import find_task_pid
+    from autodist.launch.errors import TaskFailedError
+    from autodist.runtime import checkpoint
 
     x, y = small_mlp.data(EXAMPLES * 2)
     model = small_mlp.mlp()
@@ -218,7 +218,7 @@ def test_a_recovered_run_reads_a_dataset_on_where_it_stopped(tmp_path):
     """fit(dataset) (reshuffled each epoch) with worker 2 of 3 killed after 4 steps: the
     recovery job's workers read the dataset anew up to the step it resumes at, so the run
     trains on Keras' batches and its weights equal Keras fit's."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
 
     x, y = small_mlp.data(EXAMPLES)
 

@@ -128,7 +128,8 @@ def test_local_runner_pools_a_reverse_order_pass():
     runner = LocalRunner(None, None, steps=2, warmup_steps=1, orders=2, launch=launch)
     a, b = runner.run([1, 2])
     assert launch.launches == [[1, 2], [2, 1]]
-    assert a.step_times_s == (1.001, 1.002, 1.004, 1.005)    # late in one launch, early in the other
+    # Late in one launch, early in the other.
+    assert a.step_times_s == (1.001, 1.002, 1.004, 1.005)
     assert b.step_times_s == (2.004, 2.005, 2.001, 2.002)
     (single,) = runner.run([3])
     assert launch.launches[-1] == [3] and len(single.step_times_s) == 2   # one pass is enough
@@ -156,9 +157,9 @@ def test_local_runner_rejects_bad_settings():
 # ----------------------------------------------------- on a real cluster
 @pytest.mark.cluster
 def test_two_strategies_in_one_launch_and_a_failing_one_isolated(tmp_path):
-    import autodist  # pylint: disable=import-outside-toplevel
-    from autodist import models  # pylint: disable=import-outside-toplevel
-    from autodist.search import builders  # pylint: disable=import-outside-toplevel
+    import autodist
+    from autodist import models
+    from autodist.search import builders
 
     model = models.build("ncf", num_users=300, num_items=500, dim=8, optimizer="adam")
     graph_item = autodist.capture(model)

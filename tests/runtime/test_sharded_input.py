@@ -110,7 +110,8 @@ def test_each_shard_is_built_for_its_task_and_read_by_it_alone(mlp_8, tmp_path):
     (lambda x, y: lambda shard: _by_shard(x, y)(shard).take(2 + shard.index),
      "same number of batches per pass; worker task 0's has 2, worker task 1's 3"),
     (lambda x, y: lambda shard: tf.data.Dataset.from_tensor_slices((x, y)).batch(
-        5, drop_remainder=True), "shard 0's batches .worker task 0. have 5 examples; its share of the global batch "
+        5, drop_remainder=True),
+     "shard 0's batches .worker task 0. have 5 examples; its share of the global batch "
      "of 12 is 6"),
     (lambda x, y: lambda shard: _by_shard(x, y, repeat=True)(shard), "infinite.*steps_per_epoch"),
 ])

@@ -96,7 +96,7 @@ def test_balancing_gives_a_slowed_worker_fewer_virtual_nodes(tmp_path):
     balanced run gives the even run's numbers. How much faster it is lives in
     benchmarks/virtual_nodes.py (a timing is no test).
     """
-    from autodist.bench.slowdown import Slowdown  # pylint: disable=import-outside-toplevel
+    from autodist.bench.slowdown import Slowdown
 
     rng = np.random.default_rng(3)
     x = rng.normal(size=(2048, 256)).astype("float32")
