@@ -4,6 +4,7 @@ TensorFlow comes from an extra so that CPU machines never pull CUDA:
 
     pip install -e ".[cpu]"     # tensorflow-cpu
     pip install -e ".[gpu]"     # tensorflow with CUDA libraries
+    pip install -e ".[cpu,plot]"  # ... and matplotlib, for the pictures
 """
 import pathlib
 import re
@@ -52,7 +53,9 @@ setup(
         "test": ["pytest>=8", "grpcio-tools>=1.80", "nbclient>=0.10", "ipykernel>=6.29",
                  "nbformat>=5.10"],
         "dev": ["grpcio-tools>=1.80"],
-        # `autodist bench` draws its plot with matplotlib (without it: CSV and markdown only).
+        # Pictures (autodist.plotting: Plan.plot, `autodist strategy show --plot`, scaling
+        # curves) and `autodist bench`'s plot (without it: CSV and markdown only).
+        "plot": ["matplotlib>=3.7"],
         "bench": ["matplotlib>=3.7"],
         # The documentation site (mkdocs.yml; `mkdocs build --strict`, tests/test_docs.py).
         "docs": ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26"],

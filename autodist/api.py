@@ -1,11 +1,17 @@
 """The thin public surface that ties the layers together."""
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING, Any
+
 from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.runtime.run import DistributedRun
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from matplotlib.figure import Figure
 
 
 def distribute(model, strategy: Strategy, resource_spec: ResourceSpec, *,
@@ -61,11 +67,14 @@ class Plan:
             this model and cluster (such builders were no candidates).
         allow_exposed: `fit`'s default for the `DistributedRun` option (as
             given to `optimize`).
+        batch_size: The global batch the plan is for (None: the search's
+            default, the capture's estimate batch per replica).
     """
 
     def __init__(self, model, graph_item: GraphItem, resource_spec: ResourceSpec,
-                 result, allow_exposed: bool = False) -> None:
+                 result, allow_exposed: bool = False, batch_size: int | None = None) -> None:
         self.model = model
+        self.batch_size = batch_size
         self.allow_exposed = allow_exposed
         self.graph_item = graph_item
         self.resource_spec = resource_spec
@@ -82,6 +91,31 @@ class Plan:
     def explain(self) -> str:
         """Per variable: the choice and why; and the predicted time of every builder."""
         return self._explanation
+
+    def plot(self, path: str | os.PathLike | None = None, **options: Any) -> Figure:
+        """Draws the plan's strategy: who holds what, and the bytes per step per link.
+
+        One figure (`autodist.plotting.plot_strategy`): per device the
+        variables and shards it holds, coloured by synchronizer, and each
+        node's bytes in and out per step as the search's simulator counts
+        them at the plan's batch. Needs matplotlib (the `plot` extra).
+
+        Args:
+            path: Save the figure there (PNG, SVG, PDF: by the suffix).
+            **options: Passed to `plot_strategy` (e.g. `max_variables`).
+
+        Returns:
+            The matplotlib Figure (a notebook displays it).
+
+        Example:
+            >>> plan = autodist.optimize(model)      # doctest: +SKIP
+            >>> plan.plot("plan.png")                # doctest: +SKIP
+        """
+        from autodist.plotting import plot_strategy  # pylint: disable=import-outside-toplevel
+
+        options.setdefault("batch_size", self.batch_size)
+        return plot_strategy(self.strategy, self.graph_item, self.resource_spec, path=path,
+                             **options)
 
     def fit(self, *args, **kwargs):
         """Trains with the plan's strategy: `distribute(...).fit(*args, **kwargs)`.
@@ -140,7 +174,7 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
             can be made (see `DistributedRun`).
 
     Returns:
-        A Plan: `.strategy`, `.predicted_step_time`, `.explain()`, `.fit(...)`.
+        A Plan: `.strategy`, `.predicted_step_time`, `.explain()`, `.plot()`, `.fit(...)`.
 
     Example:
         >>> plan = autodist.optimize(model)              # doctest: +SKIP
@@ -180,7 +214,8 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
                   calibration=calibration,
                   cost_model=cost_model, database=database, runner=runner,
                   search_budget=search_budget, seed=seed, progress=progress)
-    return Plan(model, graph_item, spec, tuner.tune(trials), allow_exposed=allow_exposed)
+    return Plan(model, graph_item, spec, tuner.tune(trials), allow_exposed=allow_exposed,
+                batch_size=batch_size)
 
 
 def default_cost_model():

@@ -19,7 +19,9 @@ by side in one run:
    and told that the workers share its cores).
 
 It reports each mode's chosen size, its trials, and the step at which it
-settled. Each worker process is pinned to one core (round robin over the
+settled; `--plot autoscaler.png` also draws the measured curve (every timed
+step as a dot, the median per size as a line), the predicted one and the
+efficient size (`autodist.plotting.plot_scaling_curve`, needs matplotlib). Each worker process is pinned to one core (round robin over the
 machine's cores), so on the 2-core machine two workers have twice the compute
 of one and more add none; the capped links add communication that grows
 with the size.
@@ -52,6 +54,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--hidden", default="1024,1024")
     parser.add_argument("--input-dim", type=int, default=64)
+    parser.add_argument("--plot", metavar="PNG",
+                        help="draw the measured scaling curve to this file (needs matplotlib)")
     args = parser.parse_args()
     if not in_private_netns():
         print("run me inside `unshare -n` (see the docstring)", file=sys.stderr)
@@ -60,6 +64,10 @@ def main() -> int:
     import numpy as np
 
     import autodist
+    if args.plot:  # checked now, not after minutes of measuring
+        from autodist.plotting import require_matplotlib  # pylint: disable=C0415
+
+        require_matplotlib()
     from autodist import models
     from autodist.adapt import autoscaler, policies
     from autodist.search import builders
@@ -160,6 +168,16 @@ def main() -> int:
         print(f"| {mode} | {result.workers} | {result.num_trials} ({sizes}) | {settled} |")
     print(f"\nCommand: `python {' '.join(sys.argv)}` (in `unshare -n`) on {platform.node()}, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
+    if args.plot:
+        from autodist.plotting import plot_scaling_curve  # pylint: disable=C0415
+
+        # Every timed step's examples/s: the spread behind each size's median.
+        per_step = {w: [args.batch_size / t for t in samples[w]] for w in sorted(samples)}
+        plot_scaling_curve(per_step, predicted={w: predict(w) for w in curve},
+                           chosen=offline.workers, path=args.plot,
+                           title=f"MLP on 1..{args.max_workers} workers, {args.mbit:g} Mbit/s "
+                                 f"per task (efficient size {offline.workers})")
+        print(f"\nfigure written to {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -282,7 +282,11 @@ def summary_table(rows: Sequence[Row]) -> str:
 
 
 def plot(rows: Sequence[Row], path: str, stamp: str = "") -> bool:
-    """One panel per bandwidth, grouped bars per model (log ms/step); False without matplotlib."""
+    """One panel per bandwidth, grouped bars per model (log ms/step); False without matplotlib.
+
+    A bar is the median step time, its whisker the min–max of the timed steps
+    (`Row.min_ms`, `Row.max_ms`), the black tick the simulator's lower bound.
+    """
     try:
         import matplotlib  # pylint: disable=import-outside-toplevel
         matplotlib.use("Agg")
@@ -299,14 +303,18 @@ def plot(rows: Sequence[Row], path: str, stamp: str = "") -> bool:
     width = 0.8 / len(series)
     for ax, mbit in zip(axes[0], mbits):
         for j, (label, color) in enumerate(series):
-            heights, bounds = [], []
+            heights, bounds, below, above = [], [], [], []
             for model in models:
                 group = [r for r in rows if r.model == model and r.mbit == mbit and r.ok]
                 pick = _series_row(group, label)
                 heights.append(pick.median_ms if pick else float("nan"))
                 bounds.append(pick.lower_bound_ms if pick else float("nan"))
+                # Whiskers: min–max of the timed steps (none where unknown).
+                below.append(_spread(pick.median_ms - pick.min_ms) if pick else 0.0)
+                above.append(_spread(pick.max_ms - pick.median_ms) if pick else 0.0)
             xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(models))]
-            ax.bar(xs, heights, width, label=label, color=color)
+            ax.bar(xs, heights, width, label=label, color=color, yerr=[below, above],
+                   error_kw={"elinewidth": 0.8, "capsize": 2, "ecolor": "black"})
             ax.scatter(xs, bounds, marker="_", color="black", s=60, zorder=3,
                        label="simulator lower bound" if j == 0 else None)
         ax.set_yscale("log")
@@ -314,7 +322,7 @@ def plot(rows: Sequence[Row], path: str, stamp: str = "") -> bool:
         ax.set_xticklabels(models)
         ax.set_title(f"{mbit:g} Mbit/s per task")
         ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("median ms/step (log)")
+    axes[0][0].set_ylabel("ms/step (log): median, whiskers min–max")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
                frameon=False, bbox_to_anchor=(0.5, 0.035))
@@ -324,6 +332,11 @@ def plot(rows: Sequence[Row], path: str, stamp: str = "") -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _spread(ms: float) -> float:
+    """A whisker's length: 0 where min or max is unknown (NaN) or inconsistent."""
+    return ms if ms == ms and ms > 0 else 0.0
 
 
 def _series_row(group: Sequence[Row], label: str) -> Row | None:

@@ -357,6 +357,11 @@ class Strategy:
                           f"{vn.global_batch_size // max(vn.num_virtual_nodes, 1)} examples "
                           f"(global batch {vn.global_batch_size})")
         perf = self._proto.performance
+        if perf.measured_step_time_s:   # measured first: it is what the pick rests on
+            times = sorted(perf.measured_step_time_s)
+            median = (times[(len(times) - 1) // 2] + times[len(times) // 2]) / 2
+            header.append(f"  measured step time: {median * 1e3:.3f} ms (median of "
+                          f"{len(times)} steps, {times[0] * 1e3:.3f}-{times[-1] * 1e3:.3f})")
         if perf.predicted_step_time_s:
             header.append(f"  predicted step time: {perf.predicted_step_time_s * 1e3:.3f} ms "
                           f"({perf.predictor or 'unknown predictor'})")
