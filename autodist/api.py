@@ -44,7 +44,7 @@ def distribute(model, strategy: Strategy, resource_spec: ResourceSpec, *,
         >>> run = autodist.distribute(model, s, spec, launch="remote")
     """
     if graph_item is None and (x is not None or y is not None):
-        from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
+        from autodist.ir.capture import capture
 
         graph_item = capture(model, x=x, y=y)
     return DistributedRun(model, strategy, resource_spec, graph_item=graph_item, **options)
@@ -111,7 +111,7 @@ class Plan:
             >>> plan = autodist.optimize(model)      # doctest: +SKIP
             >>> plan.plot("plan.png")                # doctest: +SKIP
         """
-        from autodist.plotting import plot_strategy  # pylint: disable=import-outside-toplevel
+        from autodist.plotting import plot_strategy
 
         options.setdefault("batch_size", self.batch_size)
         return plot_strategy(self.strategy, self.graph_item, self.resource_spec, path=path,
@@ -181,10 +181,10 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         >>> print(plan.explain())                        # doctest: +SKIP
         >>> history = plan.fit(x, y, batch_size=64)      # doctest: +SKIP
     """
-    from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
-    from autodist.search.cost_model import resolve_cost_model  # pylint: disable=C0415
-    from autodist.search.database import Database  # pylint: disable=C0415
-    from autodist.search.tuner import Tuner  # pylint: disable=import-outside-toplevel
+    from autodist.ir.capture import capture
+    from autodist.search.cost_model import resolve_cost_model
+    from autodist.search.database import Database
+    from autodist.search.tuner import Tuner
 
     if budget is not None and not measure:
         raise InvalidArgumentError(f"budget counts measured trials; pass measure=True with "
@@ -197,7 +197,7 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         database = Database(database)
     runner = None
     if measure:
-        from autodist.runtime.runner import LocalRunner  # pylint: disable=C0415
+        from autodist.runtime.runner import LocalRunner
 
         # One launch per round of trials: its strategies are switched in place.
         runner = LocalRunner(model, spec, graph_item=graph_item,
@@ -207,7 +207,7 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         if calibration != "measure":
             raise InvalidArgumentError(f"calibration must be a Calibration, 'measure' or None. "
                                        f"Received: {calibration!r}")
-        from autodist.runtime.calibrate import measure_calibration  # pylint: disable=C0415
+        from autodist.runtime.calibrate import measure_calibration
 
         calibration = measure_calibration()
     tuner = Tuner(graph_item, spec, space_options=space_options, batch_size=batch_size,
@@ -224,6 +224,6 @@ def default_cost_model():
     `optimize(cost_model=None)` ranks with it, or with the simulator
     (`SimulatorCostModel`) when there is none.
     """
-    from autodist.search.cost_model import shipped_cost_model  # pylint: disable=C0415
+    from autodist.search.cost_model import shipped_cost_model
 
     return shipped_cost_model()

@@ -1,11 +1,12 @@
 """The `autodist` command line.
 
-    autodist inspect MODEL [--save graph_item.pb] [--batch-size N]
+    autodist inspect MODEL [--save graph_item.pb] [--batch-size N] [--json]
     autodist strategy show FILE [--graph-item GI.pb --cluster cluster.yml]
+            [--plot out.png] [--json]
     autodist strategy build BUILDER --model MODEL [--cluster cluster.yml] --out s.pb
     autodist run --model mlp --builder AllReduce|search [--workers 2 --ps 1 --epochs 2]
-    autodist search --model MODEL [--cluster cluster.yml] [--trials N] --out s.pb
-    autodist export trials.jsonl --out s.pbtxt
+    autodist search --model MODEL [--cluster cluster.yml] [--trials N] --out s.pb [--json]
+    autodist export trials.jsonl [--workload NAME] --out s.pbtxt [--json]
     autodist bench [--preset small|full] [--models mlp,ncf --mbits 100,1000] [--out DIR]
     autodist serve --tf-config [--gpus-per-worker N --cpu-replicas-per-worker N]
             | --cluster cluster.yml --task worker:1
@@ -13,21 +14,30 @@
 
 MODEL is an example model name (see `autodist.models.REGISTRY`), a saved
 `.keras` file, a GraphItem file (`.pb`), or `package.module:function`
-returning a compiled Keras model.
+returning a compiled Keras model. `--json` prints one JSON object on stdout
+instead of the text (its keys: docs/cli.md); errors go to stderr, exit 2.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import json
+import math
 import os
 import pathlib
+import statistics
 import sys
-from typing import Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
-from autodist.ir.strategy import Strategy
+from autodist.ir.strategy import Strategy, describe_synchronizer, enum_name
+from autodist.proto import strategy_pb2
+
+# Version of the --json objects' layout: raised when a key changes meaning or goes.
+JSON_SCHEMA_VERSION = 1
 
 
 def load_graph_item(model: str, batch_size: int | None = None) -> GraphItem:
@@ -41,15 +51,15 @@ def load_model(model: str, batch_size: int | None = None):
     if path.suffix == ".pb" and path.exists():
         return None, GraphItem.load(path)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from autodist import models  # pylint: disable=import-outside-toplevel
-    from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
+    from autodist import models
+    from autodist.ir.capture import capture
 
     if model in models.REGISTRY:
         keras_model = models.build(model)
     elif path.suffix == ".keras":
         if not path.exists():
             raise AutodistError(f"model file {model!r} does not exist")
-        import keras  # pylint: disable=import-outside-toplevel
+        import keras
         keras_model = keras.models.load_model(path)
     elif ":" in model:
         module_name, _, attr = model.partition(":")
@@ -74,29 +84,168 @@ def _cluster(path: str | None) -> ResourceSpec:
     return ResourceSpec.from_yaml(path) if path else ResourceSpec.local(workers=2, ps=1)
 
 
+# ------------------------------------------------------------------- JSON output
+def _number(value: float | None) -> float | None:
+    """A float for JSON: None for None, NaN and infinities (JSON has none of them)."""
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def _emit(payload: Mapping[str, Any]) -> None:
+    """Prints one JSON object on stdout (`--json`), with the schema version first."""
+    print(json.dumps({"schema_version": JSON_SCHEMA_VERSION, **payload}, indent=2,
+                     allow_nan=False))
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool) -> Iterator[None]:
+    """With --json: what the command prints along the way goes to stderr, so stdout
+    holds the JSON object alone (Python's prints, and the processes it starts, which
+    inherit file descriptor 1)."""
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def graph_item_json(graph_item: GraphItem) -> dict[str, Any]:
+    """A GraphItem's facts as `autodist inspect --json` prints them."""
+    opt = graph_item.optimizer
+    return {
+        "name": graph_item.name,
+        "source": graph_item.source,
+        "fingerprint": graph_item.fingerprint,
+        "num_parameters": graph_item.num_parameters,
+        "total_variable_bytes": graph_item.total_variable_bytes,
+        "total_flops": graph_item.total_flops,
+        "estimate_batch_size": int(graph_item.proto.estimate_batch_size),
+        "optimizer": {"class_name": opt.class_name, "family": opt.family,
+                      "algorithm": opt.algorithm,
+                      "hyperparameters": {k: _number(v) for k, v in
+                                          sorted(opt.hyperparameters.items())}},
+        "variables": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype,
+                       "bytes": v.byte_size, "sparse_gradient": v.sparse_gradient,
+                       "partitionable_axes": list(v.partitionable_axes),
+                       "slots": list(v.slots)} for v in graph_item.variables],
+        "state_variables": [{"name": v.name, "shape": list(v.shape), "dtype": v.dtype,
+                             "bytes": v.byte_size} for v in graph_item.state_variables],
+        "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "role": t.role}
+                   for t in graph_item.inputs],
+    }
+
+
+def _shard_json(sync: strategy_pb2.Synchronizer) -> dict[str, Any]:
+    kind = sync.WhichOneof("kind")
+    out: dict[str, Any] = {"kind": kind or "none", "description": describe_synchronizer(sync)}
+    if kind == "ps":
+        out.update(device=sync.ps.reduction_destination, sync=sync.ps.sync,
+                   staleness=int(sync.ps.staleness),
+                   local_replication=sync.ps.local_replication)
+    elif kind == "all_reduce":
+        ar = sync.all_reduce
+        out.update(spec=enum_name(strategy_pb2.AllReduceSynchronizer.Spec, ar.spec),
+                   compressor=enum_name(strategy_pb2.AllReduceSynchronizer.Compressor,
+                                        ar.compressor),
+                   group=int(ar.group))
+    return out
+
+
+def strategy_json(strategy: Strategy) -> dict[str, Any]:
+    """A strategy as the `--json` outputs print it (measured times before predicted)."""
+    proto = strategy.proto
+    vn = proto.graph_config.virtual_nodes
+    perf = proto.performance
+    measured = list(perf.measured_step_time_s)
+    variables = []
+    for config in proto.variables:
+        p = config.partitioner
+        variables.append({
+            "name": config.var_name,
+            "partitioner": ({"axis": int(p.axis), "num_shards": int(p.num_shards),
+                             "shard_sizes": list(p.shard_sizes)}
+                            if config.HasField("partitioner") and p.num_shards > 1 else None),
+            "shards": [_shard_json(sync) for sync in config.shards]})
+    return {
+        "id": strategy.id,
+        "origin": strategy.origin,
+        "schema_version": int(proto.schema_version),
+        "replicas": strategy.replicas,
+        "virtual_nodes": ({"num_virtual_nodes": int(vn.num_virtual_nodes),
+                           "global_batch_size": int(vn.global_batch_size),
+                           "devices": list(vn.device)} if vn.num_virtual_nodes else None),
+        "hyperparameters": {k: _number(v) for k, v in sorted(strategy.hyperparameters.items())},
+        "performance": {
+            "measured_median_step_time_s": (_number(statistics.median(measured))
+                                            if measured else None),
+            "measured_step_time_s": measured,
+            "predicted_step_time_s": _number(perf.predicted_step_time_s) or None,
+            "lower_bound_step_time_s": _number(perf.lower_bound_step_time_s) or None,
+            "predictor": perf.predictor or None,
+        },
+        "variables": variables,
+    }
+
+
+# ---------------------------------------------------------------------- commands
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    graph_item = load_graph_item(args.model, args.batch_size)
+    with _stdout_to_stderr(args.json):
+        graph_item = load_graph_item(args.model, args.batch_size)
+        if args.save:
+            graph_item.save(args.save)
+    if args.json:
+        _emit({"graph_item": graph_item_json(graph_item), "saved_to": args.save})
+        return 0
     print(graph_item.summary())
     if args.save:
-        graph_item.save(args.save)
         print(f"\nGraphItem written to {args.save}")
     return 0
 
 
 def _cmd_strategy_show(args: argparse.Namespace) -> int:
     strategy = Strategy.load(args.file)
+    graph_item = spec = None
+    with _stdout_to_stderr(args.json):
+        if args.graph_item:
+            graph_item, spec = load_graph_item(args.graph_item), _cluster(args.cluster)
+            strategy.validate(graph_item, spec)
+        elif args.cluster:
+            raise AutodistError("--cluster goes with --graph-item (the model the strategy is "
+                                "for): bytes and validation need both")
+        layout = None
+        if args.plot or args.json:
+            from autodist.plotting import plot_strategy, strategy_layout
+
+            layout = strategy_layout(strategy, graph_item, spec)
+            if args.plot:
+                plot_strategy(strategy, graph_item, spec, path=args.plot, layout=layout)
+    if args.json:
+        _emit({"strategy": strategy_json(strategy),
+               "valid": True if graph_item is not None else None,
+               "layout": layout.as_dict(), "plot": args.plot})
+        return 0
     print(strategy.summary())
     if args.text:
         print()
         print(strategy.to_text())
-    if args.graph_item:
-        strategy.validate(load_graph_item(args.graph_item), _cluster(args.cluster))
+    if graph_item is not None:
         print("\nvalid for the given GraphItem and cluster")
+    if args.plot:
+        print(f"\nfigure written to {args.plot}"
+              + ("" if graph_item is not None else " (no bytes per link: pass --graph-item "
+                                                   "MODEL [--cluster FILE] for them)"))
     return 0
 
 
 def _cmd_strategy_build(args: argparse.Namespace) -> int:
-    from autodist.search import builders  # pylint: disable=import-outside-toplevel
+    from autodist.search import builders
 
     builder = builders.get(args.builder)()
     graph_item = load_graph_item(args.model)
@@ -111,15 +260,15 @@ def _cmd_strategy_build(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     """Trains an example model on a local cluster and checks it against Keras."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import time  # pylint: disable=import-outside-toplevel
+    import time
 
-    import keras  # pylint: disable=import-outside-toplevel
-    import numpy as np  # pylint: disable=import-outside-toplevel
+    import keras
+    import numpy as np
 
-    from autodist import models  # pylint: disable=import-outside-toplevel
-    from autodist.api import distribute  # pylint: disable=import-outside-toplevel
-    from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
-    from autodist.search import builders  # pylint: disable=import-outside-toplevel
+    from autodist import models
+    from autodist.api import distribute
+    from autodist.ir.capture import capture
+    from autodist.search import builders
 
     if args.model not in models.REGISTRY:
         raise AutodistError(f"unknown example model {args.model!r}; known: "
@@ -130,7 +279,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     spec = _cluster(args.cluster) if args.cluster else ResourceSpec.local(args.workers, args.ps)
     graph_item = capture(model)
     if args.builder == "search":
-        from autodist.api import optimize  # pylint: disable=import-outside-toplevel
+        from autodist.api import optimize
 
         plan = optimize(model, spec, graph_item=graph_item, batch_size=args.batch_size)
         strategy = plan.strategy
@@ -158,72 +307,222 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    """Searches a strategy offline (optionally measuring trials on a local cluster)."""
-    # pylint: disable=import-outside-toplevel
+    """Searches a strategy offline (optionally measuring trials on a local cluster).
+
+    A measured search reports measured times first: the trials by their
+    measured median, then the pick's measured time, then the prediction.
+    """
     from autodist.search.cost_model import SimulatorCostModel, resolve_cost_model
     from autodist.search.database import Database
     from autodist.search.space import SpaceOptions
     from autodist.search.tuner import Tuner
 
-    # pylint: enable=import-outside-toplevel
-    model, graph_item = load_model(args.model)
-    spec = _cluster(args.cluster)
-    runner = None
-    if args.trials:
-        if model is None:
-            raise AutodistError("--trials needs a runnable model (an example name, .keras "
-                                "file or module:function), not a GraphItem file")
-        from autodist.runtime.runner import LocalRunner  # pylint: disable=C0415
+    with _stdout_to_stderr(args.json):
+        model, graph_item = load_model(args.model)
+        spec = _cluster(args.cluster)
+        runner = None
+        if args.trials:
+            if model is None:
+                raise AutodistError("--trials needs a runnable model (an example name, .keras "
+                                    "file or module:function), not a GraphItem file")
+            from autodist.runtime.runner import LocalRunner
 
-        runner = LocalRunner(model, spec, graph_item=graph_item,
-                             batch_size=args.batch_size or 32 * len(spec.replica_devices))
-    options = SpaceOptions(compressors=tuple(args.compressors.split(",")),
-                           consistency=tuple(args.consistency.split(",")))
-    if args.cost_model:
-        cost_model = resolve_cost_model(args.cost_model)
-    elif args.no_default_cost_model:
-        cost_model = SimulatorCostModel()
-    else:
-        cost_model = resolve_cost_model(None)   # the shipped model, else the simulator
-    tuner = Tuner(graph_item, spec, space_options=options, batch_size=args.batch_size,
-                  cost_model=cost_model,
-                  database=Database(args.database) if args.database else None,
-                  runner=runner, search_budget=args.budget, seed=args.seed, progress=True)
-    print(tuner.space.describe())
-    result = tuner.tune(args.trials)
+            runner = LocalRunner(model, spec, graph_item=graph_item,
+                                 batch_size=args.batch_size or 32 * len(spec.replica_devices))
+        options = SpaceOptions(compressors=tuple(args.compressors.split(",")),
+                               consistency=tuple(args.consistency.split(",")))
+        if args.cost_model:
+            cost_model = resolve_cost_model(args.cost_model)
+        elif args.no_default_cost_model:
+            cost_model = SimulatorCostModel()
+        else:
+            cost_model = resolve_cost_model(None)   # the shipped model, else the simulator
+        tuner = Tuner(graph_item, spec, space_options=options, batch_size=args.batch_size,
+                      cost_model=cost_model,
+                      database=Database(args.database) if args.database else None,
+                      runner=runner, search_budget=args.budget, seed=args.seed, progress=True)
+        if not args.json:
+            print(tuner.space.describe())
+        result = tuner.tune(args.trials)
+        if args.out:
+            result.strategy.save(args.out)
+    trials = sorted(result.trials, key=_trial_order)
+    measured = list(result.strategy.proto.performance.measured_step_time_s)
+    if args.json:
+        _emit({
+            "workload": _workload_json(graph_item.name, graph_item.fingerprint, spec,
+                                       spec.fingerprint),
+            "candidates_scored": result.candidates_scored,
+            "elapsed_s": result.elapsed_s,
+            "measured_step_time_s": _number(statistics.median(measured)) if measured else None,
+            "predicted_step_time_s": _number(result.predicted_step_time_s),
+            "lower_bound_step_time_s": _number(result.lower_bound_s),
+            "predictor": tuner.predictor,
+            "trials": [_trial_json(t) for t in trials],
+            "builder_step_times_s": {k: _number(v)
+                                     for k, v in result.builder_step_times_s.items()},
+            "builder_errors": dict(result.builder_errors),
+            "strategy": strategy_json(result.strategy),
+            "out": args.out,
+        })
+        return 0
     print(f"scored {result.candidates_scored} candidates, measured {len(result.trials)} "
           f"in {result.elapsed_s:.2f}s\n")
+    if trials:
+        print("measured trials (fastest first):")
+        for trial in trials:
+            print("  " + _trial_line(trial))
+        if measured:
+            print(f"\npick: measured {statistics.median(measured) * 1e3:.3f} ms/step (median of "
+                  f"{len(measured)} steps); predicted "
+                  f"{result.predicted_step_time_s * 1e3:.3f} ms\n")
+        else:
+            print("\npick: not measured (every measured trial failed); ranked by "
+                  "prediction\n")
     print(result.explanation, "\n")
     print(result.strategy.summary())
     if args.out:
-        result.strategy.save(args.out)
         print(f"\nstrategy written to {args.out}")
     return 0
 
 
+def _trial_order(trial) -> tuple[int, float]:
+    """Measured trials by their median, then the failed ones."""
+    median = statistics.median(trial.step_times_s) if trial.step_times_s else math.inf
+    return (0 if trial.error is None and trial.step_times_s else 1, median)
+
+
+def _trial_json(trial) -> dict[str, Any]:
+    times = list(trial.step_times_s)
+    return {"origin": trial.origin,
+            "measured_median_step_time_s": _number(statistics.median(times)) if times else None,
+            "measured_step_time_s": times,
+            "predicted_step_time_s": _number(trial.predicted_step_time_s),
+            "error": trial.error}
+
+
+def _trial_line(trial) -> str:
+    predicted = f"predicted {trial.predicted_step_time_s * 1e3:.3f} ms"
+    if trial.error is not None or not trial.step_times_s:
+        return f"{trial.origin:<22} failed: {str(trial.error).splitlines()[0][:120]} ({predicted})"
+    return (f"{trial.origin:<22} measured {statistics.median(trial.step_times_s) * 1e3:.3f} ms "
+            f"(median of {len(trial.step_times_s)}), {predicted}")
+
+
+def describe_cluster(spec: ResourceSpec) -> str:
+    """A short, shell-safe name of a cluster, e.g. "2workers+1ps" or "4workers-8gpus@25gbit".
+
+    Worker tasks, their replicas when not one each (GPUs or CPU devices),
+    parameter-server-only tasks, and the bandwidth when every node has the
+    same known one.
+    """
+    workers = spec.num_worker_tasks
+    replicas = spec.replica_devices
+    name = f"{workers}worker" + ("s" if workers != 1 else "")
+    if len(replicas) != workers:
+        kind = "gpu" if any("/device:GPU:" in d for d in replicas) else "cpu"
+        name += f"-{len(replicas)}{kind}" + ("s" if len(replicas) != 1 else "")
+    ps_only = sum(1 for n in spec.nodes if "worker" not in n.roles)
+    if ps_only:
+        name += f"+{ps_only}ps"
+    bandwidths = {n.network_bandwidth_gbps for n in spec.nodes}
+    if len(bandwidths) == 1 and next(iter(bandwidths)) > 0:
+        name += f"@{next(iter(bandwidths)):g}gbit"
+    return name
+
+
+def _workload_json(model_name: str, graph_item_fingerprint: str, spec: ResourceSpec | None,
+                   resource_spec_fingerprint: str, name: str | None = None) -> dict[str, Any]:
+    cluster = describe_cluster(spec) if spec is not None else "unknown-cluster"
+    return {"name": name or f"{model_name or 'model'}@{cluster}",
+            "key": f"{graph_item_fingerprint}:{resource_spec_fingerprint}",
+            "model": model_name, "cluster": cluster,
+            "graph_item_fingerprint": graph_item_fingerprint,
+            "resource_spec_fingerprint": resource_spec_fingerprint}
+
+
+def workload_names(by_workload: Mapping[str, Sequence[Any]]) -> dict[str, dict[str, Any]]:
+    """Workload key -> its `_workload_json` with a readable, unique name.
+
+    Named "<model>@<cluster>" (`describe_cluster`); workloads that share that
+    name (one model captured twice, say at another batch) get "#" and the
+    start of their GraphItem fingerprint, then of the cluster's, appended.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for key, records in by_workload.items():
+        record = records[0]
+        try:
+            spec = record.load_resource_spec()
+        except AutodistError:
+            spec = None
+        out[key] = _workload_json(record.model_name, record.graph_item_fingerprint, spec,
+                                  record.resource_spec_fingerprint)
+    for fingerprint_field in ("graph_item_fingerprint", "resource_spec_fingerprint"):
+        names: dict[str, list[str]] = {}
+        for key, info in out.items():
+            names.setdefault(info["name"], []).append(key)
+        for keys in names.values():
+            if len(keys) > 1:
+                for key in keys:
+                    out[key]["name"] += "#" + out[key][fingerprint_field][:8]
+    return out
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
-    """Writes the best measured strategy of a trial database to a file."""
-    from autodist.search.database import Database  # pylint: disable=import-outside-toplevel
+    """Writes the best measured strategy of a trial database to a file.
+
+    The strategy written keeps its measured step times (and the prediction
+    recorded with the trial) in its `performance`.
+    """
+    from autodist.search.database import Database
 
     db = Database(args.database)
     by_workload = db.by_workload(ok_only=True)
+    if not by_workload:
+        raise AutodistError(f"{args.database} holds no measured trial (a search with --trials "
+                            "N --database FILE records them)")
+    named = workload_names(by_workload)
+    by_name = {info["name"]: key for key, info in named.items()}
+    listing = ", ".join(f"{info['name']} ({len(by_workload[key])} trials)"
+                        for key, info in named.items())
     if args.workload:
-        if args.workload not in by_workload:
-            raise AutodistError(f"no measured trial of workload {args.workload!r} in "
-                                f"{args.database}; workloads: {sorted(by_workload)}")
-        workload = args.workload
+        key = by_name.get(args.workload, args.workload)
+        matches = [k for k in by_workload if k == key or k.startswith(key)]
+        if len(matches) != 1:
+            raise AutodistError(f"no measured workload {args.workload!r} in {args.database} "
+                                f"(a name, a key or the unique start of a key); workloads: "
+                                f"{listing}")
+        workload = matches[0]
     elif len(by_workload) == 1:
         workload = next(iter(by_workload))
     else:
         raise AutodistError(f"{args.database} holds {len(by_workload)} workloads with "
-                            f"measured trials; pick one with --workload: {sorted(by_workload)}")
-    best = min(by_workload[workload], key=lambda r: r.median_step_time_s)
+                            f"measured trials; pick one with --workload NAME: {listing}")
+    trials = by_workload[workload]
+    best = min(trials, key=lambda r: r.median_step_time_s)
     strategy = best.load_strategy()
-    print(f"best of {len(by_workload[workload])} measured trials of {best.model_name!r}: "
-          f"{best.median_step_time_s * 1e3:.3f} ms/step (origin {best.origin})\n")
-    print(strategy.summary())
+    perf = strategy.proto.performance
+    del perf.measured_step_time_s[:]
+    perf.measured_step_time_s.extend(best.step_times_s)
+    if best.predicted_step_time_s is not None and not perf.predicted_step_time_s:
+        perf.predicted_step_time_s = best.predicted_step_time_s
     strategy.save(args.out)
-    print(f"\nstrategy written to {args.out}")
+    if args.json:
+        _emit({"database": str(args.database), "workload": named[workload],
+               "workloads": list(named.values()), "trials": len(trials),
+               "best": {"origin": best.origin,
+                        "measured_median_step_time_s": _number(best.median_step_time_s),
+                        "measured_step_time_s": list(best.step_times_s),
+                        "predicted_step_time_s": _number(best.predicted_step_time_s)},
+               "strategy": strategy_json(strategy), "out": args.out})
+        return 0
+    predicted = (f"; predicted {best.predicted_step_time_s * 1e3:.3f} ms"
+                 if best.predicted_step_time_s is not None else "")
+    print(f"best of {len(trials)} measured trials of {named[workload]['name']}: measured "
+          f"{best.median_step_time_s * 1e3:.3f} ms/step (median of {len(best.step_times_s)} "
+          f"steps{predicted}; origin {best.origin})\n")
+    print(strategy.summary())
+    print(f"\nstrategy written to {args.out} (with its measured step times)")
     return 0
 
 
@@ -237,10 +536,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     timeout (exit 1 if none ever came, else 0) or after --max-jobs jobs (exit
     1 if the last one failed).
     """
-    import subprocess  # pylint: disable=import-outside-toplevel
-    import time  # pylint: disable=import-outside-toplevel
+    import subprocess
+    import time
 
-    # pylint: disable=import-outside-toplevel
     from autodist.launch import tf_config
     from autodist.launch.errors import EXIT_NO_JOB, EXIT_PORT_IN_USE
     from autodist.launch.task import serving_secret
@@ -300,10 +598,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def bench_preset(args: argparse.Namespace):
     """The `Preset` that `autodist bench`'s arguments ask for."""
-    import dataclasses  # pylint: disable=import-outside-toplevel
+    import dataclasses
 
-    from autodist import models  # pylint: disable=import-outside-toplevel
-    from autodist.bench import emulated  # pylint: disable=import-outside-toplevel
+    from autodist import models
+    from autodist.bench import emulated
 
     preset = emulated.PRESETS[args.preset]
     changes: dict = {}
@@ -343,9 +641,9 @@ def bench_preset(args: argparse.Namespace):
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     """Measures builders, optimize's pick and baselines on an emulated capped cluster."""
-    import shlex  # pylint: disable=import-outside-toplevel
+    import shlex
 
-    from autodist.bench import emulated, netns  # pylint: disable=import-outside-toplevel
+    from autodist.bench import emulated, netns
 
     preset = bench_preset(args)
     if not netns.can_shape():
@@ -372,7 +670,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from autodist import __version__  # pylint: disable=import-outside-toplevel
+    from autodist import __version__
 
     parser = argparse.ArgumentParser(prog="autodist", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -387,6 +685,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "module:function")
     inspect.add_argument("--save", help="write the GraphItem to this file")
     inspect.add_argument("--batch-size", type=int, help="batch size of the FLOP estimates")
+    inspect.add_argument("--json", action="store_true",
+                         help="print one JSON object (the GraphItem's facts) instead of text")
     inspect.set_defaults(func=_cmd_inspect)
 
     strategy = sub.add_parser("strategy", help="show or build strategies")
@@ -394,9 +694,17 @@ def build_parser() -> argparse.ArgumentParser:
     show = strategy_sub.add_parser("show", help="print a strategy file")
     show.add_argument("file", help="a strategy file (binary, or text .pbtxt)")
     show.add_argument("--text", action="store_true", help="also print the text protobuf")
-    show.add_argument("--graph-item", help="validate against this model / GraphItem")
-    show.add_argument("--cluster", help="resource spec YAML for validation "
+    show.add_argument("--graph-item", help="validate against this model / GraphItem (and "
+                                           "count bytes per link and memory for --plot, --json)")
+    show.add_argument("--cluster", help="resource spec YAML, with --graph-item "
                                         "(default: local 2 workers + 1 PS)")
+    show.add_argument("--plot", metavar="PNG",
+                      help="draw the strategy to this file (per device the variables and "
+                           "shards it holds and their synchronizers; with --graph-item the "
+                           "bytes per step per link); needs matplotlib (the plot extra)")
+    show.add_argument("--json", action="store_true",
+                      help="print one JSON object (the strategy, who holds what, bytes per "
+                           "link) instead of text")
     show.set_defaults(func=_cmd_strategy_show)
     build = strategy_sub.add_parser("build", help="make a strategy with a named builder")
     build.add_argument("builder", help="PS, PSLoadBalancing, PartitionedPS, "
@@ -444,13 +752,21 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--seed", type=int, default=0,
                         help="seeds the search's sampling (default 0: reproducible)")
     search.add_argument("--out", help="write the strategy (binary; .pbtxt: text) here")
+    search.add_argument("--json", action="store_true",
+                        help="print one JSON object (the pick, measured and predicted times, "
+                             "trials, builders) instead of text; progress goes to stderr")
     search.set_defaults(func=_cmd_search)
 
     export = sub.add_parser("export", help="write the best measured strategy of a trial "
                                            "database to a file")
     export.add_argument("database", help="a trial database (JSON Lines) of measured trials")
-    export.add_argument("--workload", help="workload key (needed if the database has several)")
+    export.add_argument("--workload",
+                        help="workload name as listed, e.g. ncf@2workers+1ps, or its key "
+                             "(needed if the database has several)")
     export.add_argument("--out", required=True, help="strategy file (binary; .pbtxt: text)")
+    export.add_argument("--json", action="store_true",
+                        help="print one JSON object (the workload, the best trial's measured "
+                             "times, the strategy) instead of text")
     export.set_defaults(func=_cmd_export)
     bench = sub.add_parser("bench", help="measure every builder, optimize's pick, MWMS and "
                                          "single-device Keras on an emulated capped cluster "

@@ -63,7 +63,7 @@ def require_matplotlib():
         `matplotlib.figure.Figure`.
     """
     try:
-        from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
+        from matplotlib.figure import Figure
     except ImportError as e:
         raise MissingExtraError(
             f"drawing needs matplotlib, which is not installed ({e}); install autodist's "
@@ -300,7 +300,6 @@ def _simulated(strategy: Strategy, graph_item: GraphItem, spec: ResourceSpec,
     what each synchronizer family contributes (tests check them against the
     prediction's `sum_node_bytes` and `max_node_bytes`).
     """
-    # pylint: disable=import-outside-toplevel,protected-access
     import numpy as np
 
     from autodist.search.simulator import Simulator
@@ -313,7 +312,11 @@ def _simulated(strategy: Strategy, graph_item: GraphItem, spec: ResourceSpec,
     simulator = Simulator(space)
     candidate = space.encode(strategy)
     prediction = simulator.predict(candidate[None, :])
-    table, cols, offsets = simulator._table, simulator._cols, simulator._offsets
+    # The simulator's option table, columns and offsets: the numbers its prediction sums
+    # (read, not recomputed; tests/test_plotting.py checks the sums against it).
+    table = simulator._table  # noqa: SLF001 - the simulator's own per-option bytes
+    cols = simulator._cols  # noqa: SLF001 - ... their columns
+    offsets = simulator._offsets  # noqa: SLF001 - ... each variable's first option
     w = simulator.num_replicas
     has_replicas = (simulator.replicas_on > 0).astype(float)
     by_name = {c.var_name: c for c in strategy.proto.variables}
@@ -401,7 +404,7 @@ def plot_strategy(strategy: Strategy, graph_item: GraphItem | None = None,
         MissingExtraError: matplotlib is not installed.
         StrategyError: The strategy does not fit the GraphItem or cluster.
     """
-    Figure = require_matplotlib()  # pylint: disable=invalid-name
+    figure_class = require_matplotlib()
     if max_variables < 1:
         raise InvalidArgumentError(f"max_variables must be >= 1. Received: {max_variables!r}")
     if layout is None:
@@ -421,7 +424,7 @@ def plot_strategy(strategy: Strategy, graph_item: GraphItem | None = None,
     has_links = layout.links is not None
     width = max(6.0, 1.1 * len(devices) + 4.5) + (5.0 if has_links else 0.0)
     height = max(3.5, 0.32 * len(variables) + 2.6)
-    fig = Figure(figsize=(min(width, 28.0), min(height, 24.0)), layout="constrained")
+    fig = figure_class(figsize=(min(width, 28.0), min(height, 24.0)), layout="constrained")
     if has_links:
         grid = fig.add_gridspec(1, 2, width_ratios=(max(2.0, len(devices) * 0.9 + 3), 4))
         ax = fig.add_subplot(grid[0, 0])
@@ -600,7 +603,7 @@ def plot_scaling_curve(curve: ScalingCurve | ScalingResult | Mapping[int, Any], 
         MissingExtraError: matplotlib is not installed.
         InvalidArgumentError: The curve holds no measurement or a bad one.
     """
-    Figure = require_matplotlib()  # pylint: disable=invalid-name
+    figure_class = require_matplotlib()
     if hasattr(curve, "curve") and hasattr(curve, "workers"):   # a ScalingResult
         chosen = curve.workers if chosen is None else chosen
         trials = curve.trials if trials is None else trials
@@ -609,7 +612,7 @@ def plot_scaling_curve(curve: ScalingCurve | ScalingResult | Mapping[int, Any], 
         raise InvalidArgumentError("the scaling curve holds no measurement to draw")
     sizes = list(samples)
     medians = [statistics.median(samples[n]) for n in sizes]
-    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    fig = figure_class(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     ax.set_gid("scaling")
     dots = [(n, v) for n in sizes for v in samples[n]]

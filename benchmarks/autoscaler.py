@@ -21,7 +21,8 @@ by side in one run:
 It reports each mode's chosen size, its trials, and the step at which it
 settled; `--plot autoscaler.png` also draws the measured curve (every timed
 step as a dot, the median per size as a line), the predicted one and the
-efficient size (`autodist.plotting.plot_scaling_curve`, needs matplotlib). Each worker process is pinned to one core (round robin over the
+efficient size (`autodist.plotting.plot_scaling_curve`, needs matplotlib).
+Each worker process is pinned to one core (round robin over the
 machine's cores), so on the 2-core machine two workers have twice the compute
 of one and more add none; the capped links add communication that grows
 with the size.
@@ -65,7 +66,7 @@ def main() -> int:
 
     import autodist
     if args.plot:  # checked now, not after minutes of measuring
-        from autodist.plotting import require_matplotlib  # pylint: disable=C0415
+        from autodist.plotting import require_matplotlib
 
         require_matplotlib()
     from autodist import models
@@ -158,7 +159,8 @@ def main() -> int:
         print(f"| {w} | {t:.0f} | {predict(w):.0f} |")
     print(f"\nEfficient size on the measured curve: **{offline.workers}** "
           f"({offline.decision.reason}).\n")
-    print("| mode | chosen | trials (size and measured examples/s, in order) | settled at step |\n|---|---:|---|---:|")
+    print("| mode | chosen | trials (size and measured examples/s, in order) "
+          "| settled at step |\n|---|---:|---|---:|")
     for mode, outcome in online.items():
         if outcome is None:
             print(f"| {mode} | — | did not settle | — |")
@@ -169,7 +171,7 @@ def main() -> int:
     print(f"\nCommand: `python {' '.join(sys.argv)}` (in `unshare -n`) on {platform.node()}, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}")
     if args.plot:
-        from autodist.plotting import plot_scaling_curve  # pylint: disable=C0415
+        from autodist.plotting import plot_scaling_curve
 
         # Every timed step's examples/s: the spread behind each size's median.
         per_step = {w: [args.batch_size / t for t in samples[w]] for w in sorted(samples)}
