@@ -121,7 +121,7 @@ def main() -> int:
     # 2 and 3. Online, trial and error and guided.
     # The simulator calibrated on this machine (TensorFlow micro-benchmarks),
     # told that every worker shares this host's cores.
-    from autodist.runtime.calibrate import measure_calibration  # pylint: disable=C0415
+    from autodist.runtime.calibrate import measure_calibration
 
     predict = autoscaler.simulator_predictor(item, builders.AllReduce().build,
                                              global_batch=args.batch_size,

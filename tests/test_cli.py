@@ -107,8 +107,8 @@ def test_version_and_help_on_every_flag(capsys):
     assert raised.value.code == 0 and capsys.readouterr().out.strip() == f"autodist {__version__}"
     parser = cli.build_parser()
     missing = []
-    for name, sub in parser._subparsers._group_actions[0].choices.items():  # pylint: disable=W0212
-        for action in sub._actions:  # pylint: disable=W0212
+    for name, sub in parser._subparsers._group_actions[0].choices.items():
+        for action in sub._actions:
             if action.option_strings and action.help is None:
                 missing.append(f"{name} {action.option_strings[0]}")
     assert not missing, missing
@@ -148,10 +148,15 @@ def synthetic(tmp_path, captured):
 
 
 def _json(capsys) -> dict:
+    """The one JSON object on stdout; docs/cli.md documents each of its keys."""
     import json
+    import pathlib
 
-    out = capsys.readouterr().out
-    return json.loads(out)
+    data = json.loads(capsys.readouterr().out)
+    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    undocumented = [key for key in data if f"`{key}`" not in doc]
+    assert not undocumented, f"keys missing from docs/cli.md: {undocumented}"
+    return data
 
 
 def test_inspect_json(capsys, synthetic):

@@ -189,7 +189,8 @@ def markdown(rows: Sequence[Row], title: str = "Strategies vs baselines, emulate
              "single-device Keras (speedup = its median / the row's; > 1 is faster). In the "
              "summary, ratios are the other system's ms/step over optimize's pick's (> 1: the "
              "pick is faster).", "",
-             *_notes(rows), "", "## Summary", "", summary_table(rows), "", "## Every measurement", ""]
+             *_notes(rows), "", "## Summary", "", summary_table(rows), "",
+             "## Every measurement", ""]
     for model, mbit in keys:
         group = sorted((r for r in rows if (r.model, r.mbit) == (model, mbit)),
                        key=lambda r: (not r.ok, r.median_ms))
@@ -288,9 +289,9 @@ def plot(rows: Sequence[Row], path: str, stamp: str = "") -> bool:
     (`Row.min_ms`, `Row.max_ms`), the black tick the simulator's lower bound.
     """
     try:
-        import matplotlib  # pylint: disable=import-outside-toplevel
+        import matplotlib
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+        import matplotlib.pyplot as plt
     except ImportError:
         return False
     order = {m: i for i, m in enumerate(BENCH_MODELS)}
@@ -368,7 +369,7 @@ def write_reports(rows: Sequence[Row], out_dir: str, name: str = "emulated") -> 
 def measure_single_device(model_name: str, kwargs: dict[str, Any], batch_size: int,
                           warmup: int, steps: int) -> list[float]:
     """Timed step times (s) of plain Keras `train_on_batch` in this process."""
-    from autodist import models  # pylint: disable=import-outside-toplevel
+    from autodist import models
 
     model = models.build(model_name, **kwargs)
     x, y = models.synthetic_data(model, batch_size, seed=1)
@@ -398,14 +399,14 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
         One Row per builder, for `optimize`'s pick, MWMS and single-device
         (failures are rows with `error`, never exceptions).
     """
-    from autodist import api, models  # pylint: disable=import-outside-toplevel
-    from autodist.bench.mwms import measure_mwms  # pylint: disable=import-outside-toplevel
-    from autodist.bench.netns import capped_spec  # pylint: disable=import-outside-toplevel
-    from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
-    from autodist.runtime.runner import LocalRunner  # pylint: disable=import-outside-toplevel
-    from autodist.search import builders  # pylint: disable=import-outside-toplevel
-    from autodist.search.simulator import Simulator  # pylint: disable=import-outside-toplevel
-    from autodist.search.space import SearchSpace  # pylint: disable=import-outside-toplevel
+    from autodist import api, models
+    from autodist.bench.mwms import measure_mwms
+    from autodist.bench.netns import capped_spec
+    from autodist.ir.capture import capture
+    from autodist.runtime.runner import LocalRunner
+    from autodist.search import builders
+    from autodist.search.simulator import Simulator
+    from autodist.search.space import SearchSpace
 
     if model_key not in BENCH_MODELS:
         raise InvalidArgumentError(f"unknown benchmark model {model_key!r}; known: "
@@ -433,7 +434,7 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
         row = Row(system=AUTODIST, strategy=builder, **base)
         try:
             strategy = builders.get(builder)().build(graph_item, spec)
-        except Exception as e:  # pylint: disable=broad-except
+        except Exception as e:  # noqa: BLE001 - a builder that fails is a row with its error
             row.error = f"build: {type(e).__name__}: {e}"
             candidates.append((row, None))
             continue
@@ -492,14 +493,14 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
                                        batch_size=preset.batch_size))
             row.lower_bound_ms = next((r.lower_bound_ms for r, _ in candidates
                                        if r.strategy == "AllReduce"), float("nan"))
-        except Exception as e:  # pylint: disable=broad-except
+        except Exception as e:  # noqa: BLE001 - a failed baseline is a row with its error
             row.error = f"{type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
     row = Row(system=SINGLE, strategy="Keras", **dict(base, capped=False))
     try:
         row.set_times(measure_single_device(name, kwargs, preset.batch_size, preset.warmup,
                                             preset.steps))
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:  # noqa: BLE001 - a failed baseline is a row with its error
         row.error = f"{type(e).__name__}: {str(e)[:200]}"
     rows.append(row)
     fill_speedups(rows)
@@ -515,7 +516,7 @@ def run(preset: Preset, out_dir: str, *, command: str, append: bool = False,
     With `append`, rows of an existing `<out_dir>/emulated.csv` are kept
     except those of the (model, bandwidth) pairs measured now.
     """
-    from autodist.bench.netns import clear_lo  # pylint: disable=import-outside-toplevel
+    from autodist.bench.netns import clear_lo
 
     rows: list[Row] = []
     csv_path = os.path.join(out_dir, "emulated.csv")
