@@ -489,7 +489,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         key = by_name.get(args.workload, args.workload)
         matches = [k for k in by_workload if k == key or k.startswith(key)]
         if len(matches) != 1:
-            raise AutodistError(f"no measured workload {args.workload!r} in {args.database} "
+            raise AutodistError(f"no measured trial of workload {args.workload!r} in "
+                                f"{args.database} "
                                 f"(a name, a key or the unique start of a key); workloads: "
                                 f"{listing}")
         workload = matches[0]

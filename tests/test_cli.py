@@ -313,7 +313,7 @@ def test_export_names_workloads_by_model_and_cluster(capsys, tmp_path):
                          "--json"]) == 0
         assert _json(capsys)["workload"]["key"] == key
     assert cli.main(["export", str(db.path), "--out", str(out), "--workload", "nope"]) == 2
-    assert "no measured workload 'nope'" in capsys.readouterr().err
+    assert "no measured trial of workload 'nope'" in capsys.readouterr().err
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert cli.main(["export", str(empty), "--out", str(out)]) == 2
