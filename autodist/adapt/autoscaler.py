@@ -766,7 +766,6 @@ def simulator_predictor(graph_item: GraphItem,
         >>> Autoscaler(ScalingEfficiency(), 1, 16).run_guided(measure, predict)  # doctest: +SKIP
     """
     # Imported here: the decision logic above needs none of this.
-    # pylint: disable=import-outside-toplevel
     from autodist.ir.resource_spec import ResourceSpec
     from autodist.search.cost_model import SimulatorCostModel
     from autodist.search.features import FEATURE_NAMES
@@ -774,7 +773,6 @@ def simulator_predictor(graph_item: GraphItem,
     from autodist.search.simulator import Simulator
     from autodist.search.space import SearchSpace, SpaceOptions
 
-    # pylint: enable=import-outside-toplevel
     # Only the strategy's own options are scored (encode adds them), so the
     # space is kept lean: a full one holds O(n^2) options per variable and
     # the simulator compiles all of them. Step times and features are the same.
