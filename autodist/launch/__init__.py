@@ -5,6 +5,8 @@
   (`netns_holder`: the process that holds it, and the interface test).
 * `remote`: `RemoteCluster`, a multi-host run (the job shipped over TensorFlow).
 * `signing`: jobs sealed with the cluster's shared secret, checked by the task.
+* `chunks`: a job cut into signed chunks (no message near 2 GiB), and put
+  back together and checked by the task.
 * `task`: the life of one task process (server, job, watchdogs, exit codes).
 * `server`: a task's TensorFlow server.
 * `job`: `JobDir` and `RunConfig`, everything a task reads.

@@ -37,11 +37,13 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import pathlib
 import re
+import shutil
 import tarfile
 import tempfile
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -167,6 +169,8 @@ _ARCHIVE_DATA = re.compile(
     r"dataset\.json|"
     r"dataset_shard_[0-9]{1,6}\.pb)")
 _MAX_ARCHIVE_MEMBERS = 10_000
+_COPY_BYTES = 16 << 20   # a block of rows packed, or of a member unpacked, at a time
+_TAR_BUFFER_BYTES = 1 << 20
 _SUBDIRS = ("logs", "ready", "results", "data", "control")
 
 
@@ -386,16 +390,30 @@ class JobDir:
 
     # shipping (to a task on another host)
     def pack(self, rows: np.ndarray | None = None, *, with_data: bool = True) -> bytes:
-        """This job as one uncompressed tar archive.
+        """This job as one uncompressed tar archive, in memory (see `pack_into`)."""
+        buffer = io.BytesIO()
+        self.pack_into(buffer, rows, with_data=with_data)
+        return buffer.getvalue()
+
+    def pack_into(self, out: BinaryIO, rows: np.ndarray | None = None, *,
+                  with_data: bool = True) -> None:
+        """Writes this job as one uncompressed tar archive into `out` (a file, for big jobs).
+
+        The rows of the data are written block by block, read from the job's
+        arrays (memory-mapped), so packing holds a block of rows in memory at
+        a time, not a copy of the task's data.
 
         Args:
+            out: Where the archive goes (written from its current position).
             rows: Sorted example indices to ship (None: every example; a
                 job with a dataset ships the dataset's files).
             with_data: False leaves out the data and initial values (for a
                 parameter-server task, which needs neither).
+
+        Raises:
+            JobArchiveError: rows of a job with a dataset, or of a shipped shard.
         """
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
+        with tarfile.open(fileobj=out, mode="w", copybufsize=_TAR_BUFFER_BYTES) as tar:
             names = _ARCHIVE_FILES if with_data else _ARCHIVE_FILES[:-1]
             for name in names:
                 tar.add(self.file(name), arcname=name)
@@ -415,25 +433,29 @@ class JobDir:
                 order = self.order()
                 if rows is not None:
                     rows = np.asarray(rows, dtype=np.int64)
-                    arrays = {k: np.asarray(v[rows]) for k, v in arrays.items()}
-                    arrays["rows"] = rows
+                    for key, array in arrays.items():
+                        _add_npy(tar, f"data/{key}.npy", array, rows)
+                    arrays = {"rows": rows}
                     _add_bytes(tar, "data/shard.json",
                                json.dumps({"num_examples": num_examples}).encode())
                 if order is not None:   # indices of the full data, as `rows`
                     arrays["order"] = order
                 for key, array in arrays.items():
-                    out = io.BytesIO()
-                    np.save(out, np.asarray(array))
-                    _add_bytes(tar, f"data/{key}.npy", out.getvalue())
-        return buffer.getvalue()
+                    _add_npy(tar, f"data/{key}.npy", array)
 
     @classmethod
-    def unpack(cls, archive: bytes, path: str | pathlib.Path) -> JobDir:
+    def unpack(cls, archive: bytes | os.PathLike, path: str | pathlib.Path) -> JobDir:
         """Writes an archive made by `pack` into `path` (a new or empty private directory).
 
         Only regular files with the names `pack` writes are accepted (no
         links, directories, devices, absolute paths or ``..``); every member
-        is checked before anything is written.
+        is checked before anything is written, and members are copied a block
+        at a time.
+
+        Args:
+            archive: The archive's bytes, or the path of a file holding it (a
+                job that arrived in chunks).
+            path: The job directory to write.
 
         Raises:
             JobArchiveError: the archive is not one `pack` writes (damaged, or holding
@@ -441,17 +463,23 @@ class JobDir:
         """
         job = cls(path)
         try:
-            return job._unpack(archive)
+            if isinstance(archive, (bytes, bytearray, memoryview)):
+                return job._unpack(io.BytesIO(archive))
+            with open(archive, "rb") as source:
+                return job._unpack(source)
         except (tarfile.TarError, EOFError) as e:   # not a tar archive, or a damaged one
             raise JobArchiveError(f"the job archive cannot be read: {type(e).__name__}: "
                                   f"{str(e)[:200]}") from None
 
-    def _unpack(self, archive: bytes) -> JobDir:
+    def _unpack(self, archive: BinaryIO) -> JobDir:
         job = self
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
-            members = tar.getmembers()
-            if len(members) > _MAX_ARCHIVE_MEMBERS:
-                raise JobArchiveError(f"job archive has {len(members)} members")
+        with tarfile.open(fileobj=archive, mode="r:", copybufsize=_TAR_BUFFER_BYTES) as tar:
+            members = []
+            for member in tar:   # stops early: an archive of too many members is refused
+                members.append(member)
+                if len(members) > _MAX_ARCHIVE_MEMBERS:
+                    raise JobArchiveError(f"job archive has more than {_MAX_ARCHIVE_MEMBERS} "
+                                          "members")
             for member in members:
                 name = member.name
                 allowed = name in _ARCHIVE_FILES or _ARCHIVE_DATA.fullmatch(name)
@@ -465,7 +493,8 @@ class JobDir:
             for member in members:
                 source = tar.extractfile(member)
                 assert source is not None
-                write_private(job.path / member.name, source.read())
+                with private_writer(job.path / member.name) as out:
+                    shutil.copyfileobj(source, out, _COPY_BYTES)
         return job
 
     def read_json(self, path: pathlib.Path) -> Any:
@@ -476,3 +505,58 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
     tar.addfile(info, io.BytesIO(data))
+
+
+def _add_npy(tar: tarfile.TarFile, name: str, array: np.ndarray,
+             rows: np.ndarray | None = None) -> None:
+    """Adds `array[rows]` (all of `array`: None) as the .npy file `name`, a block at a time.
+
+    What `np.save` writes, without a copy of the selected rows in memory;
+    arrays of Python objects or with named fields are saved whole instead.
+    """
+    array = np.asarray(array) if not isinstance(array, np.ndarray) else array
+    if array.dtype.hasobject or array.dtype.names is not None or array.ndim == 0:
+        out = io.BytesIO()
+        np.save(out, np.asarray(array if rows is None else array[rows]))
+        _add_bytes(tar, name, out.getvalue())
+        return
+    stream = _NpyRows(array, rows)
+    info = tarfile.TarInfo(name)
+    info.size = stream.size
+    tar.addfile(info, stream)
+
+
+class _NpyRows(io.RawIOBase):
+    """A readable .npy file of `array[rows]`: its header, then its rows in C order, made
+    a block of rows at a time as they are read."""
+
+    def __init__(self, array: np.ndarray, rows: np.ndarray | None) -> None:
+        super().__init__()
+        self._array, self._rows = array, rows
+        shape = array.shape if rows is None else (len(rows),) + array.shape[1:]
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {
+            "descr": np.lib.format.dtype_to_descr(array.dtype), "fortran_order": False,
+            "shape": shape})
+        row_bytes = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+        self._block = max(1, _COPY_BYTES // max(row_bytes, 1))
+        self._length = shape[0]
+        self.size = len(header.getvalue()) + self._length * row_bytes
+        self._pending = bytearray(header.getvalue())
+        self._next = 0   # the next row to make
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        while len(self._pending) < len(view) and self._next < self._length:
+            stop = min(self._next + self._block, self._length)
+            block = (self._array[self._next:stop] if self._rows is None else
+                     self._array[self._rows[self._next:stop]])
+            self._pending += np.ascontiguousarray(block).tobytes()
+            self._next = stop
+        size = min(len(view), len(self._pending))
+        view[:size] = self._pending[:size]
+        del self._pending[:size]
+        return size

@@ -10,9 +10,10 @@ the job, step reports, the run limit, results and the end-of-job signal
 without a shared filesystem, and without a network protocol of their own.
 
 Boxes live as long as the task's server. A message is one scalar string
-tensor (TensorFlow's limit: under 2 GiB), tagged with the id of the job that
-sent it: a receiver takes only its own job's messages, so a task left over
-from a failed job cannot confuse the next one.
+tensor (TensorFlow's limit: under 2 GiB; a job therefore travels as chunks,
+`autodist.launch.chunks`), tagged with the id of the job that sent it: a
+receiver takes only its own job's messages, so a task left over from a
+failed job cannot confuse the next one.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import tensorflow as tf
 from autodist.ir.errors import AutodistError
 
 # Box names.
-JOB = "job"          # driver -> task: the job archive
+JOB = "job"          # driver -> task: the job archive, in signed chunks
 STEPS = "steps"      # worker -> chief: per-step weighted losses (runs followed by callbacks)
 LIMIT = "limit"      # chief -> workers: how many steps may run
 RESULTS = "results"  # worker -> chief: losses, times, or an error
@@ -144,6 +145,10 @@ class Mailboxes:
         raw = self._run(task, ops["dequeue_many"], timeout_s, f"receive from box {box!r}",
                         {ops["count"]: count})
         return [m for m in map(self._untag, raw) if m is not None]
+
+    def waiting(self, task: Task, box: str, timeout_s: float = 10.0) -> int:
+        """How many messages (of any job) wait in `task`'s box now."""
+        return int(self._run(task, self._box(task, box)["size"], timeout_s, f"read box {box!r}"))
 
     def close_box(self, task: Task, box: str, timeout_s: float = 10.0) -> None:
         """Closes a box: later sends fail (the sender retries elsewhere or reports it)."""

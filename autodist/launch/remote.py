@@ -14,29 +14,34 @@ mailbox over TensorFlow (`autodist.launch.mailbox`), then starts the chief
 (worker task 0) as a child process on its own host, as a local cluster
 would. Everything after that between tasks also goes through TensorFlow.
 
-Each job is sealed with the cluster's shared secret (`autodist.launch.signing`)
-for the task it is for; the task checks it before unpacking anything and
-answers with a receipt (accepted, or why not), so a wrong or missing secret
-fails `fit` at once with the task's reason.
+A job is packed into a private temporary file, sent in chunks of
+`chunks.CHUNK_BYTES` (`autodist.launch.chunks`: no message nears
+TensorFlow's 2 GiB limit), each sealed with the cluster's shared secret
+(`autodist.launch.signing`) for the task it is for; at most `chunks.WINDOW`
+chunks wait in a task's job box at a time. The task checks each chunk before
+keeping it, and the whole before unpacking anything, and answers with a
+receipt (accepted, or why not), so a wrong or missing secret fails `fit` at
+once with the task's reason (read between chunks: a rejected job is not sent
+to its end).
 """
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
-from typing import Callable
+from typing import BinaryIO, Callable
 
 import numpy as np
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
-from autodist.launch import mailbox, signing
+from autodist.launch import chunks, mailbox, signing
 from autodist.launch.errors import TaskFailedError
 from autodist.launch.job import JobDir
 from autodist.launch.local import LocalCluster
 
 _RETRY_S = 0.2
-# A seal older than this is renewed before another try (tasks accept signing.MAX_AGE_S).
-_RESEAL_S = 60.0
+_POLL_S = (0.005, 0.1)   # first and longest wait while a task's job box is full
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +66,13 @@ class RemoteCluster:
         secret: The cluster's shared secret (`signing.load_secret`); None
             ships unsigned jobs, which only tasks serving with ``--insecure``
             accept.
+        chunk_bytes: The size of the chunks a job is sent in (None:
+            `chunks.CHUNK_BYTES` when the job is shipped).
     """
 
     def __init__(self, job: JobDir, spec: ResourceSpec, *, task_module: str,
                  worker_rows: Callable[[int], np.ndarray], startup_timeout_s: float,
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | None = None, chunk_bytes: int | None = None) -> None:
         missing = [f"{n.address} (node {i})" for i, n in enumerate(spec.nodes) if not n.port]
         if missing:
             raise AutodistError(f"launch='remote' needs the port of every node; none for "
@@ -75,6 +82,7 @@ class RemoteCluster:
         self.spec = spec
         self.worker_rows = worker_rows
         self.startup_timeout_s = startup_timeout_s
+        self.chunk_bytes = chunk_bytes
         self.chief = LocalCluster(job, spec, task_module=task_module, nodes=[spec.chief_index],
                                   port_retries=0)
 
@@ -98,7 +106,10 @@ class RemoteCluster:
         self.chief.start()
 
     def ship(self) -> None:
-        """Puts each other task's job into its job mailbox, sealed, and reads its receipt.
+        """Sends each other task its job, in chunks into its job mailbox, and reads its receipt.
+
+        `startup_timeout_s` bounds each task answering, each chunk being
+        taken, and the receipt after the last one.
 
         Raises:
             TaskFailedError: naming the task and its address when it does not
@@ -116,45 +127,91 @@ class RemoteCluster:
             chief = self.spec.task_of(self.spec.chief_index)
             for task in mail.tasks:
                 if task != chief:
-                    self._ship_one(mail, task, self._archive(task))
+                    # Private: in the job directory (0700), created 0600 and unlinked at once.
+                    with tempfile.TemporaryFile(dir=self.job.path) as archive:
+                        self._pack(task, archive)
+                        self._ship_one(mail, task, archive)
         finally:
             mail.close()
 
-    def _archive(self, task: tuple[str, int]) -> bytes:
+    def _pack(self, task: tuple[str, int], archive: BinaryIO) -> None:
         if task[0] != "worker":
-            return self.job.pack(with_data=False)
-        return self.job.pack(self.worker_rows(task[1]))
+            self.job.pack_into(archive, with_data=False)
+        else:
+            self.job.pack_into(archive, self.worker_rows(task[1]))
+        archive.flush()
 
-    def _ship_one(self, mail, task: tuple[str, int], archive: bytes) -> None:
+    def _ship_one(self, mail, task: tuple[str, int], archive: BinaryIO) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         name = f"{task[0]}:{task[1]}"
         address = mail.address(task)
-        sealed_at = time.time()
-        message = signing.seal(self.secret, mail.job_id, name, archive, sealed_at)
         while True:
-            remaining = deadline - time.monotonic()
-            if time.time() - sealed_at > _RESEAL_S:
-                sealed_at = time.time()
-                message = signing.seal(self.secret, mail.job_id, name, archive, sealed_at)
             try:
-                mail.wait_until_up([task], max(remaining, 0.0))
-                mail.send(task, mailbox.JOB, message, max(remaining, 1.0))
-                receipt = mail.receive(task, mailbox.RECEIPT,
-                                       max(deadline - time.monotonic(), 1.0))
-                if receipt != mailbox.ACCEPTED:
-                    reason = receipt.decode(errors="replace").removeprefix("rejected: ")
-                    raise signing.JobRejectedError(
-                        f"task {name} at {address} rejected the job: {reason[:600]}",
-                        mail.job_id)
+                mail.wait_until_up([task], max(deadline - time.monotonic(), 0.0))
+                messages = chunks.sealed_chunks(self.secret, mail.job_id, name, archive,
+                                                chunk_bytes=self.chunk_bytes)
+                while True:
+                    if self._wait_for_room(mail, task, deadline):
+                        return   # accepted: it had every chunk already (a retry)
+                    message = next(messages, None)   # sealed now, once there is room
+                    if message is None:
+                        break
+                    mail.send(task, mailbox.JOB, message,
+                              max(deadline - time.monotonic(), 1.0))
+                    deadline = time.monotonic() + self.startup_timeout_s  # it took a chunk
+                self._check_receipt(mail, task, mail.receive(
+                    task, mailbox.RECEIPT, max(deadline - time.monotonic(), 1.0)))
                 return
             except mailbox.MailboxError as e:
-                # A task that just finished a job closes its box; its next process follows.
+                # A task that just finished a job closes its box; its next process follows
+                # (and takes the job from its first chunk).
                 if time.monotonic() + _RETRY_S > deadline:
                     raise TaskFailedError(
                         f"task {name} at {address} did not take its job within "
                         f"{self.startup_timeout_s:g}s: {e}. Start `autodist serve --tf-config` "
                         "there (or check its address and port).", name, address) from e
                 time.sleep(_RETRY_S)
+
+    def _wait_for_room(self, mail, task: tuple[str, int], deadline: float) -> bool:
+        """Waits until fewer than `chunks.WINDOW` messages wait in the task's job box; True
+        if the task accepted the job already (it had every chunk: a retry).
+
+        Raises:
+            signing.JobRejectedError: the task rejected the job (a receipt came).
+            mailbox.MailboxTimeout: the box stayed full until `deadline`.
+        """
+        pause = _POLL_S[0]
+        while True:
+            for receipt in mail.receive_all(task, mailbox.RECEIPT):
+                if self._check_receipt(mail, task, receipt):
+                    return True
+            remaining = deadline - time.monotonic()
+            waiting = mail.waiting(task, mailbox.JOB, max(remaining, 1.0))
+            if waiting < chunks.WINDOW:
+                return False
+            if remaining <= 0:
+                name = f"{task[0]}:{task[1]}"
+                raise mailbox.MailboxTimeout(
+                    f"task {name} at {mail.address(task)}: {waiting} messages still waited "
+                    f"in its job box after {self.startup_timeout_s:g}s", name,
+                    mail.address(task))
+            time.sleep(min(pause, max(remaining, 0.0)))
+            pause = min(pause * 2, _POLL_S[1])
+
+    @staticmethod
+    def _check_receipt(mail, task: tuple[str, int], receipt: bytes) -> bool:
+        """True for an accepting receipt; raises JobRejectedError, with the task's reason,
+        for any other."""
+        if receipt == mailbox.ACCEPTED:
+            return True
+        name = f"{task[0]}:{task[1]}"
+        reason = receipt.decode(errors="replace").removeprefix("rejected: ")
+        if reason.startswith("not a job message"):
+            reason += (" (is autodist older there? This chief sends jobs as format-v2 "
+                       "chunks, which autodist reads since jobs are chunked; update it)")
+        raise signing.JobRejectedError(
+            f"task {name} at {mail.address(task)} rejected the job: {reason[:600]}",
+            mail.job_id)
 
     def abort(self, timeout_s: float = 5.0) -> None:
         """Tells every other task that this job failed (they end at once); best effort."""

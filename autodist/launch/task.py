@@ -19,12 +19,13 @@ without knowing how training works. Two ways to start a task:
 
 A serving task runs only a job signed with the cluster's secret
 (`autodist.launch.signing`; ``--secret-file``, ``AUTODIST_SECRET_FILE`` or
-``AUTODIST_SECRET``), or, with ``--insecure`` and no secret, any job. It
-verifies a job before unpacking it; a job that fails is logged as a
-`JobRejectedError` (the job id and task it claimed, and what was wrong) and
-answered with a receipt saying so, and the task waits for the next job
-within its job timeout. Every task process creates its files 0600 and its
-directories 0700 (umask 077).
+``AUTODIST_SECRET``), or, with ``--insecure`` and no secret, any job. A job
+arrives in chunks (`autodist.launch.chunks`): the task verifies each before
+keeping it and the whole before unpacking it; a chunk or job that fails is
+logged as a `JobRejectedError` (the job id and task it claimed, and what was
+wrong) and answered with a receipt saying so, and the task waits for the
+next job within its job timeout. Every task process creates its files 0600
+and its directories 0700 (umask 077).
 
 A worker trains; a parameter-server task serves until the launcher stops it
 (local cluster) or the chief says the job is done (shipped job). Exit codes:
@@ -46,6 +47,7 @@ import traceback
 from typing import Callable
 
 from autodist.launch import heartbeats
+from autodist.launch.chunks import Receiver
 from autodist.launch.errors import EXIT_FAILED, EXIT_NO_JOB, EXIT_PORT_IN_USE, JobMismatchError
 from autodist.launch.job import JobDir
 from autodist.launch.signing import JobRejectedError
@@ -171,23 +173,29 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
     parent = pathlib.Path(args.work_dir) if args.work_dir else None
     if parent is not None:
         parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        try:
-            message = mail.receive(own, mailbox.JOB, max(deadline - time.monotonic(), 0.001))
-        except mailbox.MailboxTimeout:
-            print(f"autodist: error: no job arrived for task {name} at {address} within "
-                  f"{args.job_timeout:g}s. The chief ships it when `fit` starts in the user's "
-                  "script on worker 0 (launch='remote', the same cluster).", file=sys.stderr,
-                  flush=True)
-            return EXIT_NO_JOB
-        received = _accept(message, secret, name, cluster, own, devices, parent)
-        if received is not None:
-            job_id, archive, job, work, config = received
-            break
+    receiver = Receiver(parent)
+    try:
+        while True:
+            try:
+                message = mail.receive(own, mailbox.JOB, max(deadline - time.monotonic(), 0.001))
+            except mailbox.MailboxTimeout:
+                pending = receiver.pending()
+                print(f"autodist: error: no job arrived for task {name} at {address} within "
+                      f"{args.job_timeout:g}s"
+                      + (f" (an unfinished one: {pending})" if pending else "") + ". The chief "
+                      "ships it when `fit` starts in the user's script on worker 0 "
+                      "(launch='remote', the same cluster).", file=sys.stderr, flush=True)
+                return EXIT_NO_JOB
+            received = _accept(message, receiver, secret, name, cluster, own, devices, parent)
+            del message
+            if received is not None:
+                job_id, how, job, work, config = received
+                break
+    finally:
+        receiver.discard()
     mail.close_box(own, mailbox.JOB)  # one job per process: a later sender retries
     _send_receipt(cluster, own, job_id, mailbox.ACCEPTED)
-    print(f"autodist: task {name} received a job ({len(archive)} bytes) into {work}",
-          flush=True)
+    print(f"autodist: task {name} received a job ({how}) into {work}", flush=True)
     _exit_on_abort(cluster, own, config.job_id, config.job_timeout_s)
     if job_name == "worker":
         run_worker(job, task, server.target)
@@ -199,19 +207,25 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
     return 0
 
 
-def _accept(message: bytes, secret: bytes | None, name: str, cluster, own, devices,
-            parent: pathlib.Path | None):
-    """A received job verified, unpacked and checked: (job id, archive, job, its directory,
-    config); or None after a rejection receipt, whatever was wrong with it (the task then
-    waits for the next job: nothing a peer sends may end it)."""
+def _accept(message: bytes, receiver: Receiver, secret: bytes | None, name: str, cluster,
+            own, devices, parent: pathlib.Path | None):
+    """A received job chunk verified and kept; once the job is complete, the job unpacked
+    and checked: (job id, how it came, job, its directory, config). None while chunks
+    are missing, and after a rejection receipt, whatever was wrong (the task then waits for
+    the next job: nothing a peer sends may end it)."""
     from autodist.launch import signing
     from autodist.launch.devices import check_shipped_devices
 
     job_id, work = "", None
     try:
-        job_id, archive = signing.unseal(message, secret, name, time.time())
+        part = signing.unseal_part(message, secret, name, time.time())
+        job_id = part.job_id
+        archive = receiver.add(part)
+        if archive is None:
+            return None   # more chunks to come
         work = pathlib.Path(tempfile.mkdtemp(prefix="autodist-job-", dir=parent))
         job = JobDir.unpack(archive, work)
+        receiver.discard()   # unpacked: the archive's file goes
         config = job.config()
         shipped_spec = job.resource_spec()
         shipped = shipped_spec.cluster_def(job.ports())
@@ -223,13 +237,16 @@ def _accept(message: bytes, secret: bytes | None, name: str, cluster, own, devic
                                    f"{cluster}; give every task the same TF_CONFIG cluster "
                                    "(or spec file)")
         check_shipped_devices(shipped_spec, own[0], own[1], devices)
-        return job_id, archive, job, work, config
+        how = (f"{part.total} bytes in {part.count} chunk{'s' if part.count != 1 else ''}, "
+               f"message format v{part.version}")
+        return job_id, how, job, work, config
     except JobRejectedError as e:
         kind, reason, job_id = "JobRejectedError", e.reason, e.job_id
     except Exception as e:  # noqa: BLE001  # a job this task cannot run
         kind, reason = type(e).__name__, f"{type(e).__name__}: {str(e)[:500]}"
     logger.error("%s: task %s rejected a job (claimed job id %r): %s; waiting for the next job",
                  kind, name, job_id, reason)
+    receiver.discard(job_id)   # what was kept of that job: it will not run
     if work is not None:
         shutil.rmtree(work, ignore_errors=True)
     _send_receipt(cluster, own, job_id, f"rejected: {reason}".encode())

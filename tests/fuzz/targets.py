@@ -670,26 +670,33 @@ class RecordMessages(Target):
 
 # ---------------------------------------------------------------- job messages
 class JobMessages(Target):
-    """What reaches `autodist serve`'s job box from anyone on the network: the sealed job
-    message (magic, tag, header, archive), read by `signing.unseal` with the cluster's
-    secret and without one (``--insecure``), then the archive unpacked and its config and
-    ports read, as a serving task does before it runs a job. Each must give a job or
-    raise a named error (`AutodistError`: rejected, damaged archive, foreign config)."""
+    """What reaches `autodist serve`'s job box from anyone on the network: the messages of a
+    job, read by `signing.unseal_part` with the cluster's secret and without one
+    (``--insecure``) and kept by a `chunks.Receiver`, then the archive unpacked and its
+    config and ports read, as a serving task does before it runs a job. Format v1 (a whole
+    job in one message, as older chiefs send) and format v2 (a job in chunks, each signed:
+    damaged, dropped, repeated, reordered, of another job, with header fields set to
+    extreme values and signed anyway). Each sequence must give a job or raise a named error
+    (`AutodistError`: rejected, damaged archive, foreign config), a chunk's rejection
+    leaving the task serving the next message."""
 
     name = "job_message"
 
     def setup(self, workdir: pathlib.Path) -> None:
         import dataclasses
         import io
+        import logging
         import tarfile
         import time
 
         from autodist.ir.errors import AutodistError
-        from autodist.launch import signing
+        from autodist.launch import chunks, signing
         from autodist.launch.job import JobDir, RunConfig
 
         self.error = AutodistError
-        self.signing, self.JobDir = signing, JobDir
+        self.signing, self.chunks, self.JobDir = signing, chunks, JobDir
+        # A dropped unfinished job is logged as a warning: not one per case.
+        logging.getLogger(chunks.__name__).setLevel(logging.ERROR)
         self.secret = b"a-cluster-secret-of-some-length"
         self.now = time.time()
         files = {"graph_item.pb": b"\x08\x01", "strategy.pb": b"", "resource_spec.pb": b"",
@@ -709,31 +716,119 @@ class JobMessages(Target):
 
     def case(self, rng: random.Random) -> Files:
         secret = self.secret if rng.random() < 0.5 else None
+        signer = self.secret if secret is not None and rng.random() < 0.8 else None
+        messages = (self._whole(rng, signer) if rng.random() < 0.4 else
+                    self._chunked(rng, signer))
+        return {"secret": b"1" if secret is not None else b""} | {
+            f"message_{i}": m for i, m in enumerate(messages)}
+
+    def _whole(self, rng: random.Random, signer: bytes | None) -> list[bytes]:
+        """Format v1: one message."""
         archive = self.archive
         roll = rng.random()
         if roll < 0.35:   # a damaged archive, sealed as it is: only the reader stands
             archive = mutate_bytes(archive, rng)
         header_id = rng.choice(("cafe01", "x" * 64, "cafe01\"", ""))
-        message = self.signing.seal(self.secret if secret is not None and rng.random() < 0.8
-                                    else None, header_id, "worker:1", archive,
+        message = self.signing.seal(signer, header_id, "worker:1", archive,
                                     self.now + rng.choice((0, 0, 0, 1e6, -1e6)))
         if roll >= 0.35:
             message = mutate_bytes(message, rng) if rng.random() < 0.8 else \
                 rng.choice((b"[" * 3000, b"", message[:20], message + b"\x00" * 100))
-        return {"message": message, "secret": b"1" if secret is not None else b""}
+        return [message]
+
+    def _chunked(self, rng: random.Random, signer: bytes | None) -> list[bytes]:
+        """Format v2: a job in chunks, then 0 to 2 of the ways a sequence goes wrong."""
+        import io
+
+        archive = self.archive
+        if rng.random() < 0.2:   # a damaged archive, chunked and sealed as it is
+            archive = mutate_bytes(archive, rng)
+        chunk_bytes = rng.choice((512, 1000, 4096, len(archive), 1 << 20))
+        job_id = rng.choice(("cafe01", "cafe01", "x" * 64, "beef02"))
+        skew = rng.choice((0,) * 8 + (1e6, -1e6))
+
+        def sealed(data: bytes, job: str, size: int) -> list[bytes]:
+            return list(self.chunks.sealed_chunks(signer, job, "worker:1", io.BytesIO(data),
+                                                  chunk_bytes=size,
+                                                  clock=lambda: self.now + skew))
+
+        messages = sealed(archive, job_id, chunk_bytes)
+        for _ in range(rng.choice((0, 1, 1, 1, 2))):
+            if not messages:
+                break
+            how = rng.randrange(8)
+            i = rng.randrange(len(messages))
+            if how == 0:
+                messages[i] = mutate_bytes(messages[i], rng)
+            elif how == 1 and len(messages) > 1:
+                del messages[i]
+            elif how == 2:
+                rng.shuffle(messages)
+            elif how == 3:
+                messages.insert(rng.randrange(len(messages) + 1), messages[i])
+            elif how == 4:   # chunks of another job, or of the same with another archive
+                other = sealed(archive[:rng.randrange(len(archive) + 1)],
+                               rng.choice(("beef02", job_id)), rng.choice((512, chunk_bytes)))
+                at = rng.randrange(len(messages) + 1)
+                messages[at:at] = other[:rng.choice((1, len(other)))]
+            elif how == 5:   # a header field set to an extreme value, signed anyway
+                messages[i] = self._forged(rng, signer, messages[i], skew)
+            elif how == 6:
+                messages[i] = rng.choice((b"[" * 3000, b"", messages[i][:20],
+                                          messages[i] + b"\x00" * 100,
+                                          b"ADJOB\x00v3" + messages[i][8:]))
+            else:
+                del messages[rng.randrange(len(messages) + 1):]
+        return messages
+
+    def _forged(self, rng: random.Random, signer: bytes | None, message: bytes,
+                skew: float) -> bytes:
+        import dataclasses
+
+        try:
+            part = self.signing.unseal_part(message, None, "worker:1", self.now + skew)
+        except self.signing.JobRejectedError:
+            return message
+        field = rng.choice(("job_id", "index", "count", "total", "chunk_bytes", "sha256",
+                            "data"))
+        value = mutate_bytes(bytes(part.data), rng) if field == "data" else extreme_value(rng)
+        forged = dataclasses.replace(part, **{field: value})
+        return self.signing.seal_chunk(signer, "worker:1", forged, self.now + skew)
 
     def check(self, files: Files, workdir: pathlib.Path) -> None:
         import shutil
         import tempfile
 
         secret = self.secret if files["secret"] else None
-        _, archive = self.signing.unseal(files["message"], secret, "worker:1", self.now)
-        work = pathlib.Path(tempfile.mkdtemp(dir=workdir))
+        messages = sorted((int(k.split("_")[1]), v) for k, v in files.items()
+                          if k.startswith("message_"))
+        receiver = self.chunks.Receiver(workdir)
+        last: Exception | None = None
         try:
-            job = self.JobDir.unpack(archive, work)
-            job.config(), job.ports()
+            for _, message in messages:   # as `autodist serve` takes them, one by one
+                try:
+                    archive = receiver.add(self.signing.unseal_part(message, secret,
+                                                                    "worker:1", self.now))
+                except self.signing.JobRejectedError as e:   # rejected; the task serves on
+                    receiver.discard(e.job_id)
+                    last = e
+                    continue
+                if archive is None:
+                    continue
+                work = pathlib.Path(tempfile.mkdtemp(dir=workdir))
+                try:
+                    job = self.JobDir.unpack(archive, work)
+                    job.config(), job.ports()
+                    return
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+            raise last or self.signing.JobRejectedError(
+                f"no complete job: {receiver.pending() or 'no chunk'}")
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            receiver.discard()
+            leftovers = list(workdir.glob("autodist-incoming-*"))
+            if leftovers:
+                raise AssertionError(f"a dropped job left files: {leftovers}")
 
 
 # ---------------------------------------------------------------- cost model

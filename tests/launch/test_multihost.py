@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ import pytest
 import keras
 import autodist
 from autodist import models
-from autodist.launch import mailbox, signing
+from autodist.launch import chunks, mailbox, signing
 from autodist.launch.errors import TaskFailedError
 from autodist.launch.job import JobDir, RunConfig
 from autodist.launch.local import free_ports
@@ -326,3 +327,42 @@ def test_served_workers_read_a_tfrecord_dataset_at_the_same_paths(tmp_path, monk
             if process.poll() is None:
                 process.kill()
                 process.wait(timeout=10)
+
+
+def test_a_big_job_travels_in_chunks(tmp_path, monkeypatch, secret_file):
+    """Chunks of 256 KiB: worker:1's 3 MB of rows reach it as a dozen signed messages, put
+    back together and checked before it trains; the result equals Keras'."""
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 256 << 10)
+    ports = free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}"]}
+    process, log = _serve(tmp_path, cluster, "worker", 1, job_timeout=120)
+    try:
+        model = models.mlp(input_dim=512, hidden=(8,), classes=4)
+        rng = np.random.default_rng(2)
+        x = rng.normal(size=(3072, 512)).astype("float32")   # 6 MiB of rows, half each
+        y = rng.integers(0, 4, 3072).astype("int32")
+        reference = models.single_device_twin(model)
+        reference.fit(x, y, batch_size=512, epochs=1, shuffle=False, verbose=0)
+
+        monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+        spec = autodist.ResourceSpec.from_tf_config()
+        graph_item = autodist.capture(model)
+        strategy = builders.AllReduce().build(graph_item, spec)
+        run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
+                                  job_dir=str(tmp_path / "chief"))
+        history = run.fit(x, y, batch_size=512, epochs=1, verbose=0, shuffle=False)
+
+        assert len(history.step_losses) == 6
+        for got, want in zip(model.get_weights(), reference.get_weights()):
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+        assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+    received = re.search(r"task worker:1 received a job \((\d+) bytes in (\d+) chunks, message "
+                         r"format v2\)", log.read_text())
+    assert received, log.read_text()[-3000:]
+    size, count = map(int, received.groups())
+    assert size > 3 << 20 and count == -(-size // (256 << 10)) >= 12
+    assert not list((tmp_path / "worker1" / "jobs").glob("autodist-incoming-*"))
