@@ -50,8 +50,9 @@ setup(
         "cpu": [f"tensorflow-cpu=={TF_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
         # nbclient, ipykernel, nbformat: tests/test_notebooks.py runs examples/*.ipynb.
+        # ruff pinned: tests/test_lint.py runs it, and a newer ruff may add checks.
         "test": ["pytest>=8", "grpcio-tools>=1.80", "nbclient>=0.10", "ipykernel>=6.29",
-                 "nbformat>=5.10"],
+                 "nbformat>=5.10", "ruff==0.17.6"],
         "dev": ["grpcio-tools>=1.80"],
         # Pictures (autodist.plotting: Plan.plot, `autodist strategy show --plot`, scaling
         # curves) and `autodist bench`'s plot (without it: CSV and markdown only).

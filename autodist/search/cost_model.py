@@ -82,7 +82,7 @@ _MAX_THREADS = 1024
 
 def _lightgbm():
     """Imports LightGBM on first use (it takes ~0.5 s; importing autodist must stay cheap)."""
-    import lightgbm  # pylint: disable=import-outside-toplevel
+    import lightgbm
     return lightgbm
 
 
@@ -292,7 +292,7 @@ class CostModel(Predictor):
                               free_raw_data=True)
         try:
             booster = lgb.train(params, dataset, num_boost_round=self._num_boost_round,
-                                init_model=init_model._booster if init_model else None)
+                                init_model=init_model._booster if init_model else None)  # noqa: SLF001
         except lgb.basic.LightGBMError as e:
             raise CostModelError(f"LightGBM failed to train the {self._kind}: {e}") from e
         self._booster = booster

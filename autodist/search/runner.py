@@ -111,7 +111,7 @@ def checked_run(runner: Runner, strategies: Sequence[Strategy]) -> list[MeasureR
         return []
     try:
         results = list(runner.run(strategies))
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:  # noqa: BLE001
         # A crashed runner fails its trials; it never ends the search.
         return [MeasureResult.failure(e) for _ in strategies]
     if len(results) != len(strategies):

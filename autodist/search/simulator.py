@@ -108,7 +108,7 @@ class Calibration:
         flops = 0.0
         start = time.perf_counter()
         while time.perf_counter() - start < seconds / 2:
-            a @ b  # pylint: disable=pointless-statement
+            a @ b
             flops += 2 * 256 ** 3
         flops_per_s = flops / (time.perf_counter() - start)
         x = np.zeros(1 << 20, dtype=np.float32)

@@ -600,7 +600,8 @@ class SearchSpace:
     def describe(self) -> str:
         """A one-paragraph account of the space (size, options, constraints)."""
         counts = self.option_counts
-        return (f"search space of {self.graph_item.name!r} on {self.resource_spec.num_worker_tasks} "
+        return (f"search space of {self.graph_item.name!r} on "
+                f"{self.resource_spec.num_worker_tasks} "
                 f"worker task(s), {len(self.ps_devices)} PS device(s): {self.num_variables} "
                 f"variables, {int(counts[:-1].min())}..{int(counts[:-1].max())} options each, "
                 f"{len(self.consistencies)} consistency choice(s); "

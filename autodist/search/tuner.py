@@ -233,7 +233,8 @@ class Tuner:
             columns = self.simulator.memory.strategy_columns(
                 self.space.decode(result.best)) if len(result.candidates) else None
             detail = ("" if columns is None else
-                      "; the best candidate found needs:\n" + self.simulator.memory.describe(columns))
+                      "; the best candidate found needs:\n"
+                      + self.simulator.memory.describe(columns))
             raise DoesNotFitError(
                 f"no strategy the search found for {self.graph_item.name!r} fits the devices' "
                 f"memory at a global batch of {self.simulator.batch_size} "
@@ -386,7 +387,7 @@ class Tuner:
         for name, cls in builder_presets.BUILDERS.items():
             try:
                 strategy = cls().build(self.graph_item, self.resource_spec)
-            except Exception as e:  # pylint: disable=broad-except
+            except Exception as e:  # noqa: BLE001
                 # e.g. a PS builder on a spec without PS devices: recorded, no candidate.
                 errors[name] = f"{type(e).__name__}: {e}"
                 continue

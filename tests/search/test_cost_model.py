@@ -120,7 +120,7 @@ def test_residual_model_corrects_the_simulator_on_held_out_workloads(residual, r
     simulated = X[:, 3]
     pred = residual.predict(X)
     # Its seconds are the simulator's times exp(the learned residual).
-    raw = residual._booster.predict(X)   # pylint: disable=protected-access
+    raw = residual._booster.predict(X)
     np.testing.assert_allclose(pred, simulated * np.exp(raw), rtol=1e-12)
     # The simulator alone is off by exp(0.8 x0 - 0.4): log RMSE ~0.25 and a
     # pairwise accuracy ~0.8; corrected, the noise (0.03) and the fit remain.
@@ -354,7 +354,7 @@ def test_refining_a_trained_model_keeps_what_it_learned(ranker, test_data):
     X, t, w = synthetic(1, 12, seed=7)
     alone = CostModel("ranker", num_boost_round=100).fit(X, t, w, FEATURES)
     refined = CostModel("ranker", num_boost_round=100).fit(X, t, w, FEATURES, init_model=ranker)
-    assert refined._booster.num_trees() > ranker._booster.num_trees()  # pylint: disable=W0212
+    assert refined._booster.num_trees() > ranker._booster.num_trees()
     Xt, tt, wt = test_data
     assert pairwise_accuracy(refined.predict(Xt), tt, wt) > \
         pairwise_accuracy(alone.predict(Xt), tt, wt) + 0.05
@@ -365,10 +365,10 @@ def test_refining_a_trained_model_keeps_what_it_learned(ranker, test_data):
 # --------------------------------------------------- the cost-model role
 @pytest.fixture(scope="module")
 def workload_simulator():
-    from autodist.ir.resource_spec import ResourceSpec  # pylint: disable=C0415
-    from autodist.search.simulator import Simulator  # pylint: disable=C0415
-    from autodist.search.space import SearchSpace  # pylint: disable=C0415
-    from tests.search import workloads  # pylint: disable=C0415
+    from autodist.ir.resource_spec import ResourceSpec
+    from autodist.search.simulator import Simulator
+    from autodist.search.space import SearchSpace
+    from tests.search import workloads
 
     gi = workloads.graph_item([("emb", (5000, 32), True), ("kernel", (256, 256), False)],
                               flops=1e8, lookups_per_example=4)
@@ -378,8 +378,8 @@ def workload_simulator():
 
 def _records(gi, spec, simulator, n=12, seed=0):
     """n measured trials whose step time is the simulator's times a noisy factor."""
-    from autodist.search.database import TrialRecord  # pylint: disable=C0415
-    from autodist.search.features import featurize_strategy  # pylint: disable=C0415
+    from autodist.search.database import TrialRecord
+    from autodist.search.features import featurize_strategy
 
     rng = np.random.default_rng(seed)
     out = []
@@ -424,7 +424,7 @@ def test_a_learned_model_updates_from_itself(workload_simulator, ranker):
         *_rows(records), feature_names=list(FEATURE_NAMES))
     refined = fresh.update(records, seed=1)
     assert refined is not fresh and refined.kind == "ranker"
-    assert refined._booster.num_trees() > fresh._booster.num_trees()  # pylint: disable=W0212
+    assert refined._booster.num_trees() > fresh._booster.num_trees()
     # A model of other features starts afresh rather than failing.
     assert ranker.update(records).feature_names == list(FEATURE_NAMES)
 
@@ -442,11 +442,11 @@ def test_a_residual_model_is_a_cost_model(workload_simulator):
     assert ((ratio > 0.85) & (ratio < 1.15)).all(), ratio
     refined = learned.update(records, seed=2)                # continues from itself
     assert refined.kind == "residual"
-    assert refined._booster.num_trees() > learned._booster.num_trees()  # pylint: disable=W0212
+    assert refined._booster.num_trees() > learned._booster.num_trees()
 
 
 def _rows(records):
-    from autodist.search.predictor import training_rows  # pylint: disable=C0415
+    from autodist.search.predictor import training_rows
 
     x, y, workloads = training_rows(records)
     return x, y, workloads

@@ -167,7 +167,7 @@ def test_a_2gb_table_on_1gb_gpus_is_never_all_reduced():
         assert re.fullmatch(r"does not fit in memory: needs 2\.0\d GB in GPU memory of "
                             r"/job:worker/task:0/device:GPU:0 \(and 3 more alike\) "
                             r"\(capacity 1 GB\)", result.builder_errors[name])
-    line = next(l for l in result.explanation.splitlines() if l.startswith("  table"))
+    line = next(t for t in result.explanation.splitlines() if t.startswith("  table"))
     assert re.search(r"memory: all-gather would need 2\.0\d GB in GPU memory of", line)
     assert line.endswith("> 1 GB: not offered")
     # Unconstrained, the same search does all-gather the table on the GPUs.

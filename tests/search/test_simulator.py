@@ -93,7 +93,7 @@ def test_sparse_variable_moves_only_touched_rows():
 
 
 def _is_densified(c):
-    from autodist.proto import strategy_pb2  # pylint: disable=import-outside-toplevel
+    from autodist.proto import strategy_pb2
 
     return (c.shards[0].WhichOneof("kind") == "all_reduce"
             and c.shards[0].all_reduce.spec == strategy_pb2.AllReduceSynchronizer.RING)
@@ -187,7 +187,7 @@ def test_features_have_fixed_names_and_match_parts():
     p = sim.predict(candidates)
     np.testing.assert_allclose(x[:, FEATURE_NAMES.index("sim_step_time_s")], p.step_time_s)
     assert (x[:, FEATURE_NAMES.index("num_replicas")] == 4).all()
-    from autodist.search import builders  # pylint: disable=import-outside-toplevel
+    from autodist.search import builders
     named = featurize_strategy(sim, builders.Parallax().build(gi, spec))
     assert set(named) == set(FEATURE_NAMES) and named["num_ps_devices"] == 2
 

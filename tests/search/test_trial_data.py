@@ -259,10 +259,10 @@ def test_few_shot_refits_as_the_tuner_does_after_enough_trials():
 
 
 def test_trainer_scores_stored_strategies_again_with_the_current_simulator():
-    import keras  # pylint: disable=import-outside-toplevel
+    import keras
 
-    from autodist import models  # pylint: disable=import-outside-toplevel
-    from autodist.ir.capture import capture  # pylint: disable=import-outside-toplevel
+    from autodist import models
+    from autodist.ir.capture import capture
 
     keras.backend.clear_session()
     gi = capture(models.build("mlp", hidden=(16,)))

@@ -20,7 +20,7 @@ from autodist.search.tuner import Tuner
 from tests.search import workloads
 
 
-def FakeRunner(graph_item, spec, fail_when=None):  # pylint: disable=invalid-name
+def FakeRunner(graph_item, spec, fail_when=None):
     """'Measures' with a differently calibrated simulator; fails where `fail_when` says."""
     return SimulatedRunner(graph_item, spec, fail_when=fail_when,
                            calibration=Calibration(latency_s=3e-4, memory_bytes_per_s=2e9))

@@ -52,7 +52,7 @@ def graph_item(variables: Sequence[tuple[str, Sequence[int], bool]], *, name: st
 
 def many_variables(n: int = 200, seed: int = 0) -> GraphItem:
     """`n` variables of mixed sizes, a tenth of them embeddings."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
+    import numpy as np
 
     rng = np.random.default_rng(seed)
     variables = []
