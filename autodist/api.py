@@ -163,9 +163,13 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         seed: Seeds the search.
         progress: Print a line per measured trial.
         graph_item: The model's capture, if already made.
-        calibration: The simulator's machine constants: a `Calibration`,
-            "measure" (TensorFlow micro-benchmarks on this machine, about a
-            second), or None for the defaults.
+        calibration: The simulator's machine constants: a `Calibration`;
+            "cached" (`spec`'s calibration that `autodist calibrate`
+            measured); "cluster" (measured on `spec`'s cluster now, about
+            a minute, and cached); "measure" (TensorFlow micro-benchmarks in
+            this process, about a second); or None for the defaults, which
+            rank the trial data set's strategies better so far
+            (`benchmarks/results/calibrated_simulator.md`).
         x, y: Example inputs and targets for capturing the model where it
             needs them (a subclassed model; several outputs), as in
             `capture(model, x=..., y=...)`. Ignored with `graph_item`.
@@ -203,19 +207,38 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         runner = LocalRunner(model, spec, graph_item=graph_item,
                              batch_size=batch_size or 32 * len(spec.replica_devices),
                              allow_exposed=allow_exposed)
-    if isinstance(calibration, str):
-        if calibration != "measure":
-            raise InvalidArgumentError(f"calibration must be a Calibration, 'measure' or None. "
-                                       f"Received: {calibration!r}")
-        from autodist.runtime.calibrate import measure_calibration
-
-        calibration = measure_calibration()
+    calibration = resolve_calibration(calibration, spec, allow_exposed=allow_exposed)
     tuner = Tuner(graph_item, spec, space_options=space_options, batch_size=batch_size,
                   calibration=calibration,
                   cost_model=cost_model, database=database, runner=runner,
                   search_budget=search_budget, seed=seed, progress=progress)
     return Plan(model, graph_item, spec, tuner.tune(trials), allow_exposed=allow_exposed,
                 batch_size=batch_size)
+
+
+def resolve_calibration(calibration, spec: ResourceSpec, *, allow_exposed: bool = False):
+    """The `Calibration` that `optimize(calibration=...)` names (see there)."""
+    from autodist.runtime import cluster_calibration
+    from autodist.search.simulator import Calibration
+
+    if calibration is None or isinstance(calibration, Calibration):
+        return calibration
+    if calibration == "cached":
+        cached = cluster_calibration.cached_calibration(spec)
+        if cached is None:
+            raise InvalidArgumentError(
+                f"no cached calibration of this cluster ({spec.fingerprint}) in "
+                f"{cluster_calibration.cache_path(spec).parent}: run `autodist calibrate` or "
+                f"pass calibration='cluster'")
+        return cached
+    if calibration == "cluster":
+        return cluster_calibration.calibrate_cluster(spec, allow_exposed=allow_exposed)
+    if calibration == "measure":
+        from autodist.runtime.calibrate import measure_calibration
+
+        return measure_calibration()
+    raise InvalidArgumentError(f"calibration must be a Calibration, 'cached', 'cluster', "
+                               f"'measure' or None. Received: {calibration!r}")
 
 
 def default_cost_model():

@@ -527,6 +527,36 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    """Measures the simulator's constants on a local cluster and caches them."""
+    from autodist.runtime.cluster_calibration import cache_path, calibrate_cluster
+
+    spec = _cluster(args.cluster) if args.cluster else ResourceSpec.local(workers=args.workers,
+                                                                           ps=args.ps)
+    with _stdout_to_stderr(args.json):
+        log = (lambda line: print(line, file=sys.stderr)) if args.json else print
+        calibration = calibrate_cluster(spec, steps=args.steps, save=not args.no_save, log=log)
+    if args.json:
+        _emit({"resource_spec_fingerprint": spec.fingerprint,
+               "calibration": {k: (_number(v) if isinstance(v, float) else v)
+                               for k, v in calibration.to_dict().items()},
+               "cache": None if args.no_save else str(cache_path(spec))})
+        return 0
+    print(f"{describe_cluster(spec)}: {calibration.source}")
+    print(f"  compute      {calibration.flops_per_s / 1e9:.2f} GFLOP/s per core, "
+          f"{calibration.host_cores} cores; an op {calibration.op_overhead_s * 1e6:.1f} us")
+    print(f"  updates      {calibration.memory_bytes_per_s / 1e9:.2f} GB/s")
+    print(f"  per step     {calibration.task_overhead_s * 1e3:.3f} ms per task")
+    print(f"  collectives  {calibration.hop_latency_s * 1e3:.3f} ms per hop")
+    print(f"  PS           {calibration.latency_s * 1e3:.3f} ms per message")
+    print(f"  extra run    {calibration.run_overhead_s * 1e3:.3f} ms")
+    print(f"  bytes        {calibration.byte_cost_s * 1e9:.3f} ms per MB moved (CPU, beyond "
+          f"the link)")
+    if not args.no_save:
+        print(f"cached in {cache_path(spec)}: optimize(..., calibration='cached') uses it")
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Serves jobs as one task of a multi-host cluster, one task process per job.
 
@@ -757,6 +787,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print one JSON object (the pick, measured and predicted times, "
                              "trials, builders) instead of text; progress goes to stderr")
     search.set_defaults(func=_cmd_search)
+
+    calibrate = sub.add_parser("calibrate", help="measure the simulator's constants on a local "
+                                                 "cluster (about half a minute) and cache them")
+    calibrate.add_argument("--cluster", help="resource spec YAML (its nodes on this machine; "
+                                             "default: --workers and --ps)")
+    calibrate.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    calibrate.add_argument("--ps", type=int, default=1, help="parameter-server tasks (default 1)")
+    calibrate.add_argument("--steps", type=int, default=20,
+                           help="timed steps per probe strategy (default 20)")
+    calibrate.add_argument("--no-save", action="store_true",
+                           help="print the constants without caching them")
+    calibrate.add_argument("--json", action="store_true",
+                           help="print one JSON object (the constants, the cache file)")
+    calibrate.set_defaults(func=_cmd_calibrate)
 
     export = sub.add_parser("export", help="write the best measured strategy of a trial "
                                            "database to a file")

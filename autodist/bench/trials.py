@@ -241,14 +241,20 @@ class Rows:
                                    for r in usable])
 
 
-def rescore(records: Sequence[TrialRecord]) -> list[TrialRecord]:
+def rescore(records: Sequence[TrialRecord],
+            calibration_for: Callable[[TrialRecord], Any] | None = None,
+            same_flops: bool = True) -> list[TrialRecord]:
     """The records with features and simulator predictions of the current code.
 
     A trial's measured times do not change when the simulator or the features
     do, but what a cost model learns from must be what `optimize` computes
     now; each successful record's strategy is scored again on its workload
     (the model rebuilt from `model_name` and `extra["model_kwargs"]`, the
-    stored resource spec, the stored global batch).
+    stored resource spec, the stored global batch). `calibration_for` gives
+    the simulator's `Calibration` of a record's cluster (default: the
+    simulator's default constants). With `same_flops=False` a capture whose
+    FLOP estimate changed (a newer capture infers more shapes) still
+    re-scores the trials of the same model, if its variables are the same.
 
     Raises:
         ValueError: A model now captures to another graph than its trials'.
@@ -274,15 +280,16 @@ def rescore(records: Sequence[TrialRecord]) -> list[TrialRecord]:
             graph_items[key] = capture(models.build(record.model_name, **kwargs))
         graph_item = graph_items[key]
         if graph_item.fingerprint != record.graph_item_fingerprint and \
-                not _same_graph(graph_item, record):
+                not _same_graph(graph_item, record, same_flops):
             raise InvalidArgumentError(f"{record.model_name} {kwargs} captures to another graph "
                                        f"({graph_item.fingerprint}) than its trials "
                                        f"({record.graph_item_fingerprint}); use --stored-features")
         batch = float(record.graph_summary.get("batch_size", 0)) or None
-        sim_key = (key, record.resource_spec_fingerprint, batch or 0.0)
+        calibration = calibration_for(record) if calibration_for else None
+        sim_key = (key, record.resource_spec_fingerprint, batch or 0.0, calibration)
         if sim_key not in simulators:
             spec = record.load_resource_spec()
-            simulators[sim_key] = Simulator(SearchSpace(graph_item, spec), None,
+            simulators[sim_key] = Simulator(SearchSpace(graph_item, spec), calibration,
                                             batch_size=int(batch) if batch else None)
         features = featurize_strategy(simulators[sim_key], record.load_strategy())
         out.append(dataclasses.replace(record, features=features,
@@ -290,7 +297,7 @@ def rescore(records: Sequence[TrialRecord]) -> list[TrialRecord]:
     return out
 
 
-def _same_graph(graph_item: GraphItem, record: TrialRecord) -> bool:
+def _same_graph(graph_item: GraphItem, record: TrialRecord, same_flops: bool = True) -> bool:
     """Whether a capture has the trial's variables and (within 1%) its FLOPs.
 
     The fingerprint also covers the capture's per-op estimates (e.g. the rows
@@ -303,13 +310,19 @@ def _same_graph(graph_item: GraphItem, record: TrialRecord) -> bool:
     now = summarize_graph_item(graph_item)
     for key, value in now.items():
         stored = float(record.graph_summary.get(key, -1.0))
-        if key == "num_ops":
+        if key == "num_ops" or (key == "total_flops" and not same_flops):
             continue
-        tolerance = _FLOPS_TOLERANCE if key == "total_flops" else 1e-9
-        if abs(value - stored) > tolerance * max(1.0, value):
+        if key == "total_flops":
+            allowed = max(_FLOPS_TOLERANCE * value, _FLOPS_SLACK)
+        else:
+            allowed = 1e-9 * max(1.0, value)
+        if abs(value - stored) > allowed:
             return False
     return True
 
 
-# Relative FLOPs difference under which a newer capture is the trial's graph.
+# FLOPs difference under which a newer capture is the trial's graph: 1%, or
+# 10^5 FLOPs (about a microsecond: the bookkeeping ops of a capture are a few
+# thousand FLOPs, 1.9% of ncf's 3 * 10^5).
 _FLOPS_TOLERANCE = 0.01
+_FLOPS_SLACK = 1e5

@@ -19,12 +19,18 @@ An α-β model of one synchronous training step on the ResourceSpec:
   comes in phases (PS reads in the forward pass, then the gradients' pushes
   and all-reduce; a mixed step pushes after its all-reduce, in a second
   run) that overlap by `Calibration.ps_overlap`;
-* per-message latency α at the busiest node, optimizer updates at memory
+* per-message latency α at the busiest node (a collective's hops at their
+  own α where calibrated on the cluster), optimizer updates at memory
   bandwidth on the devices that apply them (plain SGD touches only a sparse
   gradient's rows; other rules densify it: three passes over the table),
   the chief's token round for a synchronous PS step, and one extra session
   run when a step mixes PS and all-reduce (the runtime runs them in two
-  phases).
+  phases);
+* where calibrated on a cluster (`autodist.runtime.cluster_calibration`): a
+  fixed cost per task per step (the step's coordination), CPU time per byte
+  the busiest task moves (gRPC's and the collectives' copies, beyond the
+  link's time), and CPU replicas that share a host's cores computing at
+  their share of them.
 
 The predicted step time adds these parts; the lower bound is max(compute,
 bandwidth time), i.e. perfect overlap and no latency. Each candidate's
@@ -36,6 +42,7 @@ thousands of candidates takes milliseconds.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
@@ -80,6 +87,17 @@ class Calibration:
             `benchmarks/results/cost_model.md`); for the PS step of the
             2-worker MLP at 100 Mbit/s it gives a bandwidth term of 258 ms
             (172 overlapped, 345 phased) against 256 ms measured.
+        collective_latency_s: α of one hop of a ring all-reduce or all-gather
+            (None: `latency_s`).
+        task_overhead_s: Fixed cost of a step per task of the cluster (the
+            chief's coordination, each task's run dispatch); 0 uncalibrated.
+        byte_cost_s: CPU time per byte the busiest task sends or receives
+            (serialization and copies of gRPC and the collectives), beyond the
+            link's time; 0 uncalibrated.
+        host_cores: Cores of a host that runs CPU replicas (0: unknown, no
+            sharing modelled); `flops_per_s` is then the rate of one core,
+            and CPU replicas beyond a host's cores share them.
+        source: Where the constants come from ("default", or what measured them).
     """
 
     flops_per_s: float = 2e10
@@ -88,11 +106,66 @@ class Calibration:
     memory_bytes_per_s: float = 4e9
     run_overhead_s: float = 1e-3
     ps_overlap: float = 0.5
+    collective_latency_s: float | None = None
+    task_overhead_s: float = 0.0
+    byte_cost_s: float = 0.0
+    host_cores: int = 0
+    source: str = "default"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.ps_overlap <= 1.0:
             raise InvalidArgumentError("ps_overlap must be in [0, 1]. Received: "
                                        f"{self.ps_overlap!r}")
+        for name in ("flops_per_s", "memory_bytes_per_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise InvalidArgumentError(f"Calibration.{name} must be a positive number. "
+                                           f"Received: {value!r}")
+        for name in ("op_overhead_s", "latency_s", "run_overhead_s", "task_overhead_s",
+                     "collective_latency_s", "byte_cost_s"):
+            value = getattr(self, name)
+            if value is None and name == "collective_latency_s":
+                continue
+            if not (isinstance(value, (int, float)) and math.isfinite(value)
+                    and 0 <= value <= 3600):
+                raise InvalidArgumentError(f"Calibration.{name} must be seconds in [0, 3600]. "
+                                           f"Received: {value!r}")
+        if not (isinstance(self.host_cores, int) and 0 <= self.host_cores <= 1 << 20):
+            raise InvalidArgumentError("Calibration.host_cores must be an int in [0, 2^20]. "
+                                       f"Received: {self.host_cores!r}")
+        if not isinstance(self.source, str):
+            raise InvalidArgumentError(f"Calibration.source must be a string. "
+                                       f"Received: {self.source!r}")
+
+    @property
+    def hop_latency_s(self) -> float:
+        """α of one collective hop."""
+        return self.latency_s if self.collective_latency_s is None else self.collective_latency_s
+
+    def to_dict(self) -> dict[str, object]:
+        """The constants as JSON-compatible values (`from_dict` reads them back)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: object, source: str = "calibration") -> Calibration:
+        """A Calibration from `to_dict`'s mapping, every value checked.
+
+        Raises:
+            InvalidArgumentError: Not a mapping, an unknown key, or a bad value
+                (named, with `source`).
+        """
+        if not isinstance(data, dict):
+            raise InvalidArgumentError(f"{source} must be a mapping of Calibration fields. "
+                                       f"Received: {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(str(k) for k in data if k not in known)
+        if unknown:
+            raise InvalidArgumentError(f"{source} has unknown Calibration fields {unknown}; "
+                                       f"known: {sorted(known)}")
+        try:
+            return cls(**data)
+        except (TypeError, InvalidArgumentError) as e:
+            raise InvalidArgumentError(f"{source}: {e}") from None
 
     @classmethod
     def measure(cls, seconds: float = 0.2) -> Calibration:
@@ -185,8 +258,9 @@ class Simulator:
         self.replicas_on = np.bincount(self.replica_nodes, minlength=self.num_nodes)
         gi = space.graph_item
         self.compute_s = (gi.total_flops * self.per_replica_batch / estimate
-                          / self.calibration.flops_per_s
+                          / self.calibration.flops_per_s * _core_sharing(spec, self.calibration)
                           + len(gi.ops) * self.calibration.op_overhead_s)
+        self.num_tasks = len(spec.nodes)
         # Rows of each sparse gradient in a replica's step: one per lookup, repeats
         # included (what a PS push or read and an all-gather move); updates
         # touch at most the table's rows (`_update_bytes` caps them).
@@ -387,23 +461,28 @@ class Simulator:
         collective_hops = 0 if w == 1 else (2 * (w - 1) * non_empty_groups
                                             + (w - 1) * sums[:, c["ag_count"]])
         ps_messages = sums[:, c["msgs"]].max(axis=1)
-        latency_s = cal.latency_s * (ps_messages + collective_hops)
+        latency_s = cal.latency_s * ps_messages + cal.hop_latency_s * collective_hops
         # Asynchronous PS applies every replica's update, not one per step.
         updates = np.where(sync, 1.0, float(w))[:, None]
         update_s = (sums[:, c["update"]] * updates).max(axis=1) / cal.memory_bytes_per_s
         sync_s = np.where(has_ps & sync & (staleness == 0), 2 * cal.latency_s, 0.0)
         phase_s = np.where(mixed, cal.run_overhead_s, 0.0)
         compute_s = np.full(len(sums), self.compute_s)
-        step = compute_s + bandwidth_s + latency_s + update_s + sync_s + phase_s
+        max_node_bytes = np.maximum(node_in, node_out).max(axis=1)
+        # Fixed costs per step and per task, and the CPU's time per byte a task moves.
+        overhead_s = cal.task_overhead_s * self.num_tasks + cal.byte_cost_s * max_node_bytes
+        step = compute_s + bandwidth_s + latency_s + update_s + sync_s + phase_s + overhead_s
         lower = np.maximum(compute_s, overlapped_s)
         parts = {
             "compute_s": compute_s, "bandwidth_s": bandwidth_s, "latency_s": latency_s,
             "update_s": update_s, "sync_s": sync_s, "phase_s": phase_s,
-            "max_node_bytes": np.maximum(node_in, node_out).max(axis=1),
+            "max_node_bytes": max_node_bytes,
             "sum_node_bytes": (node_in + node_out).sum(axis=1),
             "ps_bytes": sums[:, c["ps_bytes"]], "ps_shards": sums[:, c["ps_shards"]],
             "ps_messages_max": ps_messages, "messages": sums[:, c["msgs"]].sum(axis=1)
             + collective_hops,
+            "collective_hops": np.broadcast_to(np.asarray(collective_hops, float), len(sums)),
+            "extra_runs": mixed.astype(float),
             "ar_bytes": sums[:, c["ar_bytes"]], "ar_groups": non_empty_groups.astype(float),
             "ag_payload": sums[:, c["ag_payload"]], "ag_count": sums[:, c["ag_count"]],
             "ps_vars": sums[:, c["ps_vars"]], "ar_vars": sums[:, c["ar_vars"]],
@@ -431,6 +510,23 @@ def _row_sums(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
         np.take(table, rows[start:start + step], axis=0).sum(axis=1,
                                                              out=out[start:start + step])
     return out
+
+
+def _core_sharing(spec, calibration: Calibration) -> float:
+    """How much slower a CPU replica computes where a host's CPU replicas outnumber its cores.
+
+    1 without a calibrated `host_cores`, or where every replica is a GPU.
+    Tasks with the same address share a host.
+    """
+    if calibration.host_cores <= 0:
+        return 1.0
+    replicas = set(spec.replica_devices)
+    per_host: dict[str, int] = {}
+    for device in spec.devices:
+        if device.name in replicas and device.device_type == "CPU":
+            host = spec.nodes[device.node_index].address
+            per_host[host] = per_host.get(host, 0) + 1
+    return max([1.0] + [n / calibration.host_cores for n in per_host.values()])
 
 
 def _imbalance(update: np.ndarray, space: SearchSpace, num_nodes: int) -> np.ndarray:

@@ -317,7 +317,8 @@ class Tuner:
         """
         candidate = np.asarray(candidate, dtype=np.int64)
         base = float(self.predict_seconds(candidate[None, :])[0][0])
-        lines = [f"predicted step time {base * 1e3:.3f} ms ({self.predictor})"]
+        lines = [f"predicted step time {base * 1e3:.3f} ms ({self.predictor}; simulator "
+                 f"constants: {self.simulator.calibration.source})"]
         memory = self.simulator.memory
         if memory.constrained:
             columns = self.space.memory.strategy_columns(self.space.decode(candidate))

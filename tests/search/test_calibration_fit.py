@@ -1,0 +1,133 @@
+"""Fitting the simulator's fixed costs, and the constants a calibration adds."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from autodist.ir.errors import InvalidArgumentError
+from autodist.ir.resource_spec import ResourceSpec
+from autodist.search import builders
+from autodist.search.calibration_fit import fit_fixed_costs, probe_step
+from autodist.search.simulator import Calibration, Simulator
+from autodist.search.space import SearchSpace
+from tests.search import workloads
+
+TRUE = Calibration(flops_per_s=1e9, memory_bytes_per_s=2e9, latency_s=3.4e-4,
+                   collective_latency_s=7.5e-4, run_overhead_s=5.3e-3, task_overhead_s=2.2e-3,
+                   byte_cost_s=4e-9)
+BASE = Calibration(flops_per_s=1e9, memory_bytes_per_s=2e9)  # default fixed costs
+
+
+def _workload(wide: int = 0):
+    return workloads.graph_item(
+        [("embedding", (64, 8), True)] + [(f"dense_{i}", (8, 8), False) for i in range(7)]
+        + [(f"wide_{i}", (wide, wide), False) for i in range(2 if wide else 0)],
+        flops=2e6, estimate_batch_size=16)
+
+
+def _probes(spec, calibration):
+    """The probes of `calibrate_cluster`, "measured" by the simulator under `calibration`."""
+    small = {"one group": builders.AllReduce(group_bytes=1 << 30),
+             "a group each": builders.AllReduce(group_bytes=1),
+             "ps": builders.PS(), "parallax": builders.Parallax()}
+    wide = {"wide one group": builders.AllReduce(group_bytes=1 << 30),
+            "wide ps": builders.PS()}
+    out = []
+    for gi, strategies in ((_workload(), small), (_workload(512), wide)):
+        truth = Simulator(SearchSpace(gi, spec), calibration, batch_size=16)
+        base = Simulator(SearchSpace(gi, spec), BASE, batch_size=16)
+        for name, builder in strategies.items():
+            strategy = builder.build(gi, spec)
+            measured = float(truth.predict_strategy(strategy).step_time_s[0])
+            out.append(probe_step(base, strategy, name, measured))
+    return out
+
+
+def test_the_fixed_costs_behind_probe_steps_are_recovered():
+    spec = ResourceSpec.local(workers=2, ps=1)
+    probes = _probes(spec, TRUE)
+    assert len({p.counts for p in probes}) == 6   # each probe counts other events
+    fitted, report = fit_fixed_costs(BASE, probes, source="test")
+    for name in ("task_overhead_s", "collective_latency_s", "latency_s", "run_overhead_s",
+                 "byte_cost_s"):
+        assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=1e-9), name
+    assert fitted.flops_per_s == BASE.flops_per_s and fitted.source == "test"
+    assert report["median_abs_log_error"] < 1e-9
+    assert report["base_median_abs_log_error"] > 0.5
+
+
+def test_costs_are_never_negative_and_unseparable_ones_keep_their_base_value():
+    spec = ResourceSpec.local(workers=2, ps=1)
+    probes = _probes(spec, TRUE)
+    # Measured faster than the rates alone allow: every cost fits to 0, none below.
+    fast = [dataclasses.replace(p, measured_s=p.rate_s * 0.9) for p in probes]
+    fitted, _ = fit_fixed_costs(BASE, fast)
+    assert (fitted.task_overhead_s, fitted.hop_latency_s, fitted.latency_s,
+            fitted.run_overhead_s, fitted.byte_cost_s) == (0.0, 0.0, 0.0, 0.0, 0.0)
+    # Only the small model's all-reduce probes: PS messages, extra runs and the
+    # cost per byte are not measured.
+    only_ar = [p for p in probes if p.name in ("one group", "a group each")]
+    fitted, _ = fit_fixed_costs(BASE, only_ar)
+    assert fitted.latency_s == BASE.latency_s and fitted.run_overhead_s == BASE.run_overhead_s
+    assert fitted.byte_cost_s == BASE.byte_cost_s
+    assert fitted.collective_latency_s == pytest.approx(TRUE.collective_latency_s, rel=1e-6)
+    with pytest.raises(InvalidArgumentError, match="at least 1 probe"):
+        fit_fixed_costs(BASE, [])
+    with pytest.raises(InvalidArgumentError, match="positive"):
+        probe_step(Simulator(SearchSpace(_workload(), spec), BASE, batch_size=16),
+                   builders.PS().build(_workload(), spec), "bad", math.nan)
+
+
+def test_cpu_replicas_beyond_a_hosts_cores_share_them():
+    gi = workloads.graph_item([("w", (64, 64), False)], flops=1e9, estimate_batch_size=64)
+
+    def compute(spec, cores):
+        cal = Calibration(flops_per_s=1e9, op_overhead_s=0.0, host_cores=cores)
+        return Simulator(SearchSpace(gi, spec), cal, batch_size=64).compute_s
+
+    six = ResourceSpec.local(workers=6, ps=3)
+    two = ResourceSpec.local(workers=2)
+    assert compute(six, 0) == pytest.approx(1 / 6)             # no cores known: no sharing
+    assert compute(six, 2) == pytest.approx(1 / 6 * 3)         # 6 replicas on 2 cores
+    assert compute(two, 2) == pytest.approx(1 / 2)
+    hosts = ResourceSpec.from_dict({"nodes": [
+        {"address": f"10.0.0.{i}", "cpus": 4, "roles": ["worker"] + (["ps"] if i == 0 else [])}
+        for i in range(2)]})
+    assert compute(hosts, 2) == pytest.approx(1 / 8 * 2)       # 4 CPU replicas per host
+    gpus = ResourceSpec.from_dict({"nodes": [{"address": "10.0.0.1", "gpus": 8,
+                                              "roles": ["worker", "ps"]}]})
+    assert compute(gpus, 1) == pytest.approx(1 / 8)            # GPUs do not share cores
+
+
+def test_a_calibration_reads_back_and_bad_values_are_named():
+    assert Calibration.from_dict(TRUE.to_dict()) == TRUE
+    assert Calibration().hop_latency_s == Calibration().latency_s
+    with pytest.raises(InvalidArgumentError, match="unknown Calibration fields \\['bogus'\\]"):
+        Calibration.from_dict({**TRUE.to_dict(), "bogus": 1}, source="f.json")
+    with pytest.raises(InvalidArgumentError, match="f.json: Calibration.latency_s must be"):
+        Calibration.from_dict({**TRUE.to_dict(), "latency_s": -1.0}, source="f.json")
+    for bad in (math.nan, math.inf, 0.0, "fast"):
+        with pytest.raises(InvalidArgumentError, match="flops_per_s must be a positive"):
+            Calibration(flops_per_s=bad)
+    with pytest.raises(InvalidArgumentError, match="host_cores"):
+        Calibration(host_cores=-1)
+    with pytest.raises(InvalidArgumentError, match="mapping"):
+        Calibration.from_dict([1, 2])
+
+
+def test_default_constants_predict_as_before():
+    """No calibration: the collective hop's α is the message α and nothing is added per task."""
+    spec = ResourceSpec.local(workers=2, ps=1)
+    gi = _workload()
+    sim = Simulator(SearchSpace(gi, spec), Calibration(), batch_size=16)
+    parts = sim.predict_strategy(builders.AllReduce(group_bytes=1).build(gi, spec)).parts
+    assert parts["latency_s"][0] == pytest.approx(
+        Calibration().latency_s * (parts["ps_messages_max"][0] + parts["collective_hops"][0]))
+    assert "byte_cost_s" in Calibration().to_dict() and Calibration().byte_cost_s == 0
+    total = sum(parts[k][0] for k in ("compute_s", "bandwidth_s", "latency_s", "update_s",
+                                      "sync_s", "phase_s"))
+    assert np.isclose(sim.predict_strategy(
+        builders.AllReduce(group_bytes=1).build(gi, spec)).step_time_s[0], total)
