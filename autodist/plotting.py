@@ -312,25 +312,15 @@ def _simulated(strategy: Strategy, graph_item: GraphItem, spec: ResourceSpec,
     simulator = Simulator(space)
     candidate = space.encode(strategy)
     prediction = simulator.predict(candidate[None, :])
-    # The simulator's option table, columns and offsets: the numbers its prediction sums
-    # (read, not recomputed; tests/test_plotting.py checks the sums against it).
-    table = simulator._table  # noqa: SLF001 - the simulator's own per-option bytes
-    cols = simulator._cols  # noqa: SLF001 - ... their columns
-    offsets = simulator._offsets  # noqa: SLF001 - ... each variable's first option
-    w = simulator.num_replicas
-    has_replicas = (simulator.replicas_on > 0).astype(float)
+    # The simulator's own per-variable bytes: the numbers its prediction sums
+    # (tests/test_plotting.py checks the sums against it).
+    traffic_in, traffic_out = simulator.node_traffic(candidate)
     by_name = {c.var_name: c for c in strategy.proto.variables}
     n = simulator.num_nodes
     totals = {"in": np.zeros(n), "out": np.zeros(n)}
     families: dict[str, dict[str, np.ndarray]] = {}
     for v, var in enumerate(space.variables):
-        row = table[offsets[v] + candidate[v]]
-        collective = 0.0
-        if w > 1:
-            collective = (2 * (w - 1) / w * row[cols["groups"]].sum()
-                          + (w - 1) * row[cols["ag_payload"]])
-        node_in = row[cols["in"]] + collective * has_replicas
-        node_out = row[cols["out"]] + collective * has_replicas
+        node_in, node_out = traffic_in[v], traffic_out[v]
         config = by_name[var.name]
         kinds = {synchronizer_family(s, var.sparse_gradient) for s in config.shards}
         family = kinds.pop() if len(kinds) == 1 else "mixed"

@@ -424,6 +424,31 @@ class Simulator:
         staleness = np.array([c.staleness for c in self.space.consistencies])[candidates[:, v]]
         return self._times(sums, sync, staleness)
 
+    def node_traffic(self, candidate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes into and out of each node per step, per variable of one candidate.
+
+        Args:
+            candidate: A (V + 1,) candidate vector.
+
+        Returns:
+            (bytes in, bytes out), each of shape (V, nodes): PS pulls and
+            pushes, and the ring traffic of the variable's all-reduce and
+            all-gather on every node that runs replicas. Summed over the
+            variables they are the node bytes `predict` adds up.
+        """
+        self._compile()
+        candidate = np.asarray(candidate, dtype=np.int64)
+        v = self.space.num_variables
+        c = self._cols
+        rows = self._table[self._offsets + candidate[:v]]
+        w = self.num_replicas
+        collective = np.zeros(v)
+        if w > 1:
+            collective = (2 * (w - 1) / w * rows[:, c["groups"]].sum(axis=1)
+                          + (w - 1) * rows[:, c["ag_payload"]])
+        ring = collective[:, None] * (self.replicas_on > 0)[None, :]
+        return rows[:, c["in"]] + ring, rows[:, c["out"]] + ring
+
     def predict_strategy(self, strategy: Strategy) -> Prediction:
         """The prediction for one Strategy (its choices are added to the space)."""
         return self.predict(self.space.encode(strategy)[None, :])

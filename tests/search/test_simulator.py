@@ -268,3 +268,21 @@ def test_scores_equal_sums_over_the_whole_table_to_the_bit():
         assert got.lower_bound_s.tobytes() == want.lower_bound_s.tobytes()
         for name, values in want.parts.items():
             assert got.parts[name].tobytes() == values.tobytes(), name
+
+
+@pytest.mark.parametrize("builder", ["PS", "AllReduce", "Parallax", "PartitionedPS"])
+def test_node_traffic_per_variable_sums_to_the_predicted_node_bytes(builder):
+    from autodist.search import builders
+
+    gi = workloads.graph_item([("emb", (1000, 16), True), ("w", (64, 64), False),
+                               ("b", (64,), False)], optimizer="sgd")
+    spec = ResourceSpec.local(workers=3, ps=2)
+    sim = Simulator(SearchSpace(gi, spec), batch_size=30)
+    strategy = builders.get(builder)().build(gi, spec)
+    candidate = sim.space.encode(strategy)
+    prediction = sim.predict(candidate[None, :])
+    node_in, node_out = sim.node_traffic(candidate)
+    assert node_in.shape == node_out.shape == (3, len(spec.nodes))
+    total_in, total_out = node_in.sum(axis=0), node_out.sum(axis=0)
+    assert np.isclose((total_in + total_out).sum(), prediction.parts["sum_node_bytes"][0])
+    assert np.isclose(np.maximum(total_in, total_out).max(), prediction.parts["max_node_bytes"][0])
