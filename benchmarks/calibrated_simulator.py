@@ -149,9 +149,9 @@ def main() -> int:
                      f"{c.task_overhead_s * 1e3:.2f} | {c.hop_latency_s * 1e3:.2f} | "
                      f"{c.latency_s * 1e3:.2f} | {c.run_overhead_s * 1e3:.2f} | "
                      f"{c.byte_cost_s * 1e9:.2f} |")
-    lines += ["", f"Command: `python benchmarks/calibrated_simulator.py {' '.join(sys.argv[1:])}`"
-              f"".rstrip() + f" on {platform.node() or 'this machine'} ({os.cpu_count()} cores), "
-              f"{time.strftime('%Y-%m-%d')}", ""]
+    command = " ".join(["python benchmarks/calibrated_simulator.py", *sys.argv[1:]])
+    lines += ["", f"Command: `{command}` on {platform.node() or 'this machine'} "
+              f"({os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}", ""]
     text = "\n".join(lines)
     print(text)
     with open(args.out, "w", encoding="utf-8") as f:

@@ -18,6 +18,34 @@ PRIVATE_FILE_MODE = 0o600
 PRIVATE_DIR_MODE = 0o700
 
 
+class NotRegularFileError(OSError):
+    """A path that is not a regular file (a FIFO, a device, a directory)."""
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """Up to `limit` bytes of a regular file, opened without blocking.
+
+    A FIFO or a device in the file's place would block a plain open or read
+    forever; the type is checked on the opened descriptor, so nothing can
+    be swapped in between the check and the read.
+
+    Raises:
+        FileNotFoundError: nothing is at `path`.
+        NotRegularFileError: something other than a regular file is.
+        OSError: it cannot be read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFileError(f"{str(path)!r} is not a regular file")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return f.read(limit)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def create_exclusive(path: str | os.PathLike, mode: int = PRIVATE_FILE_MODE) -> int:
     """Opens a new file for writing; fails if anything (a link included) is at `path`."""
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,

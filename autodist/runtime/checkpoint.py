@@ -46,9 +46,9 @@ from typing import Callable
 
 import numpy as np
 
-from autodist.ir.atomic import (PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, atomic_write,
-                                create_exclusive, fsync_directory, fsync_path,
-                                make_owner_dir, write_all)
+from autodist.ir.atomic import (PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, NotRegularFileError,
+                                atomic_write, create_exclusive, fsync_directory, fsync_path,
+                                make_owner_dir, read_regular, write_all)
 from autodist.ir.errors import AutodistError, short_repr, shorten
 
 ITERATIONS = "optimizer/iterations"
@@ -229,22 +229,13 @@ def _read_regular(path: pathlib.Path, limit: int) -> bytes:
         CheckpointError: it is not a regular file, or cannot be read.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        return read_regular(path, limit)
     except FileNotFoundError:
         raise
+    except NotRegularFileError as e:
+        raise CheckpointError(str(e)) from None
     except OSError as e:
         raise CheckpointError(f"cannot read {str(path)!r}: {e}") from e
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CheckpointError(f"{str(path)!r} is not a regular file")
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            return f.read(limit)
-    except OSError as e:
-        raise CheckpointError(f"cannot read {str(path)!r}: {e}") from e
-    finally:
-        if fd >= 0:
-            os.close(fd)
 
 
 def _pointer(directory: pathlib.Path) -> str | None:

@@ -31,7 +31,7 @@ import pathlib
 import warnings
 from typing import Callable
 
-from autodist.ir.atomic import atomic_write
+from autodist.ir.atomic import NotRegularFileError, atomic_write, read_regular
 from autodist.ir.errors import AutodistError, InvalidArgumentError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.search.calibration_fit import ProbeStep, fit_fixed_costs, probe_step
@@ -88,15 +88,16 @@ def load_calibration(path: str | os.PathLike, spec: ResourceSpec | None = None) 
     """
     path = pathlib.Path(path)
     try:
-        if not path.is_file():
-            raise CalibrationError(f"calibration file {path} is not a regular file")
-        if path.stat().st_size > _MAX_CACHE_BYTES:
-            raise CalibrationError(f"calibration file {path} is larger than "
-                                   f"{_MAX_CACHE_BYTES} bytes")
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        if isinstance(e, CalibrationError):
-            raise
+        raw = read_regular(path, _MAX_CACHE_BYTES + 1)
+    except NotRegularFileError:
+        raise CalibrationError(f"calibration file {path} is not a regular file") from None
+    except OSError as e:
+        raise CalibrationError(f"calibration file {path} cannot be read: {e}") from None
+    if len(raw) > _MAX_CACHE_BYTES:
+        raise CalibrationError(f"calibration file {path} is larger than {_MAX_CACHE_BYTES} bytes")
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CalibrationError(f"calibration file {path} is not readable JSON: "
                                f"{type(e).__name__}: {str(e)[:200]}") from None
     if not isinstance(record, dict) or not isinstance(record.get("version"), int):
