@@ -533,9 +533,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     spec = _cluster(args.cluster) if args.cluster else ResourceSpec.local(workers=args.workers,
                                                                            ps=args.ps)
-    with _stdout_to_stderr(args.json):
-        log = (lambda line: print(line, file=sys.stderr)) if args.json else print
-        calibration = calibrate_cluster(spec, steps=args.steps, save=not args.no_save, log=log)
+    with _stdout_to_stderr(args.json):   # with --json the progress lines go to stderr
+        calibration = calibrate_cluster(spec, steps=args.steps, save=not args.no_save, log=print)
     if args.json:
         _emit({"resource_spec_fingerprint": spec.fingerprint,
                "calibration": {k: (_number(v) if isinstance(v, float) else v)
