@@ -31,7 +31,7 @@ _LAZY = {
     "models": ("autodist.models", None),
     "restore_keras_weights": ("autodist.runtime.checkpoint", "restore_keras_weights"),
     "load_checkpoint": ("autodist.runtime.checkpoint", "load"),
-    "policies": ("autodist.adapt.policies", None),
+    "policies": ("autodist.adapt.builtin_policies", None),
     "autoscaler": ("autodist.adapt.autoscaler", None),
     "ShardedDataset": ("autodist.runtime.sharded_input", "ShardedDataset"),
     "InputShard": ("autodist.runtime.sharded_input", "InputShard"),

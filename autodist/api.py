@@ -201,7 +201,7 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         database = Database(database)
     runner = None
     if measure:
-        from autodist.runtime.runner import LocalRunner
+        from autodist.runtime.local_runner import LocalRunner
 
         # One launch per round of trials: its strategies are switched in place.
         runner = LocalRunner(model, spec, graph_item=graph_item,

@@ -57,9 +57,9 @@ def test_bad_options_are_named(argv, message, capsys):
 
 
 def test_refuses_without_a_private_namespace(monkeypatch, capsys, tmp_path):
-    from autodist.bench import netns
+    from autodist.bench import capped_links
 
-    monkeypatch.setattr(netns, "can_shape", lambda: False)
+    monkeypatch.setattr(capped_links, "can_shape", lambda: False)
     assert cli.main(["bench", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "unshare -n" in err and "root" in err

@@ -224,10 +224,10 @@ def test_strategy_show_errors(capsys, synthetic, monkeypatch):
 
 def _fake_measuring(monkeypatch, item):
     """`search --trials` without a cluster: the simulator "measures" (SimulatedRunner)."""
-    from autodist.search.runner import SimulatedRunner
+    from autodist.search.measurement import SimulatedRunner
 
     monkeypatch.setattr(cli, "load_model", lambda model, batch_size=None: (object(), item))
-    monkeypatch.setattr("autodist.runtime.runner.LocalRunner",
+    monkeypatch.setattr("autodist.runtime.local_runner.LocalRunner",
                         lambda model, spec, graph_item, batch_size: SimulatedRunner(
                             graph_item, spec, spread=(1.5, 1.6, 1.4)))
 

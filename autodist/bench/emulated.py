@@ -2,7 +2,7 @@
 
 For each model and bandwidth, side by side: every builder and `optimize`'s
 pick (all in one cluster launch, measured by the search's local runner,
-`autodist.runtime.runner.LocalRunner`: `fit(..., switch_at=...)` switches
+`autodist.runtime.local_runner.LocalRunner`: `fit(..., switch_at=...)` switches
 the running job from one strategy to the next; the first `warmup` steps
 after a switch are not timed), single-device Keras (one process, the same global
 batch) and a `MultiWorkerMirroredStrategy` custom loop on the workers' capped
@@ -401,9 +401,9 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
     """
     from autodist import api, models
     from autodist.bench.mwms import measure_mwms
-    from autodist.bench.netns import capped_spec
+    from autodist.bench.capped_links import capped_spec
     from autodist.ir.capture import capture
-    from autodist.runtime.runner import LocalRunner
+    from autodist.runtime.local_runner import LocalRunner
     from autodist.search import builders
     from autodist.search.simulator import Simulator
     from autodist.search.space import SearchSpace
@@ -516,7 +516,7 @@ def run(preset: Preset, out_dir: str, *, command: str, append: bool = False,
     With `append`, rows of an existing `<out_dir>/emulated.csv` are kept
     except those of the (model, bandwidth) pairs measured now.
     """
-    from autodist.bench.netns import clear_lo
+    from autodist.bench.capped_links import clear_lo
 
     rows: list[Row] = []
     csv_path = os.path.join(out_dir, "emulated.csv")

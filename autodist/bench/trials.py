@@ -25,7 +25,7 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.search.database import (Database, DatabaseError, TrialRecord, decode_line,
                                       summarize_graph_item)
-from autodist.search.runner import MeasureResult, Runner, pool
+from autodist.search.measurement import MeasureResult, Runner, pool
 from autodist.search.space import SearchSpace
 
 

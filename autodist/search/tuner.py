@@ -38,7 +38,7 @@ from autodist.search.features import FEATURE_NAMES, featurize
 from autodist.search.measure_callback import MeasureCallback, Trial, default_callbacks
 from autodist.search.memory import DoesNotFitError, format_bytes
 from autodist.search.predictor import Predictor
-from autodist.search.runner import Runner, checked_run
+from autodist.search.measurement import Runner, checked_run
 from autodist.search.simulator import Calibration, Prediction, Simulator
 from autodist.search.space import SearchSpace, SpaceOptions
 

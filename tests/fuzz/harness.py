@@ -68,7 +68,7 @@ def _worker(target: str, seed: int, start: int, stop: int, out: pathlib.Path,
             env: dict[str, str]) -> subprocess.Popen:
     # stderr goes to a file: a pipe nobody reads fills up and stalls the worker.
     with open(f"{out}.stderr", "wb") as err:
-        return subprocess.Popen([sys.executable, "-m", "tests.fuzz.runner", target, str(seed),
+        return subprocess.Popen([sys.executable, "-m", "tests.fuzz.case_worker", target, str(seed),
                                  str(start), str(stop), str(out)],
                                 cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err,
                                 start_new_session=True)
@@ -104,7 +104,7 @@ def dump_case(target: str, seed: int, index: int, directory: pathlib.Path,
               env: dict[str, str]) -> str:
     """Writes the input of one case (regenerated in a fresh worker) under `directory`."""
     path = directory / f"{target}-seed{seed}-case{index}"
-    subprocess.run([sys.executable, "-m", "tests.fuzz.runner", target, str(seed), "--dump",
+    subprocess.run([sys.executable, "-m", "tests.fuzz.case_worker", target, str(seed), "--dump",
                     str(index), str(path)], cwd=REPO, env=env, timeout=300, check=False,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return str(path)

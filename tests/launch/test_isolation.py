@@ -23,7 +23,7 @@ import pytest
 import keras
 import autodist
 from autodist import models
-from autodist.launch import netns
+from autodist.launch import private_network
 from autodist.search import builders
 
 pytestmark = pytest.mark.cluster
@@ -32,7 +32,7 @@ TOLERANCE = 2e-5
 HOST, PEER = "10.213.7.1", "10.213.7.2"
 
 
-def _ip(*args: str, network: netns.PrivateNetwork | None = None) -> None:
+def _ip(*args: str, network: private_network.PrivateNetwork | None = None) -> None:
     command = ["ip", *args]
     subprocess.run(network.command(command) if network else command, check=True,
                    capture_output=True, timeout=30)
@@ -50,12 +50,12 @@ def another_host():
     """A peer namespace linked to this one by a veth pair; this namespace is then exposed."""
     if os.geteuid() != 0:
         pytest.skip("needs root to add a veth pair")
-    if not netns.is_private():
+    if not private_network.is_private():
         pytest.skip("adds an interface to this process's namespace: run it in a private "
                     "one (scripts/test.sh)")
     try:
-        peer = netns.PrivateNetwork.create()
-    except netns.NamespaceUnavailable as e:
+        peer = private_network.PrivateNetwork.create()
+    except private_network.NamespaceUnavailable as e:
         pytest.skip(f"no namespace for the other host: {e}")
     link = f"adv{os.getpid() % 100000}"
     try:
@@ -69,7 +69,7 @@ def another_host():
         _ip("link", "set", link, "up")
         _ip("addr", "add", f"{PEER}/24", "dev", "adpeer0", network=peer)
         _ip("link", "set", "adpeer0", "up", network=peer)
-        assert not netns.is_private()
+        assert not private_network.is_private()
         yield peer
     finally:
         subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=30)
@@ -80,7 +80,7 @@ class _Probe(keras.callbacks.Callback):
     """At the end of the first epoch (the cluster waits for the driver): who reaches the
     task ports, from the other host and from inside the tasks' own namespace."""
 
-    def __init__(self, run, peer: netns.PrivateNetwork) -> None:
+    def __init__(self, run, peer: private_network.PrivateNetwork) -> None:
         super().__init__()
         self.run, self.peer = run, peer
         self.from_peer: dict[int, bool] = {}
@@ -143,22 +143,22 @@ def test_opting_in_where_no_namespace_can_be_made_exposes_the_ports(tmp_path, an
                                                                      monkeypatch, caplog,
                                                                      capsys):
     def unavailable(cls, timeout_s=10.0):
-        raise netns.NamespaceUnavailable("test: user namespaces disabled")
+        raise private_network.NamespaceUnavailable("test: user namespaces disabled")
 
-    monkeypatch.setattr(netns.PrivateNetwork, "create", classmethod(unavailable))
-    monkeypatch.delenv(netns.ALLOW_EXPOSED_ENV, raising=False)
+    monkeypatch.setattr(private_network.PrivateNetwork, "create", classmethod(unavailable))
+    monkeypatch.delenv(private_network.ALLOW_EXPOSED_ENV, raising=False)
     model = models.mlp(input_dim=20, hidden=(16,))
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
     graph_item = autodist.capture(model)
     refused = autodist.distribute(model, builders.PS().build(graph_item, spec), spec,
                                   graph_item=graph_item, job_dir=str(tmp_path / "refused"))
-    with pytest.raises(netns.ExposedNetworkError,
+    with pytest.raises(private_network.ExposedNetworkError,
                        match=r"none could be made here \(test: user namespaces disabled\)"):
         refused.fit(np.zeros((8, 20), "float32"), np.zeros(8, "int32"), batch_size=8,
                     verbose=0, shuffle=False)
     assert not list((tmp_path / "refused" / "logs").iterdir())  # no task was started
 
-    with caplog.at_level(logging.WARNING, logger="autodist.launch.netns"):
+    with caplog.at_level(logging.WARNING, logger="autodist.launch.private_network"):
         run, probe = _train(tmp_path, another_host, "exposed", allow_exposed=True)
     assert probe.from_peer and all(probe.from_peer.values()), probe.from_peer
     assert probe.task_namespace == os.readlink("/proc/self/ns/net")

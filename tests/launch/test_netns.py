@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from autodist.bench import netns as bench_netns
-from autodist.launch import netns, netns_holder
+from autodist.bench import capped_links
+from autodist.launch import netns_holder, private_network
 
 _LISTEN = """
 import os, socket, sys
@@ -28,10 +28,10 @@ sys.stdin.read()
 """
 
 
-def _create_or_skip() -> netns.PrivateNetwork:
+def _create_or_skip() -> private_network.PrivateNetwork:
     try:
-        return netns.PrivateNetwork.create()
-    except netns.NamespaceUnavailable as e:
+        return private_network.PrivateNetwork.create()
+    except private_network.NamespaceUnavailable as e:
         pytest.skip(f"no network namespace can be made here: {e}")
 
 
@@ -60,17 +60,17 @@ def test_a_private_network_has_only_loopback_and_ends_with_its_holder(monkeypatc
 
 def test_a_namespace_that_cannot_be_made_says_why(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    with pytest.raises(netns.NamespaceUnavailable, match="unshare and nsenter not found"):
-        netns.PrivateNetwork.create()
+    with pytest.raises(private_network.NamespaceUnavailable, match="unshare and nsenter not found"):
+        private_network.PrivateNetwork.create()
 
 
 def _unavailable(monkeypatch):
     def refuse(cls, timeout_s=10.0):
-        raise netns.NamespaceUnavailable("`unshare --net`: unshare failed: Operation not "
-                                         "permitted")
-    monkeypatch.setattr(netns, "is_private", lambda: False)
-    monkeypatch.setattr(netns.PrivateNetwork, "create", classmethod(refuse))
-    monkeypatch.delenv(netns.ALLOW_EXPOSED_ENV, raising=False)
+        raise private_network.NamespaceUnavailable(
+            "`unshare --net`: unshare failed: Operation not permitted")
+    monkeypatch.setattr(private_network, "is_private", lambda: False)
+    monkeypatch.setattr(private_network.PrivateNetwork, "create", classmethod(refuse))
+    monkeypatch.delenv(private_network.ALLOW_EXPOSED_ENV, raising=False)
 
 
 TASKS = [("worker:0", 40001), ("worker:1", 40002), ("ps:0", 40003)]
@@ -78,12 +78,12 @@ TASKS = [("worker:0", 40001), ("worker:1", 40002), ("ps:0", 40003)]
 
 def test_no_namespace_and_no_opt_in_is_refused(monkeypatch):
     _unavailable(monkeypatch)
-    with pytest.raises(netns.ExposedNetworkError,
+    with pytest.raises(private_network.ExposedNetworkError,
                        match=r"none could be made here \(`unshare --net`: unshare failed: "
                              r"Operation not permitted\).*allow_exposed=True or "
                              r"AUTODIST_ALLOW_EXPOSED=1.*worker:0 on port 40001, worker:1 on "
                              r"port 40002, ps:0 on port 40003"):
-        netns.local_network(TASKS)
+        private_network.local_network(TASKS)
 
 
 @pytest.mark.parametrize("by", ["argument", "environment"])
@@ -91,9 +91,9 @@ def test_an_opt_in_runs_exposed_with_a_warning_naming_every_port(monkeypatch, ca
                                                                  by):
     _unavailable(monkeypatch)
     if by == "environment":
-        monkeypatch.setenv(netns.ALLOW_EXPOSED_ENV, "1")
-    with caplog.at_level(logging.WARNING, logger="autodist.launch.netns"):
-        assert netns.local_network(TASKS, allow_exposed=by == "argument") is None
+        monkeypatch.setenv(private_network.ALLOW_EXPOSED_ENV, "1")
+    with caplog.at_level(logging.WARNING, logger="autodist.launch.private_network"):
+        assert private_network.local_network(TASKS, allow_exposed=by == "argument") is None
     ports = "worker:0 on port 40001, worker:1 on port 40002, ps:0 on port 40003"
     assert ports in caplog.text and ports in capsys.readouterr().err
     assert "reachable from other hosts" in caplog.text
@@ -102,17 +102,17 @@ def test_an_opt_in_runs_exposed_with_a_warning_naming_every_port(monkeypatch, ca
 def test_an_already_private_namespace_needs_nothing(monkeypatch):
     def fail(cls, timeout_s=10.0):
         raise AssertionError("no namespace should be made")
-    monkeypatch.setattr(netns, "is_private", lambda: True)
-    monkeypatch.setattr(netns.PrivateNetwork, "create", classmethod(fail))
-    assert netns.local_network(TASKS) is None
+    monkeypatch.setattr(private_network, "is_private", lambda: True)
+    monkeypatch.setattr(private_network.PrivateNetwork, "create", classmethod(fail))
+    assert private_network.local_network(TASKS) is None
 
 
 def test_only_loopback_up_is_private(monkeypatch):
     """Interfaces that are up count, loopback aside; one whose flags cannot be read is up."""
     monkeypatch.setattr(socket, "if_nameindex", lambda: [(1, "lo")])
-    assert netns_holder.exposed_interfaces() == [] and netns.is_private()
+    assert netns_holder.exposed_interfaces() == [] and private_network.is_private()
     monkeypatch.setattr(socket, "if_nameindex", lambda: [(1, "lo"), (7, "no-such-if0")])
-    assert netns_holder.exposed_interfaces() == ["no-such-if0"] and not netns.is_private()
+    assert netns_holder.exposed_interfaces() == ["no-such-if0"] and not private_network.is_private()
 
 
 def test_bench_check_does_not_need_proc_1(monkeypatch):
@@ -127,9 +127,9 @@ def test_bench_check_does_not_need_proc_1(monkeypatch):
 
     monkeypatch.setattr(os, "readlink", readlink)
     monkeypatch.setattr(socket, "if_nameindex", lambda: [(1, "lo")])
-    assert bench_netns.in_private_netns()
+    assert capped_links.in_private_netns()
     monkeypatch.setattr(socket, "if_nameindex", lambda: [(1, "lo"), (2, "no-such-if0")])
-    assert not bench_netns.in_private_netns() and not bench_netns.can_shape()
+    assert not capped_links.in_private_netns() and not capped_links.can_shape()
 
 
 _BENCH_CHECK = """
@@ -140,8 +140,8 @@ def readlink(path, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(path))
     return real(path, *args, **kwargs)
 os.readlink = readlink
-from autodist.bench import netns
-print(netns.can_shape())
+from autodist.bench import capped_links
+print(capped_links.can_shape())
 """
 
 

@@ -1,4 +1,4 @@
-"""The search's local runner (`autodist.runtime.runner`).
+"""The search's local runner (`autodist.runtime.local_runner`).
 
 Without a cluster, through a fake launch function: the switch schedule,
 slicing a launch's step times per strategy (warm-up untimed), chunking,
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from autodist.ir.errors import AutodistError
-from autodist.runtime.runner import (LaunchRecord, LocalRunner, chunks, measure_with_fallback,
+from autodist.runtime.local_runner import (LaunchRecord, LocalRunner, chunks, measure_with_fallback,
                                      slice_step_times, switch_schedule, switch_seconds,
                                      trial_starts)
-from autodist.search.runner import MeasureResult, pool
+from autodist.search.measurement import MeasureResult, pool
 
 
 # ------------------------------------------------------------- the schedule

@@ -19,7 +19,7 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.search import builders, metrics
 from autodist.search.database import Database, TrialRecord, workload_key
 from autodist.search.features import FEATURE_NAMES, featurize_strategy
-from autodist.search.runner import MeasureResult
+from autodist.search.measurement import MeasureResult
 from autodist.search.simulator import Simulator
 from autodist.search.space import SearchSpace
 

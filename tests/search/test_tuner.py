@@ -14,7 +14,7 @@ from autodist.search.database import Database
 from autodist.search.measure_callback import (AddToDatabase, LogProgress, MeasureCallback,
                                               RefitCostModel, default_callbacks)
 from autodist.search.metrics import CostModelError, log_rmse
-from autodist.search.runner import MeasureResult, Runner, RunnerError, SimulatedRunner
+from autodist.search.measurement import MeasureResult, Runner, RunnerError, SimulatedRunner
 from autodist.search.simulator import Calibration
 from autodist.search.tuner import Tuner
 from tests.search import workloads

@@ -1,7 +1,7 @@
 """The fuzz worker process: runs a range of cases of one target, one result line each.
 
-    python -m tests.fuzz.runner TARGET SEED START STOP OUT        # run cases
-    python -m tests.fuzz.runner TARGET SEED --dump INDEX DIR      # write case INDEX's input
+    python -m tests.fuzz.case_worker TARGET SEED START STOP OUT        # run cases
+    python -m tests.fuzz.case_worker TARGET SEED --dump INDEX DIR      # write case INDEX's input
 
 OUT receives "ready" after the corpus is built, then one line per finished
 case, ``index<TAB>outcome<TAB>seconds<TAB>message length<TAB>detail``, then
