@@ -29,6 +29,8 @@ import abc
 import dataclasses
 import math
 import statistics
+import warnings
+from typing import Any
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from autodist.ir.errors import AutodistError
@@ -464,7 +466,7 @@ class StragglerReplacement(Heuristic):
 
 # ------------------------------------------------------------- the search
 @dataclasses.dataclass(frozen=True)
-class Trial:
+class ScalingTrial:
     """One measurement the autoscaler paid for: `workers` gave `throughput` examples/s."""
 
     workers: int
@@ -486,7 +488,7 @@ class ScalingResult:
 
     workers: int
     decision: Decision
-    trials: list[Trial]
+    trials: list[ScalingTrial]
     curve: ScalingCurve
     mode: str
     targets: list[int] = dataclasses.field(default_factory=list)
@@ -630,7 +632,7 @@ class Autoscaler:
         return start
 
     def _measurer(self, measure: Measure, curve: ScalingCurve,
-                  trials: list[Trial]) -> Callable[[int], None]:
+                  trials: list[ScalingTrial]) -> Callable[[int], None]:
         if not callable(measure):
             raise AutoscalerError(f"measure must be callable. Received: {measure!r}")
 
@@ -645,7 +647,7 @@ class Autoscaler:
                 else:
                     observation = Observation(n, _throughput(f"measure({n})", value))
                 curve.add(observation)
-                trials.append(Trial(n, observation.throughput))
+                trials.append(ScalingTrial(n, observation.throughput))
 
         return measure_at
 
@@ -817,3 +819,16 @@ def simulator_predictor(graph_item: GraphItem,
         return cache[n]
 
     return predict
+
+
+# Old names, kept working with a DeprecationWarning that names the new one.
+_DEPRECATED_NAMES = {"Trial": "ScalingTrial"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED_NAMES:
+        new = _DEPRECATED_NAMES[name]
+        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new}",
+                      DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,7 +26,7 @@ def measure_mwms(model_name: str, model_kwargs: dict[str, Any], ports: Sequence[
     """Step times (seconds, after warm-up) of worker 0 of an MWMS custom loop.
 
     Args:
-        model_name: An example model (`autodist.models.BUILDERS`).
+        model_name: An example model (`autodist.models.MODEL_FACTORIES`).
         model_kwargs: Its arguments.
         ports: One loopback port per worker (e.g. the capped worker ports).
         steps: Timed steps.

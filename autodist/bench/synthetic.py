@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
+from typing import Any
 from typing import Sequence
 
 from autodist.ir.graph_item import GraphItem
@@ -223,4 +225,17 @@ def dlrm(table_rows: Sequence[int] = DLRM_TABLE_ROWS, dim: int = 128) -> GraphIt
         input_bytes_per_example=4.0 * (13 + len(table_rows) + 1))
 
 
-BUILDERS = {"bert_large": bert_large, "resnet50": resnet50, "dlrm": dlrm}
+GRAPH_ITEM_FACTORIES = {"bert_large": bert_large, "resnet50": resnet50, "dlrm": dlrm}
+
+
+# Old names, kept working with a DeprecationWarning that names the new one.
+_DEPRECATED_NAMES = {"BUILDERS": "GRAPH_ITEM_FACTORIES"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED_NAMES:
+        new = _DEPRECATED_NAMES[name]
+        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new}",
+                      DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -81,7 +81,7 @@ def candidate_strategies(graph_item: GraphItem, spec: ResourceSpec, space: Searc
     from autodist.search import builders
 
     out, seen = [], set(skip)
-    for name, cls in builders.BUILDERS.items():
+    for name, cls in builders.STRATEGY_BUILDERS.items():
         try:
             strategy = cls().build(graph_item, spec)
         except Exception as e:  # noqa: BLE001

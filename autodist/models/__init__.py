@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Callable, Mapping
 
 from autodist.ir.errors import InvalidArgumentError
@@ -242,7 +243,7 @@ REGISTRY: dict[str, ExampleModel] = {
 }
 
 # Name -> factory, as before the registry (`build(name, **kwargs)` calls it).
-BUILDERS: dict[str, Callable[..., Any]] = {name: e.factory for name, e in REGISTRY.items()}
+MODEL_FACTORIES: dict[str, Callable[..., Any]] = {name: e.factory for name, e in REGISTRY.items()}
 # The models the benchmarks measure, in report order.
 BENCH_MODELS: tuple[str, ...] = tuple(name for name, e in REGISTRY.items()
                                       if e.bench_kwargs is not None)
@@ -323,3 +324,16 @@ def _entry(name: str) -> ExampleModel:
     except KeyError:
         raise InvalidArgumentError(f"unknown example model {name!r}; known: "
                                    f"{sorted(REGISTRY)}") from None
+
+
+# Old names, kept working with a DeprecationWarning that names the new one.
+_DEPRECATED_NAMES = {"BUILDERS": "MODEL_FACTORIES"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED_NAMES:
+        new = _DEPRECATED_NAMES[name]
+        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new}",
+                      DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

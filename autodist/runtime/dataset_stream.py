@@ -26,10 +26,10 @@ import numpy as np
 from autodist.ir.graph_item import GraphItem
 from autodist.launch.job import DatasetFiles, RunConfig
 from autodist.runtime import batching, dataset_graph
-from autodist.runtime import targets as targets_
 from autodist.runtime.datasets import DatasetError
 from autodist.runtime.records import DatasetDescription
 from autodist.runtime.step_data import GlobalBatch
+from autodist.runtime.targets import pack
 
 _POLL_S = 0.1
 
@@ -219,7 +219,7 @@ class DatasetStream:
         if weights is not None and len(weights) != size:
             raise DatasetError(f"step {index}: the dataset's batch has {len(weights)} sample "
                                f"weights for {size} examples")
-        targets = targets_.pack(ys, weights)
+        targets = pack(ys, weights)
         if held is not None:
             return GlobalBatch(inputs, targets, np.arange(self.config.global_batch_size), held)
         return GlobalBatch(inputs, targets, np.arange(size))

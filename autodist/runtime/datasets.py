@@ -25,8 +25,8 @@ from typing import Any, Mapping
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.runtime import batching, dataset_graph
-from autodist.runtime import targets as targets_
 from autodist.runtime.records import DatasetDescription
+from autodist.runtime.targets import class_weight_table
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def _flattened(dataset, graph_item: GraphItem, class_weight: Any
             raise DatasetError("give sample_weight or class_weight, not both (as Keras): the "
                                "dataset yields sample weights")
         _check_weight_shape(spec[2], weight_rank)
-    table = targets_.class_weight_table(class_weight, len(y_infos)) \
+    table = class_weight_table(class_weight, len(y_infos)) \
         if class_weight is not None else None
     x_dtypes = [tf.as_dtype(i.dtype) for i in x_infos]
     y_dtypes = [tf.as_dtype(i.dtype) for i in y_infos]

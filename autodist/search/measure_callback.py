@@ -19,6 +19,7 @@ import abc
 import dataclasses
 import statistics
 import sys
+import warnings
 from typing import Any, Protocol, Sequence, TextIO
 
 from autodist.ir.strategy import Strategy
@@ -28,7 +29,7 @@ from autodist.search.predictor import Predictor
 
 
 @dataclasses.dataclass
-class Trial:
+class StrategyTrial:
     """One measured (or failed) strategy of a tuning run.
 
     Attributes:
@@ -73,14 +74,14 @@ class MeasureCallback(abc.ABC):
     """Runs after each measured batch of a tuning run."""
 
     @abc.abstractmethod
-    def apply(self, tuner: TuneState, trials: Sequence[Trial]) -> None:
+    def apply(self, tuner: TuneState, trials: Sequence[StrategyTrial]) -> None:
         """Acts on the batch's trials (in the order they were proposed)."""
 
 
 class AddToDatabase(MeasureCallback):
     """Appends every trial, failed ones with their error, to the tuner's database (if any)."""
 
-    def apply(self, tuner: TuneState, trials: Sequence[Trial]) -> None:
+    def apply(self, tuner: TuneState, trials: Sequence[StrategyTrial]) -> None:
         if tuner.database is None or not trials:
             return
         tuner.database.extend([tuner.record(t.strategy, t.step_times_s, t.error,
@@ -108,7 +109,7 @@ class RefitCostModel(MeasureCallback):
                                  f"Received: {min_trials!r}")
         self.min_trials = min_trials
 
-    def apply(self, tuner: TuneState, trials: Sequence[Trial]) -> None:
+    def apply(self, tuner: TuneState, trials: Sequence[StrategyTrial]) -> None:
         if tuner.database is None:
             return
         records = [r for r in tuner.database.records() if r.ok and r.features]
@@ -130,7 +131,7 @@ class LogProgress(MeasureCallback):
     def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream
 
-    def apply(self, tuner: TuneState, trials: Sequence[Trial]) -> None:
+    def apply(self, tuner: TuneState, trials: Sequence[StrategyTrial]) -> None:
         stream = self.stream if self.stream is not None else sys.stderr
         for t in trials:
             outcome = (f"{t.median_step_time_s * 1e3:.2f} ms" if t.error is None
@@ -145,3 +146,16 @@ def default_callbacks(progress: bool = False) -> list[MeasureCallback]:
     if progress:
         callbacks.append(LogProgress())
     return callbacks
+
+
+# Old names, kept working with a DeprecationWarning that names the new one.
+_DEPRECATED_NAMES = {"Trial": "StrategyTrial"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED_NAMES:
+        new = _DEPRECATED_NAMES[name]
+        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new}",
+                      DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

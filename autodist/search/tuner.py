@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Sequence
+import warnings
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -35,14 +36,14 @@ from autodist.search.algorithms import SearchResult, search
 from autodist.search.cost_model import SimulatorCostModel
 from autodist.search.database import Database, TrialRecord, workload_key
 from autodist.search.features import FEATURE_NAMES, featurize
-from autodist.search.measure_callback import MeasureCallback, Trial, default_callbacks
+from autodist.search.measure_callback import MeasureCallback, StrategyTrial, default_callbacks
 from autodist.search.memory import DoesNotFitError, format_bytes
-from autodist.search.predictor import Predictor
 from autodist.search.measurement import Runner, checked_run
+from autodist.search.predictor import Predictor
 from autodist.search.simulator import Calibration, Prediction, Simulator
 from autodist.search.space import SearchSpace, SpaceOptions
 
-__all__ = ["Runner", "Trial", "TuneResult", "Tuner"]
+__all__ = ["Runner", "StrategyTrial", "TuneResult", "Tuner"]
 
 
 @dataclasses.dataclass
@@ -67,7 +68,7 @@ class TuneResult:
     predicted_step_time_s: float
     lower_bound_s: float
     builder_step_times_s: dict[str, float]
-    trials: list[Trial]
+    trials: list[StrategyTrial]
     candidates_scored: int
     elapsed_s: float
     explanation: str = ""
@@ -180,7 +181,7 @@ class Tuner:
         measured = self._measured_from_database()
         result = self._search()
         scored = result.evaluated
-        done: list[Trial] = []
+        done: list[StrategyTrial] = []
         builder_trials = trials // 2 if builder_trials is None else min(builder_trials, trials)
         pending: dict[tuple, tuple[np.ndarray, str]] = {}
         for name in self._builders_by_prediction()[:builder_trials]:
@@ -242,7 +243,7 @@ class Tuner:
         return SearchResult(result.candidates[fits], result.scores[fits], result.evaluated)
 
     def _pick(self, result: SearchResult,
-              measured: dict[tuple, Trial]) -> tuple[Strategy, float, float]:
+              measured: dict[tuple, StrategyTrial]) -> tuple[Strategy, float, float]:
         ok = {k: t for k, t in measured.items() if t.error is None and t.step_times_s}
         if ok:
             key = min(ok, key=lambda k: ok[k].median_step_time_s)
@@ -260,7 +261,7 @@ class Tuner:
             perf.measured_step_time_s.extend(ok[tuple(candidate)].step_times_s)
         return strategy, float(seconds[0]), float(lower[0])
 
-    def _measure(self, batch: Sequence[tuple[np.ndarray, str]]) -> list[Trial]:
+    def _measure(self, batch: Sequence[tuple[np.ndarray, str]]) -> list[StrategyTrial]:
         """Measures (candidate, origin) pairs with one `run` call; failures as trials."""
         strategies = [self.space.decode(candidate, origin=origin) for candidate, origin in batch]
         seconds, _ = self.predict_seconds(np.stack([candidate for candidate, _ in batch]))
@@ -270,7 +271,7 @@ class Tuner:
             error = result.error
             if error is None and not result.step_times_s:
                 error = "the runner returned no step times"
-            trials.append(Trial(strategy, float(predicted),
+            trials.append(StrategyTrial(strategy, float(predicted),
                                 result.step_times_s if error is None else (), error, origin))
         return trials
 
@@ -293,8 +294,8 @@ class Tuner:
             predicted_step_time_s=predicted_step_time_s, created_at=time.time(),
             extra=dict(extra or {}))
 
-    def _measured_from_database(self) -> dict[tuple, Trial]:
-        measured: dict[tuple, Trial] = {}
+    def _measured_from_database(self) -> dict[tuple, StrategyTrial]:
+        measured: dict[tuple, StrategyTrial] = {}
         if self.database is None:
             return measured
         for record in self.database.records():
@@ -302,9 +303,9 @@ class Tuner:
                 continue
             strategy = Strategy.deserialize(record.strategy, source="trial database")
             candidate = self.space.encode(strategy)
-            measured[tuple(candidate)] = Trial(strategy, record.predicted_step_time_s or 0.0,
-                                               tuple(record.step_times_s), record.error,
-                                               record.origin)
+            measured[tuple(candidate)] = StrategyTrial(
+                strategy, record.predicted_step_time_s or 0.0, tuple(record.step_times_s),
+                record.error, record.origin)
         return measured
 
     # -------------------------------------------------------------- explain
@@ -385,7 +386,7 @@ class Tuner:
     def _builder_strategies(self) -> tuple[dict[str, Strategy], dict[str, str]]:
         """Each builder's strategy for the workload, and why the others failed to build."""
         strategies, errors = {}, {}
-        for name, cls in builder_presets.BUILDERS.items():
+        for name, cls in builder_presets.STRATEGY_BUILDERS.items():
             try:
                 strategy = cls().build(self.graph_item, self.resource_spec)
             except Exception as e:  # noqa: BLE001
@@ -428,3 +429,16 @@ def _describe(config, sparse_gradient: bool = False) -> str:
         kinds = sorted(set(shards))
         return head + (", ".join(shards) if len(kinds) > 1 else kinds[0]) + densified
     return shards[0] + densified
+
+
+# Old names, kept working with a DeprecationWarning that names the new one.
+_DEPRECATED_NAMES = {"Trial": "StrategyTrial"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED_NAMES:
+        new = _DEPRECATED_NAMES[name]
+        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new}",
+                      DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

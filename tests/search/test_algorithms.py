@@ -53,7 +53,7 @@ def test_evolution_improves_on_random_sampling_at_equal_budget(space):
 def test_search_is_seeded_and_never_worse_than_its_seeds(space, algorithm):
     sim = Simulator(space)
     seeds = [space.encode(cls().build(space.graph_item, space.resource_spec))
-             for cls in builders.BUILDERS.values()]
+             for cls in builders.STRATEGY_BUILDERS.values()]
 
     def score(c):
         return sim.predict(c).step_time_s

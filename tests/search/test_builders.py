@@ -13,9 +13,9 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.proto import strategy_pb2
 from autodist.search import builders
-from autodist.search.builders import (BUILDERS, PS, AllReduce, Parallax, PartitionedAR,
-                                      PartitionedPS, PSLoadBalancing, RandomAxisPartitionAR,
-                                      UnevenPartitionedPS)
+from autodist.search.builders import (PS, STRATEGY_BUILDERS, AllReduce, Parallax,
+                                      PartitionedAR, PartitionedPS, PSLoadBalancing,
+                                      RandomAxisPartitionAR, UnevenPartitionedPS)
 
 AR = strategy_pb2.AllReduceSynchronizer
 ITEM = "item_embedding/embeddings"   # [20011, 64] (prime rows), sparse gradient
@@ -96,11 +96,11 @@ def two_ps_spec():
 # ------------------------------------------------------- every builder, every model
 @pytest.mark.parametrize("spec_name", SPECS)
 @pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("builder_name", sorted(BUILDERS))
+@pytest.mark.parametrize("builder_name", sorted(STRATEGY_BUILDERS))
 def test_builder_output_is_valid_and_complete(request, builder_name, model, spec_name):
     graph_item = request.getfixturevalue(model)
     spec = request.getfixturevalue(spec_name)
-    strategy = BUILDERS[builder_name]().build(graph_item, spec)
+    strategy = STRATEGY_BUILDERS[builder_name]().build(graph_item, spec)
     assert isinstance(strategy, Strategy)
     strategy.validate(graph_item, spec, check_fingerprints=True)
     assert [c.var_name for c in strategy] == graph_item.variable_names
@@ -112,10 +112,10 @@ def test_builder_output_is_valid_and_complete(request, builder_name, model, spec
 
 
 def test_builders_registry_names_match_classes():
-    assert sorted(BUILDERS) == sorted(["PS", "PSLoadBalancing", "PartitionedPS",
+    assert sorted(STRATEGY_BUILDERS) == sorted(["PS", "PSLoadBalancing", "PartitionedPS",
                                        "UnevenPartitionedPS", "AllReduce", "PartitionedAR",
                                        "RandomAxisPartitionAR", "Parallax"])
-    for name, cls in BUILDERS.items():
+    for name, cls in STRATEGY_BUILDERS.items():
         assert cls.name == name
         assert builders.get(name) is cls
 
@@ -123,7 +123,7 @@ def test_builders_registry_names_match_classes():
 def test_get_unknown_builder_lists_known_names():
     with pytest.raises(ValueError, match="unknown builder 'Nope'") as info:
         builders.get("Nope")
-    for name in BUILDERS:
+    for name in STRATEGY_BUILDERS:
         assert repr(name) in str(info.value)
 
 

@@ -138,7 +138,7 @@ def test_densified_all_reduce_only_where_lookups_outweigh_the_table():
 def test_encode_round_trips_builders(gi):
     spec = ResourceSpec.local(workers=2, ps=2)
     space = SearchSpace(gi, spec, SpaceOptions(min_shard_bytes=1024))
-    for name, cls in builders.BUILDERS.items():
+    for name, cls in builders.STRATEGY_BUILDERS.items():
         strategy = cls().build(gi, spec)
         candidate = space.encode(strategy)
         decoded = space.decode(candidate)

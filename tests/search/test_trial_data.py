@@ -47,7 +47,7 @@ def test_candidates_are_seeded_distinct_and_start_with_builders(workload):
     assert len(first) == 20 and len({k for _, _, k in first}) == 20
     origins = [o for o, _, _ in first]
     n_builders = sum(o != "sample" for o in origins)
-    assert set(origins[:n_builders]) <= set(builders.BUILDERS)
+    assert set(origins[:n_builders]) <= set(builders.STRATEGY_BUILDERS)
     assert origins[n_builders:] == ["sample"] * (20 - n_builders)
     for _, strategy, key in first:
         assert tuple(space.encode(strategy)) == key

@@ -5,6 +5,9 @@ Example:
 """
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 from autodist.ir.errors import InvalidArgumentError
 from autodist.search.builders.all_reduce import AllReduce, PartitionedAR, RandomAxisPartitionAR
 from autodist.search.builders.base import Builder
@@ -12,7 +15,7 @@ from autodist.search.builders.parallax import Parallax
 from autodist.search.builders.ps import PS, PartitionedPS, PSLoadBalancing, UnevenPartitionedPS
 
 # Every builder by name (the CLI and the search look them up here).
-BUILDERS: dict[str, type[Builder]] = {
+STRATEGY_BUILDERS: dict[str, type[Builder]] = {
     cls.name: cls for cls in (PS, PSLoadBalancing, PartitionedPS, UnevenPartitionedPS,
                               AllReduce, PartitionedAR, RandomAxisPartitionAR, Parallax)
 }
@@ -21,11 +24,25 @@ BUILDERS: dict[str, type[Builder]] = {
 def get(name: str) -> type[Builder]:
     """The builder class called `name`; ValueError lists the known names."""
     try:
-        return BUILDERS[name]
+        return STRATEGY_BUILDERS[name]
     except KeyError:
-        raise InvalidArgumentError(f"unknown builder {name!r}; known: {sorted(BUILDERS)}") from None
+        raise InvalidArgumentError(f"unknown builder {name!r}; known: "
+                                   f"{sorted(STRATEGY_BUILDERS)}") from None
 
 
-__all__ = ["AllReduce", "BUILDERS", "Builder", "PS", "PSLoadBalancing", "Parallax",
-           "PartitionedAR", "PartitionedPS", "RandomAxisPartitionAR", "UnevenPartitionedPS",
+__all__ = ["AllReduce", "Builder", "PS", "PSLoadBalancing", "Parallax", "PartitionedAR",
+           "PartitionedPS", "RandomAxisPartitionAR", "STRATEGY_BUILDERS", "UnevenPartitionedPS",
            "get"]
+
+
+# Old names, kept working with a DeprecationWarning that names the new one.
+_DEPRECATED_NAMES = {"BUILDERS": "STRATEGY_BUILDERS"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED_NAMES:
+        new = _DEPRECATED_NAMES[name]
+        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new}",
+                      DeprecationWarning, stacklevel=2)
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
