@@ -1,0 +1,71 @@
+"""capture(): which kind of training step a target is, and its capture."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+from autodist.ir.errors import CaptureError
+from autodist.ir.graph_item import GraphItem
+from autodist.ir.capture.function import capture_function
+from autodist.ir.capture.keras_model import capture_keras
+from autodist.ir.capture.v1_graph import capture_v1
+
+
+DEFAULT_ESTIMATE_BATCH_SIZE = 32
+
+
+def capture(target: Any, *, x: Any = None, y: Any = None,
+            input_signature: Sequence[tf.TensorSpec] | None = None,
+            variables: Sequence[Any] | None = None,
+            optimizer: Any = None, name: str | None = None,
+            estimate_batch_size: int = DEFAULT_ESTIMATE_BATCH_SIZE) -> GraphItem:
+    """Traces one training step of `target` into a GraphItem.
+
+    Args:
+        target: A compiled `keras.Model`; or a callable computing a scalar loss
+            from its inputs (then `variables`, `input_signature` and
+            `optimizer` are required); or a scalar loss `tf.Tensor` of a
+            `tf.compat.v1` graph (then `optimizer` is a `tf.compat.v1.train`
+            optimizer).
+        x: Keras only: an example batch of inputs (or a TensorSpec structure);
+            needed for subclassed models, otherwise taken from `model.inputs`.
+        y: Keras only: an example batch of targets (or a TensorSpec); by
+            default inferred from the model output and the loss.
+        input_signature: Function only: TensorSpecs of the inputs.
+        variables: Function: the trainable variables. v1 graph: optional
+            subset of the trainable variables.
+        optimizer: Function or v1 graph: the optimizer.
+        name: Name of the GraphItem (default: model or function name).
+        estimate_batch_size: Batch size used for per-op FLOP/byte estimates.
+
+    Returns:
+        The GraphItem.
+
+    Raises:
+        CaptureError: naming what is missing or unsupported.
+    """
+    import keras
+
+    if estimate_batch_size < 1:
+        raise CaptureError(f"estimate_batch_size must be >= 1. Received: {estimate_batch_size!r}")
+    if isinstance(target, keras.Model):
+        if variables is not None or input_signature is not None or optimizer is not None:
+            raise CaptureError("a Keras model takes its variables, inputs and optimizer from "
+                               "the model and its compile(); pass x=/y= examples instead")
+        return capture_keras(target, x, y, name, estimate_batch_size)
+    if isinstance(target, tf.Tensor):
+        if tf.is_symbolic_tensor(target) and not isinstance(target.graph, _func_graph_type()):
+            return capture_v1(target, optimizer, variables, name, estimate_batch_size)
+        raise CaptureError("a tensor passed to capture() must be the loss of a "
+                           f"tf.compat.v1 graph. Received: {target!r}")
+    if callable(target):
+        return capture_function(target, variables, input_signature, optimizer, name,
+                                 estimate_batch_size)
+    raise CaptureError("capture() takes a compiled keras.Model, a loss function, or a "
+                       f"tf.compat.v1 loss tensor. Received: {type(target).__name__}")
+
+
+def _func_graph_type() -> type:
+    from tensorflow.python.framework import func_graph
+    return func_graph.FuncGraph

@@ -1,0 +1,101 @@
+"""Making a traced graph self-contained: resources that are not the model's
+variables dropped, captured eager tensors inlined as constants."""
+from __future__ import annotations
+
+
+import tensorflow as tf
+
+from autodist.ir.errors import CaptureError
+
+
+def drop_foreign_state(graph, graph_def, variable_handles: set[str], outputs) -> set[str]:
+    """Removes what the step does to resources that are not the model's variables.
+
+    Keras' loss of a model with several outputs updates a loss-tracking
+    metric per output while it computes the loss; the updates are side
+    effects (control inputs of the step's outputs), not part of the loss or
+    the gradients, and they would read resources the distributed program does
+    not have. They are removed, with every op fed by such a resource.
+
+    Returns:
+        The names of the removed nodes.
+
+    Raises:
+        CaptureError: the loss or a gradient depends on such a resource.
+    """
+    foreign = {internal.op.name for _, internal in graph.captures
+               if internal.dtype == tf.resource and internal.op.name not in variable_handles}
+    if not foreign:
+        return set()
+    consumers: dict[str, list[str]] = {}
+    for node in graph_def.node:
+        for inp in node.input:
+            if not inp.startswith("^"):
+                consumers.setdefault(inp.split(":")[0], []).append(node.name)
+    dropped = set(foreign)
+    stack = list(foreign)
+    while stack:
+        for consumer in consumers.get(stack.pop(), []):
+            if consumer not in dropped:
+                dropped.add(consumer)
+                stack.append(consumer)
+    needed = _data_ancestors(graph_def, [t.op.name for t in _flat_tensors(outputs)])
+    reached = sorted(needed & foreign)
+    if reached:
+        raise CaptureError(f"the loss or a gradient reads {reached[0]!r}, a resource that is "
+                           "not one of the model's variables; only variables may be read")
+    kept = [n for n in graph_def.node if n.name not in dropped]
+    for node in kept:
+        inputs = [i for i in node.input if not (i.startswith("^") and i[1:] in dropped)]
+        del node.input[:]
+        node.input.extend(inputs)
+    del graph_def.node[:]
+    graph_def.node.extend(kept)
+    return dropped
+
+
+def _flat_tensors(values) -> list:
+    out = []
+    for v in values:
+        out += [v.values, v.indices] if isinstance(v, tf.IndexedSlices) else [v]
+    return out
+
+
+def _data_ancestors(graph_def, names: list[str]) -> set[str]:
+    """Nodes the given nodes read data from, through data edges only (and themselves)."""
+    by_name = {n.name: n for n in graph_def.node}
+    seen: set[str] = set()
+    stack = list(names)
+    while stack:
+        name = stack.pop()
+        if name in seen or name not in by_name:
+            continue
+        seen.add(name)
+        stack.extend(i.split(":")[0] for i in by_name[name].input if not i.startswith("^"))
+    return seen
+
+
+def inline_constant_captures(graph, graph_def, variable_handles: set[str]) -> None:
+    """Replaces placeholders of captured eager tensors by constants.
+
+    Resource captures must be the model's variables; anything else a traced
+    step captured from Python (an eager tensor) becomes a Const node so that
+    the GraphDef is self-contained.
+    """
+    nodes = {n.name: n for n in graph_def.node}
+    for external, internal in graph.captures:
+        node_name = internal.op.name
+        if node_name in variable_handles:
+            continue
+        if internal.dtype == tf.resource:
+            raise CaptureError(
+                f"the step reads a resource ({node_name}) that is not one of the "
+                "model's variables; only variables may be captured")
+        value = tf.get_static_value(external)
+        if value is None:
+            raise CaptureError(f"the step captures a tensor ({node_name}) whose value is "
+                               "not known at trace time")
+        const = tf.compat.v1.NodeDef(name=node_name, op="Const")
+        const.attr["dtype"].type = internal.dtype.as_datatype_enum
+        const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
+        nodes[node_name].CopyFrom(const)

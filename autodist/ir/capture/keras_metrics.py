@@ -1,0 +1,113 @@
+"""A Keras model's compiled metrics: built, checked to sum over batches, and
+each batch's contribution to their state."""
+from __future__ import annotations
+
+
+import numpy as np
+import tensorflow as tf
+
+from autodist.ir.errors import CaptureError
+from autodist.ir.capture.keras_loss import loss_weights_structure
+
+
+def build_keras_metrics(model, x_spec, y_spec) -> None:
+    """Builds the compiled metrics (as Keras' fit does) and checks they can be summed.
+
+    The distributed step returns each batch's contribution to every metric's
+    state, and the run sums them over replicas and steps. That is exact for
+    state that is a sum over examples, as it is for every Keras metric (sums
+    and counts, confusion counts); a metric of another kind is refused.
+    """
+    import keras
+
+    compiled = model._compile_metrics  # noqa: SLF001
+    compile_loss = model._compile_loss  # noqa: SLF001
+    # The compiled loss makes its per-output trackers when built: build it (and the
+    # metrics) now, so the trace does not create metric state the capture never lists.
+    if any(part is not None and not part.built for part in (compiled, compile_loss)):
+        model._symbolic_build(data_batch=(x_spec, y_spec))  # noqa: SLF001
+    known = [model._loss_tracker, compiled]  # noqa: SLF001
+    known += list(compile_loss.metrics) if compile_loss is not None else []
+    for metric in model.metrics:
+        if not any(metric is k for k in known):
+            raise CaptureError(
+                f"model {model.name!r} has metric {metric.name!r} ({type(metric).__name__}) "
+                "outside compile(metrics=...): a layer's or the model's own metric is updated "
+                "where the distributed step cannot gather it. Pass it to compile(metrics=...)")
+    for metric in compiled.metrics if compiled is not None else []:
+        if not type(metric).__module__.startswith("keras.") and \
+                not isinstance(metric, (keras.metrics.Mean, keras.metrics.Sum)):
+            _check_additive(metric, model.name)
+
+
+def _check_additive(metric, model_name: str) -> None:
+    """Refuses a metric whose state on two batches is not the sum of its state on each.
+
+    Checked on random values of the metric's own shapes (as built by compile).
+    """
+    variables = metric.variables
+    if any(np.any(np.asarray(v.numpy()) != 0) for v in variables):
+        metric.reset_state()
+    rng = np.random.default_rng(0)
+    zeros = [tf.zeros(v.shape, v.dtype) for v in variables]
+
+    def contribution(y_true, y_pred):
+        return [np.asarray(t) for t in metric.stateless_update_state(zeros, y_true, y_pred)]
+
+    try:
+        y_pred = rng.uniform(0.05, 0.95, size=(8, 4)).astype("float32")
+        y_true = rng.integers(0, 2, size=(8, 4)).astype("float32")
+        both = contribution(y_true, y_pred)
+        halves = [contribution(y_true[:4], y_pred[:4]), contribution(y_true[4:], y_pred[4:])]
+    except Exception as e:
+        raise CaptureError(
+            f"cannot check that metric {metric.name!r} ({type(metric).__name__}) of model "
+            f"{model_name!r} sums over batches ({type(e).__name__}: {e}); the distributed run "
+            "sums each batch's metric state over replicas and steps") from e
+    for a, b, whole in zip(*halves, both):
+        if not np.allclose(a + b, whole, rtol=1e-5, atol=1e-6):
+            raise CaptureError(
+                f"metric {metric.name!r} ({type(metric).__name__}) of model {model_name!r} "
+                "keeps state that is not a sum over examples; the distributed run sums each "
+                "batch's metric state over replicas and steps, which would report another "
+                "value. Use a metric whose state is sums and counts (e.g. a "
+                "keras.metrics.Mean subclass)")
+
+
+def metric_contributions(model, metric_variables, inputs, targets, predictions,
+                          sample_weight, loss) -> list:
+    """Each metric variable's contribution of the batch: the metrics updated from zero.
+
+    What Keras' train step updates (the loss tracker, the per-output loss
+    trackers of `compile(loss=...)`, the compiled metrics), in a stateless
+    scope where every metric variable starts at zero.
+    """
+    import keras
+
+    zeros = [tf.zeros(v.shape, v.dtype) for v in metric_variables]
+    with keras.StatelessScope(state_mapping=list(zip(metric_variables, zeros))) as scope:
+        compile_loss = model._compile_loss  # noqa: SLF001
+        if compile_loss is not None and compile_loss.metrics:
+            # Its per-output trackers.
+            compile_loss(targets, predictions, loss_weights_structure(model, sample_weight))
+        if model._loss_tracker is not None:  # noqa: SLF001
+            model._loss_tracker.update_state(  # noqa: SLF001
+                loss, sample_weight=tf.shape(tf.nest.flatten(inputs)[0])[0])
+        model.compute_metrics(inputs, targets, predictions, sample_weight=sample_weight)
+    states = []
+    for v, zero in zip(metric_variables, zeros):
+        value = scope.get_current_value(v)
+        states.append(tf.identity(zero if value is None else value))
+    return states
+
+
+def keras_metric_variables(model) -> list:
+    """The variables of `model.metrics` (loss tracker, compiled metrics, ...), in the order
+    of a capture's `metric_states`."""
+    seen, out = set(), []
+    for metric in model.metrics:
+        for v in metric.variables:
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+    return out

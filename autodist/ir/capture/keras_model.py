@@ -1,0 +1,169 @@
+"""Capture of a compiled Keras 3 model's training step."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from autodist.ir.errors import CaptureError
+from autodist.ir.graph_item import LOSS_SCALE_INPUT, GraphItem
+from autodist.ir.capture.added_losses import (added_loss_terms, classify_added_losses,
+                                              scaled_added_losses)
+from autodist.ir.capture.example_runs import infer_draw_shapes
+from autodist.ir.capture.keras_loss import check_keras_losses, keras_compute_loss
+from autodist.ir.capture.keras_metrics import (build_keras_metrics, keras_metric_variables,
+                                               metric_contributions)
+from autodist.ir.capture.keras_specs import (keras_input_names, keras_input_spec,
+                                             keras_target_names, keras_target_spec,
+                                             sample_weight_name, sample_weight_spec, spec_of)
+from autodist.ir.capture.names import unique_names
+from autodist.ir.capture.optimizer import describe_optimizer
+from autodist.ir.capture.traced_function import from_concrete_function
+
+
+def capture_keras(model, x, y, name, batch_size) -> GraphItem:
+    """A compiled Keras model's step (see `capture`)."""
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise CaptureError(f"model {model.name!r} is not compiled: call "
+                           "model.compile(optimizer=..., loss=...) before capture")
+    if getattr(model, "loss", None) is None:
+        raise CaptureError(f"model {model.name!r} was compiled without a loss")
+    _check_keras_train_step(model)
+    x_spec = keras_input_spec(model, x)
+    if not model.built and x is not None and not any(
+            isinstance(v, tf.TensorSpec) for v in tf.nest.flatten(x)):
+        # As Keras' fit does: build the model by calling it on the example batch.
+        model(tf.nest.map_structure(lambda v: tf.convert_to_tensor(
+            np.asarray(v)[:1], spec_of(v).dtype), x))
+    if not model.built:
+        raise CaptureError(f"model {model.name!r} is not built: call it on a batch, or pass "
+                           "capture(model, x=example_batch)")
+    y_spec = keras_target_spec(model, x_spec, y)
+    trainable = list(model.trainable_variables)
+    if not trainable:
+        raise CaptureError(f"model {model.name!r} has no trainable variables")
+    check_keras_losses(model)
+    _check_keras_constraints(model, trainable)
+
+    build_keras_metrics(model, x_spec, y_spec)
+    metric_variables = keras_metric_variables(model)
+    optimizer_info = describe_optimizer(model.optimizer, trainable,
+                                     unique_names([v.path for v in trainable]))
+    loss_scaling = optimizer_info.HasField("loss_scale")
+
+    def step(inputs, targets, sample_weight):
+        # Keras' TensorFlow train step, without the optimizer.
+        with tf.GradientTape() as tape:
+            if getattr(model, "_call_has_training_arg", True):
+                predictions = model(inputs, training=True)
+            else:
+                predictions = model(inputs)
+            terms = added_loss_terms(model)
+            with scaled_added_losses(model, terms):
+                loss = keras_compute_loss(model, inputs, targets, predictions, sample_weight)
+            # Keras tracks the loss, and differentiates it times the dynamic loss
+            # scale (`LOSS_SCALE_INPUT`, 1 unless fed) under a LossScaleOptimizer.
+            scaled = loss * tf.cast(tf.compat.v1.placeholder_with_default(
+                1.0, [], name=LOSS_SCALE_INPUT), loss.dtype) if loss_scaling else loss
+        grads = _rows_per_example(tape.gradient(scaled, [v.value for v in trainable]), inputs)
+        return (loss, grads, metric_contributions(model, metric_variables, inputs, targets,
+                                                   predictions, sample_weight, loss), terms)
+
+    target_names = keras_target_names(model, y_spec)
+    weight_spec = sample_weight_spec(model, x_spec, y_spec)
+    concrete = tf.function(step, autograph=False).get_concrete_function(x_spec, y_spec,
+                                                                         weight_spec)
+    names = unique_names([v.path for v in trainable])
+    state = [v for v in model.variables if not v.trainable]
+    input_names = keras_input_names(model, x_spec)
+    input_infos = [(n, "x") for n in input_names] + \
+        [(n, "y") for n in target_names] + \
+        [(sample_weight_name(n), "sample_weight") for n in target_names]
+    item = from_concrete_function(
+        concrete, trainable, names, state, unique_names([v.path for v in state]),
+        input_infos, optimizer_info,
+        "keras", name or model.name, batch_size,
+        metric_names=unique_names([v.path for v in metric_variables]),
+        tables=_keras_lookup_tables(model))
+    infer_draw_shapes(item, model)
+    classify_added_losses(item, model)
+    # Keras resolves jit_compile="auto" when compiling: True where XLA serves the model.
+    item.proto.jit_compile = getattr(model, "jit_compile", False) is True
+    return item
+
+
+def _rows_per_example(gradients: list, inputs) -> list:
+    """Sparse gradients whose rows are lookups of the examples, as they are; the others
+    (rows looked up at indices that do not depend on the batch, e.g. a position
+    embedding's `arange`, each row summed over the batch) as dense tensors.
+
+    A replica's sparse gradient holds its examples' rows; Keras' optimizers square
+    each row of the batch's gradient (Adam's second moment), which the replicas'
+    rows reproduce only when each row is one example's lookup. Rows summed over the
+    batch are summed over the replicas first, as a dense gradient is, which is what
+    Keras computes from unique rows.
+    """
+    sources = {t.op for t in tf.nest.flatten(inputs)}
+    out = []
+    for grad in gradients:
+        if isinstance(grad, tf.IndexedSlices) and not _reads_any(grad.indices, sources):
+            grad = tf.convert_to_tensor(grad)
+        out.append(grad)
+    return out
+
+
+# Ops whose outputs depend on their input's shape, not its values.
+_SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+
+def _reads_any(tensor, sources: set) -> bool:
+    """Whether `tensor` is computed from the values of any of the ops `sources` (a
+    position embedding's `arange` over a variable length reads only their shape)."""
+    seen, todo = set(), [tensor.op]
+    while todo:
+        op = todo.pop()
+        if op in sources:
+            return True
+        if op in seen or op.type in _SHAPE_OPS:
+            continue
+        seen.add(op)
+        todo.extend(t.op for t in op.inputs)
+    return False
+
+
+def _check_keras_train_step(model) -> None:
+    """A `train_step` of the user's own is not the step capture traces: refuse it."""
+    for klass in type(model).__mro__:
+        if "train_step" in vars(klass):
+            if not klass.__module__.startswith("keras."):
+                raise CaptureError(
+                    f"model {model.name!r} overrides train_step (in {klass.__qualname__}); "
+                    "autodist captures Keras' standard step (forward pass, compute_loss, "
+                    "gradients, optimizer) and cannot reproduce a custom one. Move the loss "
+                    "into compute_loss (or add_loss) and keep Keras' train_step")
+            return
+
+
+def _check_keras_constraints(model, trainable) -> None:
+    for v in trainable:
+        constraint = getattr(v, "constraint", None)
+        if constraint is not None:
+            raise CaptureError(
+                f"variable {v.path!r} of model {model.name!r} has a constraint "
+                f"({type(constraint).__name__}), which Keras applies after each update; the "
+                "distributed runtime does not apply constraints: remove it")
+
+
+def _keras_lookup_tables(model) -> list[tuple[str, Any]]:
+    """(layer name, table) of every lookup table the model's layers hold (StringLookup,
+    IntegerLookup, TextVectorization's)."""
+    out, seen = [], set()
+    flatten = getattr(model, "_flatten_layers", None)
+    for layer in (flatten(include_self=False) if flatten else []):
+        for value in list(vars(layer).values()):
+            if hasattr(value, "resource_handle") and hasattr(value, "export") and \
+                    hasattr(value, "key_dtype") and id(value) not in seen:
+                seen.add(id(value))
+                out.append((layer.name, value))
+    return out

@@ -1,0 +1,66 @@
+"""A Keras learning-rate schedule traced into a graph of the step, checked
+against the schedule itself."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from autodist.ir.errors import CaptureError
+from autodist.proto import graph_item_pb2
+from autodist.ir.capture.graph_cleanup import inline_constant_captures
+
+
+# Steps at which a traced schedule must equal the schedule itself.
+_SCHEDULE_CHECK_STEPS = (0, 1, 2, 3, 7, 10, 99, 100, 101, 1000, 12345, 1000000)
+
+
+def trace_schedule(schedule) -> graph_item_pb2.LearningRateSchedule:
+    """Traces a Keras LearningRateSchedule into a graph of the step.
+
+    The graph is checked against the schedule at a few steps, so a schedule
+    whose value depends on Python state rather than on the step is refused.
+    """
+    import keras
+
+    name = type(schedule).__name__
+    try:
+        concrete = tf.function(lambda step: tf.convert_to_tensor(schedule(step)),
+                               autograph=True).get_concrete_function(
+                                   tf.TensorSpec([], tf.int64, name="step"))
+    except Exception as e:  # whatever the user's schedule raises
+        raise CaptureError(f"the learning-rate schedule {name} cannot be traced as a "
+                           f"TensorFlow function of the step: {_short(e)}") from e
+    rate = concrete.structured_outputs
+    if rate.shape.rank != 0 or not rate.dtype.is_floating:
+        raise CaptureError(f"the learning-rate schedule {name} must return a float scalar. "
+                           f"Received: {rate.dtype.name} of shape {rate.shape}")
+    graph = concrete.graph
+    if any(internal.dtype == tf.resource for _, internal in graph.captures):
+        raise CaptureError(f"the learning-rate schedule {name} reads a variable; its changes "
+                           "would not reach the cluster. Make it a function of the step only")
+    graph_def = graph.as_graph_def()
+    inline_constant_captures(graph, graph_def, set())
+    for step in _SCHEDULE_CHECK_STEPS:
+        want = float(np.asarray(schedule(tf.constant(step, tf.int64))))
+        got = float(concrete(tf.constant(step, tf.int64)))
+        if not math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12):
+            raise CaptureError(f"the learning-rate schedule {name} gives {want!r} at step "
+                               f"{step} but its traced graph gives {got!r}: it depends on "
+                               "something other than the step")
+    try:
+        config = json.dumps(keras.optimizers.schedules.serialize(schedule), sort_keys=True,
+                            default=str)
+    except Exception:  # noqa: BLE001 (a custom schedule without get_config)
+        config = ""
+    return graph_item_pb2.LearningRateSchedule(
+        class_name=name, config_json=config,
+        graph_def=graph_def.SerializeToString(deterministic=True),
+        step_tensor=concrete.inputs[0].name, learning_rate_tensor=rate.name)
+
+
+def _short(error: Exception, limit: int = 300) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= limit else text[:limit] + " ..."
