@@ -12,6 +12,9 @@ under an exclusive `flock`, followed by `fsync`: concurrent writers (threads
 or processes) never interleave, and a writer killed mid-append leaves at most
 one torn line, which later appends step over by starting on a fresh line.
 
+`Database.in_memory()` (or `Database()`) keeps the same lines in memory
+instead, for tests and short searches that need no file.
+
 Example:
     >>> db = Database("trials.jsonl")                               # doctest: +SKIP
     >>> db.append(TrialRecord.from_trial(gi, spec, strategy,
@@ -31,6 +34,7 @@ import os
 import re
 import pathlib
 import statistics
+import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -411,24 +415,35 @@ class DatabaseContents:
 
 # ---------------------------------------------------------------- database
 class Database:
-    """An append-only file of `TrialRecord`s (JSON Lines with checksums).
+    """An append-only file of `TrialRecord`s (JSON Lines with checksums), or its lines in memory.
 
     Safe for concurrent appends from several processes on one host and for a
     writer killed at any point; see the module docstring. Every read reads the
     file afresh; `skipped` keeps the skipped lines of the latest read.
+    Without a path the same lines are kept in this object (appends from
+    several threads are safe); nothing outlives it.
 
     Args:
-        path: The file; it and its parent directories are created on the first append.
+        path: The file; it and its parent directories are created on the first
+            append. None: in memory (`Database.in_memory()`).
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
-        self._path = pathlib.Path(path)
-        if self._path.exists() and not self._path.is_file():
+    def __init__(self, path: str | os.PathLike | None = None) -> None:
+        self._path = None if path is None else pathlib.Path(path)
+        if self._path is not None and self._path.exists() and not self._path.is_file():
             raise DatabaseError(f"database path {str(self._path)!r} exists and is not a file")
+        self._memory: list[bytes] | None = [] if self._path is None else None
+        self._memory_lock = threading.Lock()
         self.skipped: list[SkippedLine] = []
 
+    @classmethod
+    def in_memory(cls) -> Database:
+        """A database with no file: for tests and short searches."""
+        return cls(None)
+
     @property
-    def path(self) -> pathlib.Path:
+    def path(self) -> pathlib.Path | None:
+        """The file, or None for an in-memory database."""
         return self._path
 
     # --------------------------------------------------------------- write
@@ -446,6 +461,10 @@ class Database:
         if not records:
             return
         data = b"".join(encode_line(r) for r in records)
+        if self._memory is not None:
+            with self._memory_lock:
+                self._memory.append(data)
+            return
         created = not self._path.exists()
         self._path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self._path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
@@ -476,15 +495,7 @@ class Database:
             DatabaseSchemaError: An intact line (its checksum matches) was
                 written with a newer schema.
         """
-        try:
-            with open(self._path, "rb") as f:
-                fcntl.flock(f.fileno(), fcntl.LOCK_SH)
-                try:
-                    data = f.read()
-                finally:
-                    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-        except FileNotFoundError:
-            data = b""
+        data = self._read_bytes()
         lines = data.split(b"\n")
         tail = lines.pop()   # b"" when the file ends in a newline
         records, skipped = [], []
@@ -494,7 +505,7 @@ class Database:
             try:
                 records.append(decode_line(line))
             except DatabaseSchemaError as e:
-                raise DatabaseSchemaError(f"{self._path} line {number}: {e}") from e
+                raise DatabaseSchemaError(f"{self._name} line {number}: {e}") from e
             except DatabaseError as e:
                 skipped.append(SkippedLine(number, f"corrupt line: {e}"))
         if tail.strip():
@@ -506,9 +517,27 @@ class Database:
                 skipped.append(SkippedLine(len(lines) + 1, "torn final line (no newline)"))
         if skipped:
             logger.warning("trial database %s: skipped %d damaged line(s); first: line %d: %s",
-                           self._path, len(skipped), skipped[0].line_number, skipped[0].reason)
+                           self._name, len(skipped), skipped[0].line_number, skipped[0].reason)
         self.skipped = skipped
         return DatabaseContents(records, skipped)
+
+    def _read_bytes(self) -> bytes:
+        if self._memory is not None:
+            with self._memory_lock:
+                return b"".join(self._memory)
+        try:
+            with open(self._path, "rb") as f:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+                try:
+                    return f.read()
+                finally:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        except FileNotFoundError:
+            return b""
+
+    @property
+    def _name(self) -> str:
+        return "(in memory)" if self._path is None else str(self._path)
 
     def records(self) -> list[TrialRecord]:
         """The valid records in file order (skipped lines go to `self.skipped`)."""
@@ -567,7 +596,7 @@ class Database:
         return min(trials, key=lambda r: r.median_step_time_s, default=None)
 
     def __repr__(self) -> str:
-        return f"Database({str(self._path)!r})"
+        return "Database.in_memory()" if self._path is None else f"Database({str(self._path)!r})"
 
 
 def _write_all(fd: int, data: bytes) -> None:

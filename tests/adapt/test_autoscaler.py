@@ -16,35 +16,17 @@ from autodist.adapt.autoscaler import (Autoscaler, AutoscalerError, CostUtility,
                                          Heuristic, Observation, ScalingCurve,
                                          ScalingEfficiency, StragglerReplacement, settle,
                                          simulator_predictor, smoothed_worker_throughput)
+from tests.doubles import comm_curve, flat, linear, peaked, saturating
 
 
 # ------------------------------------------------------------------ curves
-def comm_curve(batch: float, c: float, a: float, b: float):
-    """throughput(n) = batch / (c/n + a + b(n-1)/n): compute shrinks, communication grows."""
-    return lambda n: batch / (c / n + a + b * (n - 1) / n)
-
-
-def saturating(k: float, m: float):
-    """k·n / (n + m): the step n -> n+1 adds m / (n + m + 1) of the per-worker average."""
-    return lambda n: k * n / (n + m)
-
-
 # batch 256, c = 2.4 s, a = 0.02 s, b = 0.08 s: 256 n / (0.1 n + 2.32) = 2560 n / (n + 23.2).
 # The step n -> n+1 pays at theta 0.8 iff 23.2 / (n + 24.2) >= 0.8:
 #   n = 4: 23.2 / 28.2 = 0.823 (pays);  n = 5: 23.2 / 29.2 = 0.795 (does not) -> 5 workers.
 KNEE_5 = comm_curve(256, 2.4, 0.02, 0.08)
 # m = 42: n = 9: 42 / 52 = 0.808 (pays); n = 10: 42 / 53 = 0.792 (does not) -> 10 workers.
 KNEE_10 = saturating(1000.0, 42.0)
-LINEAR = lambda n: 100.0 * n  # noqa: E731  every step adds the average -> max_workers
-
-
-def peaked(n: int) -> float:
-    """100 n - 6 n^2: peaks at n = 8.3, then falls."""
-    return 100.0 * n - 6.0 * n * n
-
-
-def flat(n: int) -> float:
-    return 500.0
+LINEAR = linear   # every step adds the average -> max_workers
 
 
 def _reference_knee(curve, theta: float, lo: int, hi: int) -> int:

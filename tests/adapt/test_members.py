@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 
 import autodist
-from autodist.adapt import autoscaler, policies
+from autodist import policies
+from autodist.adapt import autoscaler
 from autodist.adapt.members import lift, member_spec
 from autodist.ir.errors import AutodistError
 from autodist.runtime import elastic
 from autodist.search import builders
-from tests.adapt.test_policies import _Run
+from tests.doubles import StandInRun
 
 BATCH, NODES = 48, 6
 
@@ -61,7 +62,7 @@ def test_replan_plans_for_the_current_members(mlp_item, spec, ps_strategy):
         seen.append(sub_spec)
         return builders.AllReduce().build(graph_item, sub_spec)
 
-    run = _Run(mlp_item, ps_strategy, spec)
+    run = StandInRun(mlp_item, ps_strategy, spec)
     control = policies.Control(run, BATCH, replanner)
     control.resize([0, 2, 3], replan=True)
     assert [s.num_worker_tasks for s in seen] == [3]
@@ -73,7 +74,7 @@ def test_replan_plans_for_the_current_members(mlp_item, spec, ps_strategy):
 
 
 def test_replace_drops_stragglers_and_swaps_in_spares(mlp_item, spec, ps_strategy):
-    run = _Run(mlp_item, ps_strategy, spec)
+    run = StandInRun(mlp_item, ps_strategy, spec)
     control = policies.Control(run, BATCH)
     control.resize(3)
     control.replace([1])  # worker 3 is idle: it takes worker 1's place
@@ -96,7 +97,7 @@ def _per_worker_metrics(step, members, slow):
 def test_autoscale_replaces_a_straggler(mlp_item, ps_strategy):
     spec = autodist.ResourceSpec.local(workers=3, ps=1)
     strategy = builders.PS().build(mlp_item, spec).with_virtual_nodes(BATCH, NODES)
-    run = _Run(mlp_item, strategy, spec)
+    run = StandInRun(mlp_item, strategy, spec)
     control = policies.Control(run, BATCH)
     scale = policies.Autoscale(autoscaler.Autoscaler(autoscaler.StragglerReplacement(), 3, 3),
                                window=3, warmup=0)
@@ -108,7 +109,7 @@ def test_autoscale_replaces_a_straggler(mlp_item, ps_strategy):
     assert scale.error is None and scale.result.replace == (1,)
     assert control.members == (0, 2) and run.requests == [("resize", [0, 2])]
     # Flagging the chief keeps it (and says so).
-    run = _Run(mlp_item, strategy, spec)
+    run = StandInRun(mlp_item, strategy, spec)
     control = policies.Control(run, BATCH)
     scale = policies.Autoscale(autoscaler.Autoscaler(autoscaler.StragglerReplacement(), 3, 3),
                                window=3, warmup=0)

@@ -15,34 +15,15 @@ import numpy as np
 import pytest
 
 import autodist
-from autodist import models
+from autodist import models, policies
 from autodist.ir.errors import AutodistError, StrategyError
 from autodist.kernels import monitoring
-from autodist.adapt import autoscaler, driver, policies
-from autodist.runtime import elastic
+from autodist.adapt import autoscaler, driver
 from autodist.runtime.records import MonitorSample, ProgressRecord
 from autodist.runtime.progress import step_metrics
 from autodist.search import builders
 from tests import small_mlp
-
-
-class _Run:
-    """Stands in for a DistributedRun: records resize / replan requests."""
-
-    def __init__(self, graph_item, strategy, spec):
-        self.graph_item, self.strategy, self.resource_spec = graph_item, strategy, spec
-        self.requests = []
-        self.members = tuple(range(spec.num_worker_tasks))
-
-    def resize(self, workers):
-        self.requests.append(("resize", workers))
-        limit = self.resource_spec.num_worker_tasks
-        self.members = elastic.resized(self.members, workers, limit) \
-            if isinstance(workers, int) else elastic.check_members(workers, limit)
-        return self.members
-
-    def replan(self, strategy):
-        self.requests.append(("replan", strategy))
+from tests.doubles import StandInRun
 
 
 def _metrics(step, examples_per_s, workers=2, plan=0):
@@ -53,7 +34,7 @@ def _metrics(step, examples_per_s, workers=2, plan=0):
 @pytest.fixture
 def control(mlp_item):
     spec = autodist.ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=1.0)
-    run = _Run(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
+    run = StandInRun(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
     return policies.Control(run, 64)
 
 
@@ -222,7 +203,7 @@ def test_autoscale_settles_where_the_autoscaler_does(mlp_item):
     offline = autoscaler.Autoscaler(autoscaler.ScalingEfficiency(theta=0.6), 1, 6).run(
         curve, start=1)
     for predict in (None, lambda n: 900.0 * n / (n + 6)):
-        run = _Run(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
+        run = StandInRun(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
         control = policies.Control(run, 64)
         run.members = control.members = (0,)
         scale = policies.Autoscale(
@@ -242,7 +223,7 @@ def test_autoscale_settles_where_the_autoscaler_does(mlp_item):
 
 def test_autoscale_reports_a_search_error(mlp_item):
     spec = autodist.ResourceSpec.local(workers=4, ps=1)
-    run = _Run(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
+    run = StandInRun(mlp_item, builders.AllReduce().build(mlp_item, spec), spec)
     control = policies.Control(run, 64)
     scale = policies.Autoscale(autoscaler.Autoscaler(autoscaler.ScalingEfficiency(), 1, 4),
                              predict=lambda n: float("nan"), window=2)

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 import autodist
-from autodist.adapt import autoscaler, policies
+from autodist import policies
+from autodist.adapt import autoscaler
 from autodist.search import builders
 from tests import small_mlp
 

@@ -16,7 +16,7 @@ import keras
 import autodist
 from autodist import models
 from autodist.kernels import monitoring
-from autodist.adapt import policies
+from autodist import policies
 from autodist.runtime.run import AutodistError
 from autodist.search import builders
 

@@ -138,8 +138,9 @@ def test_values_are_normalised_and_checked():
 
 
 # ------------------------------------------------------------------ queries
-def test_queries(tmp_path):
-    db = Database(tmp_path / "t.jsonl")
+@pytest.mark.parametrize("in_memory", [False, True], ids=["file", "in_memory"])
+def test_queries(tmp_path, in_memory):
+    db = Database.in_memory() if in_memory else Database(tmp_path / "t.jsonl")
     assert db.records() == [] and len(db) == 0 and db.workloads() == []
     other = "c" * 32
     db.extend([make_record(0, step_times=(0.3,)), make_record(1, workload_gi=other),
@@ -156,6 +157,19 @@ def test_queries(tmp_path):
     with pytest.raises(DatabaseError, match="item 1 is a str"):
         db.extend([make_record(), "not a record"])
     assert len(db) == 4   # nothing of the rejected batch was written
+
+
+def test_in_memory_database_needs_no_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    db = Database.in_memory()
+    assert db.path is None and repr(db) == "Database.in_memory()"
+    assert Database().path is None
+    record = make_record(5)
+    db.append(record)
+    (back,) = db.records()
+    assert back == record and back.extra == {"i": 5, "tag": ["x"]}
+    assert Database.in_memory().records() == []   # each in-memory database is its own
+    assert not list(tmp_path.iterdir())
 
 
 # ----------------------------------------------------------- crash safety

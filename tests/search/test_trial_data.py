@@ -22,6 +22,7 @@ from autodist.search.features import FEATURE_NAMES, featurize_strategy
 from autodist.search.measurement import MeasureResult
 from autodist.search.simulator import Simulator
 from autodist.search.space import SearchSpace
+from tests.doubles import LaunchCountingRunner
 
 
 def test_shape_parse():
@@ -109,21 +110,7 @@ def test_records_round_trip_and_resume(tmp_path, workload):
 
 
 def test_repeated_launches_pool_steps_and_alternate_order():
-    class FakeRunner:
-        """Strategy i takes 0.1 * (i + 1) s plus 0.01 s per launch; "b" fails in launch 1."""
-
-        def __init__(self):
-            self.orders = []
-
-        def run(self, strategies):
-            launch = len(self.orders)
-            self.orders.append(list(strategies))
-            return [MeasureResult(error="AutodistError: lost") if (s == "b" and launch == 1)
-                    else MeasureResult((0.1 * (ord(s) - 96) + 0.01 * launch,) * 2,
-                                       launch_size=len(strategies))
-                    for s in strategies]
-
-    runner = FakeRunner()
+    runner = LaunchCountingRunner()
     out = trials.measure_repeated(runner, ["a", "b", "c"], repeats=3)
     assert runner.orders == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
     (a, a_medians), (b, b_medians), _ = out

@@ -11,19 +11,13 @@ import pytest
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.search.cost_model import SimulatorCostModel
 from autodist.search.database import Database
-from autodist.search.measure_callback import (AddToDatabase, LogProgress, MeasureCallback,
-                                              RefitCostModel, default_callbacks)
+from autodist.search.measure_callback import (AddToDatabase, LogProgress, RefitCostModel,
+                                              default_callbacks)
+from autodist.search.measurement import MeasureResult, RunnerError
 from autodist.search.metrics import CostModelError, log_rmse
-from autodist.search.measurement import MeasureResult, Runner, RunnerError, SimulatedRunner
-from autodist.search.simulator import Calibration
 from autodist.search.tuner import Tuner
+from tests.doubles import BrokenRunner, RoundRecorder, skewed_runner
 from tests.search import workloads
-
-
-def FakeRunner(graph_item, spec, fail_when=None):
-    """'Measures' with a differently calibrated simulator; fails where `fail_when` says."""
-    return SimulatedRunner(graph_item, spec, fail_when=fail_when,
-                           calibration=Calibration(latency_s=3e-4, memory_bytes_per_s=2e9))
 
 
 @pytest.fixture(name="workload")
@@ -56,7 +50,7 @@ def test_trials_are_recorded_failures_are_data_and_the_fastest_measured_wins(wor
     def fail_first(_strategy):
         fails_on_first["n"] += 1
         return fails_on_first["n"] == 1
-    runner = FakeRunner(gi, spec, fail_when=fail_first)
+    runner = skewed_runner(gi, spec, fail_when=fail_first)
     result = Tuner(gi, spec, database=db, runner=runner, search_budget=500).tune(trials=5)
     records = db.records()
     assert len(records) == 5 == runner.calls == len(result.trials)
@@ -72,7 +66,7 @@ def test_trials_are_recorded_failures_are_data_and_the_fastest_measured_wins(wor
 def test_a_tuner_resumes_from_its_database(workload, tmp_path):
     gi, spec = workload
     db = Database(tmp_path / "trials.jsonl")
-    runner = FakeRunner(gi, spec)
+    runner = skewed_runner(gi, spec)
     first = Tuner(gi, spec, database=db, runner=runner, search_budget=500).tune(trials=3)
     again = Tuner(gi, spec, database=db, runner=runner, search_budget=500).tune(trials=3)
     # The same search proposes the same candidates; none is measured twice.
@@ -85,7 +79,7 @@ def test_a_tuner_resumes_from_its_database(workload, tmp_path):
 def test_refit_switches_to_a_learned_cost_model(workload, tmp_path):
     gi, spec = workload
     db = Database(tmp_path / "trials.jsonl")
-    tuner = Tuner(gi, spec, database=db, runner=FakeRunner(gi, spec), search_budget=400)
+    tuner = Tuner(gi, spec, database=db, runner=skewed_runner(gi, spec), search_budget=400)
     result = tuner.tune(trials=10, measure_per_round=5)
     assert tuner.cost_model is not None and tuner.cost_model.kind == "regressor"
     assert result.strategy.proto.performance.predictor == "lightgbm-regressor"
@@ -94,10 +88,10 @@ def test_refit_switches_to_a_learned_cost_model(workload, tmp_path):
 def test_a_residual_model_ranks_predicts_seconds_and_refits_in_the_tuner(workload, tmp_path):
     gi, spec = workload
     db = Database(tmp_path / "trials.jsonl")
-    Tuner(gi, spec, database=db, runner=FakeRunner(gi, spec),
+    Tuner(gi, spec, database=db, runner=skewed_runner(gi, spec),
           search_budget=400).tune(trials=10, measure_per_round=5)
     residual = SimulatorCostModel("residual").update(db.records())
-    tuner = Tuner(gi, spec, cost_model=residual, database=db, runner=FakeRunner(gi, spec),
+    tuner = Tuner(gi, spec, cost_model=residual, database=db, runner=skewed_runner(gi, spec),
                   search_budget=400)
     result = tuner.tune(trials=4)
     # Refitted after each round (14 trials >= 8), continuing from the residual model.
@@ -136,7 +130,7 @@ def test_records_round_trip_through_the_database(workload, tmp_path):
 def test_measuring_includes_the_builders_predicted_fastest(workload, tmp_path):
     gi, spec = workload
     db = Database(tmp_path / "trials.jsonl")
-    tuner = Tuner(gi, spec, database=db, runner=FakeRunner(gi, spec), search_budget=400)
+    tuner = Tuner(gi, spec, database=db, runner=skewed_runner(gi, spec), search_budget=400)
     result = tuner.tune(trials=4)
     origins = [r.origin for r in db.records()]
     fastest = sorted(result.builder_step_times_s, key=result.builder_step_times_s.get)[:2]
@@ -147,21 +141,11 @@ def test_measuring_includes_the_builders_predicted_fastest(workload, tmp_path):
 
 
 # ------------------------------------------------------------- callbacks
-class Recorder(MeasureCallback):
-    """Remembers each round's trials and what ranked when it ran."""
-
-    def __init__(self):
-        self.rounds = []
-
-    def apply(self, tuner, trials):
-        self.rounds.append(([t.origin for t in trials], tuner.cost_model.name))
-
-
 def test_callbacks_run_after_each_round_the_first_with_the_builders(workload, tmp_path):
     gi, spec = workload
     db = Database(tmp_path / "trials.jsonl")
-    recorder = Recorder()
-    runner = FakeRunner(gi, spec)
+    recorder = RoundRecorder()
+    runner = skewed_runner(gi, spec)
     tuner = Tuner(gi, spec, database=db, runner=runner, search_budget=300,
                   callbacks=default_callbacks() + [recorder])
     result = tuner.tune(trials=5, measure_per_round=2)
@@ -176,7 +160,7 @@ def test_callbacks_run_after_each_round_the_first_with_the_builders(workload, tm
 def test_without_callbacks_nothing_is_recorded_or_refitted(workload, tmp_path):
     gi, spec = workload
     db = Database(tmp_path / "trials.jsonl")
-    tuner = Tuner(gi, spec, database=db, runner=FakeRunner(gi, spec), search_budget=300,
+    tuner = Tuner(gi, spec, database=db, runner=skewed_runner(gi, spec), search_budget=300,
                   callbacks=[])
     result = tuner.tune(trials=10, measure_per_round=5)
     assert len(result.trials) == 10 and db.records() == []
@@ -187,8 +171,8 @@ def test_refit_callback_continues_from_the_base_model_and_the_tuner_searches_aga
         workload, tmp_path):
     gi, spec = workload
     db = Database(tmp_path / "trials.jsonl")
-    recorder = Recorder()
-    tuner = Tuner(gi, spec, database=db, runner=FakeRunner(gi, spec), search_budget=300,
+    recorder = RoundRecorder()
+    tuner = Tuner(gi, spec, database=db, runner=skewed_runner(gi, spec), search_budget=300,
                   callbacks=[AddToDatabase(), RefitCostModel(min_trials=4), recorder])
     tuner.tune(trials=6, measure_per_round=2)
     # Round 1 (3 builders + 2 searched) leaves 5 records >= 4: a regressor ranks from then on.
@@ -201,7 +185,7 @@ def test_refit_callback_continues_from_the_base_model_and_the_tuner_searches_aga
 def test_log_progress_prints_a_line_per_trial(workload):
     gi, spec = workload
     stream = io.StringIO()
-    runner = FakeRunner(gi, spec, fail_when=lambda s: s.origin == "search")
+    runner = skewed_runner(gi, spec, fail_when=lambda s: s.origin == "search")
     Tuner(gi, spec, runner=runner, search_budget=200,
           callbacks=[LogProgress(stream)]).tune(trials=2)
     lines = stream.getvalue().splitlines()
@@ -211,29 +195,19 @@ def test_log_progress_prints_a_line_per_trial(workload):
 
 
 # ------------------------------------------------ runners and builders
-class _BrokenRunner(Runner):
-    def __init__(self, results=None):
-        self.results = results
-
-    def run(self, strategies):
-        if self.results is None:
-            raise ConnectionError("cluster unreachable")
-        return self.results
-
-
 def test_a_crashing_runner_fails_its_trials_and_a_lying_one_is_an_error(workload, tmp_path):
     gi, spec = workload
     db = Database(tmp_path / "trials.jsonl")
-    result = Tuner(gi, spec, database=db, runner=_BrokenRunner(),
+    result = Tuner(gi, spec, database=db, runner=BrokenRunner(),
                    search_budget=200).tune(trials=2)
     assert [t.error for t in result.trials] == ["ConnectionError: cluster unreachable"] * 2
     assert [r.error for r in db.records()] == ["ConnectionError: cluster unreachable"] * 2
     assert not result.strategy.proto.performance.measured_step_time_s
-    empty = Tuner(gi, spec, runner=_BrokenRunner([MeasureResult()]),
+    empty = Tuner(gi, spec, runner=BrokenRunner([MeasureResult()]),
                   search_budget=200).tune(trials=1, builder_trials=1)
     assert empty.trials[0].error == "the runner returned no step times"
     with pytest.raises(RunnerError, match="returned 1 results for 2 strategies"):
-        Tuner(gi, spec, runner=_BrokenRunner([MeasureResult((0.1,))]),
+        Tuner(gi, spec, runner=BrokenRunner([MeasureResult((0.1,))]),
               search_budget=200).tune(trials=2)
 
 
