@@ -1,7 +1,9 @@
 """The thin public surface that ties the layers together."""
 from __future__ import annotations
 
+import inspect
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from autodist.ir.errors import InvalidArgumentError
@@ -12,6 +14,21 @@ from autodist.runtime.run import DistributedRun
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from matplotlib.figure import Figure
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
+
+
+def _run_option_names() -> frozenset[str]:
+    """The options of `DistributedRun` itself (job_dir, launch, secret_file, ...).
+
+    Read from its signature, so that `Plan.fit` passes on every one of them,
+    whatever the run gains.
+    """
+    parameters = inspect.signature(DistributedRun.__init__).parameters
+    return frozenset(name for name, p in parameters.items()
+                     if p.kind is p.KEYWORD_ONLY and name != "graph_item")
 
 
 def distribute(model, strategy: Strategy, resource_spec: ResourceSpec, *,
@@ -58,11 +75,11 @@ class Plan:
         graph_item: Its capture.
         strategy: The chosen Strategy (export it with `strategy.save(path)`).
         resource_spec: The cluster it is for.
-        predicted_step_time: Predicted seconds per step.
-        lower_bound_step_time: The simulator's lower bound (seconds).
-        builder_step_times: Builder name → predicted seconds per step.
-        trials: Measured trials (with `measure=True`).
-        search_time: Seconds the search took.
+        predicted_step_time_s: Predicted seconds per step.
+        lower_bound_step_time_s: The simulator's lower bound (seconds).
+        builder_step_times_s: Builder name → predicted seconds per step.
+        trials: Measured trials (`StrategyTrial`s, with `measure=True`).
+        search_time_s: Seconds the search took.
         builder_errors: Builder name → why it could not build a strategy for
             this model and cluster (such builders were no candidates).
         allow_exposed: `fit`'s default for the `DistributedRun` option (as
@@ -79,14 +96,39 @@ class Plan:
         self.graph_item = graph_item
         self.resource_spec = resource_spec
         self.strategy: Strategy = result.strategy
-        self.predicted_step_time: float = result.predicted_step_time_s
-        self.lower_bound_step_time: float = result.lower_bound_s
-        self.builder_step_times: dict[str, float] = result.builder_step_times_s
+        self.predicted_step_time_s: float = result.predicted_step_time_s
+        self.lower_bound_step_time_s: float = result.lower_bound_s
+        self.builder_step_times_s: dict[str, float] = result.builder_step_times_s
         self.trials = result.trials
-        self.search_time: float = result.elapsed_s
+        self.search_time_s: float = result.elapsed_s
         self.candidates_scored: int = result.candidates_scored
         self.builder_errors: dict[str, str] = dict(result.builder_errors)
         self._explanation = result.explanation
+
+    # The names before the unit suffix: deprecated.
+    @property
+    def predicted_step_time(self) -> float:
+        """Deprecated: `predicted_step_time_s`."""
+        _deprecated("Plan.predicted_step_time", "Plan.predicted_step_time_s")
+        return self.predicted_step_time_s
+
+    @property
+    def lower_bound_step_time(self) -> float:
+        """Deprecated: `lower_bound_step_time_s`."""
+        _deprecated("Plan.lower_bound_step_time", "Plan.lower_bound_step_time_s")
+        return self.lower_bound_step_time_s
+
+    @property
+    def builder_step_times(self) -> dict[str, float]:
+        """Deprecated: `builder_step_times_s`."""
+        _deprecated("Plan.builder_step_times", "Plan.builder_step_times_s")
+        return self.builder_step_times_s
+
+    @property
+    def search_time(self) -> float:
+        """Deprecated: `search_time_s`."""
+        _deprecated("Plan.search_time", "Plan.search_time_s")
+        return self.search_time_s
 
     def explain(self) -> str:
         """Per variable: the choice and why; and the predicted time of every builder."""
@@ -117,37 +159,42 @@ class Plan:
         return plot_strategy(self.strategy, self.graph_item, self.resource_spec, path=path,
                              **options)
 
-    def fit(self, *args, **kwargs):
+    def fit(self, *args: Any, **kwargs: Any):
         """Trains with the plan's strategy: `distribute(...).fit(*args, **kwargs)`.
 
-        The `DistributedRun` options job_dir, step_timeout_s,
-        startup_timeout_s and allow_exposed may be given here too.
+        Every option of `DistributedRun` (job_dir, step_timeout_s,
+        startup_timeout_s, launch, allow_exposed, secret_file, ...) may be
+        given here too and goes to the run; the rest go to
+        `DistributedRun.fit`. allow_exposed defaults to `optimize`'s.
+
+        Returns:
+            The run's `History`.
         """
-        run_options = {k: kwargs.pop(k) for k in ("job_dir", "step_timeout_s",
-                                                  "startup_timeout_s", "allow_exposed")
-                       if k in kwargs}
+        names = _run_option_names()
+        run_options = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         run_options.setdefault("allow_exposed", self.allow_exposed)
         return distribute(self.model, self.strategy, self.resource_spec,
                           graph_item=self.graph_item, **run_options).fit(*args, **kwargs)
 
     def __repr__(self) -> str:
         return (f"Plan({self.graph_item.name!r}, {self.resource_spec.num_worker_tasks} worker "
-                f"task(s), predicted {self.predicted_step_time * 1e3:.3f} ms/step)")
+                f"task(s), predicted {self.predicted_step_time_s * 1e3:.3f} ms/step)")
 
 
-def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = None,
+def optimize(model, resource_spec: ResourceSpec | None = None, *, trials: int | None = None,
              measure: bool = False, cost_model=None, batch_size: int | None = None,
              database=None, space_options=None, search_budget: int = 4000, seed: int = 0,
              progress: bool = False, graph_item: GraphItem | None = None,
-             calibration=None, x=None, y=None, allow_exposed: bool = False) -> Plan:
-    """Finds a strategy for `model` on `spec` with the search and cost model.
+             calibration=None, x=None, y=None, allow_exposed: bool = False,
+             spec: ResourceSpec | None = None, budget: int | None = None) -> Plan:
+    """Finds a strategy for `model` on `resource_spec` with the search and cost model.
 
     Args:
         model: A compiled Keras 3 model (its loss and optimizer are used).
-        spec: The cluster (default: `ResourceSpec.local(workers=2, ps=1)`, a
-            local cluster on this machine).
-        budget: Strategies to measure on the real cluster (needs
-            `measure=True`; default 3 then).
+        resource_spec: The cluster (default: `ResourceSpec.local(workers=2,
+            ps=1)`, a local cluster on this machine).
+        trials: Strategies to measure on the real cluster (needs
+            `measure=True`; default 3 then). The CLI's `--trials`.
         measure: Measure the best candidates on the cluster (a few seconds
             each) and pick the fastest measured one.
         cost_model: What ranks candidates: a cost model object (a LightGBM
@@ -159,7 +206,7 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         database: A `Database` or path where trials are recorded and resumed.
         space_options: `SpaceOptions` bounding the search space (compressors
             and asynchronous consistency change results and are opt-in there).
-        search_budget: Candidates scored per search round.
+        search_budget: Candidates scored per search round (the CLI's `--budget`).
         seed: Seeds the search.
         progress: Print a line per measured trial.
         graph_item: The model's capture, if already made.
@@ -176,9 +223,11 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         allow_exposed: Let measured trials and `Plan.fit` run local clusters
             reachable from other hosts where no private network namespace
             can be made (see `DistributedRun`).
+        spec: Deprecated name of `resource_spec`.
+        budget: Deprecated name of `trials`.
 
     Returns:
-        A Plan: `.strategy`, `.predicted_step_time`, `.explain()`, `.plot()`, `.fit(...)`.
+        A Plan: `.strategy`, `.predicted_step_time_s`, `.explain()`, `.plot()`, `.fit(...)`.
 
     Example:
         >>> plan = autodist.optimize(model)              # doctest: +SKIP
@@ -190,11 +239,13 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
     from autodist.search.database import Database
     from autodist.search.tuner import Tuner
 
-    if budget is not None and not measure:
-        raise InvalidArgumentError(f"budget counts measured trials; pass measure=True with "
-                                   f"budget={budget!r}")
-    trials = (3 if budget is None else budget) if measure else 0
-    spec = spec or ResourceSpec.local(workers=2, ps=1)
+    resource_spec = _renamed("spec", spec, "resource_spec", resource_spec)
+    trials = _renamed("budget", budget, "trials", trials)
+    if trials is not None and not measure:
+        raise InvalidArgumentError(f"trials counts measured trials; pass measure=True with "
+                                   f"trials={trials!r}")
+    trials = (3 if trials is None else trials) if measure else 0
+    resource_spec = resource_spec or ResourceSpec.local(workers=2, ps=1)
     graph_item = graph_item or capture(model, x=x, y=y)
     cost_model = resolve_cost_model(cost_model)
     if database is not None and not isinstance(database, Database):
@@ -204,16 +255,27 @@ def optimize(model, spec: ResourceSpec | None = None, *, budget: int | None = No
         from autodist.runtime.local_runner import LocalRunner
 
         # One launch per round of trials: its strategies are switched in place.
-        runner = LocalRunner(model, spec, graph_item=graph_item,
-                             batch_size=batch_size or 32 * len(spec.replica_devices),
+        runner = LocalRunner(model, resource_spec, graph_item=graph_item,
+                             batch_size=batch_size or 32 * len(resource_spec.replica_devices),
                              allow_exposed=allow_exposed)
-    calibration = resolve_calibration(calibration, spec, allow_exposed=allow_exposed)
-    tuner = Tuner(graph_item, spec, space_options=space_options, batch_size=batch_size,
+    calibration = resolve_calibration(calibration, resource_spec, allow_exposed=allow_exposed)
+    tuner = Tuner(graph_item, resource_spec, space_options=space_options, batch_size=batch_size,
                   calibration=calibration,
                   cost_model=cost_model, database=database, runner=runner,
                   search_budget=search_budget, seed=seed, progress=progress)
-    return Plan(model, graph_item, spec, tuner.tune(trials), allow_exposed=allow_exposed,
+    return Plan(model, graph_item, resource_spec, tuner.tune(trials), allow_exposed=allow_exposed,
                 batch_size=batch_size)
+
+
+def _renamed(old: str, old_value: Any, new: str, new_value: Any) -> Any:
+    """`new`'s value, or the deprecated `old`'s (warning), never both."""
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise InvalidArgumentError(f"give {new}= or its deprecated name {old}=, not both")
+    warnings.warn(f"optimize({old}=...) is deprecated; use {new}=", DeprecationWarning,
+                  stacklevel=3)
+    return old_value
 
 
 def resolve_calibration(calibration, spec: ResourceSpec, *, allow_exposed: bool = False):

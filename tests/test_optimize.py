@@ -34,11 +34,11 @@ def test_optimize_returns_a_valid_strategy_in_seconds(name):
     scores = tuner.score(np.stack([tuner.space.encode(plan.strategy)]
                                   + list(tuner.seeds.values())))
     assert scores[0] <= scores[1:].min() + 1e-12
-    assert 0 < plan.lower_bound_step_time <= plan.predicted_step_time
+    assert 0 < plan.lower_bound_step_time_s <= plan.predicted_step_time_s
     # With the simulator alone, that ranking is in predicted seconds.
     simulated = autodist.optimize(model, spec, graph_item=gi, cost_model="simulator")
     assert simulated.strategy.proto.performance.predictor == "simulator"
-    assert simulated.predicted_step_time <= min(simulated.builder_step_times.values()) + 1e-12
+    assert simulated.predicted_step_time_s <= min(simulated.builder_step_times_s.values()) + 1e-12
     text = plan.explain()
     for var in gi.variable_names:
         assert var in text
@@ -58,7 +58,7 @@ def test_optimize_densifies_a_small_table_looked_up_many_times():
     user = syncs["user_embedding/embeddings"]
     assert not (user.WhichOneof("kind") == "all_reduce"
                 and user.all_reduce.spec == AllReduceSynchronizer.RING)  # rows, not 2.5 MB
-    assert plan.predicted_step_time < 0.9 * min(plan.builder_step_times.values())
+    assert plan.predicted_step_time_s < 0.9 * min(plan.builder_step_times_s.values())
     text = plan.explain()
     assert "), densified" in text and "ALL_GATHER" in text
 
@@ -75,8 +75,8 @@ def test_optimize_defaults_and_errors():
     assert by_object.strategy.proto.performance.predictor == "simulator"
     with pytest.raises(CostModelError, match="cannot read cost model file"):
         autodist.optimize(model, cost_model="no/such/model.json")
-    with pytest.raises(ValueError, match="budget counts measured trials"):
-        autodist.optimize(model, budget=3)
+    with pytest.raises(ValueError, match="trials counts measured trials"):
+        autodist.optimize(model, trials=3)
 
 
 def test_cli_search_writes_a_strategy_and_export_reads_the_database(tmp_path, capsys):
@@ -115,9 +115,9 @@ def test_optimize_with_a_measured_calibration():
     from autodist.search.simulator import Calibration
     model = models.build("ncf")
     plan = autodist.optimize(model, calibration="measure")
-    assert plan.predicted_step_time > 0
+    assert plan.predicted_step_time_s > 0
     slow = autodist.optimize(model, calibration=Calibration(flops_per_s=1e6))
-    assert slow.predicted_step_time > plan.predicted_step_time
+    assert slow.predicted_step_time_s > plan.predicted_step_time_s
     with pytest.raises(ValueError, match="calibration must be"):
         autodist.optimize(model, calibration="guess")
 

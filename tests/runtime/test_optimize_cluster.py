@@ -17,7 +17,7 @@ def test_measured_optimize_records_trials_and_its_plan_trains_like_keras(tmp_pat
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
     before = [w.copy() for w in model.get_weights()]
     db_path = tmp_path / "trials.jsonl"
-    plan = autodist.optimize(model, spec, measure=True, budget=2, batch_size=32,
+    plan = autodist.optimize(model, spec, measure=True, trials=2, batch_size=32,
                              database=db_path)
     # Measuring never changes the user's model.
     for a, b in zip(model.get_weights(), before):
@@ -28,7 +28,7 @@ def test_measured_optimize_records_trials_and_its_plan_trains_like_keras(tmp_pat
     measured = plan.strategy.proto.performance.measured_step_time_s
     assert np.median(measured) == pytest.approx(min(r.median_step_time_s for r in records))
     assert [t.strategy for t in plan.trials]
-    assert plan.strategy.origin in ["search"] + list(plan.builder_step_times)
+    assert plan.strategy.origin in ["search"] + list(plan.builder_step_times_s)
 
     x, y = models.synthetic_data(model, 96, seed=1)
     reference = models.single_device_twin(model)
