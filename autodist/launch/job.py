@@ -10,7 +10,8 @@ replicas read. Only the chief writes outputs, into the driver's directory
 
     job_dir/
       graph_item.pb  strategy.pb  resource_spec.pb
-      run.json         RunConfig (batching, epochs, timeouts)
+      run.json         the run's config (`runtime.run_config.RunConfig`: batching,
+                       epochs, timeouts), carried unread but for `JobSettings`
       cluster.json     ports of every node
       init.npz         initial values by variable name
       data/x_0.npy ... data/y.npy
@@ -43,7 +44,7 @@ import re
 import shutil
 import tarfile
 import tempfile
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import numpy as np
 
@@ -55,92 +56,26 @@ from autodist.launch.private_files import (DIR_MODE, make_private_dir, private_w
                                            write_private)
 
 
-@dataclasses.dataclass
-class RunConfig:
-    """How a job trains.
+class JobConfig(Protocol):
+    """A job's config as the launcher carries it: written whole as run.json (the
+    runtime's `RunConfig` is one), read by the tasks' runtime."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The config as a JSON object."""
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSettings:
+    """What the launcher itself reads of a job's config (run.json), which it otherwise
+    carries without reading (the runtime's `RunConfig` writes and reads it whole).
 
     Attributes:
-        global_batch_size: Examples per step over all replicas.
-        epochs: Passes over the data.
-        steps_per_epoch: Steps per epoch (None: ceil(examples / batch)).
-        shuffle: Shuffle the examples of each pass (True), or each batch's rows
-            ("batch"), as Keras' `fit(shuffle=...)`: in Keras' own order when
-            the job has one (`JobDir.order`), else seeded by `seed` and pass.
-        seed: Seed of the shuffling when Keras' order is not known.
-        step_timeout_s: Bound on one step (collectives, PS waits, session runs).
-        startup_timeout_s: Bound on waiting for the cluster to come up.
-        checkpoint_dir: Where the chief writes checkpoints (None: none).
-        checkpoint_every_steps: Steps between checkpoints (None: each epoch's end).
-        checkpoints_to_keep: The chief keeps only the newest this many
-            checkpoints (None: all).
-        task_step_delay_s: Worker task index (as a string) -> seconds to sleep
-            before each step: an emulated slow worker, for tests and benchmarks.
-        follow_steps: The driver follows every step (callbacks): the chief
-            reports the global loss of each step, waits for the driver's
-            decision at each epoch's end, and stops the run on request.
-        job_timeout_s: Bound on the whole job (non-chief tasks waiting for
-            the chief, workers waiting at an epoch's end).
         job_id: Tags the job's messages between tasks (see `mailbox`).
-        probe_steps: Measure instead of training: each worker times its
-            replicas' forward and backward passes on this many batches
-            (after one warm-up) and applies no update (see
-            `Run.measure_throughput`). 0: train.
-        resize_at: Elastic runs: global step (as a string) -> number of
-            worker tasks, or the list of member tasks, from that step on
-            (see `elastic.segments`).
-        on_failure: "stop" (a dead worker fails the job) or "continue": the
-            steps are atomic (no update before every gradient is in) and
-            the chief, when a step fails, saves the state after the last
-            completed step (`JobDir.recovery`) so the driver can go on
-            without the dead worker (see `runtime/recovery.py`).
-        start_step: The first step of the run to execute (a run resumed
-            after a failure); the data schedule is that of the whole run.
-        monitor_every: Every this many steps each worker also fetches the
-            squared gradient norms of its virtual nodes and replicas
-            (`kernels.monitoring`), with the step itself. 0: never.
-        elastic: Programs are built for resizing (collective version tags,
-            device filters naming the members): `resize_at`, or resizes
-            requested while a followed run goes (`DistributedRun.resize`).
-        switch_at: Global step (as a string) -> plan from that step on: the
-            index of the strategy (0: the job's, k: `plans[k - 1]`).
-        plans: Strategies (text format) the run switches to, from
-            `switch_at` or from `DistributedRun.replan` requests.
-        epoch_weights: Followed runs with callbacks: at each epoch's end
-            (but the last) the chief writes the trained weights for the
-            driver, before it waits for the driver's decision.
-        first_epoch: The index of the job's first epoch (`fit(initial_epoch=)`):
-            seeded shuffling orders the examples of the job's pass p as pass
-            `first_epoch + p`.
-        learning_rate: The fixed learning rate the run starts with (the
-            model's when `fit` starts, after the callbacks' `on_train_begin`
-            and first `on_epoch_begin`); None: the captured one.
+        job_timeout_s: Bound on the whole job (a task waiting for its end).
     """
 
-    global_batch_size: int
-    epochs: int = 1
-    steps_per_epoch: int | None = None
-    shuffle: bool | str = False
-    seed: int = 0
-    step_timeout_s: float = 60.0
-    startup_timeout_s: float = 120.0
-    checkpoint_dir: str | None = None
-    checkpoint_every_steps: int | None = None
-    checkpoints_to_keep: int | None = None
-    task_step_delay_s: dict[str, float] | None = None
-    follow_steps: bool = False
-    job_timeout_s: float = 3600.0
-    job_id: str = ""
-    probe_steps: int = 0
-    resize_at: dict[str, int | list[int]] | None = None
-    on_failure: str = "stop"
-    start_step: int = 0
-    elastic: bool = False
-    monitor_every: int = 0
-    switch_at: dict[str, int] | None = None
-    plans: list[str] | None = None
-    epoch_weights: bool = False
-    first_epoch: int = 0
-    learning_rate: float | None = None
+    job_id: str
+    job_timeout_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +164,7 @@ class JobDir:
 
     # writing (driver side)
     def write(self, graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
-              config: RunConfig, init_values: dict[str, np.ndarray],
+              config: JobConfig, init_values: dict[str, np.ndarray],
               inputs: list[np.ndarray], targets: np.ndarray | None,
               dataset: DatasetFiles | None = None, order: np.ndarray | None = None) -> None:
         """Writes a job; clears what an earlier job in the same directory left behind.
@@ -253,7 +188,7 @@ class JobDir:
         write_private(self.file("graph_item.pb"), graph_item.serialize())
         write_private(self.file("strategy.pb"), strategy.serialize())
         write_private(self.file("resource_spec.pb"), spec.serialize())
-        write_private(self.file("run.json"), json.dumps(dataclasses.asdict(config)).encode())
+        self.write_config(config)
         with private_writer(self.file("init.npz")) as f:
             np.savez(f, **init_values)
         if dataset is not None:
@@ -274,9 +209,9 @@ class JobDir:
             with private_writer(self.path / "data" / "order.npy") as f:
                 np.save(f, np.asarray(order, np.int64))
 
-    def write_config(self, config: RunConfig) -> None:
+    def write_config(self, config: JobConfig) -> None:
         """Replaces the job's config (before its tasks start)."""
-        write_private(self.file("run.json"), json.dumps(dataclasses.asdict(config)).encode())
+        write_private(self.file("run.json"), json.dumps(config.to_json()).encode())
 
     def write_ports(self, ports: list[int]) -> None:
         write_private(self.file("cluster.json"), json.dumps({"ports": ports}).encode())
@@ -301,23 +236,30 @@ class JobDir:
     def resource_spec(self) -> ResourceSpec:
         return ResourceSpec.deserialize(self.file("resource_spec.pb").read_bytes())
 
-    def config(self) -> RunConfig:
-        """The job's `RunConfig` (run.json).
+    def config(self) -> dict[str, Any]:
+        """The job's config (run.json) as written, a JSON object; the runtime reads it
+        (`runtime.run_config.RunConfig.of_job`).
 
         Raises:
-            JobArchiveError: run.json is not a config this autodist wrote (not
-                JSON, a field it does not know, e.g. of a newer version).
+            JobArchiveError: run.json is not a JSON object.
         """
-        data = self._json_object("run.json")
-        try:
-            return RunConfig(**data)
-        except TypeError as e:
-            known = {f.name for f in dataclasses.fields(RunConfig)}
-            unknown = sorted(str(k)[:64] for k in data if k not in known)[:5]
+        return self._json_object("run.json")
+
+    def settings(self) -> JobSettings:
+        """What the launcher reads of the job's config: its id and timeout.
+
+        Raises:
+            JobArchiveError: run.json lacks them or holds values of another type.
+        """
+        data = self.config()
+        job_id, timeout = data.get("job_id"), data.get("job_timeout_s")
+        if not isinstance(job_id, str) or isinstance(timeout, bool) or \
+                not isinstance(timeout, (int, float)) or not timeout > 0:
             raise JobArchiveError(
-                f"run.json of job {str(self.path)!r} is not a config of this autodist "
-                f"version: unknown fields {unknown} (a job from a newer version?) or missing "
-                f"ones ({str(e)[:200]})") from None
+                f"run.json of job {str(self.path)!r} names no job id (a string) and job "
+                f"timeout (seconds > 0): received job_id={str(job_id)[:64]!r}, "
+                f"job_timeout_s={str(timeout)[:64]!r}")
+        return JobSettings(job_id, float(timeout))
 
     def ports(self) -> list[int]:
         """The tasks' ports (cluster.json).

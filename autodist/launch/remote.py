@@ -122,7 +122,7 @@ class RemoteCluster:
                            "tasks serving with --insecure accept them", signing.SECRET_FILE_ENV,
                            signing.SECRET_ENV)
         self.job.write_ports([n.port for n in self.spec.nodes])
-        mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.config().job_id)
+        mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.settings().job_id)
         try:
             chief = self.spec.task_of(self.spec.chief_index)
             for task in mail.tasks:
@@ -215,7 +215,7 @@ class RemoteCluster:
 
     def abort(self, timeout_s: float = 5.0) -> None:
         """Tells every other task that this job failed (they end at once); best effort."""
-        mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.config().job_id)
+        mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.settings().job_id)
         chief = self.spec.task_of(self.spec.chief_index)
         try:
             for task in mail.tasks:

@@ -226,7 +226,7 @@ def _accept(message: bytes, receiver: Receiver, secret: bytes | None, name: str,
         work = pathlib.Path(tempfile.mkdtemp(prefix="autodist-job-", dir=parent))
         job = JobDir.unpack(archive, work)
         receiver.discard()   # unpacked: the archive's file goes
-        config = job.config()
+        config = job.settings()
         shipped_spec = job.resource_spec()
         shipped = shipped_spec.cluster_def(job.ports())
         if config.job_id != job_id:

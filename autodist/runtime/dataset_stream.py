@@ -24,12 +24,13 @@ from typing import Sequence
 import numpy as np
 
 from autodist.ir.graph_item import GraphItem
-from autodist.launch.job import DatasetFiles, RunConfig
+from autodist.launch.job import DatasetFiles
 from autodist.runtime import batching, dataset_graph
 from autodist.runtime.datasets import DatasetError
 from autodist.runtime.records import DatasetDescription
 from autodist.runtime.step_data import GlobalBatch
 from autodist.runtime.targets import pack
+from autodist.runtime.run_config import RunConfig
 
 _POLL_S = 0.1
 

@@ -53,13 +53,14 @@ import numpy as np
 from autodist.ir.errors import AutodistError
 from autodist.ir.strategy import Strategy
 from autodist.launch import mailbox
-from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.job import JobDir
 from autodist.launch.mailbox import Mailboxes, Task
 from autodist.runtime.batching import EpochSchedule
 from autodist.runtime.elastic import Segment
 from autodist.runtime.records import (ChangeRequest, EpochDecision, MonitoredStep,
                                       MonitorSample, ProgressRecord, RunLimit, StepReport,
                                       add_states)
+from autodist.runtime.run_config import RunConfig
 
 STOP = "stop"
 CHIEF: Task = ("worker", 0)

@@ -1,16 +1,20 @@
 """`FitOptions`: every option of `DistributedRun.fit`, and every check of them.
 
-`fit` takes its keyword arguments into one `FitOptions`, which checks them
-against the strategy and the cluster before anything starts (`check`), so a
-bad option is an error naming it and what was received, never a cluster that
-starts and then fails or trains something else. What the options imply for
-the run (who follows it, whether membership may change, which strategies
-are switched to) is derived here too.
+`fit` takes its keyword arguments (`FitArguments`, typed) into one
+`FitOptions` (`FitOptions.from_arguments`), which checks them against the
+strategy and the cluster before anything starts (`check`), so a bad option
+is an error naming it and what was received, never a cluster that starts and
+then fails or trains something else. What the options imply for the run (who
+follows it, whether membership may change, which strategies are switched
+to) is derived here too, and so is the job's `RunConfig` (`run_config`), in
+this one place.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+import difflib
+import uuid
+from typing import Any, Mapping, Sequence, TypedDict
 
 from autodist.adapt.policy import Policy, Replanner
 from autodist.ir.errors import AutodistError
@@ -18,10 +22,47 @@ from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.runtime.elastic import check_elastic, check_switch
+from autodist.runtime.run_config import RunConfig
 
 ON_FAILURE = ("stop", "continue")
 _HOOKS = ("set_model", "set_params", "on_train_begin", "on_epoch_begin", "on_train_batch_begin",
           "on_train_batch_end", "on_epoch_end", "on_train_end")
+
+
+class FitArguments(TypedDict, total=False):
+    """The keyword arguments of `DistributedRun.fit` (and `Plan.fit`), typed.
+
+    See `DistributedRun.fit` for each one's meaning; `FitOptions` holds them
+    checked, with the same names and defaults.
+    """
+
+    batch_size: int | None
+    epochs: int
+    steps_per_epoch: int | None
+    shuffle: bool | str
+    seed: int
+    verbose: int
+    timeout_s: float
+    checkpoint_dir: str | None
+    checkpoint_every_steps: int | None
+    checkpoints_to_keep: int | None
+    initial_checkpoint: str | None
+    callbacks: Sequence[Any] | None
+    resize_at: Mapping[int, int | Sequence[int]] | None
+    elastic: bool
+    switch_at: Mapping[int, Strategy] | None
+    policies: Sequence[Policy] | None
+    replanner: Replanner | None
+    on_failure: str
+    monitor_every: int
+    validation_data: Any
+    validation_split: float
+    validation_batch_size: int | None
+    validation_steps: int | None
+    validation_freq: int | Sequence[int]
+    initial_epoch: int
+    sample_weight: Any
+    class_weight: Mapping[int, float] | None
 
 
 @dataclasses.dataclass
@@ -40,7 +81,7 @@ class FitOptions:
     checkpoints_to_keep: int | None = None
     initial_checkpoint: str | None = None
     callbacks: Sequence[Any] = ()
-    resize_at: Mapping[int, int] | None = None
+    resize_at: Mapping[int, int | Sequence[int]] | None = None
     elastic: bool = False
     switch_at: Mapping[int, Strategy] | None = None
     policies: Sequence[Policy] = ()
@@ -53,6 +94,28 @@ class FitOptions:
     validation_steps: int | None = None
     validation_freq: int | Sequence[int] = 1
     initial_epoch: int = 0
+    sample_weight: Any = None
+    class_weight: Mapping[int, float] | None = None
+
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, Any]) -> FitOptions:
+        """The options from `fit`'s keyword arguments.
+
+        Raises:
+            TypeError: an argument `fit` does not take (named, with the
+                closest one it does).
+        """
+        known = [f.name for f in dataclasses.fields(cls)]
+        for name in arguments:
+            if name not in known:
+                close = difflib.get_close_matches(str(name), known, n=1)
+                raise TypeError(f"fit() got an unexpected keyword argument {name!r}"
+                                + (f"; did you mean {close[0]!r}?" if close else
+                                   f"; it takes {', '.join(known)}"))
+        options = cls(**arguments)
+        if options.checkpoint_dir:
+            options.checkpoint_dir = str(options.checkpoint_dir)
+        return options
 
     def __post_init__(self) -> None:
         self.callbacks = list(self.callbacks or [])
@@ -97,6 +160,28 @@ class FitOptions:
                 plans.append(text)
             by_step[str(int(step))] = plans.index(text) + 1
         return plans, by_step
+
+    def run_config(self, *, global_batch_size: int, shuffle: bool | str,
+                   step_timeout_s: float, startup_timeout_s: float,
+                   task_step_delay_s: dict[str, float] | None) -> RunConfig:
+        """The job's config for these options, on an input of `global_batch_size`
+        whose workers shuffle as `shuffle` says, under the run's timeouts."""
+        plans, switch_at = self.switch_plans()
+        return RunConfig(
+            global_batch_size=global_batch_size, epochs=self.job_epochs,
+            steps_per_epoch=self.steps_per_epoch, shuffle=shuffle, seed=self.seed,
+            step_timeout_s=step_timeout_s, startup_timeout_s=startup_timeout_s,
+            checkpoint_dir=self.checkpoint_dir,
+            checkpoint_every_steps=self.checkpoint_every_steps,
+            checkpoints_to_keep=self.checkpoints_to_keep,
+            task_step_delay_s=task_step_delay_s or None, follow_steps=self.followed,
+            job_timeout_s=self.timeout_s, job_id=uuid.uuid4().hex,
+            resize_at={str(k): v if isinstance(v, int) else sorted(v)
+                       for k, v in self.resize_at.items()} if self.resize_at else None,
+            on_failure=self.on_failure, elastic=self.membership_may_change,
+            monitor_every=self.monitor_every, switch_at=switch_at or None,
+            plans=plans or None, epoch_weights=bool(self.callbacks or self.validates),
+            first_epoch=self.initial_epoch)
 
     def check(self, strategy: Strategy, graph_item: GraphItem, spec: ResourceSpec,
               launch: str) -> AutodistError | None:

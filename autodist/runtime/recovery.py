@@ -33,10 +33,11 @@ from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.launch.errors import TaskFailedError
-from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.job import JobDir
 from autodist.proto import resource_spec_pb2
 from autodist.runtime.elastic import replica_task
 from autodist.runtime.records import LossRecord, ProgressRecord
+from autodist.runtime.run_config import RunConfig
 
 # In the recovery file: the run step to resume at (see worker.save_recovery).
 NEXT_STEP = "autodist/next_step"
@@ -203,7 +204,7 @@ def run_recovering(job: JobDir, strategy: Strategy, spec: ResourceSpec, *,
             worker held parameter-server variables, or nothing was saved.
     """
     outcome = Outcome(job, spec)
-    config = job.config()
+    config = RunConfig.of_job(job)
     while True:
         try:
             run_cluster(outcome.job, outcome.spec)

@@ -2,20 +2,18 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import pathlib
 import shutil
-import sys
 import time
 import uuid
 import warnings
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Sequence, Unpack
 
 import numpy as np
 
 from autodist.adapt.driver import PolicyDriver
-from autodist.adapt.policy import Control, Policy, Replanner
+from autodist.adapt.policy import Control
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
@@ -23,23 +21,22 @@ from autodist.ir.strategy import Strategy
 from autodist.kernels.optimizers import check_supported as check_optimizer
 from autodist.launch import heartbeats
 from autodist.launch.errors import TaskFailedError
-from autodist.launch.job import DatasetFiles, JobDir, RunConfig
+from autodist.launch.job import JobDir
 from autodist.launch.local import LocalCluster, check_local
 from autodist.launch.remote import RemoteCluster
 from autodist.launch.signing import load_secret
 from autodist.launch.tf_config import check_this_is_the_chief
-from autodist.runtime import batching, checkpoint, datasets, follow, keras_data, keras_parity
-from autodist.runtime import recovery
-from autodist.runtime import optimizer_state, sharded_input
-from autodist.runtime import targets as targets_
-from autodist.runtime.elastic import check_elastic, check_switch, members_for, segments
+from autodist.runtime import batching, checkpoint, fit_input, keras_parity, recovery, validation
+from autodist.runtime.change_requests import ChangeRequests
+from autodist.runtime.elastic import segments
 from autodist.runtime.entry import TASK_MODULE
 from autodist.runtime.history import History, read_results
 from autodist.runtime.metric_logs import MetricLogs
-from autodist.runtime.options import FitOptions
+from autodist.runtime.model_state import ModelState
+from autodist.runtime.options import FitArguments, FitOptions
 from autodist.runtime.progress import Progress, learning_rate_of
 from autodist.runtime.records import WorkerResult
-from autodist.runtime.sharded_input import ShardedDataset
+from autodist.runtime.run_config import RunConfig
 
 LAUNCH_MODES = ("local", "remote")
 
@@ -119,42 +116,12 @@ class DistributedRun:
         self.startup_timeout_s = startup_timeout_s
         self.last_job_dir: pathlib.Path | None = None
         self.task_step_delay_s = {str(k): float(v) for k, v in (task_step_delay_s or {}).items()}
-        # The job and config of a followed fit while it runs (for `resize`).
-        self._following: tuple[JobDir, RunConfig] | None = None
-        self._resize_sequence = 0
-        # The membership the running fit was last asked for (None: unchanged).
-        self._requested_members: tuple[int, ...] | None = None
-        self._members: tuple[int, ...] = tuple(range(resource_spec.num_worker_tasks))
-        self._requested_strategy: str | None = None
-        self._requested_batch = 0
-        self._num_examples: int | None = 0
-        self._streaming = False
+        self._state = ModelState(model, self.graph_item, keep_optimizer_state)
+        self._requests = ChangeRequests(self.graph_item, strategy, resource_spec)
         # Passes this run's fits started on each dataset (by its seed generators' names).
         self._dataset_passes: dict[tuple[str, ...], int] = {}
-        self._resizable: AutodistError | None = None
 
-    def fit(self, x: Any, y: Any = None, *, batch_size: int | None = None, epochs: int = 1,
-            steps_per_epoch: int | None = None, shuffle: bool | str = True, seed: int = 0,
-            verbose: int = 1, timeout_s: float = 3600.0, checkpoint_dir: str | None = None,
-            checkpoint_every_steps: int | None = None,
-            checkpoints_to_keep: int | None = None,
-            initial_checkpoint: str | None = None,
-            callbacks: Sequence[Any] | None = None,
-            resize_at: Mapping[int, int | Sequence[int]] | None = None,
-            elastic: bool = False,
-            switch_at: Mapping[int, Strategy] | None = None,
-            policies: Sequence[Policy] | None = None,
-            replanner: Replanner | None = None,
-            on_failure: str = "stop",
-            monitor_every: int = 0,
-            validation_data: Any = None,
-            validation_split: float = 0.0,
-            validation_batch_size: int | None = None,
-            validation_steps: int | None = None,
-            validation_freq: int | Sequence[int] = 1,
-            initial_epoch: int = 0,
-            sample_weight: Any = None,
-            class_weight: Mapping[int, float] | None = None) -> History:
+    def fit(self, x: Any, y: Any = None, **arguments: Unpack[FitArguments]) -> History:
         """Trains on the cluster and writes the trained weights into the model.
 
         Callbacks (`keras.callbacks.Callback`) run here, in the driver, in a
@@ -195,6 +162,9 @@ class DistributedRun:
                 share of every global batch; see
                 `autodist.runtime.sharded_input`).
             y: Target array (None with a dataset).
+            **arguments: The options below (`FitArguments`), by keyword.
+
+        Keyword Args:
             batch_size: The global batch (split over all replicas); default
                 the strategy's fixed global batch when it has virtual nodes
                 (any other value is an error), else 32; not given with a
@@ -292,165 +262,45 @@ class DistributedRun:
             The History (a `keras.callbacks.History`, also set as
             `model.history`), with per-epoch logs and per-step losses and times.
         """
-        options = FitOptions(
-            batch_size=batch_size, epochs=epochs, steps_per_epoch=steps_per_epoch,
-            shuffle=shuffle, seed=seed, verbose=verbose, timeout_s=timeout_s,
-            checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
-            checkpoint_every_steps=checkpoint_every_steps,
-            checkpoints_to_keep=checkpoints_to_keep,
-            initial_checkpoint=initial_checkpoint, callbacks=callbacks or (),
-            resize_at=resize_at, elastic=elastic, switch_at=switch_at,
-            policies=policies or (), replanner=replanner, on_failure=on_failure,
-            monitor_every=monitor_every, validation_data=validation_data,
-            validation_split=validation_split, validation_batch_size=validation_batch_size,
-            validation_steps=validation_steps, validation_freq=validation_freq,
-            initial_epoch=initial_epoch)
-        self._resizable = options.check(self.strategy, self.graph_item, self.resource_spec,
-                                        self.launch)
+        options = FitOptions.from_arguments(arguments)
+        not_resizable = options.check(self.strategy, self.graph_item, self.resource_spec,
+                                      self.launch)
         self._check_learning_rate()
-        if options.validation_split:
-            if datasets.is_dataset(x) or isinstance(x, ShardedDataset):
-                raise AutodistError("validation_split needs arrays; with a dataset, pass "
-                                    "validation_data")
-            x, y, sample_weight, options.validation_data = _split_validation(
-                x, y, sample_weight, options.validation_split)
-        job_epochs = options.job_epochs
-        streamed = shards = order = None
-        if isinstance(x, ShardedDataset):
-            shards = self._shards(x, y, options, sample_weight, class_weight, job_epochs)
-            inputs, targets, n = [], None, None
-            batch_size = shards.global_batch_size
-            lengths = shards.epoch_steps
-        elif datasets.is_dataset(x):
-            streamed = self._stream(x, y, options.batch_size, sample_weight, class_weight,
-                                    steps_per_epoch, job_epochs)
-            inputs, targets, n = [], None, None
-            batch_size = self.strategy.global_batch_size or streamed.batch_size or 0
-            lengths = streamed.epoch_steps
-            for step, new in (switch_at or {}).items():
-                if isinstance(new, Strategy) and \
-                        new.global_batch_size != self.strategy.global_batch_size:
-                    raise AutodistError(
-                        f"switch_at[{step}]: with a dataset the global batch is the dataset's "
-                        f"batch; a strategy switched to must keep it (global batch "
-                        f"{self.strategy.global_batch_size}); received one with "
-                        f"{new.global_batch_size}")
-        else:
-            inputs, targets, batch_size = self._arrays(x, y, options.batch_size, sample_weight,
-                                                       class_weight)
-            n = len(targets)
-            steps = batching.steps_per_epoch(n, batch_size)
-            self._check_batches([len(batching.batch_rows(np.arange(n), s, batch_size))
-                                 for s in range(steps)], n, batch_size)
-            lengths = [e.steps for e in batching.EpochSchedule(
-                n, job_epochs, steps_per_epoch, lambda step: batch_size).array_epochs()]
-            if steps_per_epoch and min(lengths) < steps_per_epoch:
-                # As Keras warns when its step finds the pass at its end.
-                warnings.warn(
-                    f"Your input ran out of data: with steps_per_epoch={steps_per_epoch}, "
-                    f"epochs read {lengths[:8]}{'...' if len(lengths) > 8 else ''} batches "
-                    f"of a pass's {steps} (a pass goes on across epochs until it ends, "
-                    "then the next epoch starts a new one), as Keras' fit reads them",
-                    UserWarning, stacklevel=2)
-            order = batching.keras_order(n, batch_size, shuffle)
-        steps = lengths[0]
-        plans, switch_plans = options.switch_plans()
-        self._members = tuple(range(self.resource_spec.num_worker_tasks))
+        x, y = validation.split_off(x, y, options)
+        ready = fit_input.prepare(x, y, options, self._input_context())
+        members = tuple(range(self.resource_spec.num_worker_tasks))
         if options.membership_may_change:
-            self._members = segments(sum(lengths), self.resource_spec.num_worker_tasks,
-                                     resize_at, switch_plans)[0].members
-        config = RunConfig(global_batch_size=batch_size, epochs=job_epochs,
-                           steps_per_epoch=steps_per_epoch,
-                           shuffle=shuffle if streamed is None and shards is None else False,
-                           seed=seed,
-                           step_timeout_s=self.step_timeout_s,
-                           startup_timeout_s=self.startup_timeout_s,
-                           checkpoint_dir=options.checkpoint_dir,
-                           checkpoint_every_steps=checkpoint_every_steps,
-                           checkpoints_to_keep=checkpoints_to_keep,
-                           task_step_delay_s=self.task_step_delay_s or None,
-                           follow_steps=options.followed, job_timeout_s=timeout_s,
-                           job_id=uuid.uuid4().hex,
-                           resize_at={str(k): v if isinstance(v, int) else sorted(v)
-                                      for k, v in resize_at.items()}
-                           if resize_at else None, on_failure=on_failure,
-                           elastic=options.membership_may_change,
-                           monitor_every=monitor_every, switch_at=switch_plans or None,
-                           plans=plans or None,
-                           epoch_weights=bool(options.callbacks or options.validates),
-                           first_epoch=options.initial_epoch)
-        init_values = self._initial_values()
-        if initial_checkpoint:
-            init_values.update(checkpoint.load(initial_checkpoint))
-        dataset_files = None if streamed is None else \
-            DatasetFiles(streamed.graph, streamed.description.to_json())
-        if shards is not None:
-            dataset_files = DatasetFiles(b"", shards.description.to_json(), shards.graphs)
-        path, job = self._new_job(config, init_values, inputs, targets, dataset_files, order)
+            members = segments(sum(ready.epoch_steps), self.resource_spec.num_worker_tasks,
+                               options.resize_at, options.switch_plans()[1])[0].members
+        config = options.run_config(
+            global_batch_size=ready.global_batch_size, shuffle=ready.shuffle,
+            step_timeout_s=self.step_timeout_s, startup_timeout_s=self.startup_timeout_s,
+            task_step_delay_s=self.task_step_delay_s)
+        init_values = self._state.initial_values()
+        if options.initial_checkpoint:
+            init_values.update(checkpoint.load(options.initial_checkpoint))
+        path, job = self._new_job(config, init_values, ready.data)
         finished = False
         try:
-            control = None
-            driver = None
-            if options.policies:
-                control = Control(self, batch_size, replanner)
-                control.members = self._members
-                driver = PolicyDriver(control, options.policies)
-            history = History()
-            metric_logs = MetricLogs(self.model, self.graph_item) or None
-            progress = Progress(
-                job, epochs=job_epochs, steps_per_epoch=steps, verbose=verbose, model=self.model,
-                callbacks=options.callbacks, history=history, policies=driver,
-                followed=options.followed, epoch_weights=config.epoch_weights,
-                load_weights=self._load_weights,
-                validate=self._validator(options, None if streamed or shards else batch_size,
-                                         lambda: progress.callbacks)
-                if options.validates else None,
-                metric_logs=metric_logs, initial_epoch=options.initial_epoch,
-                wait_s=self.step_timeout_s + self.startup_timeout_s,
-                fixed_rate=self._fixed_rate(), read_state=self._read_state)
-            self._following = (job, config) if options.followed else None
-            self._requested_members = self._requested_strategy = None
-            self._requested_batch, self._num_examples = batch_size, n
-            self._streaming = streamed is not None or shards is not None
-            progress.begin()
-            if progress.fixed_rate is None and progress.learning_rate is not None:
-                # The model's rate after on_train_begin and the first on_epoch_begin.
-                config = dataclasses.replace(config, learning_rate=progress.learning_rate)
-                job.write_config(config)
-            if on_failure == "continue":
-                outcome = recovery.run_recovering(
-                    job, self.strategy, self.resource_spec,
-                    run_cluster=lambda job_k, spec_k: self._run_cluster(
-                        job_k, timeout_s, progress.update, spec_k),
-                    write_job=lambda job_k, strategy_k, spec_k, config_k, values: job_k.write(
-                        self.graph_item, strategy_k, spec_k, config_k, values, inputs,
-                        targets, dataset_files, order),
-                    on_new_job=progress.follow)
-            else:
-                self._run_cluster(job, timeout_s, progress.update)
-                outcome = recovery.Outcome(job, self.resource_spec)
-            progress.finish_epochs()
-            self._write_back(outcome.job)
-            progress.finish()
+            self._requests.open(job, config, members=members, batch=ready.global_batch_size,
+                                num_examples=ready.num_examples, streaming=ready.streaming,
+                                not_resizable=not_resizable)
+            history, outcome, control, metric_logs = self._train(job, config, options, ready)
             finished = True
         except KeyboardInterrupt:
-            self._keep_interrupted_weights(job)
+            self._state.keep_interrupted(job)
             raise
         except TaskFailedError as error:
             # As after Ctrl-C, what was trained is kept: the error says which step.
-            raise self._keep_failed_weights(job, options.checkpoint_dir, error) from error
+            raise self._state.keep_failed(job, options.checkpoint_dir, error) from error
         finally:
-            self._following = None
+            self._requests.close()
             if self.job_dir is None and not finished:
                 _discard(path)
-        read_results(history, outcome.job, job_epochs, outcome.spec,
+        read_results(history, outcome.job, options.job_epochs, outcome.spec,
                      outcome.earlier_losses, outcome.earlier_times, options.initial_epoch,
                      None if outcome.recoveries else metric_logs)
-        if streamed is not None:   # as after Keras' fit, a later fit reshuffles anew
-            key = streamed.seed_generators
-            self._dataset_passes[key] = self._dataset_passes.get(key, 0) + \
-                datasets.start_passes_like_keras(x, streamed, steps_per_epoch,
-                                                 len(history.epoch))
+        ready.after_fit(len(history.epoch))
         history.recoveries = outcome.recoveries
         if outcome.recoveries:  # the failed jobs' metric states are lost: no estimates
             for key in [k for k in history.history if k != "loss"]:
@@ -459,6 +309,51 @@ class DistributedRun:
         if self.job_dir is None:
             shutil.rmtree(path, ignore_errors=True)
         return history
+
+    def _train(self, job: JobDir, config: RunConfig, options: FitOptions,
+               ready: fit_input.FitInput
+               ) -> tuple[History, recovery.Outcome, Control | None, MetricLogs | None]:
+        """Runs the job with the driver following it (callbacks, progress, policies) and
+        the trained state written back into the model."""
+        control = driver = None
+        if options.policies:
+            control = Control(self, ready.global_batch_size, options.replanner)
+            control.members = self._requests.members
+            driver = PolicyDriver(control, options.policies)
+        history = History()
+        metric_logs = MetricLogs(self.model, self.graph_item) or None
+        progress = Progress(
+            job, epochs=options.job_epochs, steps_per_epoch=ready.epoch_steps[0],
+            verbose=options.verbose, model=self.model, callbacks=options.callbacks,
+            history=history, policies=driver, followed=options.followed,
+            epoch_weights=config.epoch_weights, load_weights=self._state.load_weights,
+            validate=validation.validator(
+                self.model, options, None if ready.streaming else ready.global_batch_size,
+                lambda: progress.callbacks) if options.validates else None,
+            metric_logs=metric_logs, initial_epoch=options.initial_epoch,
+            wait_s=self.step_timeout_s + self.startup_timeout_s,
+            fixed_rate=self._fixed_rate(), read_state=self._state.read_state)
+        progress.begin()
+        if progress.fixed_rate is None and progress.learning_rate is not None:
+            # The model's rate after on_train_begin and the first on_epoch_begin.
+            config = dataclasses.replace(config, learning_rate=progress.learning_rate)
+            job.write_config(config)
+        if options.on_failure == "continue":
+            outcome = recovery.run_recovering(
+                job, self.strategy, self.resource_spec,
+                run_cluster=lambda job_k, spec_k: self._run_cluster(
+                    job_k, options.timeout_s, progress.update, spec_k),
+                write_job=lambda job_k, strategy_k, spec_k, config_k, values: job_k.write(
+                    self.graph_item, strategy_k, spec_k, config_k, values, ready.data.inputs,
+                    ready.data.targets, ready.data.dataset, ready.data.order),
+                on_new_job=progress.follow)
+        else:
+            self._run_cluster(job, options.timeout_s, progress.update)
+            outcome = recovery.Outcome(job, self.resource_spec)
+        progress.finish_epochs()
+        self._state.write_back(outcome.job)
+        progress.finish()
+        return history, outcome, control, metric_logs
 
     def resize(self, workers: int | Sequence[int]) -> tuple[int, ...]:
         """Asks the running `fit(..., elastic=True)` to go on with other workers.
@@ -485,15 +380,7 @@ class DistributedRun:
                 is not in 1..(workers of the spec), or the tasks are
                 unknown, repeated or leave out the chief.
         """
-        self._following_elastic("resize(workers)")
-        if self._resizable is not None:
-            raise self._resizable
-        limit = self.resource_spec.num_worker_tasks
-        current = self._requested_members or self._members
-        members = members_for(current, workers, limit, "resize's workers")
-        self._requested_members = members
-        self._request_change()
-        return members
+        return self._requests.resize(workers)
 
     def replan(self, strategy: Strategy) -> None:
         """Asks the running `fit(..., elastic=True)` to switch to `strategy`.
@@ -523,40 +410,7 @@ class DistributedRun:
             AutodistError: no elastic fit with callbacks is running, or the
                 strategy does not fit the run (`elastic.check_switch`).
         """
-        self._following_elastic("replan(strategy)")
-        _, config = self._following
-        if self._streaming and strategy.global_batch_size != self.strategy.global_batch_size:
-            raise AutodistError(
-                "with a dataset the global batch is the dataset's batch; a strategy switched "
-                f"to must keep it (global batch {self.strategy.global_batch_size}); received "
-                f"one with {strategy.global_batch_size}")
-        batch = strategy.global_batch_size or config.global_batch_size
-        changes_batch = batch != self._requested_batch
-        check_switch(self.strategy, strategy, self.graph_item, self.resource_spec,
-                     batch_change=changes_batch)
-        if changes_batch:
-            last = self._num_examples % batch
-            if strategy.global_batch_size is None or 0 < last < strategy.num_virtual_nodes:
-                raise AutodistError(
-                    f"a new global batch ({batch}) needs a strategy with virtual nodes "
-                    "(strategy.with_virtual_nodes(B, V)) whose last batch of an epoch "
-                    f"({self._num_examples} examples) holds at least V examples")
-        if self._resizable is None:
-            check_elastic(strategy, self.resource_spec)
-        self._requested_batch = batch
-        self._requested_strategy = strategy.to_text()
-        self._request_change()
-
-    def _following_elastic(self, what: str) -> None:
-        following = self._following
-        if following is None or not following[1].elastic:
-            raise AutodistError(f"{what} works while fit(..., elastic=True, callbacks=[...]) "
-                                "runs (call it from a callback)")
-
-    def _request_change(self) -> None:
-        self._resize_sequence += 1
-        follow.request_change(self._following[0], self._resize_sequence,
-                              self._requested_members, self._requested_strategy)
+        self._requests.replan(strategy)
 
     def measure_throughput(self, x: Any, y: Any = None, *, batch_size: int | None = None,
                            steps: int = 3, timeout_s: float = 600.0) -> dict[str, float]:
@@ -578,39 +432,12 @@ class DistributedRun:
         """
         if not isinstance(steps, int) or steps < 1:
             raise AutodistError(f"steps must be an integer >= 1. Received: {steps!r}")
-        dataset_files = None
-        if isinstance(x, ShardedDataset):
-            if y is not None or batch_size is not None:
-                raise AutodistError("with a ShardedDataset, pass neither y nor batch_size: "
-                                    "its shards yield (x, y) batches of the global batch it "
-                                    "names")
-            shards = sharded_input.prepare(x, self.graph_item, self.strategy,
-                                           self.resource_spec.num_worker_tasks,
-                                           steps_per_epoch=steps + 1, epochs=1)
-            if shards.epoch_steps[0] < steps + 1:
-                raise AutodistError(f"measuring {steps} steps reads {steps + 1} batches (one "
-                                    f"to warm up); the shards have {shards.epoch_steps[0]}")
-            inputs, targets = [], None
-            batch_size = shards.global_batch_size
-            dataset_files = DatasetFiles(b"", shards.description.to_json(), shards.graphs)
-        elif datasets.is_dataset(x):
-            streamed = self._stream(x, y, batch_size, None, None, steps + 1, 1)
-            if streamed.epoch_steps[0] < steps + 1:
-                raise AutodistError(f"measuring {steps} steps reads {steps + 1} batches (one "
-                                    f"to warm up); the dataset has {streamed.epoch_steps[0]}")
-            inputs, targets = [], None
-            batch_size = self.strategy.global_batch_size or streamed.batch_size or 0
-            dataset_files = DatasetFiles(streamed.graph, streamed.description.to_json())
-        else:
-            inputs, targets, batch_size = self._arrays(x, y, batch_size)
-            n = len(targets)
-            self._check_batches([len(batching.batch_rows(np.arange(n), 0, batch_size))], n,
-                                batch_size)
+        data, batch_size = fit_input.probe_input(x, y, batch_size, steps,
+                                                 self._input_context())
         config = RunConfig(global_batch_size=batch_size, step_timeout_s=self.step_timeout_s,
                            startup_timeout_s=self.startup_timeout_s, job_timeout_s=timeout_s,
                            job_id=uuid.uuid4().hex, probe_steps=steps)
-        path, job = self._new_job(config, self._initial_values(), inputs, targets,
-                                  dataset_files)
+        path, job = self._new_job(config, self._state.initial_values(), data)
         try:
             self._run_cluster(job, timeout_s, lambda: None)
             throughputs = {}
@@ -651,124 +478,17 @@ class DistributedRun:
             return "the strategy sets it (strategy.with_hyperparameters(learning_rate=...))"
         return None
 
-    def _arrays(self, x, y, batch_size: int | None, sample_weight: Any = None,
-                class_weight: Any = None):
-        """(inputs, targets and sample weights as one array, global batch) from fit's
-        arguments, checked."""
-        if y is None:
-            raise AutodistError("fit needs targets y (or a dataset of (x, y) batches)")
-        fixed = self.strategy.global_batch_size
-        if fixed is not None and batch_size not in (None, fixed):
-            raise AutodistError(
-                f"the strategy fixes the global batch at {fixed} examples "
-                f"({self.strategy.num_virtual_nodes} virtual nodes); fit received batch_size "
-                f"{batch_size}. Leave batch_size out or change the strategy's virtual nodes")
-        batch_size = (fixed or 32) if batch_size is None else batch_size
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-                or batch_size < 1:
-            raise AutodistError(f"batch_size must be an integer >= 1. Received: {batch_size!r}")
-        if sample_weight is not None and class_weight is not None:
-            raise AutodistError("give sample_weight or class_weight, not both (as Keras)")
-        data = keras_data.fit_arrays(x, y, sample_weight, self.graph_item)
-        weights = data.weights
-        if class_weight is not None:
-            weights = targets_.class_weights(class_weight, data.targets)
-            data = keras_data.fit_arrays(x, y, weights, self.graph_item)
-            weights = data.weights
-        if weights is not None:
-            self._check_weighted(np.concatenate([np.ravel(w) for w in weights])
-                                 if isinstance(weights, list) else weights)
-        return data.inputs, targets_.pack(data.targets, weights), int(batch_size)
-
-    def _shards(self, sharded: ShardedDataset, y: Any, options: FitOptions,
-                sample_weight: Any, class_weight: Any,
-                epochs: int) -> sharded_input.PreparedShards:
-        """Each worker task's shard, made ready (see `sharded_input.prepare`); refuses
-        what a run whose workers each read a fixed share cannot do."""
-        if y is not None or options.batch_size is not None or sample_weight is not None:
-            raise AutodistError("with a ShardedDataset, pass neither y, sample_weight nor "
-                                "batch_size: its shards yield (x, y[, sample_weight]) "
-                                "batches of the global batch it names")
-        fixed = [name for name, value in (
-            ("policies (which may resize or re-plan)", options.policies),
-            ("elastic=True", options.elastic), ("resize_at", options.resize_at),
-            ("switch_at", options.switch_at),
-            ("on_failure='continue'", options.on_failure == "continue")) if value]
-        if fixed:
-            raise AutodistError(
-                f"{fixed[0]} cannot work with a ShardedDataset: each worker task reads a fixed "
-                "share of every global batch, so the workers and the strategy cannot change "
-                "during the run; pass a tf.data.Dataset (every worker reads every batch) or "
-                "arrays")
-        return sharded_input.prepare(sharded, self.graph_item, self.strategy,
-                                     self.resource_spec.num_worker_tasks,
-                                     steps_per_epoch=options.steps_per_epoch, epochs=epochs,
-                                     class_weight=class_weight)
-
-    def _stream(self, dataset, y: Any, batch_size: int | None, sample_weight: Any,
-                class_weight: Any, steps_per_epoch: int | None,
-                epochs: int) -> datasets.StreamedDataset:
-        """A dataset made ready for the workers to read (see `datasets.prepare`).
-
-        As Keras, `batch_size` is ignored (the dataset's batches are the batches),
-        and y or sample_weight are refused (the dataset yields them)."""
-        del batch_size
-        if y is not None or sample_weight is not None:
-            raise AutodistError("with a dataset, pass neither y nor sample_weight (as Keras): "
-                                "the dataset yields (x, y[, sample_weight]) batches. Received "
-                                f"y={'an array' if y is not None else None}, sample_weight="
-                                f"{'an array' if sample_weight is not None else None}")
-        streamed = datasets.prepare(
-            dataset, self.graph_item, steps_per_epoch=steps_per_epoch, epochs=epochs,
-            num_virtual_nodes=self.strategy.num_virtual_nodes,
-            fixed_batch=self.strategy.global_batch_size, class_weight=class_weight,
-            earlier_passes=self._dataset_passes)
-        if streamed.description.weighted:
-            self._check_weighted(None)
-        return streamed
-
-    def _check_weighted(self, weights: np.ndarray | None) -> None:
-        """Sample weights need a step that takes them, and losses that average over the
-        batch (a replica's loss weighted by its share of the batch reproduces a mean
-        over the batch, not one over the weights' sum).
-
-        Args:
-            weights: The per-example weights, or None when not known before the
-                run (a dataset's).
-        """
-        if self.graph_item.sample_weight_input is None:
-            raise AutodistError(f"the capture of {self.graph_item.name!r} takes no sample "
-                                "weights (a function or v1 graph, or an old capture): capture "
-                                "the Keras model again")
-        losses = getattr(self.model, "loss", None)
-        losses = list(losses.values()) if isinstance(losses, dict) else \
-            list(losses) if isinstance(losses, (list, tuple)) else [losses]
-        for loss in losses:
-            if getattr(loss, "reduction", None) == "mean_with_sample_weight" and (
-                    weights is None or not np.all(weights == weights[0])):
-                raise AutodistError(
-                    f"loss {getattr(loss, 'name', type(loss).__name__)!r} divides by the sum "
-                    "of the sample weights (reduction='mean_with_sample_weight'), which a "
-                    "data-parallel step does not reproduce with uneven weights (a dataset's "
-                    "weights are not known before the run); use the default reduction "
-                    "'sum_over_batch_size'")
-
-    def _check_batches(self, sizes: list[int], n: int, batch_size: int) -> None:
-        if min(sizes) < self.strategy.num_virtual_nodes:
-            raise AutodistError(
-                f"the last batch of an epoch has {min(sizes)} examples ({n} examples, batch "
-                f"{batch_size}), fewer than the {self.strategy.num_virtual_nodes} "
-                "virtual nodes or replicas that split it; drop the remainder "
-                "(steps_per_epoch) or change the number of examples")
-
-    def _new_job(self, config: RunConfig, init_values, inputs, targets,
-                 dataset: DatasetFiles | None = None, order: np.ndarray | None = None):
+    def _new_job(self, config: RunConfig, init_values: dict[str, np.ndarray],
+                 data: fit_input.JobData) -> tuple[pathlib.Path, JobDir]:
         job = JobDir.create(self.job_dir)
-        path = job.path
-        self.last_job_dir = path
+        self.last_job_dir = job.path
         job.write(self.graph_item, self.strategy, self.resource_spec, config,
-                  init_values, inputs, targets, dataset, order)
-        return path, job
+                  init_values, data.inputs, data.targets, data.dataset, data.order)
+        return job.path, job
+
+    def _input_context(self) -> fit_input.InputContext:
+        return fit_input.InputContext(self.model, self.graph_item, self.strategy,
+                                      self.resource_spec.num_worker_tasks, self._dataset_passes)
 
     def _run_cluster(self, job: JobDir, timeout_s: float, on_poll,
                      spec: ResourceSpec | None = None) -> None:
@@ -795,7 +515,7 @@ class DistributedRun:
             except KeyboardInterrupt:
                 # As Keras keeps the weights trained so far: the chief stops at its
                 # next step and writes them (bounded; a second Ctrl-C gives up).
-                follow.request_stop(job)
+                self._requests.stop(job)
                 deadline = time.monotonic() + self.step_timeout_s
                 try:
                     while not job.file("final_weights.npz").exists() and \
@@ -805,153 +525,6 @@ class DistributedRun:
                 except KeyboardInterrupt:
                     pass
                 raise
-
-    def _initial_values(self) -> dict[str, np.ndarray]:
-        from autodist.ir.capture import keras_variable_names
-
-        trainable, state = keras_variable_names(self.model)
-        values = {n: np.asarray(v.numpy()) for n, v in zip(trainable,
-                                                             self.model.trainable_variables)}
-        non_trainable = [v for v in self.model.variables if not v.trainable]
-        values.update({n: np.asarray(v.numpy()) for n, v in zip(state, non_trainable)})
-        values.update(optimizer_state.read(self.model, self.graph_item))
-        return values
-
-    def _write_back(self, job: JobDir) -> None:
-        """The trained weights, and the optimizer's state, into the model (as after Keras'
-        fit, a later fit goes on from both)."""
-        with np.load(job.file("final_weights.npz")) as weights:
-            self._load_weights(weights)
-            if self.keep_optimizer_state:
-                optimizer_state.write(self.model, self.graph_item, weights)
-
-    def _load_weights(self, weights) -> None:
-        """Puts trained values (by variable name: an .npz or a dict) into the model."""
-        from autodist.ir.capture import keras_variable_names
-
-        trainable, state = keras_variable_names(self.model)
-        non_trainable = [v for v in self.model.variables if not v.trainable]
-        names = set(weights.files if hasattr(weights, "files") else weights)
-        for name, var in list(zip(trainable, self.model.trainable_variables)) + \
-                list(zip(state, non_trainable)):
-            if name in names:
-                var.assign(weights[name])
-
-    def _read_state(self) -> dict[str, np.ndarray]:
-        """The model's state variables by capture name (see `Progress`)."""
-        from autodist.ir.capture import keras_variable_names
-
-        _, state = keras_variable_names(self.model)
-        return {n: np.asarray(v.numpy()) for n, v in
-                zip(state, [v for v in self.model.variables if not v.trainable])}
-
-    def _keep_failed_weights(self, job: JobDir, checkpoint_dir: str | None,
-                             error: TaskFailedError) -> TaskFailedError:
-        """After a task failed: the newest trained state that survived goes into the
-        model, and the returned error (`error`'s, continued) says which.
-
-        The chief saves the state after the last step every replica completed
-        when its step fails (steps are atomic: a failed step applied nothing);
-        where the chief or a parameter server died, the newest checkpoint of
-        `checkpoint_dir` stands in; else the model is unchanged.
-        """
-        held = "the model is unchanged: no trained state could be read back (the chief or a " \
-               "parameter server failed, and no checkpoint was written: fit(checkpoint_dir=...) " \
-               "keeps one)"
-        try:
-            saved = recovery.newest_saved_state(job)
-            if saved is not None:
-                values, next_step = saved
-                self._load_state(values)
-                held = (f"the model holds the weights after step {next_step} of the run, the "
-                        "last step every replica completed")
-            elif checkpoint_dir and checkpoint.latest(checkpoint_dir) is not None:
-                prefix = checkpoint.latest(checkpoint_dir)
-                self._load_state(checkpoint.load(prefix))
-                held = f"the model holds the newest checkpoint, {prefix.parent}"
-        except (OSError, ValueError, KeyError, AutodistError) as e:
-            held = f"the model is unchanged: its trained state could not be read back ({e})"
-        print(f"autodist: task {error.task} failed; {held}", file=sys.stderr, flush=True)
-        return TaskFailedError(f"{error}\n{held}", error.task, error.log)
-
-    def _load_state(self, values: Mapping[str, np.ndarray]) -> None:
-        """Weights (and, kept between fits, the optimizer's state) into the model."""
-        self._load_weights(values)
-        if self.keep_optimizer_state:
-            optimizer_state.write(self.model, self.graph_item, values)
-
-    def _keep_interrupted_weights(self, job: JobDir) -> None:
-        """After Ctrl-C: the weights the chief trained so far go into the model, if it
-        wrote them in time."""
-        if job.file("final_weights.npz").exists():
-            self._write_back(job)
-            print("autodist: interrupted; the model holds the weights trained so far",
-                  file=sys.stderr, flush=True)
-        else:
-            print("autodist: interrupted before the chief could send its weights; the model "
-                  "is unchanged", file=sys.stderr, flush=True)
-
-    def _validator(self, options: FitOptions, batch_size: int,
-                   callbacks: Callable[[], Any]) -> Callable[[int], dict[str, float]]:
-        """Epoch -> its ``val_*`` logs: Keras' `evaluate` in this process, on the model
-        holding that epoch's weights (as Keras' `fit` runs it), or {} when
-        `validation_freq` skips the epoch."""
-        val_x, val_y, val_weight = _unpack_validation(options.validation_data)
-
-        def validate(epoch: int) -> dict[str, float]:
-            if not options.should_validate(epoch):
-                return {}
-            logs = self.model.evaluate(
-                val_x, val_y, sample_weight=val_weight,
-                batch_size=None if datasets.is_dataset(val_x) else
-                options.validation_batch_size or batch_size,
-                steps=options.validation_steps, callbacks=callbacks(), verbose=0,
-                return_dict=True)
-            return {f"val_{name}": float(value) for name, value in logs.items()}
-
-        return validate
-
-def _split_validation(x: Any, y: Any, sample_weight: Any, fraction: float
-                      ) -> tuple[Any, Any, Any, tuple[Any, ...]]:
-    """Keras' `validation_split`: the last `fraction` of the examples, before any shuffling.
-
-    Returns:
-        (training x, training y, training sample weights, validation data).
-    """
-    def split(value, start, end):
-        if value is None:
-            return None
-        if isinstance(value, dict):
-            return {k: split(v, start, end) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [split(v, start, end) for v in value]
-        return value[start:end]
-
-    first = x
-    while isinstance(first, (list, tuple, dict)):
-        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
-    n = len(first)
-    split_at = int(math.floor(n * (1.0 - fraction)))
-    if split_at in (0, n):
-        raise AutodistError(f"validation_split={fraction} leaves no examples for training or "
-                            f"for validation ({n} examples)")
-    validation = (split(x, split_at, n), split(y, split_at, n))
-    if sample_weight is not None:
-        validation += (split(sample_weight, split_at, n),)
-    return (split(x, 0, split_at), split(y, 0, split_at), split(sample_weight, 0, split_at),
-            validation)
-
-
-def _unpack_validation(data: Any) -> tuple[Any, Any, Any]:
-    """(x, y, sample_weight) of `validation_data`, as Keras unpacks it."""
-    if datasets.is_dataset(data):
-        return data, None, None
-    if isinstance(data, tuple) and len(data) in (2, 3):
-        return data[0], data[1], data[2] if len(data) == 3 else None
-    raise AutodistError("validation_data must be (x, y), (x, y, sample_weight) or a "
-                        f"tf.data.Dataset. Received: {type(data).__name__}"
-                        + (f" of {len(data)} items" if isinstance(data, (tuple, list)) else ""))
-
 
 def _warn_if_oversubscribed(spec: ResourceSpec) -> None:
     """A local cluster of more compute replicas than this machine has cores: every step
@@ -988,7 +561,7 @@ def _rows_read_by(job: JobDir, task_index: int) -> np.ndarray | None:
     a job with a dataset, which every worker reads whole)."""
     if job.dataset() is not None:
         return None
-    config = job.config()
+    config = RunConfig.of_job(job)
     num_examples, _ = job.shard()
     devices = job.strategy().virtual_node_devices
     prefix = f"/job:worker/task:{task_index}/"

@@ -15,8 +15,9 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.job import JobDir
 from autodist.runtime import batching
+from autodist.runtime.run_config import RunConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,7 @@ from autodist.kernels import (global_batch, loss_scaling, monitoring, partitione
 from autodist.kernels.program import Program
 from autodist.kernels.variables import StorageVariable
 from autodist.launch import mailbox
-from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.job import JobDir
 from autodist.launch.mailbox import Mailboxes
 from autodist.launch.server import server_config
 from autodist.runtime import checkpoint
@@ -47,6 +47,7 @@ from autodist.runtime.records import (LossRecord, MonitoredStep, MonitorSample, 
                                       ProgressRecord, ResizeEvent, WorkerMessage, WorkerResult,
                                       add_states)
 from autodist.runtime.step_data import ArrayData, GlobalBatch, StepData
+from autodist.runtime.run_config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ class Trainer:
         self.graph_item = job.graph_item()
         self.strategy = job.strategy()
         self.spec = job.resource_spec()
-        self.config: RunConfig = job.config()
+        self.config: RunConfig = RunConfig.of_job(job)
         self.is_chief = task_index == 0
         self.target = target
         self.run_options = tf.compat.v1.RunOptions(
@@ -897,7 +898,7 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
     error names it even when the worker runs on another host.
     """
     spec = job.resource_spec()
-    config = job.config()
+    config = RunConfig.of_job(job)
     mail = Mailboxes(spec.cluster_def(job.ports()), job_id=config.job_id)
     is_chief = task_index == 0
     trainer = None

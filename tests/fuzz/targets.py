@@ -691,8 +691,8 @@ class JobMessages(Target):
 
         from autodist.ir.errors import AutodistError
         from autodist.launch import chunks, signing
-        from autodist.launch.job import JobDir, RunConfig
-
+        from autodist.launch.job import JobDir
+        from autodist.runtime.run_config import RunConfig
         self.error = AutodistError
         self.signing, self.chunks, self.JobDir = signing, chunks, JobDir
         # A dropped unfinished job is logged as a warning: not one per case.
@@ -818,7 +818,7 @@ class JobMessages(Target):
                 work = pathlib.Path(tempfile.mkdtemp(dir=workdir))
                 try:
                     job = self.JobDir.unpack(archive, work)
-                    job.config(), job.ports()
+                    job.settings(), job.ports()
                     return
                 finally:
                     shutil.rmtree(work, ignore_errors=True)

@@ -17,7 +17,8 @@ import autodist
 from autodist.ir.errors import InvalidArgumentError
 from autodist.launch import chunks, mailbox, signing
 from autodist.launch.chunks import Assembly, Receiver
-from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.job import JobDir
+from autodist.runtime.run_config import RunConfig
 from autodist.launch.remote import RemoteCluster
 from autodist.launch.signing import JobPart, JobRejectedError
 

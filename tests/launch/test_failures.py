@@ -11,7 +11,8 @@ import pytest
 
 import autodist
 from autodist import models
-from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.job import JobDir
+from autodist.runtime.run_config import RunConfig
 from autodist.launch.errors import TaskFailedError
 from autodist.launch.local import LocalCluster
 from autodist.runtime.entry import TASK_MODULE

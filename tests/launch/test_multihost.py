@@ -23,7 +23,8 @@ import autodist
 from autodist import models
 from autodist.launch import chunks, mailbox, signing
 from autodist.launch.errors import TaskFailedError
-from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.job import JobDir
+from autodist.runtime.run_config import RunConfig
 from autodist.launch.local import free_ports
 from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV, JobRejectedError
 from autodist.search import builders

@@ -12,7 +12,8 @@ import pytest
 
 import autodist
 from autodist.launch import private_files
-from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.job import JobDir
+from autodist.runtime.run_config import RunConfig
 from autodist.launch.private_files import PrivateDirError
 
 

@@ -13,7 +13,8 @@ import autodist
 from autodist.ir.errors import AutodistError, ResourceSpecError
 from autodist.runtime import batching
 from autodist.launch import tf_config
-from autodist.launch.job import JobDir, RunConfig
+from autodist.launch.job import JobDir
+from autodist.runtime.run_config import RunConfig
 from autodist.runtime.run import DistributedRun
 
 

@@ -15,7 +15,8 @@ import tensorflow as tf
 
 import autodist
 from autodist import models
-from autodist.launch.job import DatasetFiles, RunConfig
+from autodist.launch.job import DatasetFiles
+from autodist.runtime.run_config import RunConfig
 from autodist.runtime import datasets
 from autodist.runtime.batching import dataset_epochs
 from autodist.runtime.dataset_graph import DatasetGraphError

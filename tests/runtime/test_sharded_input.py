@@ -13,7 +13,8 @@ import tensorflow as tf
 
 import autodist
 from autodist import models
-from autodist.launch.job import DatasetFiles, JobDir, RunConfig
+from autodist.launch.job import DatasetFiles, JobDir
+from autodist.runtime.run_config import RunConfig
 from autodist.runtime import sharded_input
 from autodist.runtime.batching import dataset_epochs
 from autodist.runtime.dataset_stream import DatasetStream
