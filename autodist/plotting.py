@@ -28,6 +28,7 @@ import os
 import statistics
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from autodist.ir.device_names import DeviceName, DeviceNameError
 from autodist.ir.errors import AutodistError, InvalidArgumentError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
@@ -253,7 +254,7 @@ def strategy_layout(strategy: Strategy, graph_item: GraphItem | None = None,
     replicas = strategy.replicas
     holdings: list[Holding] = []
     families: dict[str, str] = {}
-    for config in strategy.proto.variables:
+    for config in strategy.variables:
         var = graph_item.variable(config.var_name) if graph_item is not None else None
         sparse = bool(var is not None and var.sparse_gradient)
         sizes = shard_sizes(var, config) if var is not None else None
@@ -277,7 +278,7 @@ def strategy_layout(strategy: Strategy, graph_item: GraphItem | None = None,
         devices=_device_order([*replicas, *(h.device for h in holdings),
                                *(resource_spec.ps_devices if resource_spec else ())],
                               resource_spec),
-        variables=[c.var_name for c in strategy.proto.variables], families=families,
+        variables=[c.var_name for c in strategy.variables], families=families,
         holdings=holdings)
     if graph_item is None:
         return layout
@@ -315,7 +316,7 @@ def _simulated(strategy: Strategy, graph_item: GraphItem, spec: ResourceSpec,
     # The simulator's own per-variable bytes: the numbers its prediction sums
     # (tests/test_plotting.py checks the sums against it).
     traffic_in, traffic_out = simulator.node_traffic(candidate)
-    by_name = {c.var_name: c for c in strategy.proto.variables}
+    by_name = {c.var_name: c for c in strategy.variables}
     n = simulator.num_nodes
     totals = {"in": np.zeros(n), "out": np.zeros(n)}
     families: dict[str, dict[str, np.ndarray]] = {}
@@ -348,10 +349,10 @@ def _simulated(strategy: Strategy, graph_item: GraphItem, spec: ResourceSpec,
 # --------------------------------------------------------------- formatting
 def short_device(device: str) -> str:
     """"/job:worker/task:0/device:CPU:0" -> "worker:0 CPU:0"."""
-    parts = dict(p.split(":", 1) for p in device.strip("/").split("/") if ":" in p)
-    if {"job", "task", "device"} <= parts.keys():
-        return f"{parts['job']}:{parts['task']} {parts['device']}"
-    return device
+    try:
+        return DeviceName.parse(device).short
+    except DeviceNameError:
+        return device
 
 
 def _save(fig: Figure, path: str | os.PathLike | None) -> Figure:

@@ -12,13 +12,10 @@ its members (`elastic.strategy_for`), which is the plan itself.
 """
 from __future__ import annotations
 
-import re
-
+from autodist.ir.device_names import DeviceName
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
-
-_WORKER_TASK = re.compile(r"/job:worker/task:(\d+)")
 
 
 def member_spec(spec: ResourceSpec, members: tuple[int, ...]) -> ResourceSpec:
@@ -27,14 +24,7 @@ def member_spec(spec: ResourceSpec, members: tuple[int, ...]) -> ResourceSpec:
     The nodes keep their order, so the sub-spec's worker task j is members[j]
     (sorted, the chief first) and its PS tasks are the spec's.
     """
-    proto = spec.proto.__class__()
-    proto.CopyFrom(spec.proto)
-    del proto.nodes[:]
-    for i, node in enumerate(spec.proto.nodes):
-        job, task = spec.task_of(i)
-        if job != "worker" or task in members:
-            proto.nodes.add().CopyFrom(node)
-    return ResourceSpec(proto)
+    return spec.with_worker_tasks(members)
 
 
 def lift(plan: Strategy, members: tuple[int, ...], like: Strategy,
@@ -52,26 +42,19 @@ def lift(plan: Strategy, members: tuple[int, ...], like: Strategy,
     Raises:
         AutodistError: the plan names a worker task the sub-spec does not have.
     """
-    def rename(match: re.Match) -> str:
-        task = int(match.group(1))
-        if task >= len(members):
-            raise AutodistError(f"the plan for members {list(members)} names worker task "
-                                f"{task}; the sub-cluster has tasks 0..{len(members) - 1}")
-        return f"/job:worker/task:{members[task]}"
-
-    out = Strategy.from_text(_WORKER_TASK.sub(rename, plan.to_text()))
+    outside = sorted(d.index for d in plan.devices()
+                     if d.job == "worker" and d.index >= len(members))
+    if outside:
+        raise AutodistError(f"the plan for members {list(members)} names worker task "
+                            f"{outside[0]}; the sub-cluster has tasks 0..{len(members) - 1}")
+    out = plan.with_worker_tasks_renumbered(dict(enumerate(members)))
     idle = [d for d in like.replicas if _task(d) not in members]
-    replicas = sorted(out.replicas + idle, key=_task)
-    del out.proto.graph_config.replicas[:]
-    out.proto.graph_config.replicas.extend(replicas)
+    batch = {} if like.global_batch_size is None else {
+        "global_batch_size": like.global_batch_size, "num_virtual_nodes": like.num_virtual_nodes}
+    out = out.with_replicas(sorted(out.replicas + idle, key=_task), **batch)
     out.proto.resource_spec_fingerprint = spec.fingerprint
-    if like.global_batch_size is not None:
-        out = out.with_virtual_nodes(like.global_batch_size, like.num_virtual_nodes)
     return out.with_hyperparameters(**like.hyperparameters)
 
 
 def _task(device: str) -> int:
-    match = _WORKER_TASK.search(device)
-    if match is None:
-        raise AutodistError(f"replica device {device!r} names no worker task")
-    return int(match.group(1))
+    return DeviceName.parse(device).index

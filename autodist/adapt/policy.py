@@ -290,16 +290,10 @@ def scaled_bandwidth(spec: ResourceSpec, scale: float) -> ResourceSpec:
         raise AutodistError(f"bandwidth_scale must be a positive number. Received: {scale!r}")
     if scale == 1.0:
         return spec
-    proto = spec.proto.__class__()
-    proto.CopyFrom(spec.proto)
-    for node in proto.nodes:
-        if node.network_bandwidth_gbps:
-            node.network_bandwidth_gbps *= scale
-    return ResourceSpec(proto)
+    return spec.with_bandwidth_scaled(scale)
 
 
 def _same_plan(a: Strategy, b: Strategy) -> bool:
     """Whether two strategies distribute the same way (ids and predictions aside)."""
-    return a.proto.graph_config == b.proto.graph_config and \
-        list(a.proto.variables) == list(b.proto.variables)
+    return a.distributes_like(b)
 

@@ -18,6 +18,7 @@ custom normalization) is listed as not syncable, with the reason.
 """
 from __future__ import annotations
 
+from autodist.ir.device_names import input_op, op_name
 from autodist.proto import graph_item_pb2
 
 
@@ -36,7 +37,7 @@ def analyze(graph_def, trainable_handles=frozenset()) -> list[graph_item_pb2.Bat
     for node in graph_def.node:
         for name in node.input:
             if not name.startswith("^"):
-                consumers.setdefault(name.split(":")[0], []).append(node)
+                consumers.setdefault(op_name(name), []).append(node)
     out = []
     for node in graph_def.node:
         if node.op != "Mean" or not node.name.endswith("/moments/mean") or \
@@ -73,7 +74,7 @@ def _reduces_examples(mean, nodes) -> bool:
     """Whether a Mean reduces over the batch axis (its reduction axes include 0)."""
     import tensorflow as tf
 
-    axes = nodes.get(mean.input[1].split(":")[0])
+    axes = nodes.get(op_name(mean.input[1]))
     if axes is None or axes.op != "Const":
         return False
     return 0 in tf.make_ndarray(axes.attr["value"].tensor).reshape(-1).tolist()
@@ -81,7 +82,7 @@ def _reduces_examples(mean, nodes) -> bool:
 
 def _gradient_of(mean, nodes, consumers) -> tuple[str, str] | None:
     """(the RealDiv of the Mean's gradient, the Reshape of its upstream gradient)."""
-    axes = mean.input[1].split(":")[0]
+    axes = op_name(mean.input[1])
     for add in consumers.get(axes, []):
         if add.op != "AddV2":
             continue
@@ -90,12 +91,12 @@ def _gradient_of(mean, nodes, consumers) -> tuple[str, str] | None:
                 for prod in _of(consumers, gather, "Prod"):
                     for cast in _of(consumers, prod, "Cast"):
                         for div in _of(consumers, cast, "RealDiv"):
-                            if div.input[1].split(":")[0] != cast.name:
+                            if op_name(div.input[1]) != cast.name:
                                 continue
-                            broadcast = nodes.get(div.input[0].split(":")[0])
+                            broadcast = nodes.get(op_name(div.input[0]))
                             if broadcast is None or broadcast.op != "BroadcastTo":
                                 continue
-                            reshape = nodes.get(broadcast.input[0].split(":")[0])
+                            reshape = nodes.get(op_name(broadcast.input[0]))
                             if reshape is not None and reshape.op == "Reshape":
                                 return div.name, reshape.name
     return None
@@ -111,7 +112,7 @@ def _depends_on(node, nodes, handles: set) -> bool:
         if name in seen or name not in nodes:
             continue
         seen.add(name)
-        todo.extend(i.lstrip("^").split(":")[0] for i in nodes[name].input)
+        todo.extend(input_op(i) for i in nodes[name].input)
     return False
 
 

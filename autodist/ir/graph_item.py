@@ -14,6 +14,7 @@ import networkx as nx
 from google.protobuf import text_format
 
 from autodist.ir.atomic import atomic_write
+from autodist.ir.device_names import input_op
 from autodist.ir.errors import CaptureError, UnknownVariableError
 from autodist.ir.fingerprint import fingerprint
 from autodist.ir.graph_item_checks import GRAPH_ITEM_SCHEMA_VERSION, check_graph_item
@@ -213,7 +214,7 @@ class GraphItem:
                              output_bytes=0, order=-1)
             for inp in node.input:
                 control = inp.startswith("^")
-                src = inp.lstrip("^").split(":")[0]
+                src = input_op(inp)
                 dag.add_edge(src, node.name, control=control)
         return dag
 

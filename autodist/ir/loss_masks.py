@@ -9,6 +9,7 @@ a distributed step sums it over replicas (`autodist.kernels.loss_masks`).
 """
 from __future__ import annotations
 
+from autodist.ir.device_names import op_name
 from autodist.proto import graph_item_pb2
 
 
@@ -19,10 +20,10 @@ def analyze(graph_def) -> list[graph_item_pb2.LossMaskInfo]:
     for node in graph_def.node:
         if node.op != "DivNoNan" or not node.name.startswith("compile_loss/"):
             continue
-        count = nodes.get(node.input[1].split(":")[0])
+        count = nodes.get(op_name(node.input[1]))
         if count is None or count.op != "Sum":
             continue
-        mask = nodes.get(count.input[0].split(":")[0])
+        mask = nodes.get(op_name(count.input[0]))
         if mask is not None and mask.op == "Cast":
             out.append(graph_item_pb2.LossMaskInfo(count=count.name,
                                                    loss=node.name.rsplit("/", 1)[0]))

@@ -9,12 +9,13 @@ import math
 import os
 import pathlib
 import uuid
-from typing import Iterator
+from typing import Callable, Iterator, Mapping, Sequence
 
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
 
 from autodist.ir.atomic import atomic_write
+from autodist.ir.device_names import DeviceName, DeviceNameError
 from autodist.ir.errors import StrategyError, UnknownVariableError, short_repr, shorten
 from autodist.ir.graph_item import GraphItem, gradient_clipping
 from autodist.ir.resource_spec import ResourceSpec
@@ -253,6 +254,111 @@ class Strategy:
         vn.device.extend(devices)
         return out
 
+    # ------------------------------------------------------------ transforms
+    @property
+    def is_asynchronous(self) -> bool:
+        """Whether some shard is updated without waiting for every replica (`is_asynchronous`)."""
+        return bool(self.asynchronous_shards())
+
+    def asynchronous_shards(self) -> list[tuple[str, int]]:
+        """(variable, shard index) of every asynchronous shard (`is_asynchronous`)."""
+        return [(config.var_name, i) for config in self._proto.variables
+                for i, sync in enumerate(config.shards) if is_asynchronous(sync)]
+
+    def devices(self) -> list[DeviceName]:
+        """Every device the strategy names (replicas, virtual nodes' replicas, PS
+        destinations), each once, in that order.
+
+        Raises:
+            StrategyError: a device name that does not parse, naming its field.
+        """
+        seen: dict[DeviceName, None] = {}
+        for field, name in _device_fields(self._proto):
+            seen.setdefault(_parse_device(field, name), None)
+        return list(seen)
+
+    def with_devices(self, rename: Callable[[DeviceName], DeviceName]) -> Strategy:
+        """A copy with every device `d` the strategy names replaced by `rename(d)`.
+
+        Replicas, virtual nodes' replicas and PS destinations are renamed;
+        nothing else changes (not the id, which names the plan, not its devices).
+
+        Raises:
+            StrategyError: a device name that does not parse, naming its field.
+        """
+        out = Strategy(self._proto)
+        graph = out._proto.graph_config
+        for values, field in ((graph.replicas, "graph_config.replicas"),
+                              (graph.virtual_nodes.device, "graph_config.virtual_nodes.device")):
+            if not values:
+                continue  # an edit of an empty field would still mark its message as set
+            renamed = [str(rename(_parse_device(f"{field}[{i}]", d)))
+                       for i, d in enumerate(values)]
+            del values[:]
+            values.extend(renamed)
+        for config in out._proto.variables:
+            for i, sync in enumerate(config.shards):
+                if sync.WhichOneof("kind") == "ps":
+                    field = f"variables[{config.var_name!r}].shards[{i}].ps.reduction_destination"
+                    sync.ps.reduction_destination = str(rename(_parse_device(
+                        field, sync.ps.reduction_destination)))
+        return out
+
+    def with_worker_tasks_renumbered(self, new_index: Mapping[int, int]) -> Strategy:
+        """A copy whose devices on worker task t are on worker task `new_index[t]`.
+
+        Example: `{0: 0, 1: 2}` moves what worker 1 holds to worker 2.
+
+        Raises:
+            StrategyError: a worker task the strategy names is not in `new_index`.
+        """
+        def rename(device: DeviceName) -> DeviceName:
+            if device.job != "worker":
+                return device
+            if device.index not in new_index:
+                raise StrategyError(
+                    f"with_worker_tasks_renumbered: {device} is on worker task "
+                    f"{device.index}, which the renumbering {short_repr(dict(new_index))} "
+                    "does not name", received=dict(new_index))
+            return device.on_task(device.task.with_index(new_index[device.index]))
+        return self.with_devices(rename)
+
+    def with_replicas(self, replicas: Sequence[str], *, global_batch_size: int | None = None,
+                      num_virtual_nodes: int | None = None) -> Strategy:
+        """A copy whose replicas are `replicas` (e.g. some of its own: the members of an
+        elastic run), its virtual nodes, if it has them, spread evenly over them.
+
+        Args:
+            replicas: The replica devices, in order.
+            global_batch_size, num_virtual_nodes: B and V of the virtual nodes
+                (default: the strategy's own B and V, if it has virtual nodes).
+
+        Raises:
+            StrategyError: no replica, one named twice, or a name that does not parse.
+        """
+        replicas = list(replicas)
+        if not replicas or len(set(replicas)) != len(replicas):
+            raise StrategyError(f"with_replicas takes distinct replicas, at least one. "
+                                f"Received: {short_repr(replicas)}",
+                                field="graph_config.replicas", received=replicas)
+        for i, name in enumerate(replicas):
+            _parse_device(f"graph_config.replicas[{i}]", name)
+        out = Strategy(self._proto)
+        del out._proto.graph_config.replicas[:]
+        out._proto.graph_config.replicas.extend(replicas)
+        if global_batch_size is None:
+            if self.global_batch_size is None:
+                return out
+            global_batch_size, num_virtual_nodes = self.global_batch_size, self.num_virtual_nodes
+        return out.with_virtual_nodes(global_batch_size,
+                                      num_virtual_nodes or self.num_virtual_nodes)
+
+    def distributes_like(self, other: Strategy) -> bool:
+        """Whether `other` distributes the same way: the same graph config and variable
+        configs (ids, origins, fingerprints and predictions aside)."""
+        return self._proto.graph_config == other._proto.graph_config and \
+            list(self._proto.variables) == list(other._proto.variables)
+
     @property
     def variables(self) -> list[VariableConfig]:
         return list(self._proto.variables)
@@ -386,11 +492,37 @@ class Strategy:
         _Validator(self._proto, graph_item, resource_spec).run(check_fingerprints)
 
 
+def _device_fields(proto: strategy_pb2.Strategy) -> Iterator[tuple[str, str]]:
+    """(field, device name) of every device a strategy names."""
+    graph = proto.graph_config
+    for i, name in enumerate(graph.replicas):
+        yield f"graph_config.replicas[{i}]", name
+    for i, name in enumerate(graph.virtual_nodes.device):
+        yield f"graph_config.virtual_nodes.device[{i}]", name
+    for config in proto.variables:
+        for i, sync in enumerate(config.shards):
+            if sync.WhichOneof("kind") == "ps":
+                yield (f"variables[{config.var_name!r}].shards[{i}].ps."
+                       "reduction_destination", sync.ps.reduction_destination)
+
+
+def is_asynchronous(sync: Synchronizer) -> bool:
+    """Whether a shard is updated without waiting for every replica: a PS shard with
+    `sync` off, or with a staleness bound (replicas run ahead of each other)."""
+    return sync.WhichOneof("kind") == "ps" and (not sync.ps.sync or sync.ps.staleness != 0)
+
+
+def _parse_device(field: str, name: str) -> DeviceName:
+    try:
+        return DeviceName.parse(name)
+    except DeviceNameError as e:
+        raise StrategyError(f"{field}: {e}", field=field, received=name) from None
+
+
 def _update_group(sync: Synchronizer) -> str:
     """Where a shard's update runs: its clipping group (see _check_gradient_clipping)."""
     if sync.WhichOneof("kind") == "ps":
-        synchronous = sync.ps.sync and not sync.ps.staleness
-        return "synchronous PS" if synchronous else "asynchronous PS"
+        return "asynchronous PS" if is_asynchronous(sync) else "synchronous PS"
     return "all-reduce"
 
 

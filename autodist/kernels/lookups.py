@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from autodist.ir.device_names import op_name
 from autodist.ir.graph_item import GraphItem
 
 
@@ -27,17 +28,17 @@ def gather_where_tables_live(graph_def, graph_item: GraphItem):
     for node in graph_def.node:
         for inp in node.input:
             if not inp.startswith("^"):
-                consumers.setdefault(inp.split(":")[0], []).append(node)
+                consumers.setdefault(op_name(inp), []).append(node)
     replace: dict[str, tf.compat.v1.NodeDef] = {}
     removed: set[str] = set()
     for read in graph_def.node:
-        if read.op != "ReadVariableOp" or read.input[0].split(":")[0] not in handles:
+        if read.op != "ReadVariableOp" or op_name(read.input[0]) not in handles:
             continue
         users = consumers.get(read.name, [])
         if not users or not all(_is_row_gather(u, read.name, nodes) or u.op == "Shape"
                                 for u in users):
             continue
-        var = handles[read.input[0].split(":")[0]]
+        var = handles[op_name(read.input[0])]
         for user in users:
             replace[user.name] = (_resource_gather(user, read) if user.op == "GatherV2"
                                   else _static_shape(user, list(var.shape)))
@@ -67,11 +68,11 @@ def gather_where_tables_live(graph_def, graph_item: GraphItem):
 
 def _is_row_gather(node, read_name: str, nodes) -> bool:
     """GatherV2 of the read's rows (params input, axis 0, no batch dims)."""
-    if node.op != "GatherV2" or node.input[0].split(":")[0] != read_name:
+    if node.op != "GatherV2" or op_name(node.input[0]) != read_name:
         return False
-    if node.input[1].split(":")[0] == read_name or node.attr["batch_dims"].i != 0:
+    if op_name(node.input[1]) == read_name or node.attr["batch_dims"].i != 0:
         return False
-    axis = nodes.get(node.input[2].split(":")[0])
+    axis = nodes.get(op_name(node.input[2]))
     if axis is None or axis.op != "Const":
         return False
     return int(tf.make_ndarray(axis.attr["value"].tensor)) == 0

@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import tensorflow as tf
 
+from autodist.ir.device_names import op_name
 from autodist.ir.errors import StrategyError
 from autodist.ir.strategy import Strategy
 from autodist.kernels import global_batch
@@ -156,7 +157,7 @@ def _rewrite_reads(graph_def, handle_node: str, shards: list[Shard]):
         if node.name == handle_node:
             continue  # the whole-variable handle no longer exists
         data_inputs = [i for i in node.input if not i.startswith("^")]
-        reads_var = any(i.split(":")[0] == handle_node for i in data_inputs)
+        reads_var = any(op_name(i) == handle_node for i in data_inputs)
         if not reads_var:
             out.node.add().CopyFrom(_strip_colocation(node, handle_node))
             continue
@@ -252,7 +253,7 @@ def _splice(out, name: str, template: tuple[Callable, list], inputs: list[str],
                 target = rename[base]
                 if port and port != "0":
                     raise AssertionError("template placeholders have one output")
-                copy.input.append(("^" + target.split(":")[0]) if control else target)
+                copy.input.append(("^" + op_name(target)) if control else target)
             else:
                 copy.input.append(("^" if control else "") + prefix + base +
                                   (f":{port}" if port else ""))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from autodist.ir.device_names import op_name
 from autodist.ir.errors import AutodistError
 
 # DatasetToGraphV2's external_state_policy: refuse state that cannot be serialized.
@@ -75,7 +76,7 @@ def check_reproducible(graph: bytes) -> None:
                     "(deterministic=False), so the workers would see different batches: "
                     "leave `deterministic` at its default")
             if node.op in ("CacheDataset", "CacheDatasetV2") and len(node.input) > 1 and \
-                    _const_bytes(by_name, node.input[1].split(":")[0]) != b"":
+                    _const_bytes(by_name, op_name(node.input[1])) != b"":
                 raise DatasetGraphError(
                     f"the dataset's cache writes files ({node.op} with a filename), which "
                     "every worker would write at the same path at once: use cache() in "
@@ -88,7 +89,7 @@ def check_reproducible(graph: bytes) -> None:
                         "(Options.deterministic = False), so the workers would see "
                         "different batches: leave it at its default")
             # An input is "node", "node:index" or, in a function, "node:output:index".
-            seeds = [_const_value(by_name, node.input[i].split(":")[0])
+            seeds = [_const_value(by_name, op_name(node.input[i]))
                      for i in _seed_inputs(node)]
             if len(seeds) == 2 and seeds[0] == 0 and seeds[1] == 0:
                 raise DatasetGraphError(
@@ -127,7 +128,7 @@ def relies_on_autotune(graph: bytes) -> bool:
             if node.op == "OptionsDataset" and _options(node).autotune_options.ListFields():
                 return True   # options that set autotune (any of its fields)
             for index in _named_inputs(node, _TUNABLE_INPUTS.get(node.op, ())):
-                if _const_value(by_name, node.input[index].split(":")[0]) == -1:
+                if _const_value(by_name, op_name(node.input[index])) == -1:
                     return True
     return False
 

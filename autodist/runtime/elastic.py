@@ -26,9 +26,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
+from autodist.ir.device_names import DeviceName, TaskName
 from autodist.ir.errors import AutodistError, short_repr
 from autodist.ir.resource_spec import ResourceSpec
-from autodist.ir.strategy import Strategy
+from autodist.ir.strategy import Strategy, is_asynchronous
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,13 +179,12 @@ def check_elastic(strategy: Strategy, spec: ResourceSpec) -> None:
         for i, sync in enumerate(config.shards):
             if sync.WhichOneof("kind") != "ps":
                 continue
-            ps = sync.ps
-            if not ps.sync or ps.staleness:
+            if is_asynchronous(sync):
                 raise AutodistError(f"variable {config.var_name!r} shard {i} is updated "
                                     "asynchronously; resizing needs synchronous training")
-            destination = ps.reduction_destination
+            destination = sync.ps.reduction_destination
             if destination.startswith("/job:worker/") and \
-                    not destination.startswith("/job:worker/task:0/"):
+                    not destination.startswith(TaskName("worker", 0).device_prefix):
                 raise AutodistError(
                     f"variable {config.var_name!r} shard {i} lives on {destination}, a worker "
                     "that may leave; put it on a PS task or on worker 0 to resize")
@@ -201,12 +201,12 @@ def check_switch(strategy: Strategy, new: Strategy, graph_item, spec: ResourceSp
     """
     new.validate(graph_item, spec)
     for name, s in (("the run's strategy", strategy), ("the new strategy", new)):
-        for config in s.variables:
-            for i, sync in enumerate(config.shards):
-                if sync.WhichOneof("kind") == "ps" and (not sync.ps.sync or sync.ps.staleness):
-                    raise AutodistError(
-                        f"switching strategies needs synchronous training; in {name} "
-                        f"variable {config.var_name!r} shard {i} is updated asynchronously")
+        shards = s.asynchronous_shards()
+        if shards:
+            variable, i = shards[0]
+            raise AutodistError(
+                f"switching strategies needs synchronous training; in {name} "
+                f"variable {variable!r} shard {i} is updated asynchronously")
     if sorted(strategy.replicas) != sorted(new.replicas):
         raise AutodistError("a strategy switched to must use the same replicas. Run: "
                             f"{sorted(strategy.replicas)}, new: {sorted(new.replicas)}")
@@ -226,17 +226,14 @@ def strategy_for(strategy: Strategy, members: tuple[int, ...]) -> Strategy:
     """
     if set(members) >= {replica_task(d) for d in strategy.replicas}:
         return strategy
-    replicas = sorted((d for d in strategy.replicas if replica_task(d) in members),
-                      key=replica_task)
-    out = Strategy(strategy.proto)
-    del out.proto.graph_config.replicas[:]
-    out.proto.graph_config.replicas.extend(replicas)
-    return out.with_virtual_nodes(strategy.global_batch_size, strategy.num_virtual_nodes)
+    return strategy.with_replicas(sorted(
+        (d for d in strategy.replicas if replica_task(d) in members), key=replica_task))
 
 
 def replica_task(device: str) -> int:
-    """The worker task index of a replica device ("/job:worker/task:3/...")."""
-    for part in device.split("/"):
-        if part.startswith("task:"):
-            return int(part[len("task:"):])
-    raise AutodistError(f"replica device {device!r} names no task")
+    """The worker task index of a replica device ("/job:worker/task:3/device:CPU:0").
+
+    Raises:
+        DeviceNameError: `device` is not a device name.
+    """
+    return DeviceName.parse(device).index

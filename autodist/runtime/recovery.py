@@ -29,13 +29,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from autodist.ir.device_names import DeviceNameError, TaskName
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.launch.errors import TaskFailedError
 from autodist.launch.job import JobDir
-from autodist.proto import resource_spec_pb2
-from autodist.runtime.elastic import replica_task
 from autodist.runtime.records import LossRecord, ProgressRecord
 from autodist.runtime.run_config import RunConfig
 
@@ -45,19 +44,16 @@ NEXT_STEP = "autodist/next_step"
 
 def dead_worker(task: str) -> int | None:
     """The index of a failed non-chief worker task ("worker:2" -> 2), else None."""
-    job, _, index = task.partition(":")
-    if job != "worker" or not index.isdigit() or int(index) == 0:
+    try:
+        name = TaskName.parse_short(task)
+    except DeviceNameError:
         return None
-    return int(index)
+    return name.index if name.job == "worker" and name.index != 0 else None
 
 
 def without_worker(spec: ResourceSpec, task_index: int) -> ResourceSpec:
     """`spec` without the node of worker task `task_index` (tasks renumbered)."""
-    node = next(i for i in range(len(spec.nodes)) if spec.task_of(i) == ("worker", task_index))
-    proto = resource_spec_pb2.ResourceSpec()
-    proto.CopyFrom(spec.proto)
-    del proto.nodes[node]
-    return ResourceSpec(proto)
+    return spec.with_worker_tasks([t for t in range(spec.num_worker_tasks) if t != task_index])
 
 
 def strategy_without(strategy: Strategy, task_index: int) -> Strategy:
@@ -69,32 +65,17 @@ def strategy_without(strategy: Strategy, task_index: int) -> Strategy:
     Raises:
         AutodistError: a variable lives on the dead worker.
     """
-    def renamed(device: str) -> str:
-        if not device.startswith("/job:worker/"):
-            return device
-        index = replica_task(device)
-        if index == task_index:
-            raise AutodistError(f"{device} belonged to the dead worker {task_index}")
-        return device.replace(f"/task:{index}/", f"/task:{index - (index > task_index)}/", 1)
-
-    out = Strategy(strategy.proto)
-    proto = out.proto
-    for config in proto.variables:
+    dead = TaskName("worker", task_index)
+    for config in strategy.variables:
         for i, sync in enumerate(config.shards):
-            if sync.WhichOneof("kind") == "ps":
-                destination = sync.ps.reduction_destination
-                if destination.startswith(f"/job:worker/task:{task_index}/"):
-                    raise AutodistError(f"variable {config.var_name!r} shard {i} lived on the "
-                                        f"dead worker {task_index} ({destination})")
-                sync.ps.reduction_destination = renamed(destination)
-    replicas = [renamed(d) for d in strategy.replicas
-                if not d.startswith(f"/job:worker/task:{task_index}/")]
-    del proto.graph_config.replicas[:]
-    proto.graph_config.replicas.extend(replicas)
-    if strategy.global_batch_size is None:
-        return out
-    proto.graph_config.ClearField("virtual_nodes")
-    return out.with_virtual_nodes(strategy.global_batch_size, strategy.num_virtual_nodes)
+            destination = sync.ps.reduction_destination
+            if sync.WhichOneof("kind") == "ps" and destination.startswith(dead.device_prefix):
+                raise AutodistError(f"variable {config.var_name!r} shard {i} lived on the "
+                                    f"dead worker {task_index} ({destination})")
+    out = strategy.with_replicas([d for d in strategy.replicas
+                                  if not d.startswith(dead.device_prefix)])
+    workers = {d.index for d in out.devices() if d.job == "worker"}
+    return out.with_worker_tasks_renumbered({t: t - (t > task_index) for t in workers})
 
 
 def resume_point(job: JobDir) -> tuple[dict[str, np.ndarray], int] | None:

@@ -59,7 +59,7 @@ import numpy as np
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem, VariableInfo, optimizer_squares_gradient
 from autodist.ir.resource_spec import ResourceSpec
-from autodist.ir.strategy import Strategy, is_gathered
+from autodist.ir.strategy import Strategy, is_asynchronous, is_gathered
 from autodist.proto import strategy_pb2
 
 INDEX_BYTES = 8  # int64 row ids of a sparse gradient
@@ -220,7 +220,7 @@ class MemoryModel:
                 # Synchronous: every replica's gradient waits in its queue for the
                 # chief's ordered sum (`ps_synchronizer.OrderedSum`); asynchronous:
                 # one gradient at a time is applied.
-                queued = w if shard.ps.sync and not shard.ps.staleness else 1
+                queued = 1 if is_asynchronous(shard) else w
                 if var.sparse_gradient:
                     # The queued rows, and the sum's concatenation of them.
                     pushed = queued * sparse_rows * (2 if queued > 1 else 1)
@@ -245,7 +245,7 @@ class MemoryModel:
 
     def strategy_columns(self, strategy: Strategy) -> np.ndarray:
         """The column sums of a whole strategy (its variables in any order)."""
-        by_name = {c.var_name: c for c in strategy.proto.variables}
+        by_name = {c.var_name: c for c in strategy.variables}
         total = np.zeros(self.columns)
         for var in self.graph_item.variables:
             total += self.config_columns(var, by_name[var.name])

@@ -57,6 +57,7 @@ from typing import Sequence
 
 import numpy as np
 
+from autodist.ir.device_names import op_name
 from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import GraphItem, VariableInfo, gradient_clipping
 from autodist.ir.resource_spec import ResourceSpec
@@ -364,7 +365,7 @@ class SearchSpace:
     def admits(self, strategy: Strategy) -> bool:
         """Whether `strategy`'s choices may join the space (seeds): with a clipping
         norm, only choices that keep every candidate valid."""
-        kinds = [{s.WhichOneof("kind") for s in c.shards} for c in strategy.proto.variables]
+        kinds = [{s.WhichOneof("kind") for s in c.shards} for c in strategy.variables]
         if self.clipping == "clipnorm":
             return all(len(k) == 1 for k in kinds)
         if self.one_group:
@@ -383,7 +384,7 @@ class SearchSpace:
         Raises:
             ValueError: The strategy names other variables than the GraphItem.
         """
-        by_name = {c.var_name: c for c in strategy.proto.variables}
+        by_name = {c.var_name: c for c in strategy.variables}
         names = [v.name for v in self.variables]
         if set(by_name) != set(names):
             missing = sorted(set(names) - set(by_name))
@@ -616,14 +617,11 @@ def _ps(device: str, local_replication: bool) -> strategy_pb2.Synchronizer:
 
 def _no_residuals_nor_async(strategy: Strategy) -> bool:
     """No shard of `strategy` keeps an error-feedback residual or updates asynchronously."""
-    for config in strategy.proto.variables:
-        for shard in config.shards:
-            if shard.WhichOneof("kind") == "ps" and (not shard.ps.sync or shard.ps.staleness):
-                return False
-            if shard.WhichOneof("kind") == "all_reduce" and \
-                    shard.all_reduce.compressor == AllReduceSynchronizer.FP16_ERROR_FEEDBACK:
-                return False
-    return True
+    if strategy.is_asynchronous:
+        return False
+    return not any(shard.WhichOneof("kind") == "all_reduce" and
+                   shard.all_reduce.compressor == AllReduceSynchronizer.FP16_ERROR_FEEDBACK
+                   for config in strategy.variables for shard in config.shards)
 
 
 def _axis(var: VariableInfo) -> int | None:
@@ -647,7 +645,7 @@ def lookups_per_example(graph_item: GraphItem) -> dict[str, float]:
         if not var.sparse_gradient:
             continue
         row_bytes = var.byte_size / max(1, var.shape[0] if var.shape else 1)
-        op = ops.get(var.gradient.values.split(":")[0])
+        op = ops.get(op_name(var.gradient.values))
         out[var.name] = (op.output_bytes / row_bytes / estimate
                          if op and op.output_bytes else 1.0)
     return out

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from autodist.ir.capture.example_runs import model_variable_handles, random_examples, run_terms
 from autodist.ir.graph_item import GraphItem
 from autodist.proto import graph_item_pb2
-from autodist.ir.capture.example_runs import model_variable_handles, random_examples, run_terms
 
 
 def added_loss_terms(model) -> list:

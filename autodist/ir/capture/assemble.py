@@ -10,10 +10,11 @@ import tensorflow as tf
 
 from autodist.ir import batch_norms, loss_masks, random_ops
 from autodist.ir.batch_shapes import graph_at_batch
+from autodist.ir.capture.optimizer import slot_names
+from autodist.ir.device_names import op_name
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.op_costs import estimate_ops
 from autodist.proto import graph_item_pb2
-from autodist.ir.capture.optimizer import slot_names
 
 
 @dataclasses.dataclass
@@ -155,7 +156,7 @@ def _count_sparse_rows(graph: tf.Graph, variables, ops) -> None:
     for var in variables:
         if not var.sparse_gradient:
             continue
-        op = by_name.get(var.gradient.values.split(":")[0])
+        op = by_name.get(op_name(var.gradient.values))
         shape = graph.get_tensor_by_name(var.gradient.values).shape
         if op is not None and shape.is_fully_defined():
             op.output_bytes = shape.num_elements() * tf.as_dtype(var.dtype).size

@@ -5,11 +5,11 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
-from autodist.ir.errors import CaptureError
-from autodist.ir.graph_item import GraphItem
 from autodist.ir.capture.function import capture_function
 from autodist.ir.capture.keras_model import capture_keras
 from autodist.ir.capture.v1_graph import capture_v1
+from autodist.ir.errors import CaptureError
+from autodist.ir.graph_item import GraphItem
 
 
 DEFAULT_ESTIMATE_BATCH_SIZE = 32

@@ -8,8 +8,8 @@ import numpy as np
 import tensorflow as tf
 
 from autodist.ir import random_ops
-from autodist.ir.graph_item import GraphItem
 from autodist.ir.capture.names import keras_variable_names
+from autodist.ir.graph_item import GraphItem
 
 
 def random_examples(item: GraphItem, size: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from autodist.ir.errors import CaptureError
-from autodist.ir.graph_item import GraphItem
 from autodist.ir.capture.keras_specs import spec_of
 from autodist.ir.capture.names import unique_names
 from autodist.ir.capture.optimizer import describe_optimizer
 from autodist.ir.capture.traced_function import from_concrete_function
+from autodist.ir.device_names import op_name
+from autodist.ir.errors import CaptureError
+from autodist.ir.graph_item import GraphItem
 
 
 def capture_function(fn, variables, input_signature, optimizer, name, batch_size) -> GraphItem:
@@ -57,4 +58,4 @@ def _variable_name(v) -> str:
     path = getattr(v, "path", None)
     if isinstance(path, str) and path:
         return path
-    return v.name.split(":")[0]
+    return op_name(v.name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from autodist.ir.device_names import op_name
 from autodist.ir.errors import CaptureError
 
 
@@ -31,7 +32,7 @@ def drop_foreign_state(graph, graph_def, variable_handles: set[str], outputs) ->
     for node in graph_def.node:
         for inp in node.input:
             if not inp.startswith("^"):
-                consumers.setdefault(inp.split(":")[0], []).append(node.name)
+                consumers.setdefault(op_name(inp), []).append(node.name)
     dropped = set(foreign)
     stack = list(foreign)
     while stack:
@@ -71,7 +72,7 @@ def _data_ancestors(graph_def, names: list[str]) -> set[str]:
         if name in seen or name not in by_name:
             continue
         seen.add(name)
-        stack.extend(i.split(":")[0] for i in by_name[name].input if not i.startswith("^"))
+        stack.extend(op_name(i) for i in by_name[name].input if not i.startswith("^"))
     return seen
 
 

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 
-from autodist.ir.errors import CaptureError
 from autodist.ir.capture.keras_specs import keras_output_names
+from autodist.ir.errors import CaptureError
 
 
 def loss_weights_structure(model, sample_weight):

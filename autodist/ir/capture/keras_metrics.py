@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from autodist.ir.errors import CaptureError
 from autodist.ir.capture.keras_loss import loss_weights_structure
+from autodist.ir.errors import CaptureError
 
 
 def build_keras_metrics(model, x_spec, y_spec) -> None:

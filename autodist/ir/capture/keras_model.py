@@ -6,8 +6,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from autodist.ir.errors import CaptureError
-from autodist.ir.graph_item import LOSS_SCALE_INPUT, GraphItem
 from autodist.ir.capture.added_losses import (added_loss_terms, classify_added_losses,
                                               scaled_added_losses)
 from autodist.ir.capture.example_runs import infer_draw_shapes
@@ -20,6 +18,8 @@ from autodist.ir.capture.keras_specs import (keras_input_names, keras_input_spec
 from autodist.ir.capture.names import unique_names
 from autodist.ir.capture.optimizer import describe_optimizer
 from autodist.ir.capture.traced_function import from_concrete_function
+from autodist.ir.errors import CaptureError
+from autodist.ir.graph_item import LOSS_SCALE_INPUT, GraphItem
 
 
 def capture_keras(model, x, y, name, batch_size) -> GraphItem:

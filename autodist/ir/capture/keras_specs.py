@@ -7,8 +7,9 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from autodist.ir.errors import CaptureError
 from autodist.ir.capture.names import unique_names
+from autodist.ir.device_names import op_name
+from autodist.ir.errors import CaptureError
 
 
 def keras_input_spec(model, x):
@@ -46,7 +47,7 @@ _KERAS_AUTO_NAME = re.compile(r"keras_tensor(_\d+)?")
 
 def _input_name(name: str | None, index: int) -> str:
     """An input's name as the user gave it (`Input(name=...)`), else ``input_<i>``."""
-    if not name or _KERAS_AUTO_NAME.fullmatch(name.split(":")[0]):
+    if not name or _KERAS_AUTO_NAME.fullmatch(op_name(name)):
         return f"input_{index}"
     return _clean(name)
 
@@ -227,4 +228,4 @@ def _batch_free(shape) -> list[int | None]:
 
 
 def _clean(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name.split(":")[0]) or "input"
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", op_name(name)) or "input"

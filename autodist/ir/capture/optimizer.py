@@ -8,9 +8,9 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from autodist.ir.capture.schedule import trace_schedule
 from autodist.ir.errors import CaptureError
 from autodist.proto import graph_item_pb2
-from autodist.ir.capture.schedule import trace_schedule
 
 
 _KERAS_ALGORITHMS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "Adagrad": "adagrad",

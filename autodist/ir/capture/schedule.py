@@ -8,9 +8,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from autodist.ir.capture.graph_cleanup import inline_constant_captures
 from autodist.ir.errors import CaptureError
 from autodist.proto import graph_item_pb2
-from autodist.ir.capture.graph_cleanup import inline_constant_captures
 
 
 # Steps at which a traced schedule must equal the schedule itself.

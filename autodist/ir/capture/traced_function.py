@@ -8,13 +8,13 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from autodist.ir.errors import CaptureError
-from autodist.ir.graph_item import GraphItem
-from autodist.proto import graph_item_pb2
 from autodist.ir.capture.added_losses import ADDED_LOSS_SCALE, layer_scope
 from autodist.ir.capture.assemble import (TracedVariable, assemble, proto_shape, state_info,
                                           state_update_ops)
 from autodist.ir.capture.graph_cleanup import drop_foreign_state, inline_constant_captures
+from autodist.ir.errors import CaptureError
+from autodist.ir.graph_item import GraphItem
+from autodist.proto import graph_item_pb2
 
 
 logger = logging.getLogger(__name__)

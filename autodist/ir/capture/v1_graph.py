@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from autodist.ir.errors import CaptureError
-from autodist.ir.graph_item import GraphItem
-from autodist.proto import graph_item_pb2
 from autodist.ir.capture.assemble import (TracedVariable, assemble, proto_shape, state_info,
                                           state_update_ops)
 from autodist.ir.capture.names import unique_names
 from autodist.ir.capture.optimizer import describe_optimizer
+from autodist.ir.errors import CaptureError
+from autodist.ir.graph_item import GraphItem
+from autodist.proto import graph_item_pb2
 
 
 def capture_v1(loss, optimizer, variables, name, batch_size) -> GraphItem:
