@@ -399,19 +399,15 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
         One Row per builder, for `optimize`'s pick, MWMS and single-device
         (failures are rows with `error`, never exceptions).
     """
-    from autodist import api, models
-    from autodist.bench.mwms import measure_mwms
+    from autodist import models
     from autodist.bench.capped_links import capped_spec
     from autodist.ir.capture import capture
-    from autodist.runtime.local_runner import LocalRunner
-    from autodist.search import builders
     from autodist.search.simulator import Simulator
     from autodist.search.space import SearchSpace
 
     if model_key not in BENCH_MODELS:
         raise InvalidArgumentError(f"unknown benchmark model {model_key!r}; known: "
                                    f"{sorted(BENCH_MODELS)}")
-    name, kwargs = model_key, models.bench_kwargs(model_key)
     stamp = dict(command=command, host=f"{platform.node()} ({os.cpu_count()} cores)",
                  date=time.strftime("%Y-%m-%d"))
     base = dict(model=model_key, mbit=mbit, workers=preset.workers, ps=preset.ps,
@@ -420,92 +416,141 @@ def measure_cell(model_key: str, mbit: float, preset: Preset, *, shape: bool = T
     graph_item = capture(model)
     spec, ports = capped_spec(preset.workers, preset.ps, mbit, shape=shape)
     space = SearchSpace(graph_item, spec)
-    simulator = Simulator(space, None, batch_size=preset.batch_size)
+    cell = _Cell(graph_item, spec, space, base)
+    cell.add_builders(preset.builders)
+    cell.add_optimize_pick(model, preset, log=log, label=f"{model_key} @ {mbit:g} Mbit/s")
+    cell.predict_lower_bounds(Simulator(space, None, batch_size=preset.batch_size))
+    cell.measure(model, preset, timeout_s=timeout_s, log=log)
+    rows = [row for row, _ in cell.candidates]
+    rows += _baseline_rows(model_key, preset, ports, base, rows)
+    fill_speedups(rows)
+    for r in rows:
+        log(f"  {r.strategy:22s} " + (f"{r.median_ms:8.2f} ms" if r.ok else f"failed: {r.error}"))
+    return rows
 
-    # Builders often produce the same strategy (with one PS, every PS builder is
-    # plain PS). Each distinct strategy is measured once; a twin's row (a later
-    # builder, or optimize's pick) repeats the first one's measurement and names
-    # it ("= AllReduce"), so the best builder is not the luckiest of several
-    # measurements of one strategy.
-    candidates: list[tuple[Row, Any]] = []
-    twins: list[tuple[Row, Row]] = []
-    first: dict[tuple[int, ...], Row] = {}
-    for builder in preset.builders:
-        row = Row(system=AUTODIST, strategy=builder, **base)
-        try:
-            strategy = builders.get(builder)().build(graph_item, spec)
-        except Exception as e:  # noqa: BLE001 - a builder that fails is a row with its error
-            row.error = f"build: {type(e).__name__}: {e}"
-            candidates.append((row, None))
-            continue
-        key = tuple(int(c) for c in space.encode(strategy))
-        if key in first:
-            row.pick_origin = f"= {first[key].strategy}"
-            twins.append((row, first[key]))
-            candidates.append((row, None))
-        else:
-            first[key] = row
-            candidates.append((row, strategy))
-    started = time.perf_counter()
-    plan = api.optimize(model, spec, graph_item=graph_item, batch_size=preset.batch_size,
-                        cost_model=preset.cost_model)
-    twin = first.get(tuple(int(c) for c in space.encode(plan.strategy)))
-    origin = (plan.strategy.origin or "search") + (f" = {twin.strategy}" if twin is not None
-                                                    else "")
-    log(f"{model_key} @ {mbit:g} Mbit/s: optimize picked {origin} in "
-        f"{time.perf_counter() - started:.1f}s")
-    pick_row = Row(system=OPTIMIZE, strategy="optimize", pick_origin=origin, **base)
-    if twin is not None:
-        twins.append((pick_row, twin))
-    candidates.append((pick_row, None if twin is not None else plan.strategy))
-    for row, strategy in candidates:
-        if strategy is not None:
-            row.lower_bound_ms = float(simulator.predict_strategy(strategy)
-                                       .lower_bound_s[0]) * 1e3
 
-    todo = [(row, s) for row, s in candidates if s is not None]
-    # Every strategy in one launch, switched in place; with orders=2 a second
-    # launch in reverse order, the timed steps of both pooled.
-    runner = LocalRunner(model, spec, graph_item=graph_item, batch_size=preset.batch_size,
-                         steps=preset.steps, warmup_steps=preset.warmup, orders=preset.orders,
-                         data_seed=0, timeout_s=timeout_s,
-                         log=lambda line: log(f"  {line}"))
-    started = time.perf_counter()
-    for (row, _), result in zip(todo, runner.run([s for _, s in todo])):
-        if result.ok:
-            row.set_times(result.step_times_s)
-        else:
-            row.error = (result.error or "no timed steps").splitlines()[0][:200]
-    orders = preset.orders if len(todo) > 1 else 1
-    for row, measured in twins:
-        for field in ("median_ms", "min_ms", "max_ms", "examples_per_s", "lower_bound_ms",
-                      "error"):
-            setattr(row, field, getattr(measured, field))
-    log(f"  {len(todo)} strategies x {orders} orders in "
-        f"{time.perf_counter() - started:.0f}s")
+class _Cell:
+    """The strategies of one model at one bandwidth: each builder's and `optimize`'s pick.
 
-    rows = [row for row, _ in candidates]
+    Builders often produce the same strategy (with one PS, every PS builder is
+    plain PS). Each distinct strategy is measured once; a twin's row (a later
+    builder, or optimize's pick) repeats the first one's measurement and names
+    it ("= AllReduce"), so the best builder is not the luckiest of several
+    measurements of one strategy.
+    """
+
+    def __init__(self, graph_item, spec, space, base: dict[str, Any]) -> None:
+        self.graph_item, self.spec, self.space = graph_item, spec, space
+        self.base = base
+        # Every row with the strategy it measures (None: failed, or a twin's).
+        self.candidates: list[tuple[Row, Any]] = []
+        # (a twin's row, the row whose measurement it repeats).
+        self.twins: list[tuple[Row, Row]] = []
+        self._first: dict[tuple[int, ...], Row] = {}
+
+    def _key(self, strategy) -> tuple[int, ...]:
+        return tuple(int(c) for c in self.space.encode(strategy))
+
+    def add_builders(self, names: Sequence[str]) -> None:
+        """A row per builder; one that fails to build is a row with its error."""
+        from autodist.search import builders
+
+        for builder in names:
+            row = Row(system=AUTODIST, strategy=builder, **self.base)
+            try:
+                strategy = builders.get(builder)().build(self.graph_item, self.spec)
+            except Exception as e:  # noqa: BLE001 - a builder that fails is a row with its error
+                row.error = f"build: {type(e).__name__}: {e}"
+                self.candidates.append((row, None))
+                continue
+            key = self._key(strategy)
+            if key in self._first:
+                row.pick_origin = f"= {self._first[key].strategy}"
+                self.twins.append((row, self._first[key]))
+                self.candidates.append((row, None))
+            else:
+                self._first[key] = row
+                self.candidates.append((row, strategy))
+
+    def add_optimize_pick(self, model, preset: Preset, *, log: Callable[[str], None],
+                          label: str) -> None:
+        """The row of `optimize`'s pick (a builder's twin when it is one)."""
+        from autodist import api
+
+        started = time.perf_counter()
+        plan = api.optimize(model, self.spec, graph_item=self.graph_item,
+                            batch_size=preset.batch_size, cost_model=preset.cost_model)
+        twin = self._first.get(self._key(plan.strategy))
+        origin = (plan.strategy.origin or "search") + (f" = {twin.strategy}"
+                                                        if twin is not None else "")
+        log(f"{label}: optimize picked {origin} in {time.perf_counter() - started:.1f}s")
+        row = Row(system=OPTIMIZE, strategy="optimize", pick_origin=origin, **self.base)
+        if twin is not None:
+            self.twins.append((row, twin))
+        self.candidates.append((row, None if twin is not None else plan.strategy))
+
+    def predict_lower_bounds(self, simulator) -> None:
+        """Each measured strategy's lower bound by the simulator."""
+        for row, strategy in self.candidates:
+            if strategy is not None:
+                row.lower_bound_ms = float(simulator.predict_strategy(strategy)
+                                           .lower_bound_s[0]) * 1e3
+
+    def measure(self, model, preset: Preset, *, timeout_s: float,
+                log: Callable[[str], None]) -> None:
+        """Measures every distinct strategy on the cluster; twins copy their measurement.
+
+        Every strategy in one launch, switched in place; with orders=2 a second
+        launch in reverse order, the timed steps of both pooled.
+        """
+        from autodist.runtime.local_runner import LocalRunner
+
+        todo = [(row, s) for row, s in self.candidates if s is not None]
+        runner = LocalRunner(model, self.spec, graph_item=self.graph_item,
+                             batch_size=preset.batch_size, steps=preset.steps,
+                             warmup_steps=preset.warmup, orders=preset.orders, data_seed=0,
+                             timeout_s=timeout_s, log=lambda line: log(f"  {line}"))
+        started = time.perf_counter()
+        for (row, _), result in zip(todo, runner.run([s for _, s in todo])):
+            if result.ok:
+                row.set_times(result.step_times_s)
+            else:
+                row.error = (result.error or "no timed steps").splitlines()[0][:200]
+        orders = preset.orders if len(todo) > 1 else 1
+        for row, measured in self.twins:
+            for field in ("median_ms", "min_ms", "max_ms", "examples_per_s", "lower_bound_ms",
+                          "error"):
+                setattr(row, field, getattr(measured, field))
+        log(f"  {len(todo)} strategies x {orders} orders in "
+            f"{time.perf_counter() - started:.0f}s")
+
+
+def _baseline_rows(model_key: str, preset: Preset, ports: Sequence[int], base: dict[str, Any],
+                   strategy_rows: Sequence[Row]) -> list[Row]:
+    """The MWMS row (with `preset.mwms`) and the single-device Keras row."""
+    from autodist import models
+    from autodist.bench.mwms import measure_mwms
+
+    kwargs = models.bench_kwargs(model_key)
+    rows = []
     if preset.mwms:
         row = Row(system=MWMS, strategy="MWMS custom loop", **base)
         try:
-            row.set_times(measure_mwms(name, kwargs, ports[:preset.workers],
+            row.set_times(measure_mwms(model_key, kwargs, ports[:preset.workers],
                                        steps=preset.steps, warmup=preset.warmup,
                                        batch_size=preset.batch_size))
-            row.lower_bound_ms = next((r.lower_bound_ms for r, _ in candidates
+            row.lower_bound_ms = next((r.lower_bound_ms for r in strategy_rows
                                        if r.strategy == "AllReduce"), float("nan"))
         except Exception as e:  # noqa: BLE001 - a failed baseline is a row with its error
             row.error = f"{type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
     row = Row(system=SINGLE, strategy="Keras", **dict(base, capped=False))
     try:
-        row.set_times(measure_single_device(name, kwargs, preset.batch_size, preset.warmup,
+        row.set_times(measure_single_device(model_key, kwargs, preset.batch_size, preset.warmup,
                                             preset.steps))
     except Exception as e:  # noqa: BLE001 - a failed baseline is a row with its error
         row.error = f"{type(e).__name__}: {str(e)[:200]}"
     rows.append(row)
-    fill_speedups(rows)
-    for r in rows:
-        log(f"  {r.strategy:22s} " + (f"{r.median_ms:8.2f} ms" if r.ok else f"failed: {r.error}"))
     return rows
 
 
