@@ -141,7 +141,7 @@ def main() -> int:
             print(f"{mode}: did not settle ({scale.error})", file=sys.stderr)
             online[mode] = None
             continue
-        settled = next((a["step"] for a in history.actions if a["action"] == "autoscaled"),
+        settled = next((a.step for a in history.actions if a.action == "autoscaled"),
                        None)
         online[mode] = (scale.result, settled, seconds)
         print(f"{mode}: {scale.result.workers} workers after {scale.result.num_trials} trials",

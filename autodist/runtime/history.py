@@ -1,7 +1,6 @@
 """What `fit` returns: `History`, read from the workers' results."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Sequence
 
 import keras
@@ -10,6 +9,7 @@ import numpy as np
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.kernels import monitoring
 from autodist.launch.job import JobDir
+from autodist.runtime.history_events import NoiseScale, PolicyAction, Recovery, Resize
 from autodist.runtime.records import MonitorSample, WorkerResult, add_states
 
 # Smoothing of the gradient noise scale (History.noise_scale and policies).
@@ -31,27 +31,19 @@ class History(keras.callbacks.History):
         step_times: The chief's time of every step, in seconds.
         max_lead: Per worker task, the most steps it started ahead of the
             slowest task (asynchronous and bounded-staleness runs; 0 otherwise).
-        resizes: Elastic runs and strategy switches: per membership change,
-            {"step": first step of the new membership, "workers": its size,
-            "plan": its strategy (0: the run's, k: the k-th switched to), "seconds": the
-            chief's time from the end of the previous step to the start of
-            that step (state hand-over, new program and session), "members":
-            its worker tasks}.
-        noise_scale: Runs with `monitor_every`: per monitored step, {"step",
-            "gradient_sq" (|G|²), "trace_sigma" (tr Σ, the per-example
-            gradient variance), "noise_scale" (their ratio), "smoothed" (the
-            ratio of their moving averages, decay 0.9), "compute_s" (the
-            slowest task's local forward and backward, timed in the graph)
-            and "communication_s" (the rest of the chief's step time)}.
-        actions: Runs with policies: each action a policy asked for,
-            {"step": the last step the driver had seen, "action": "resize",
-            "replan" or "stop", and its details and reason}.
-        recoveries: Runs with `on_failure="continue"`: per failure, {"step":
-            the step the job resumed at, "failed_task": the dead worker's
-            task index at that time, "workers": workers after it,
-            "estimated_loss_steps": steps whose global loss is the chief's
-            estimate (its replicas' mean loss), because the dead worker
-            completed them but died before recording its loss}.
+        resizes: Elastic runs and strategy switches: a `Resize` per
+            membership change (step, workers, plan, seconds, members).
+        noise_scale: Runs with `monitor_every`: a `NoiseScale` per monitored
+            step (|G|², tr Σ, their ratio, its smoothed value, and the
+            step's compute and communication seconds).
+        actions: Runs with policies: a `PolicyAction` per action a policy
+            asked for (step, action, details).
+        recoveries: Runs with `on_failure="continue"`: a `Recovery` per
+            failure (the step resumed at, the failed task, the workers after
+            it, the steps whose loss is estimated).
+
+    The entries are typed (`autodist.runtime.history_events`); reading them as
+    dicts (`entry["step"]`) still works, deprecated.
     """
 
     def __init__(self) -> None:
@@ -60,10 +52,10 @@ class History(keras.callbacks.History):
         self.step_losses: list[float] = []
         self.step_times: list[float] = []
         self.max_lead: list[int] = []
-        self.resizes: list[dict[str, Any]] = []
-        self.recoveries: list[dict[str, Any]] = []
-        self.noise_scale: list[dict[str, float]] = []
-        self.actions: list[dict[str, Any]] = []
+        self.resizes: list[Resize] = []
+        self.recoveries: list[Recovery] = []
+        self.noise_scale: list[NoiseScale] = []
+        self.actions: list[PolicyAction] = []
 
 
 def read_results(history: History, job: JobDir, epochs: int, spec: ResourceSpec,
@@ -122,11 +114,12 @@ def read_results(history: History, job: JobDir, epochs: int, spec: ResourceSpec,
     history.step_losses = losses
     history.step_times = list(earlier_times) + list(results[0].step_times[:done])
     history.max_lead = [r.max_lead for r in results]
-    history.resizes = [dataclasses.asdict(r) for r in results[0].resizes]
+    history.resizes = [Resize(r.step, r.workers, r.plan, r.seconds, tuple(r.members))
+                       for r in results[0].resizes]
     history.noise_scale = _noise_scale(results)
 
 
-def _noise_scale(results: list[WorkerResult]) -> list[dict[str, float]]:
+def _noise_scale(results: list[WorkerResult]) -> list[NoiseScale]:
     """Noise-scale estimates and the step's split per monitored step, from every worker."""
     by_step: dict[int, list[MonitorSample]] = {}
     for result in results:
@@ -140,11 +133,11 @@ def _noise_scale(results: list[WorkerResult]) -> list[dict[str, float]]:
         estimate = monitoring.noise_scale_fit(sample.batches, sample.sq_norms)
         if estimate is None:
             continue
-        record = {"step": step, "gradient_sq": estimate.gradient_sq,
-                  "trace_sigma": estimate.trace_sigma, "noise_scale": estimate.noise_scale,
-                  "smoothed": smooth.update(estimate).noise_scale}
+        compute_s = communication_s = None
         if sample.compute_s and step < len(times):
-            record["compute_s"] = max(sample.compute_s)
-            record["communication_s"] = max(0.0, times[step] - max(sample.compute_s))
-        out.append(record)
+            compute_s = max(sample.compute_s)
+            communication_s = max(0.0, times[step] - compute_s)
+        out.append(NoiseScale(step, estimate.gradient_sq, estimate.trace_sigma,
+                              estimate.noise_scale, smooth.update(estimate).noise_scale,
+                              compute_s, communication_s))
     return out

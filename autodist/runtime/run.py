@@ -5,7 +5,6 @@ import dataclasses
 import os
 import pathlib
 import shutil
-import time
 import uuid
 import warnings
 from typing import Any, Sequence, Unpack
@@ -19,18 +18,17 @@ from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.kernels.optimizers import check_supported as check_optimizer
-from autodist.launch import heartbeats
 from autodist.launch.errors import TaskFailedError
 from autodist.launch.job import JobDir
-from autodist.launch.local import LocalCluster, check_local
-from autodist.launch.remote import RemoteCluster
+from autodist.launch.local import check_local
 from autodist.launch.signing import load_secret
 from autodist.launch.tf_config import check_this_is_the_chief
-from autodist.runtime import batching, checkpoint, fit_input, keras_parity, recovery, validation
+from autodist.runtime import checkpoint, fit_input, keras_parity, recovery, validation
 from autodist.runtime.change_requests import ChangeRequests
+from autodist.runtime.cluster_jobs import ClusterJobs, discard
 from autodist.runtime.elastic import segments
-from autodist.runtime.entry import TASK_MODULE
 from autodist.runtime.history import History, read_results
+from autodist.runtime.history_events import PolicyAction, Recovery
 from autodist.runtime.metric_logs import MetricLogs
 from autodist.runtime.model_state import ModelState
 from autodist.runtime.options import FitArguments, FitOptions
@@ -118,6 +116,10 @@ class DistributedRun:
         self.task_step_delay_s = {str(k): float(v) for k, v in (task_step_delay_s or {}).items()}
         self._state = ModelState(model, self.graph_item, keep_optimizer_state)
         self._requests = ChangeRequests(self.graph_item, strategy, resource_spec)
+        self._jobs = ClusterJobs(resource_spec, launch=launch, allow_exposed=allow_exposed,
+                                 secret=self._secret, step_timeout_s=step_timeout_s,
+                                 startup_timeout_s=startup_timeout_s,
+                                 request_stop=self._requests.stop)
         # Passes this run's fits started on each dataset (by its seed generators' names).
         self._dataset_passes: dict[tuple[str, ...], int] = {}
 
@@ -296,16 +298,17 @@ class DistributedRun:
         finally:
             self._requests.close()
             if self.job_dir is None and not finished:
-                _discard(path)
+                discard(path)
         read_results(history, outcome.job, options.job_epochs, outcome.spec,
                      outcome.earlier_losses, outcome.earlier_times, options.initial_epoch,
                      None if outcome.recoveries else metric_logs)
         ready.after_fit(len(history.epoch))
-        history.recoveries = outcome.recoveries
+        history.recoveries = [Recovery.from_dict(r) for r in outcome.recoveries]
         if outcome.recoveries:  # the failed jobs' metric states are lost: no estimates
             for key in [k for k in history.history if k != "loss"]:
                 del history.history[key]
-        history.actions = control.actions if control is not None else []
+        history.actions = [PolicyAction.from_dict(a) for a in control.actions] \
+            if control is not None else []
         if self.job_dir is None:
             shutil.rmtree(path, ignore_errors=True)
         return history
@@ -341,14 +344,14 @@ class DistributedRun:
         if options.on_failure == "continue":
             outcome = recovery.run_recovering(
                 job, self.strategy, self.resource_spec,
-                run_cluster=lambda job_k, spec_k: self._run_cluster(
+                run_cluster=lambda job_k, spec_k: self._jobs.run(
                     job_k, options.timeout_s, progress.update, spec_k),
                 write_job=lambda job_k, strategy_k, spec_k, config_k, values: job_k.write(
                     self.graph_item, strategy_k, spec_k, config_k, values, ready.data.inputs,
                     ready.data.targets, ready.data.dataset, ready.data.order),
                 on_new_job=progress.follow)
         else:
-            self._run_cluster(job, options.timeout_s, progress.update)
+            self._jobs.run(job, options.timeout_s, progress.update)
             outcome = recovery.Outcome(job, self.resource_spec)
         progress.finish_epochs()
         self._state.write_back(outcome.job)
@@ -439,7 +442,7 @@ class DistributedRun:
                            job_id=uuid.uuid4().hex, probe_steps=steps)
         path, job = self._new_job(config, self._state.initial_values(), data)
         try:
-            self._run_cluster(job, timeout_s, lambda: None)
+            self._jobs.run(job, timeout_s, lambda: None)
             throughputs = {}
             for i in range(self.resource_spec.num_worker_tasks):
                 for device, probe in WorkerResult.from_json(
@@ -447,7 +450,7 @@ class DistributedRun:
                     throughputs[device] = probe.examples / float(np.median(probe.seconds))
         except BaseException:
             if self.job_dir is None:
-                _discard(path)
+                discard(path)
             raise
         if self.job_dir is None:
             shutil.rmtree(path, ignore_errors=True)
@@ -490,41 +493,6 @@ class DistributedRun:
         return fit_input.InputContext(self.model, self.graph_item, self.strategy,
                                       self.resource_spec.num_worker_tasks, self._dataset_passes)
 
-    def _run_cluster(self, job: JobDir, timeout_s: float, on_poll,
-                     spec: ResourceSpec | None = None) -> None:
-        """Runs the job to its end. A failed worker leaves the chief time to save its
-        state (it learns of the failure within a step's timeout) before the cluster
-        is torn down."""
-        spec = spec or self.resource_spec
-        cluster = (LocalCluster(job, spec, task_module=TASK_MODULE,
-                                allow_exposed=self.allow_exposed,
-                                hang_timeout_s=heartbeats.hang_timeout(self.step_timeout_s))
-                   if self.launch == "local"
-                   else RemoteCluster(job, spec, task_module=TASK_MODULE,
-                                      worker_rows=lambda task: _rows_read_by(job, task),
-                                      startup_timeout_s=self.startup_timeout_s,
-                                      secret=self._secret))
-        with cluster:
-            cluster.wait_ready(self.startup_timeout_s)
-            try:
-                cluster.wait_workers(timeout_s, on_poll=on_poll)
-            except TaskFailedError as error:
-                if recovery.dead_worker(error.task) is not None:
-                    cluster.wait_exit("worker", 0, self.step_timeout_s + 30.0)
-                raise
-            except KeyboardInterrupt:
-                # As Keras keeps the weights trained so far: the chief stops at its
-                # next step and writes them (bounded; a second Ctrl-C gives up).
-                self._requests.stop(job)
-                deadline = time.monotonic() + self.step_timeout_s
-                try:
-                    while not job.file("final_weights.npz").exists() and \
-                            time.monotonic() < deadline and \
-                            cluster.wait_exit("worker", 0, 0.05) is None:
-                        pass
-                except KeyboardInterrupt:
-                    pass
-                raise
 
 def _warn_if_oversubscribed(spec: ResourceSpec) -> None:
     """A local cluster of more compute replicas than this machine has cores: every step
@@ -538,36 +506,3 @@ def _warn_if_oversubscribed(spec: ResourceSpec) -> None:
             "trained are the same). Use ResourceSpec.local(workers=...) of at most the cores, "
             "or virtual nodes (strategy.with_virtual_nodes) for a fixed global batch",
             UserWarning, stacklevel=3)
-
-
-def _discard(path: pathlib.Path) -> None:
-    """A temporary job directory after a failure: its copy of the data goes, and its logs
-    stay where a task wrote any (an error names them); a run refused before any task
-    started leaves nothing."""
-    logs = path / "logs"
-    if not any(log.stat().st_size for log in logs.glob("*.log")) if logs.is_dir() else True:
-        shutil.rmtree(path, ignore_errors=True)
-        return
-    for name in ("data", "init.npz", "final_weights.npz", "weights", "recovery.npz"):
-        target = path / name
-        if target.is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-        elif target.exists():
-            target.unlink()
-
-
-def _rows_read_by(job: JobDir, task_index: int) -> np.ndarray | None:
-    """The rows of the job's data that worker task `task_index` reads over the run (None:
-    a job with a dataset, which every worker reads whole)."""
-    if job.dataset() is not None:
-        return None
-    config = RunConfig.of_job(job)
-    num_examples, _ = job.shard()
-    devices = job.strategy().virtual_node_devices
-    prefix = f"/job:worker/task:{task_index}/"
-    mine = [i for i, d in enumerate(devices) if d.startswith(prefix)]
-    schedule = batching.EpochSchedule(num_examples, config.epochs, config.steps_per_epoch,
-                                      lambda step: config.global_batch_size)
-    order = batching.ArrayOrder(num_examples, config.shuffle, config.seed, config.first_epoch,
-                                job.order())
-    return batching.rows_read(schedule, order, len(devices), mine)

@@ -177,13 +177,13 @@ def test_throughput_replan_on_a_slowed_worker(tmp_path):
                       policies=[slow, watch], replanner=replanner, shuffle=False)
     for got, want in zip(model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
-    replans = [a for a in history.actions if a["action"] == "replan"]
-    assert len(replans) == 1 and replans[0]["changed"], history.actions
+    replans = [a for a in history.actions if a.action == "replan"]
+    assert len(replans) == 1 and replans[0].details["changed"], history.actions
     # The replanner sees the cluster's 1 Gbit/s scaled by the measured drop, which is
     # below the trigger (how far below depends on the machine's load).
-    assert replans[0]["step"] > slow.started and scales[0] < watch.fraction
-    switches = [r for r in history.resizes if r["plan"] == 1]
-    assert len(switches) == 1 and switches[0]["step"] > replans[0]["step"]
+    assert replans[0].step > slow.started and scales[0] < watch.fraction
+    switches = [r for r in history.resizes if r.plan == 1]
+    assert len(switches) == 1 and switches[0].step > replans[0].step
 
 
 def _drive(policy_, control, curve, steps):
@@ -269,10 +269,10 @@ def test_set_batch_size_at_an_epoch_end_equals_keras_with_the_new_batch_and_rate
     assert len(history.step_losses) == 3 + 2 + 2
     np.testing.assert_allclose(history.history["loss"],
                                first.history["loss"] + later.history["loss"], rtol=1e-5)
-    action = next(a for a in history.actions if a["action"] == "set_batch_size")
-    assert action["global_batch_size"] == bigger
-    assert action["learning_rate"] == pytest.approx(0.15)
-    assert [(r["step"], r["plan"]) for r in history.resizes] == [(3, 1)]
+    action = next(a for a in history.actions if a.action == "set_batch_size")
+    assert action.details["global_batch_size"] == bigger
+    assert action.details["learning_rate"] == pytest.approx(0.15)
+    assert [(r.step, r.plan) for r in history.resizes] == [(3, 1)]
 
 
 def test_adaptive_batch_size_follows_the_noise_scale(control, mlp_item):

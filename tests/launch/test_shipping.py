@@ -154,7 +154,7 @@ def test_a_dataset_job_ships_the_dataset_not_rows(tmp_path, mlp_item):
     """A fit(dataset) job holds the dataset's graph and description, no arrays; every
     worker is shipped both whole (it reads every element), a PS neither."""
     from autodist.launch.job import DatasetFiles
-    from autodist.runtime.run import _rows_read_by
+    from autodist.runtime.cluster_jobs import rows_read_by as _rows_read_by
 
     spec = autodist.ResourceSpec.local(workers=2)
     strategy = autodist.builders.AllReduce().build(mlp_item, spec)

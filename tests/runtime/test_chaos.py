@@ -150,9 +150,9 @@ def test_a_seeded_schedule_of_kills_stops_and_delays_loses_nothing(tmp_path):
         chaos.stop.set()
         chaos.thread.join(timeout=10)
     assert [a for _, a, _ in chaos.done].count("delay") == 4, chaos.done
-    assert [(e["failed_task"], e["workers"]) for e in history.recoveries] == [(3, 3), (2, 2)], \
+    assert [(e.failed_task, e.workers) for e in history.recoveries] == [(3, 3), (2, 2)], \
         (history.recoveries, chaos.done)
-    assert "stopped responding" in history.recoveries[1]["cause"], history.recoveries
+    assert "stopped responding" in history.recoveries[1].cause, history.recoveries
     assert len(history.step_losses) == EPOCHS * EXAMPLES // BATCH
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)

@@ -490,6 +490,6 @@ def test_a_dataset_read_across_a_resize_trains_as_keras_fit_and_measures_through
     _assert_weights_equal(model.get_weights(), before)
     history = run.fit(dataset(), epochs=2, verbose=0, resize_at={2: 2, 5: 3}, shuffle=False)
     expected = reference.fit(dataset(), epochs=2, verbose=0, shuffle=False)
-    assert [(r["step"], r["workers"]) for r in history.resizes] == [(2, 2), (5, 3)]
+    assert [(r.step, r.workers) for r in history.resizes] == [(2, 2), (5, 3)]
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], atol=TOLERANCE)
     _assert_weights_equal(model.get_weights(), reference.get_weights())

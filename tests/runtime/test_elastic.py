@@ -42,8 +42,8 @@ def test_resized_run_follows_the_fixed_size_trajectory(tmp_path):
     np.testing.assert_allclose(resized.step_losses, fixed.step_losses, rtol=0, atol=TOLERANCE)
     for got, want in zip(model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
-    assert [(r["step"], r["workers"]) for r in resized.resizes] == [(3, 4), (6, 1)]
-    assert all(r["seconds"] > 0 for r in resized.resizes)
+    assert [(r.step, r.workers) for r in resized.resizes] == [(3, 4), (6, 1)]
+    assert all(r.seconds > 0 for r in resized.resizes)
 
 
 @pytest.mark.cluster
@@ -182,7 +182,7 @@ def test_resize_requested_by_a_callback(tmp_path):
                               job_dir=str(tmp_path / "job"), step_timeout_s=60)
     history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, resize_at={0: 2},
                       elastic=True, callbacks=[_Resizer(run, {0: 4, 1: 1})])
-    assert [(r["step"], r["workers"]) for r in history.resizes] == [(3, 4), (6, 1)]
+    assert [(r.step, r.workers) for r in history.resizes] == [(3, 4), (6, 1)]
     assert len(history.step_losses) == EPOCHS * EXAMPLES // BATCH
     for got, want in zip(model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)

@@ -40,7 +40,7 @@ def test_a_run_drops_a_worker_in_the_middle_and_takes_it_back(tmp_path):
                               step_timeout_s=60)
     history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0,
                       resize_at={2: [0, 2], 6: 3})
-    assert [(r["step"], tuple(r["members"])) for r in history.resizes] == \
+    assert [(r.step, tuple(r.members)) for r in history.resizes] == \
         [(2, (0, 2)), (6, (0, 1, 2))]
     for got, want in zip(model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
@@ -101,8 +101,9 @@ def test_a_straggler_is_dropped_and_the_members_re_planned(tmp_path):
     assert seen.index([0, 2]) > 0 and [0, 1, 2] not in seen[seen.index([0, 2]):], seen
     assert all(v > 0 for m in watch.measured for v in m.values())
     assert scale.result.replace == (1,) and specs == [2]
-    actions = [(a["action"], a.get("members"), a.get("changed")) for a in history.actions]
+    actions = [(a.action, a.details.get("members"), a.details.get("changed"))
+               for a in history.actions]
     assert ("resize", [0, 2], None) in actions and ("replan", None, True) in actions
-    assert tuple(history.resizes[-1]["members"]) == (0, 2) and history.resizes[-1]["plan"] == 1
+    assert tuple(history.resizes[-1].members) == (0, 2) and history.resizes[-1].plan == 1
     for got, want in zip(model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)

@@ -54,7 +54,7 @@ def test_noise_scale_equals_numpy_from_the_same_gradients(tmp_path):
     recorder = _Recorder()
     history = run.fit(x, y, epochs=1, shuffle=False, verbose=0, monitor_every=1,
                       policies=[recorder])
-    assert [r["step"] for r in history.noise_scale] == [0, 1]
+    assert [r.step for r in history.noise_scale] == [0, 1]
     # Step 0: virtual nodes read rows 0-7, 8-15 (worker 0) and 16-23, 24-31 (worker 1).
     batches, norms = [], []
     for replica in range(2):
@@ -67,22 +67,22 @@ def test_noise_scale_equals_numpy_from_the_same_gradients(tmp_path):
         norms.append(_sq_norm(reference, x[rows], y[rows]))
     want = monitoring.noise_scale_fit(batches, norms)
     got = history.noise_scale[0]
-    assert got["gradient_sq"] == pytest.approx(want.gradient_sq, rel=1e-4)
-    assert got["trace_sigma"] == pytest.approx(want.trace_sigma, rel=1e-4)
-    assert np.isfinite(history.noise_scale[1]["smoothed"])
+    assert got.gradient_sq == pytest.approx(want.gradient_sq, rel=1e-4)
+    assert got.trace_sigma == pytest.approx(want.trace_sigma, rel=1e-4)
+    assert np.isfinite(history.noise_scale[1].smoothed)
     # The step's split, timed in the graph: the slowest task's local compute,
     # then the rest of the chief's step. The other worker may start its step
     # before the chief's clock does (on loaded cores, by more than its
     # compute), so the rest is clamped at zero rather than compared in time.
     for record, seconds in zip(history.noise_scale, history.step_times):
-        assert record["compute_s"] > 0
-        assert record["communication_s"] == pytest.approx(max(0.0, seconds - record["compute_s"]))
+        assert record.compute_s > 0
+        assert record.communication_s == pytest.approx(max(0.0, seconds - record.compute_s))
     # Policies see the same estimates live, step by step.
     live = recorder.metrics
     assert [m.step for m in live] == [0, 1]
     assert live[0].gradient_variance == pytest.approx(want.trace_sigma, rel=1e-4)
-    assert live[1].noise_scale.noise_scale == pytest.approx(history.noise_scale[1]["smoothed"])
-    assert live[0].compute_s == pytest.approx(got["compute_s"])
+    assert live[1].noise_scale.noise_scale == pytest.approx(history.noise_scale[1].smoothed)
+    assert live[0].compute_s == pytest.approx(got.compute_s)
 
 
 def test_monitoring_needs_two_virtual_nodes_on_a_replica():

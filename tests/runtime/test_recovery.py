@@ -73,13 +73,13 @@ def test_killed_worker_loses_no_update(builder, ps, tmp_path):
     killer.join(timeout=5)
     assert len(history.recoveries) == 1
     (event,) = history.recoveries
-    assert event["failed_task"] == 2 and event["workers"] == 2 and 4 <= event["step"] <= 6
+    assert event.failed_task == 2 and event.workers == 2 and 4 <= event.step <= 6
     assert len(history.step_losses) == EPOCHS * EXAMPLES // BATCH
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
     # The recorded losses are exact, except a step the dead worker completed but
     # died before recording: the chief's estimate (its replicas' mean) stands in.
-    estimated_epochs = {k // (EXAMPLES // BATCH) for k in event["estimated_loss_steps"]}
+    estimated_epochs = {k // (EXAMPLES // BATCH) for k in event.estimated_loss_steps}
     for epoch, (got, want) in enumerate(zip(history.history["loss"], keras_losses)):
         assert got == pytest.approx(want, rel=5e-2 if epoch in estimated_epochs else 1e-4)
 
@@ -105,8 +105,8 @@ def test_a_stopped_worker_is_named_killed_and_recovered_from(tmp_path):
     history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, on_failure="continue")
     stopper.join(timeout=5)
     (event,) = history.recoveries
-    assert event["failed_task"] == 2 and event["workers"] == 2, event
-    assert "stopped responding" in event["cause"], event
+    assert event.failed_task == 2 and event.workers == 2, event
+    assert "stopped responding" in event.cause, event
     assert time.monotonic() - started < 120
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
@@ -237,7 +237,7 @@ def test_a_recovered_run_reads_a_dataset_on_where_it_stopped(tmp_path):
     killer = _kill_after(job_dir, task=2, steps=4)
     history = run.fit(dataset(), epochs=EPOCHS, verbose=0, on_failure="continue", shuffle=False)
     killer.join(timeout=5)
-    assert len(history.recoveries) == 1 and history.recoveries[0]["failed_task"] == 2
+    assert len(history.recoveries) == 1 and history.recoveries[0].failed_task == 2
     assert len(history.step_losses) == EPOCHS * EXAMPLES // BATCH
     for got, want in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)

@@ -9,6 +9,7 @@ import pytest
 
 import autodist
 from autodist.ir.errors import AutodistError
+from autodist.runtime import cluster_jobs
 from autodist.runtime import run as run_module
 from autodist.search import builders
 
@@ -34,10 +35,10 @@ def test_a_failed_run_keeps_only_the_logs_its_error_names(tmp_path):
     (job / "data" / "x_0.npy").write_bytes(b"rows")
     (job / "init.npz").write_bytes(b"values")
     (job / "logs" / "worker_0.log").write_text("Traceback ...")
-    run_module._discard(job)
+    cluster_jobs.discard(job)
     assert sorted(p.name for p in job.iterdir()) == ["logs"]
     (job / "logs" / "worker_0.log").write_text("")
-    run_module._discard(job)
+    cluster_jobs.discard(job)
     assert not job.exists()
 
 

@@ -47,7 +47,7 @@ def test_switch_keeps_the_weights_of_an_unswitched_run(tmp_path):
                       switch_at={2: partitioned, 4: whole, 7: all_reduce})
     for got, want in zip(model.get_weights(), expected):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
-    assert [(r["step"], r["plan"]) for r in history.resizes] == [(2, 1), (4, 2), (7, 3)]
+    assert [(r.step, r.plan) for r in history.resizes] == [(2, 1), (4, 2), (7, 3)]
     assert len(history.step_losses) == EPOCHS * EXAMPLES // BATCH
 
 
@@ -88,7 +88,7 @@ def test_replan_requested_by_a_callback(tmp_path):
         np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
     # From on_epoch_end: the next epoch's first step; inside an epoch: one
     # step ahead of the chief at the earliest (the driver learns late).
-    steps = [(r["step"], r["plan"]) for r in history.resizes]
+    steps = [(r.step, r.plan) for r in history.resizes]
     assert steps[0] == (3, 1)
     assert len(steps) == 2 and steps[1][1] == 0 and 4 < steps[1][0] <= 6
 
