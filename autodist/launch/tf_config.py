@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from autodist.ir.device_names import DeviceNameError, TaskName
 from autodist.ir.errors import AutodistError, ResourceSpecError
 from autodist.ir.resource_spec import ResourceSpec, read_tf_config
 
@@ -57,11 +58,14 @@ def task_from_spec_file(path: str, task: str | None) -> tuple[ResourceSpec, tupl
     """The cluster of a resource-spec YAML file and the task named "job:index" in it."""
     spec = ResourceSpec.from_yaml(path)
     tasks = [spec.task_of(i) for i in range(len(spec.nodes))]
-    job, _, index = (task or "").partition(":")
-    if not index.isdigit() or (job, int(index)) not in tasks:
+    try:
+        name = TaskName.parse_short(task)
+    except DeviceNameError:
+        name = None
+    if name is None or (name.job, name.index) not in tasks:
         raise ResourceSpecError(f"--task must name a task of {path!r} as JOB:INDEX, one of "
                                 f"{[f'{j}:{i}' for j, i in tasks]}. Received: {task!r}")
-    return spec, (job, int(index))
+    return spec, (name.job, name.index)
 
 
 def check_this_is_the_chief(spec: ResourceSpec) -> None:

@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from autodist.ir.device_names import TaskName
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.launch import heartbeats
 from autodist.launch.errors import TaskFailedError
@@ -117,7 +118,7 @@ def rows_read_by(job: JobDir, task_index: int) -> np.ndarray | None:
     config = RunConfig.of_job(job)
     num_examples, _ = job.shard()
     devices = job.strategy().virtual_node_devices
-    prefix = f"/job:worker/task:{task_index}/"
+    prefix = TaskName("worker", task_index).device_prefix
     mine = [i for i, d in enumerate(devices) if d.startswith(prefix)]
     schedule = batching.EpochSchedule(num_examples, config.epochs, config.steps_per_epoch,
                                       lambda step: config.global_batch_size)

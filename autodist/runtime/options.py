@@ -286,14 +286,13 @@ class FitOptions:
         if self.callbacks or self.resize_at or self.switch_at or launch != "local":
             raise AutodistError("on_failure='continue' needs a local launch without "
                                 "callbacks, resize_at or switch_at")
-        kinds = set()
-        for config in strategy.variables:
-            for i, sync in enumerate(config.shards):
-                kinds.add(sync.WhichOneof("kind"))
-                if sync.WhichOneof("kind") == "ps" and (not sync.ps.sync or sync.ps.staleness):
-                    raise AutodistError(
-                        f"on_failure='continue' needs synchronous training; variable "
-                        f"{config.var_name!r} shard {i} is updated asynchronously")
+        asynchronous = strategy.asynchronous_shards()
+        if asynchronous:
+            name, i = asynchronous[0]
+            raise AutodistError(f"on_failure='continue' needs synchronous training; variable "
+                                f"{name!r} shard {i} is updated asynchronously")
+        kinds = {sync.WhichOneof("kind") for config in strategy.variables
+                 for sync in config.shards}
         if kinds == {"ps", "all_reduce"}:
             raise AutodistError("on_failure='continue' needs a strategy that is all "
                                 "parameter-server or all all-reduce (a mixed step runs in "
