@@ -26,6 +26,7 @@ MOVED_MODULES = [
     ("autodist.launch.netns", "autodist.launch.private_network", "local_network"),
     ("autodist.bench.netns", "autodist.bench.capped_links", "capped_spec"),
     ("autodist.adapt.policies", "autodist.adapt.builtin_policies", "ScheduledResize"),
+    ("autodist.adapt.policy", "autodist.adapt.policy_interface", "Control"),
 ]
 
 

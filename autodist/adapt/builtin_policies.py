@@ -1,8 +1,8 @@
 """Built-in adaptation policies: scheduled resizes, re-plans on slowdowns, adaptive batch,
 autoscaling.
 
-Each is a `Policy` (`autodist.adapt.policy`) that asks for actions through its
-`Control`; `fit(..., policies=[...])` runs them. The base classes are
+Each is a `Policy` (`autodist.adapt.policy_interface`) that asks for actions
+through its `Control`; `fit(..., policies=[...])` runs them. The base classes are
 re-exported here, so ``autodist.policies`` is the one module a user needs:
 
     from autodist import policies
@@ -18,8 +18,8 @@ import threading
 from typing import Callable, Mapping
 
 from autodist.adapt.autoscaler import Observation
-from autodist.adapt.policy import (Control, Policy, Replanner, StepMetrics, scaled_bandwidth,
-                                   search_replanner)
+from autodist.adapt.policy_interface import (Control, Policy, Replanner, StepMetrics,
+                                             scaled_bandwidth, search_replanner)
 from autodist.ir.errors import AutodistError
 
 __all__ = ["AdaptiveBatchSize", "Autoscale", "Control", "Policy", "Replanner",

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from autodist.adapt.policy import Control, Policy, StepMetrics
+from autodist.adapt.policy_interface import Control, Policy, StepMetrics
 from autodist.ir.errors import AutodistError
 
 

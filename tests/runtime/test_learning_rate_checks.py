@@ -11,7 +11,7 @@ import keras
 import autodist
 from autodist.ir.capture import capture
 from autodist.ir.errors import AutodistError
-from autodist.adapt import policy
+from autodist.adapt import policy_interface
 from autodist.search import builders
 
 from tests.doubles import StandInRun
@@ -25,7 +25,7 @@ def test_batch_size_rule_refuses_a_scheduled_learning_rate():
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
     gi = capture(_mlp(keras.optimizers.SGD(schedule)))
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
-    control = policy.Control(StandInRun(gi, builders.AllReduce().build(gi, spec)
+    control = policy_interface.Control(StandInRun(gi, builders.AllReduce().build(gi, spec)
                                   .with_virtual_nodes(64, 4), spec), 64)
     with pytest.raises(AutodistError, match="learning_rate_rule='linear' scales a fixed "
                                             "learning rate, but the optimizer's is a schedule "
