@@ -126,7 +126,7 @@ def graph_item_json(graph_item: GraphItem) -> dict[str, Any]:
         "num_parameters": graph_item.num_parameters,
         "total_variable_bytes": graph_item.total_variable_bytes,
         "total_flops": graph_item.total_flops,
-        "estimate_batch_size": int(graph_item.proto.estimate_batch_size),
+        "estimate_batch_size": graph_item.estimate_batch_size,
         "optimizer": {"class_name": opt.class_name, "family": opt.family,
                       "algorithm": opt.algorithm,
                       "hyperparameters": {k: _number(v) for k, v in
@@ -347,7 +347,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
         if args.out:
             result.strategy.save(args.out)
     trials = sorted(result.trials, key=_trial_order)
-    measured = list(result.strategy.proto.performance.measured_step_time_s)
+    measured = list(result.strategy.measured_step_times_s)
     if args.json:
         _emit({
             "workload": _workload_json(graph_item.name, graph_item.fingerprint, spec,
@@ -502,11 +502,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     trials = by_workload[workload]
     best = min(trials, key=lambda r: r.median_step_time_s)
     strategy = best.load_strategy()
-    perf = strategy.proto.performance
-    del perf.measured_step_time_s[:]
-    perf.measured_step_time_s.extend(best.step_times_s)
-    if best.predicted_step_time_s is not None and not perf.predicted_step_time_s:
-        perf.predicted_step_time_s = best.predicted_step_time_s
+    strategy = strategy.with_performance(
+        measured_step_times_s=best.step_times_s,
+        predicted_step_time_s=best.predicted_step_time_s
+        if strategy.predicted_step_time_s is None else None)
     strategy.save(args.out)
     if args.json:
         _emit({"database": str(args.database), "workload": named[workload],

@@ -59,6 +59,11 @@ class GraphItem:
         return self._proto.name
 
     @property
+    def estimate_batch_size(self) -> int:
+        """The batch its op estimates are for (at least 1)."""
+        return max(1, self._proto.estimate_batch_size)
+
+    @property
     def source(self) -> str:
         return self._proto.source
 

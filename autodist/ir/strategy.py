@@ -129,6 +129,35 @@ class Strategy:
         return out
 
     @property
+    def measured_step_times_s(self) -> tuple[float, ...]:
+        """Step times measured for this strategy (seconds; empty if never measured)."""
+        return tuple(self._proto.performance.measured_step_time_s)
+
+    @property
+    def predicted_step_time_s(self) -> float | None:
+        """The predicted step time (seconds), or None."""
+        return self._proto.performance.predicted_step_time_s or None
+
+    def with_performance(self, *, measured_step_times_s: Sequence[float] | None = None,
+                         predicted_step_time_s: float | None = None,
+                         lower_bound_step_time_s: float | None = None,
+                         predictor: str | None = None) -> Strategy:
+        """A copy with these measured or predicted times (the others kept; measured times
+        given replace the stored ones)."""
+        out = Strategy(self._proto)
+        perf = out.proto.performance
+        if measured_step_times_s is not None:
+            del perf.measured_step_time_s[:]
+            perf.measured_step_time_s.extend(float(t) for t in measured_step_times_s)
+        if predicted_step_time_s is not None:
+            perf.predicted_step_time_s = float(predicted_step_time_s)
+        if lower_bound_step_time_s is not None:
+            perf.lower_bound_step_time_s = float(lower_bound_step_time_s)
+        if predictor is not None:
+            perf.predictor = predictor
+        return out
+
+    @property
     def batch_norm(self) -> str:
         """How batch normalization computes its statistics: "auto", "sync" or "ghost"."""
         return strategy_pb2.GraphConfig.BatchNorm.Name(

@@ -65,7 +65,7 @@ def workload_features(simulator: Simulator) -> dict[str, float]:
     gi = space.graph_item
     total = float(gi.total_variable_bytes)
     sparse = float(sum(v.byte_size for v in gi.variables if v.sparse_gradient))
-    estimate = max(1, gi.proto.estimate_batch_size)
+    estimate = gi.estimate_batch_size
     return {
         "num_variables": float(len(gi.variables)),
         "total_var_bytes": total,

@@ -302,7 +302,7 @@ def activation_bytes(graph_item: GraphItem, per_replica_batch: float) -> float:
     largest forward output again (its gradient), from the capture's
     estimates at its estimate batch, scaled linearly to `per_replica_batch`.
     """
-    estimate = max(1, graph_item.proto.estimate_batch_size)
+    estimate = graph_item.estimate_batch_size
     total = 0.0
     largest = 0.0
     for op in graph_item.proto.ops:

@@ -243,7 +243,7 @@ class Simulator:
         self.replica_nodes = [spec.node_of(d) for d in spec.replica_devices]
         self.num_replicas = len(self.replica_nodes)
         self.num_nodes = len(spec.nodes)
-        estimate = max(1, space.graph_item.proto.estimate_batch_size)
+        estimate = space.graph_item.estimate_batch_size
         self.batch_size = batch_size or space.batch_size
         if self.batch_size < self.num_replicas:
             raise InvalidArgumentError(f"batch_size {self.batch_size} is smaller than the number "

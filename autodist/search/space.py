@@ -228,7 +228,7 @@ class SearchSpace:
         self.replicas_per_node = _replicas_per_node(resource_spec)
         self.lookups_per_example = lookups_per_example(graph_item)
         replicas = len(resource_spec.replica_devices)
-        self.batch_size = batch_size or max(1, graph_item.proto.estimate_batch_size) * replicas
+        self.batch_size = batch_size or graph_item.estimate_batch_size * replicas
         if self.batch_size < replicas:
             raise InvalidArgumentError(f"batch_size {self.batch_size} is smaller than the number "
                                        "of "
@@ -512,8 +512,7 @@ class SearchSpace:
         per replica, densifying can win only below that bound (the cost
         model decides).
         """
-        rows = self.lookups_per_example.get(var.name, 0.0) * max(
-            1, self.graph_item.proto.estimate_batch_size)
+        rows = self.lookups_per_example.get(var.name, 0.0) * self.graph_item.estimate_batch_size
         dim = var.shape[0] if var.shape else 1
         return dim <= rows * len(self.resource_spec.replica_devices)
 
@@ -639,7 +638,7 @@ def lookups_per_example(graph_item: GraphItem) -> dict[str, float]:
     estimate batch; 1.0 when the capture did not record it.
     """
     ops = {op.name: op for op in graph_item.ops}
-    estimate = max(1, graph_item.proto.estimate_batch_size)
+    estimate = graph_item.estimate_batch_size
     out = {}
     for var in graph_item.variables:
         if not var.sparse_gradient:

@@ -139,3 +139,22 @@ def test_transforms_set_no_field_they_do_not_change():
     s = _strategy(2)
     out = s.with_worker_tasks_renumbered({0: 0, 1: 1}).with_devices(lambda d: d)
     assert out.proto == s.proto and not out.proto.graph_config.HasField("virtual_nodes")
+
+
+def test_with_performance_replaces_measured_times_and_keeps_the_rest():
+    strategy = _strategy()
+    assert strategy.measured_step_times_s == () and strategy.predicted_step_time_s is None
+    timed = strategy.with_performance(measured_step_times_s=[0.2, 0.1],
+                                      predicted_step_time_s=0.05, predictor="simulator")
+    assert timed.measured_step_times_s == (0.2, 0.1) and timed.predicted_step_time_s == 0.05
+    again = timed.with_performance(measured_step_times_s=[0.3])
+    assert again.measured_step_times_s == (0.3,) and again.predicted_step_time_s == 0.05
+    assert strategy.measured_step_times_s == ()   # a copy: the original is unchanged
+
+
+def test_a_graph_items_estimate_batch_is_at_least_one():
+    from autodist.ir.graph_item import GraphItem
+    from autodist.proto import graph_item_pb2
+
+    assert GraphItem(graph_item_pb2.GraphItem(estimate_batch_size=0)).estimate_batch_size == 1
+    assert GraphItem(graph_item_pb2.GraphItem(estimate_batch_size=8)).estimate_batch_size == 8
