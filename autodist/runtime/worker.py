@@ -135,7 +135,6 @@ class Trainer:
             timeout_in_ms=int(self.config.step_timeout_s * 1000))
         self.initial_step = 0
         self.elastic = self.config.elastic  # set with resize_at too (see fit)
-        self.full_strategy = self.strategy
         # Who runs which steps, with which strategy; a followed elastic run
         # extends both while it goes.
         self.membership = membership.Membership(self.strategy, list(self.config.plans or []),
