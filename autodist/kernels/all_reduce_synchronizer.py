@@ -26,11 +26,17 @@ when a new strategy groups or partitions the variables differently.
 from __future__ import annotations
 
 import dataclasses
+from typing import Sequence
 
 import tensorflow as tf
 
+from autodist.ir.graph_item import optimizer_squares_gradient
 from autodist.ir.strategy import is_gathered
+from autodist.kernels import loss_scaling
+from autodist.kernels.optimizers import ReducedGradient, Slots
 from autodist.kernels.program import Program, Replica, Shard, StorageRole
+from autodist.kernels.replicator import get_slots, get_storage
+from autodist.kernels.sync_lowering import Lowered, StepStart, atomic_updates
 from autodist.kernels.variables import StorageVariable, VariableSpec, create_variables
 from autodist.proto import strategy_pb2
 
@@ -350,3 +356,58 @@ def version_tag(task_index: int, version: int, device: str) -> tf.Operation:
             input=tf.zeros([], tf.float32), group_size=1,
             group_key=_TAG_GROUP_KEY + task_index, instance_key=version + 1,
             merge_op="Add", final_op="Id", subdiv_offsets=[], timeout_seconds=60.0).op
+
+
+class AllReduceLowering:
+    """All-reduce shards: each replica reduces its gradients, then updates its own copy.
+
+    Every replica holds every all-reduced gradient, so each clips its own
+    (one clipping group) and applies the same updates to its mirrored copy.
+    Under loss scaling one flag of finite gradients (the first replica's, as
+    all are the same) advances the scale.
+    """
+
+    def lower(self, step: StepStart, shards: Sequence[Shard]) -> Lowered:
+        """Builds the collectives and mirrored updates of `shards` (see `SynchronizerLowering`)."""
+        results = []
+        for replica in step.program.replicas:
+            with tf.device(replica.device):
+                results += self._reduce(step, shards, replica)
+        updates = []
+        with atomic_updates(step.options, [g.grad for _, _, g, _ in results]):
+            for replica, shard, gradient, finite in results:
+                with tf.device(replica.device):
+                    var = get_storage(step.program, shard, replica)
+                    updates.append(step.optimizer.apply(
+                        var, gradient, Slots(get_slots(step.program, shard, replica)),
+                        finite=finite))
+        if step.loss_scale is not None and results:
+            with tf.device(step.loss_scale.scale.device):
+                advances = loss_scaling.advance(step.loss_scale,
+                                                step.program.graph_item.optimizer,
+                                                results[0][3], after=updates)
+            updates = updates + advances
+        return Lowered(updates)
+
+    @staticmethod
+    def _reduce(step: StepStart, shards: Sequence[Shard], replica: Replica) -> list:
+        """One replica's reduced and clipped gradients: (replica, shard, gradient,
+        finite flag or None) per shard it has a gradient of."""
+        gi = step.program.graph_item
+        own = step.gradients[replica.index]
+        reduced = reduce_gradients(
+            step.program, replica, list(shards),
+            {s.name: own[s.name] for s in shards if s.name in own},
+            CollectiveConfig(len(step.strategy.replicas), step.options.timeout_s,
+                             step.options.version), step.step_value,
+            squares=optimizer_squares_gradient(gi.optimizer))
+        mine = [s for s in shards if s.name in reduced.gradients]
+        finite = None if step.loss_scale is None or not mine else loss_scaling.all_finite(
+            [reduced.gradients[s.name] for s in mine],
+            [gi.variable(s.var_name).gradient.float16_sum for s in mine],
+            loss_scaling.read_scale(step.loss_scale))
+        # Clipped per replica: each holds every all-reduced gradient.
+        clipped = step.optimizer.clip([ReducedGradient(s.var_name, reduced.gradients[s.name],
+                                                       reduced.squares.get(s.name), s.sparse)
+                                       for s in mine])
+        return [(replica, s, g, finite) for s, g in zip(mine, clipped)]
