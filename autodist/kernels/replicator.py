@@ -23,11 +23,12 @@ seeds each virtual node's backward pass where the step's seed is known
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import tensorflow as tf
 
-from autodist.ir.graph_item import LOSS_SCALE_INPUT
+from autodist.ir.graph_item import LOSS_SCALE_INPUT, GraphItem
 from autodist.ir.strategy import Strategy
 from autodist.kernels import batch_share, global_batch, loss_scaling
 from autodist.kernels.optimizers import slot_initial_value
@@ -212,121 +213,188 @@ def _import_replica(program: Program, strategy: Strategy, index: int,
     """
     gi = program.graph_item
     replica = Replica(index=index, device=device)
+    variable_map = _storage_map(program, replica)
+    graph_def = global_batch.rewrite(
+        _strip_devices(program.graph_def), gi, strategy, version=program.version,
+        timeout_s=program.collective_timeout_s,
+        hint="nccl" if "/device:GPU:" in device else "ring")
+    program.step_collectives = global_batch.sums_over_replicas(gi, strategy)
+    vn_indices = [v for v, d in enumerate(strategy.virtual_node_devices) if d == device]
+    # Where its examples sit in the global batch: for random draws and sums.
+    copies = _StepCopies(graph_def, {node.name: node for node in graph_def.node}, variable_map,
+                         draws=batch_share.uses_inputs(graph_def), single=len(vn_indices) == 1)
+    # One feed per input for the whole replica (its virtual nodes' examples
+    # one after the other), split in the graph: each fed tensor costs a
+    # session run over gRPC about as much as a small op.
+    with tf.device(device):
+        _feed_placeholders(program, strategy, replica, copies)
+        if not copies.single:
+            _split_by_virtual_node(strategy, replica, copies, vn_indices)
+    # Each virtual node's weight seeds its backward pass where the seed is
+    # known: its gradients come out weighted, with no multiply per gradient.
+    copies.seed = None if copies.single else gradient_seed(
+        graph_def, gi.loss_tensor, [v.gradient.dense or v.gradient.values for v in gi.variables
+                                    if v.gradient.dense or v.gradient.values])
+    gate: list[tf.Operation] = []
+    for position, vn_index in enumerate(vn_indices):
+        vn = _import_virtual_node(program, replica, copies, position, vn_index, gate)
+        gate = _produced(vn)
+        replica.virtual_nodes.append(vn)
+    _accumulate(replica, copies.single)
+    return replica
+
+
+@dataclasses.dataclass
+class _StepCopies:
+    """What the imports of the step for one replica's virtual nodes share.
+
+    Attributes:
+        graph_def: The step, rewritten for the global batch.
+        input_nodes: Its nodes by name.
+        variable_map: Its variable and table placeholders -> this replica's
+            storage handles and tables (and the loss scale input).
+        draws: The step reads where its examples sit in the global batch.
+        single: The replica runs one virtual node.
+        parts: With several virtual nodes, input name -> each one's part.
+        weights: With several virtual nodes, each one's share of the examples.
+        seed: The tensor seeding the backward pass, fed each one's weight.
+    """
+
+    graph_def: tf.compat.v1.GraphDef
+    input_nodes: dict
+    variable_map: dict
+    draws: bool
+    single: bool
+    parts: dict[str, list[tf.Tensor]] | None = None
+    weights: list[tf.Tensor] | None = None
+    seed: str | None = None
+
+
+def _storage_map(program: Program, replica: Replica) -> dict:
+    """The step's variable and table placeholders -> what `replica` reads for them."""
     variable_map = {}
-    for var in gi.variables:
+    for var in program.graph_item.variables:
         for shard in program.shards[var.name]:
             if shard.placeholder:
                 variable_map[f"{shard.placeholder}:0"] = get_read_storage(program, shard,
                                                                           replica).handle
     for placeholder, handle in program.tables.items():
         variable_map[f"{placeholder}:0"] = handle
+    return variable_map
+
+
+def _feed_placeholders(program: Program, strategy: Strategy, replica: Replica,
+                       copies: _StepCopies) -> None:
+    """The replica's fed tensors: its share of the global batch (every step), its
+    inputs, and where needed the sizes of every virtual node's batch."""
+    gi = program.graph_item
+    index = replica.index
+    replica.scale = tf.compat.v1.placeholder(tf.float32, [], name=f"{SCOPE}/scale_{index}")
+    loss_scale = loss_scaling.state_of(program)
+    if loss_scale is not None and LOSS_SCALE_INPUT in copies.input_nodes:
+        # Each example's part of the backward pass as in Keras' one batch.
+        copies.variable_map[f"{LOSS_SCALE_INPUT}:0"] = \
+            loss_scaling.read_scale(loss_scale) * replica.scale
+    for info in gi.inputs:
+        node = copies.input_nodes[info.tensor.split(":")[0]]
+        dtype = tf.as_dtype(node.attr["dtype"].type)
+        shape = tf.TensorShape(node.attr["shape"].shape)
+        name = f"{SCOPE}/replica_{index}/input/{info.name}"
+        if info.role == "sample_weight" and gi.model_inputs:
+            # Fed only when the data has weights: by default each value of the
+            # target's loss weighs 1 (the leading dimensions of its target).
+            replica.inputs[info.name] = tf.compat.v1.placeholder_with_default(
+                tf.ones(_default_weight_shape(gi, info, replica), dtype), shape,
+                name=name)
+        else:
+            replica.inputs[info.name] = tf.compat.v1.placeholder(dtype, shape, name=name)
+    if copies.draws:
+        replica.all_sizes = tf.compat.v1.placeholder(
+            tf.int32, [strategy.num_virtual_nodes], name=f"{SCOPE}/replica_{index}/all_sizes")
+
+
+def _split_by_virtual_node(strategy: Strategy, replica: Replica, copies: _StepCopies,
+                           vn_indices: list[int]) -> None:
+    """Each virtual node's part of the replica's inputs, and its weight."""
+    # Fed only when a step's sizes differ (a smaller last batch): one
+    # feed fewer per step.
+    per = strategy.global_batch_size // strategy.num_virtual_nodes
+    replica.default_sizes = [per] * len(vn_indices)
+    replica.sizes = tf.compat.v1.placeholder_with_default(
+        tf.constant(replica.default_sizes, tf.int32), [len(vn_indices)],
+        name=f"{SCOPE}/replica_{replica.index}/vn_sizes")
+    copies.parts = {name: tf.split(placeholder, replica.sizes, num=len(vn_indices))
+                    for name, placeholder in replica.inputs.items()}
+    sizes = tf.cast(replica.sizes, tf.float32)
+    copies.weights = tf.unstack(sizes / tf.maximum(tf.reduce_sum(sizes), 1.0),
+                                num=len(vn_indices))
+
+
+def _import_virtual_node(program: Program, replica: Replica, copies: _StepCopies,
+                         position: int, vn_index: int, gate: list[tf.Operation]) -> VirtualNode:
+    """Imports the step for virtual node `vn_index` (the replica's `position`-th),
+    its inputs waiting for `gate`."""
+    gi = program.graph_item
+    index = replica.index
+    scope = f"{SCOPE}/replica_{index}" if copies.single else \
+        f"{SCOPE}/replica_{index}/vn_{vn_index}"
+    vn = VirtualNode(index=vn_index)
+    input_map = dict(copies.variable_map)
+    with tf.device(replica.device):
+        for info in gi.inputs:
+            tensor = replica.inputs[info.name] if copies.single else \
+                copies.parts[info.name][position]
+            vn.inputs[info.name] = tensor
+            input_map[info.tensor] = _after(tensor, gate)
+        if not copies.single:
+            vn.weight = copies.weights[position]
+            if copies.seed is not None:
+                input_map[copies.seed] = tf.cast(vn.weight, tf.as_dtype(
+                    copies.input_nodes[_node_name(copies.seed)].attr["dtype"].type))
+                vn.weighted = True
+        for state in gi.state_variables:
+            key = state_storage_name(state.name, vn_index)
+            input_map[f"{state.handle_node}:0"] = program.storage[key].handle
+        if copies.draws:
+            input_map.update(_draw_rows(replica, vn, vn_index, gi))
+        step = _seeded(copies.graph_def, vn_index)
+        if gi.jit_compile:
+            step = _compiled(step, f"{SCOPE}_jit_{index}_{vn_index}")
+        fetches = _fetches(gi)
+        outputs = tf.graph_util.import_graph_def(step, input_map=input_map,
+                                                 return_elements=fetches, name=scope)
+    _unpack(gi, vn, replica, outputs)
+    return vn
+
+
+def _fetches(gi: GraphItem) -> list[str]:
+    """What an import of the step returns: the loss, the gradients (dense, or
+    values and indices), the metric states and the state updates."""
     fetches = [gi.loss_tensor]
     for var in gi.variables:
         g = var.gradient
         fetches += [g.dense] if g.dense else [g.values, g.indices] if g.values else []
-    metric_fetches = [m.tensor for m in gi.metric_states]
-    update_ops = [op for state in gi.state_variables for op in state.update_ops]
-    graph_def = global_batch.rewrite(
-        _strip_devices(program.graph_def), gi, strategy, version=program.version,
-        timeout_s=program.collective_timeout_s,
-        hint="nccl" if "/device:GPU:" in device else "ring")
-    program.step_collectives = global_batch.sums_over_replicas(gi, strategy)
-    # Where its examples sit in the global batch: for random draws and sums.
-    draws = batch_share.uses_inputs(graph_def)
-    input_nodes = {node.name: node for node in graph_def.node}
-    vn_indices = [v for v, d in enumerate(strategy.virtual_node_devices) if d == device]
-    single = len(vn_indices) == 1
-    # One feed per input for the whole replica (its virtual nodes' examples
-    # one after the other), split in the graph: each fed tensor costs a
-    # session run over gRPC about as much as a small op.
-    with tf.device(device):
-        # Its share of the global batch (fed every step).
-        replica.scale = tf.compat.v1.placeholder(tf.float32, [], name=f"{SCOPE}/scale_{index}")
-        loss_scale = loss_scaling.state_of(program)
-        if loss_scale is not None and LOSS_SCALE_INPUT in input_nodes:
-            # Each example's part of the backward pass as in Keras' one batch.
-            variable_map[f"{LOSS_SCALE_INPUT}:0"] = \
-                loss_scaling.read_scale(loss_scale) * replica.scale
-        for info in gi.inputs:
-            node = input_nodes[info.tensor.split(":")[0]]
-            dtype = tf.as_dtype(node.attr["dtype"].type)
-            shape = tf.TensorShape(node.attr["shape"].shape)
-            name = f"{SCOPE}/replica_{index}/input/{info.name}"
-            if info.role == "sample_weight" and gi.model_inputs:
-                # Fed only when the data has weights: by default each value of the
-                # target's loss weighs 1 (the leading dimensions of its target).
-                replica.inputs[info.name] = tf.compat.v1.placeholder_with_default(
-                    tf.ones(_default_weight_shape(gi, info, replica), dtype), shape,
-                    name=name)
-            else:
-                replica.inputs[info.name] = tf.compat.v1.placeholder(dtype, shape, name=name)
-        if draws:
-            replica.all_sizes = tf.compat.v1.placeholder(
-                tf.int32, [strategy.num_virtual_nodes], name=f"{SCOPE}/replica_{index}/all_sizes")
-        if not single:
-            # Fed only when a step's sizes differ (a smaller last batch): one
-            # feed fewer per step.
-            per = strategy.global_batch_size // strategy.num_virtual_nodes
-            replica.default_sizes = [per] * len(vn_indices)
-            replica.sizes = tf.compat.v1.placeholder_with_default(
-                tf.constant(replica.default_sizes, tf.int32), [len(vn_indices)],
-                name=f"{SCOPE}/replica_{index}/vn_sizes")
-            parts = {name: tf.split(placeholder, replica.sizes, num=len(vn_indices))
-                     for name, placeholder in replica.inputs.items()}
-            sizes = tf.cast(replica.sizes, tf.float32)
-            weights = tf.unstack(sizes / tf.maximum(tf.reduce_sum(sizes), 1.0),
-                                 num=len(vn_indices))
-    # Each virtual node's weight seeds its backward pass where the seed is
-    # known: its gradients come out weighted, with no multiply per gradient.
-    seed = None if single else gradient_seed(
-        graph_def, gi.loss_tensor, [v.gradient.dense or v.gradient.values for v in gi.variables
-                                    if v.gradient.dense or v.gradient.values])
-    gate: list[tf.Operation] = []
-    for position, vn_index in enumerate(vn_indices):
-        scope = f"{SCOPE}/replica_{index}" if single else f"{SCOPE}/replica_{index}/vn_{vn_index}"
-        vn = VirtualNode(index=vn_index)
-        input_map = dict(variable_map)
-        with tf.device(device):
-            for info in gi.inputs:
-                tensor = replica.inputs[info.name] if single else parts[info.name][position]
-                vn.inputs[info.name] = tensor
-                input_map[info.tensor] = _after(tensor, gate)
-            if not single:
-                vn.weight = weights[position]
-                if seed is not None:
-                    input_map[seed] = tf.cast(vn.weight, tf.as_dtype(
-                        input_nodes[_node_name(seed)].attr["dtype"].type))
-                    vn.weighted = True
-            for state in gi.state_variables:
-                key = state_storage_name(state.name, vn_index)
-                input_map[f"{state.handle_node}:0"] = program.storage[key].handle
-            if draws:
-                input_map.update(_draw_rows(replica, vn, vn_index, gi))
-            step = _seeded(graph_def, vn_index)
-            if gi.jit_compile:
-                step = _compiled(step, f"{SCOPE}_jit_{index}_{vn_index}")
-            outputs = tf.graph_util.import_graph_def(
-                step, input_map=input_map,
-                return_elements=fetches + metric_fetches + update_ops, name=scope)
-        vn.loss = outputs[0]
-        i = 1
-        for var in gi.variables:
-            g = var.gradient
-            if g.dense:
-                vn.gradients[var.name] = outputs[i]
-                i += 1
-            elif g.values:
-                vn.gradients[var.name] = tf.IndexedSlices(
-                    outputs[i], outputs[i + 1],
-                    tf.constant(list(var.shape), outputs[i + 1].dtype))
-                i += 2
-        vn.metric_states = list(outputs[i:i + len(metric_fetches)])
-        i += len(metric_fetches)
-        replica.state_updates += list(outputs[i:])
-        gate = _produced(vn)
-        replica.virtual_nodes.append(vn)
-    _accumulate(replica, single)
-    return replica
+    fetches += [m.tensor for m in gi.metric_states]
+    return fetches + [op for state in gi.state_variables for op in state.update_ops]
+
+
+def _unpack(gi: GraphItem, vn: VirtualNode, replica: Replica, outputs: list) -> None:
+    """Sorts an import's `outputs` (as `_fetches` lists them) into `vn` and `replica`."""
+    vn.loss = outputs[0]
+    i = 1
+    for var in gi.variables:
+        g = var.gradient
+        if g.dense:
+            vn.gradients[var.name] = outputs[i]
+            i += 1
+        elif g.values:
+            vn.gradients[var.name] = tf.IndexedSlices(
+                outputs[i], outputs[i + 1],
+                tf.constant(list(var.shape), outputs[i + 1].dtype))
+            i += 2
+    vn.metric_states = list(outputs[i:i + len(gi.metric_states)])
+    i += len(gi.metric_states)
+    replica.state_updates += list(outputs[i:])
 
 
 def _draw_rows(replica: Replica, vn: VirtualNode, vn_index: int, gi) -> dict[str, tf.Tensor]:
