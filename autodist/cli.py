@@ -283,7 +283,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         plan = optimize(model, spec, graph_item=graph_item, batch_size=args.batch_size)
         strategy = plan.strategy
-        print(f"strategy found by the search in {plan.search_time:.2f}s "
+        print(f"strategy found by the search in {plan.search_time_s:.2f}s "
               f"({plan.candidates_scored} candidates scored)\n")
         print(plan.explain(), "\n")
     else:
@@ -325,7 +325,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
             if model is None:
                 raise AutodistError("--trials needs a runnable model (an example name, .keras "
                                     "file or module:function), not a GraphItem file")
-            from autodist.runtime.runner import LocalRunner
+            from autodist.runtime.local_runner import LocalRunner
 
             runner = LocalRunner(model, spec, graph_item=graph_item,
                                  batch_size=args.batch_size or 32 * len(spec.replica_devices))
@@ -340,7 +340,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
         tuner = Tuner(graph_item, spec, space_options=options, batch_size=args.batch_size,
                       cost_model=cost_model,
                       database=Database(args.database) if args.database else None,
-                      runner=runner, search_budget=args.budget, seed=args.seed, progress=True)
+                      runner=runner, search_budget=args.search_budget, seed=args.seed,
+                      progress=True)
         if not args.json:
             print(tuner.space.describe())
         result = tuner.tune(args.trials)
@@ -672,15 +673,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     """Measures builders, optimize's pick and baselines on an emulated capped cluster."""
     import shlex
 
-    from autodist.bench import emulated, netns
+    from autodist.bench import capped_links, emulated
 
     preset = bench_preset(args)
-    if not netns.can_shape():
+    if not capped_links.can_shape():
         raise AutodistError(
             "bench caps each task's link with tc on lo, which needs root in a private "
             "network namespace (TF servers bind every interface); run it as "
             "`unshare -n bash -c 'ip link set lo up && autodist bench ...'` "
-            f"(interfaces up besides loopback: {netns.exposed_interfaces()}, root: "
+            f"(interfaces up besides loopback: {capped_links.exposed_interfaces()}, root: "
             f"{hasattr(os, 'geteuid') and os.geteuid() == 0})")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     prog = ("autodist" if os.path.basename(sys.argv[0]) == "autodist"
@@ -766,8 +767,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="example name, .keras file, GraphItem .pb or module:function")
     search.add_argument("--cluster", help="resource spec YAML (default: local 2 workers + 1 PS)")
     search.add_argument("--trials", type=int, default=0,
-                        help="strategies to measure on a local cluster (default 0: predict)")
-    search.add_argument("--budget", type=int, default=4000, help="candidates scored per round")
+                        help="strategies to measure on a local cluster, the API's trials "
+                             "(default 0: predict)")
+    search.add_argument("--search-budget", "--budget", dest="search_budget", type=int,
+                        default=4000, help="candidates scored per search round (the API's "
+                        "search_budget; --budget is its old name)")
     search.add_argument("--batch-size", type=int, help="global batch size")
     search.add_argument("--database", help="trial database (JSON Lines) to record and resume")
     search.add_argument("--cost-model", help="what ranks: a saved cost model file, or "

@@ -582,7 +582,7 @@ def plot_scaling_curve(curve: ScalingCurve | ScalingResult | Mapping[int, Any], 
             `autoscaler.simulator_predictor`).
         chosen: The size chosen (marked).
         trials: Measurements in order: objects with `workers` and
-            `throughput` (the autoscaler's `Trial`) or (workers, throughput)
+            `throughput` (the autoscaler's `ScalingTrial`) or (workers, throughput)
             pairs.
         title: The figure's title.
         path: Save the figure there.

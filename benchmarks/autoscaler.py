@@ -12,7 +12,7 @@ by side in one run:
 1. The measured scaling curve: one run resized in place through every size
    and back (`resize_at`), median examples/s per size after warm-up. The efficient
    size is where the scaling-efficiency heuristic settles on this curve.
-2. Trial and error: `policies.Autoscale` without a prediction, resizing the
+2. Trial and error: `builtin_policies.Autoscale` without a prediction, resizing the
    running job until the heuristic settles.
 3. Guided: the same with the simulator's predicted curve for the capped
    bandwidth (`autoscaler.simulator_predictor`, calibrated on this machine
@@ -70,7 +70,7 @@ def main() -> int:
 
         require_matplotlib()
     from autodist import models
-    from autodist.adapt import autoscaler, policies
+    from autodist.adapt import autoscaler, builtin_policies
     from autodist.search import builders
 
     hidden = tuple(int(h) for h in args.hidden.split(","))
@@ -132,7 +132,8 @@ def main() -> int:
     for mode, prediction in (("trial-and-error", None), ("guided", predict)):
         model.set_weights(weights)
         run = distribute(os.path.join(work, mode))
-        scale = policies.Autoscale(scaler(), prediction, window=args.window, warmup=args.warmup)
+        scale = builtin_policies.Autoscale(scaler(), prediction, window=args.window,
+                                           warmup=args.warmup)
         start = time.perf_counter()
         history = run.fit(x, y, epochs=1, verbose=0, resize_at={0: 1}, policies=[scale],
                           shuffle=False)

@@ -44,7 +44,7 @@ from emulated_cluster import capped_spec, clear_lo, in_private_netns
 from autodist.bench.trials import (Shape, candidate_strategies, make_record,
                                    measure_repeated, measured_keys)
 from autodist.models import BENCH_MODELS
-from autodist.runtime.runner import chunks
+from autodist.runtime.local_runner import chunks
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -94,7 +94,7 @@ def main() -> int:
 
     import autodist
     from autodist import models
-    from autodist.runtime.runner import LocalRunner
+    from autodist.runtime.local_runner import LocalRunner
     from autodist.search.database import Database
     from autodist.search.features import featurize_strategy
     from autodist.search.simulator import Simulator

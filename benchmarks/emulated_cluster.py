@@ -1,6 +1,6 @@
 """An emulated cluster on one host: local task processes with capped links.
 
-The implementation moved into the package (`autodist.bench.netns`) so that
+The implementation moved into the package (`autodist.bench.capped_links`) so that
 the installed `autodist bench` works without this checkout; the benchmark
 scripts here keep importing it under this name.
 
@@ -15,7 +15,7 @@ strategies differ.
 """
 from __future__ import annotations
 
-from autodist.bench.netns import (BASE_PORT, capped_spec, clear_lo,
+from autodist.bench.capped_links import (BASE_PORT, capped_spec, clear_lo,
                                   in_private_netns, shape_lo)
 
 __all__ = ["BASE_PORT", "capped_spec", "clear_lo", "in_private_netns", "shape_lo"]

@@ -175,9 +175,9 @@ def main() -> int:
         child(args)
         return 0
 
-    from autodist.launch import netns
+    from autodist.launch import private_network
 
-    if os.geteuid() != 0 or not netns.is_private():
+    if os.geteuid() != 0 or not private_network.is_private():
         print("run as root inside `unshare -n` (see the docstring)", file=sys.stderr)
         return 2
     work = tempfile.mkdtemp(prefix="autodist-input-bench-")

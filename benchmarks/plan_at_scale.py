@@ -65,7 +65,7 @@ def main() -> int:
     summary = []
     for name in args.models.split(","):
         start = time.perf_counter()
-        graph_item = synthetic.BUILDERS[name]()
+        graph_item = synthetic.GRAPH_ITEM_FACTORIES[name]()
         build_s = time.perf_counter() - start
         sparse = sum(v.byte_size for v in graph_item.variables if v.sparse_gradient)
         print(f"## {name}: {len(graph_item.variables)} variables, "

@@ -39,9 +39,9 @@ def main() -> int:
 
     import autodist
     from autodist import models
-    from autodist.launch import netns
+    from autodist.launch import private_network
 
-    if os.geteuid() != 0 or not netns.is_private():
+    if os.geteuid() != 0 or not private_network.is_private():
         print("run as root inside `unshare -n` (see the docstring)", file=sys.stderr)
         return 2
     model = models.mlp(input_dim=64, hidden=(64,), optimizer="sgd")
@@ -66,14 +66,14 @@ def main() -> int:
                 "this namespace", "own namespace")
             for mode in order:
                 _ip("link", "set", DUMMY, "up" if mode == "own namespace" else "down")
-                assert netns.is_private() == (mode == "this namespace")
+                assert private_network.is_private() == (mode == "this namespace")
                 walls[mode].append(fit(f"{mode[:3]}{i}"))
                 print(mode, f"{walls[mode][-1]:.2f}s", flush=True)
         _ip("link", "set", DUMMY, "down")
         made = []
         for _ in range(20):
             start = time.perf_counter()
-            netns.PrivateNetwork.create().close()
+            private_network.PrivateNetwork.create().close()
             made.append(time.perf_counter() - start)
     finally:
         subprocess.run(["ip", "link", "del", DUMMY], capture_output=True)

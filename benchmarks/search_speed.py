@@ -74,10 +74,10 @@ def main() -> int:
         plan = autodist.optimize(model, ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=1),
                                  graph_item=gi, cost_model="simulator")
         elapsed = time.perf_counter() - start
-        builder, seconds = min(plan.builder_step_times.items(), key=lambda kv: kv[1])
+        builder, seconds = min(plan.builder_step_times_s.items(), key=lambda kv: kv[1])
         print(f"| {name} | {len(gi.variables)} | {elapsed:.2f} | "
-              f"{plan.predicted_step_time * 1e3:.3f} | {builder} | {seconds * 1e3:.3f} | "
-              f"{seconds / plan.predicted_step_time:.2f}x |")
+              f"{plan.predicted_step_time_s * 1e3:.3f} | {builder} | {seconds * 1e3:.3f} | "
+              f"{seconds / plan.predicted_step_time_s:.2f}x |")
     print(f"\nCommand: `python {' '.join(sys.argv)}` on {platform.node()} "
           f"({os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}")
     return 0

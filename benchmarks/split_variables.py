@@ -46,7 +46,7 @@ def main() -> int:
 
     from autodist import api, models
     from autodist.ir.capture import capture
-    from autodist.runtime.runner import LocalRunner
+    from autodist.runtime.local_runner import LocalRunner
     from autodist.search import builders
     from autodist.search.simulator import Calibration, Simulator
     from autodist.search.space import SearchSpace

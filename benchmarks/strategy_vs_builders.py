@@ -62,10 +62,10 @@ def main() -> int:
 
     import autodist
     from autodist import models
-    from autodist.runtime.runner import LocalRunner
+    from autodist.runtime.local_runner import LocalRunner
     from autodist.search import builders
 
-    names = list(builders.BUILDERS) if args.builders == "all" else args.builders.split(",")
+    names = list(builders.STRATEGY_BUILDERS) if args.builders == "all" else args.builders.split(",")
     table = []
     for model_key in args.models.split(","):
         kwargs = dict(MODELS[model_key])
@@ -115,11 +115,11 @@ def main() -> int:
         seconds = search_s if isinstance(search_s, tuple) else (search_s,)
         print(f"## {model_key} at {mbit:g} Mbit/s (search {seconds[0]:.2f}s"
               + (f", measured search {seconds[1]:.0f}s" if len(seconds) > 1 else "")
-              + f"; predicted {plan.predicted_step_time * 1e3:.2f} ms)\n")
+              + f"; predicted {plan.predicted_step_time_s * 1e3:.2f} ms)\n")
         print("| strategy | median | min–max | predicted |\n|---|---:|---:|---:|")
         for label, (median, low, high) in sorted(results.items(), key=lambda kv: kv[1][0]):
-            predicted = (plan.predicted_step_time if label.startswith("optimize")
-                         else plan.builder_step_times.get(label, float("nan")))
+            predicted = (plan.predicted_step_time_s if label.startswith("optimize")
+                         else plan.builder_step_times_s.get(label, float("nan")))
             print(f"| {label} | {median * 1e3:.2f} | {low * 1e3:.2f}–{high * 1e3:.2f} | "
                   f"{predicted * 1e3:.2f} |")
         ratios = "; ".join(f"best builder / {k} = {results[best_builder][0] / v[0]:.2f}x"

@@ -4,7 +4,7 @@ Ports are chosen free (a task that finds its port taken exits with a known
 code and the cluster is restarted on new ports, a bounded number of times);
 every wait is bounded; every process started is stopped on exit, error or
 Ctrl-C; each task keeps its log in the job directory. The tasks of a whole
-local cluster run in a private network namespace (`autodist.launch.netns`):
+local cluster run in a private network namespace (`autodist.launch.private_network`):
 other hosts cannot reach their ports.
 Each task's
 environment gives it only its node's GPUs, with memory growth
@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
-from autodist.launch import heartbeats, netns
+from autodist.launch import heartbeats, private_network
 from autodist.launch.devices import task_environments
 from autodist.launch.errors import EXIT_PORT_IN_USE, TaskFailedError
 from autodist.launch.job import JobDir
@@ -84,7 +84,7 @@ class LocalCluster:
         allow_exposed: When no private network namespace can be made, run
             the tasks in this one (reachable from other hosts, with a
             warning naming their ports) instead of raising
-            `netns.ExposedNetworkError`. Also `AUTODIST_ALLOW_EXPOSED=1`.
+            `private_network.ExposedNetworkError`. Also `AUTODIST_ALLOW_EXPOSED=1`.
         hang_timeout_s: A running task whose heartbeat is older than this is
             hung (stopped or stuck): `wait_workers` kills it and raises
             naming it (`autodist.launch.heartbeats`). None: not watched.
@@ -104,7 +104,7 @@ class LocalCluster:
         self.allow_exposed = allow_exposed
         self.hang_timeout_s = hang_timeout_s
         self.tasks: list[_Task] = []
-        self.network: netns.PrivateNetwork | None = None
+        self.network: private_network.PrivateNetwork | None = None
 
     def __enter__(self) -> LocalCluster:
         try:
@@ -121,7 +121,7 @@ class LocalCluster:
         """Starts the tasks (in a new private network namespace, for a whole cluster).
 
         Raises:
-            netns.ExposedNetworkError: no private namespace can be made and
+            private_network.ExposedNetworkError: no private namespace can be made and
                 exposure is not allowed (nothing was started).
         """
         ports = [n.port or p for n, p in zip(self.spec.nodes, free_ports(len(self.spec.nodes)))]
@@ -130,7 +130,7 @@ class LocalCluster:
         devices = task_environments(self.spec, self.nodes, env)  # raises before any start
         if self.private:
             tasks = [(":".join(map(str, self.spec.task_of(i))), ports[i]) for i in self.nodes]
-            self.network = netns.local_network(tasks, self.allow_exposed)
+            self.network = private_network.local_network(tasks, self.allow_exposed)
         self.job.write_ports(ports)
         for flag in (self.job.path / "ready").glob("*"):
             flag.unlink()

@@ -1,6 +1,6 @@
 """Network interfaces of this process's namespace, and the process that holds a private one.
 
-Standard library only: `autodist.launch.netns` runs this file as a script
+Standard library only: `autodist.launch.private_network` runs this file as a script
 (``python -I -S netns_holder.py``, inside ``unshare --net``) without importing
 the autodist package, whose import costs more than a second. As a script it
 is the holder of a local cluster's private network namespace: it brings

@@ -197,7 +197,7 @@ def calibrate_cluster(spec: ResourceSpec, *, steps: int = 20, warmup_steps: int 
     from autodist.ir.capture import capture
     from autodist.launch.local import check_local
     from autodist.runtime.calibrate import measure_calibration
-    from autodist.runtime.runner import LocalRunner
+    from autodist.runtime.local_runner import LocalRunner
 
     try:
         check_local(spec)

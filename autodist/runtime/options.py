@@ -16,7 +16,7 @@ import difflib
 import uuid
 from typing import Any, Mapping, Sequence, TypedDict
 
-from autodist.adapt.policy import Policy, Replanner
+from autodist.adapt.policy_interface import Policy, Replanner
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec

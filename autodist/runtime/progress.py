@@ -31,7 +31,7 @@ import keras
 import numpy as np
 
 from autodist.adapt.driver import PolicyDriver
-from autodist.adapt.policy import StepMetrics
+from autodist.adapt.policy_interface import StepMetrics
 from autodist.ir.errors import AutodistError
 from autodist.kernels import monitoring
 from autodist.launch.job import JobDir

@@ -12,7 +12,7 @@ from typing import Any, Sequence, Unpack
 import numpy as np
 
 from autodist.adapt.driver import PolicyDriver
-from autodist.adapt.policy import Control
+from autodist.adapt.policy_interface import Control
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
@@ -65,7 +65,7 @@ class DistributedRun:
             other task its job over TensorFlow and starts worker task 0
             here. Every node of the spec needs its port.
         allow_exposed: A local cluster's tasks run in a private network
-            namespace, out of other hosts' reach (`autodist.launch.netns`);
+            namespace, out of other hosts' reach (`autodist.launch.private_network`);
             where none can be made, `fit` raises `ExposedNetworkError`
             unless this is True (or `AUTODIST_ALLOW_EXPOSED=1`): then they
             run reachable, with a warning naming their ports.
@@ -220,7 +220,7 @@ class DistributedRun:
                 says), so a synchronous run keeps the weights it would have
                 had without the switch. Strategies must be synchronous,
                 on the same replicas, with the same virtual nodes.
-            policies: Adaptation policies (`autodist.adapt.policy`) run by
+            policies: Adaptation policies (`autodist.adapt.policy_interface`) run by
                 the driver on every step's metrics; they may resize,
                 re-plan, change a compressor or stop. Implies
                 `elastic=True`; their actions are in `History.actions`.
