@@ -400,14 +400,8 @@ def plot_strategy(strategy: Strategy, graph_item: GraphItem | None = None,
         raise InvalidArgumentError(f"max_variables must be >= 1. Received: {max_variables!r}")
     if layout is None:
         layout = strategy_layout(strategy, graph_item, resource_spec, batch_size=batch_size)
-    variables = list(layout.variables)
     var_bytes = _variable_bytes(layout)
-    left_out = 0
-    if len(variables) > max_variables:
-        keep = set(sorted(variables, key=lambda v: -var_bytes.get(v, 0.0))[:max_variables]
-                   if var_bytes else variables[:max_variables])
-        left_out = len(variables) - len(keep)
-        variables = [v for v in variables if v in keep]
+    variables, left_out = _drawn_variables(layout, var_bytes, max_variables)
     devices = layout.devices
     row_of = {v: i for i, v in enumerate(variables)}
     col_of = {d: j for j, d in enumerate(devices)}
@@ -463,6 +457,18 @@ def plot_strategy(strategy: Strategy, graph_item: GraphItem | None = None,
         fig.text(0.99, 0.01, "bytes per link: pass the GraphItem and ResourceSpec",
                  ha="right", fontsize=7, color="dimgray")
     return _save(fig, path)
+
+
+def _drawn_variables(layout: StrategyLayout, var_bytes: dict[str, float],
+                     max_variables: int) -> tuple[list[str], int]:
+    """The variables drawn (the largest `max_variables` when bytes are known, else the
+    first), in the layout's order, and how many are left out."""
+    variables = list(layout.variables)
+    if len(variables) <= max_variables:
+        return variables, 0
+    keep = set(sorted(variables, key=lambda v: -var_bytes.get(v, 0.0))[:max_variables]
+               if var_bytes else variables[:max_variables])
+    return [v for v in variables if v in keep], len(variables) - len(keep)
 
 
 def _variable_bytes(layout: StrategyLayout) -> dict[str, float]:

@@ -19,6 +19,9 @@ from autodist.ir.device_names import DeviceName, DeviceNameError
 from autodist.ir.errors import StrategyError, UnknownVariableError, short_repr, shorten
 from autodist.ir.graph_item import GraphItem, gradient_clipping
 from autodist.ir.resource_spec import ResourceSpec
+from autodist.ir.strategy_text import describe_synchronizer as describe_synchronizer
+from autodist.ir.strategy_text import enum_name as enum_name
+from autodist.ir.strategy_text import summary_table
 from autodist.proto import strategy_pb2
 
 STRATEGY_SCHEMA_VERSION = 1
@@ -469,38 +472,7 @@ class Strategy:
 
     def summary(self) -> str:
         """A table: variable, partition, synchronizer and placement per shard."""
-        rows = [("variable", "partition", "synchronizer")]
-        for config in self._proto.variables:
-            part = "-"
-            if config.HasField("partitioner") and config.partitioner.num_shards > 1:
-                p = config.partitioner
-                part = f"axis {p.axis} x{p.num_shards}"
-                if p.shard_sizes:
-                    part += " (" + ",".join(str(s) for s in p.shard_sizes) + ")"
-            syncs = [describe_synchronizer(s) for s in config.shards]
-            rows.append((config.var_name, part, "; ".join(syncs)))
-        widths = [max(len(r[i]) for r in rows) for i in range(3)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        gc = self._proto.graph_config
-        header = [f"Strategy {self.id} (origin: {self.origin or 'unknown'}, "
-                  f"schema v{self._proto.schema_version})",
-                  f"  replicas: {', '.join(gc.replicas) or 'none'}"]
-        if gc.virtual_nodes.num_virtual_nodes:
-            vn = gc.virtual_nodes
-            header.append(f"  virtual nodes: {vn.num_virtual_nodes} x "
-                          f"{vn.global_batch_size // max(vn.num_virtual_nodes, 1)} examples "
-                          f"(global batch {vn.global_batch_size})")
-        perf = self._proto.performance
-        if perf.measured_step_time_s:   # measured first: it is what the pick rests on
-            times = sorted(perf.measured_step_time_s)
-            median = (times[(len(times) - 1) // 2] + times[len(times) // 2]) / 2
-            header.append(f"  measured step time: {median * 1e3:.3f} ms (median of "
-                          f"{len(times)} steps, {times[0] * 1e3:.3f}-{times[-1] * 1e3:.3f})")
-        if perf.predicted_step_time_s:
-            header.append(f"  predicted step time: {perf.predicted_step_time_s * 1e3:.3f} ms "
-                          f"({perf.predictor or 'unknown predictor'})")
-        return "\n".join(header + [""] + lines)
+        return summary_table(self._proto, self.id, self.origin)
 
     # ------------------------------------------------------------ validation
     def validate(self, graph_item: GraphItem, resource_spec: ResourceSpec, *,
@@ -553,36 +525,6 @@ def _update_group(sync: Synchronizer) -> str:
     if sync.WhichOneof("kind") == "ps":
         return "asynchronous PS" if is_asynchronous(sync) else "synchronous PS"
     return "all-reduce"
-
-
-def describe_synchronizer(sync: Synchronizer) -> str:
-    """One line for a synchronizer, e.g. "PS(/job:ps/task:0/device:CPU:0, sync)"."""
-    kind = sync.WhichOneof("kind")
-    if kind == "ps":
-        ps = sync.ps
-        mode = "sync" if ps.sync else "async"
-        if ps.sync and ps.staleness:
-            mode = f"stale<={ps.staleness}"
-        extra = ", local copy" if ps.local_replication else ""
-        return f"PS({ps.reduction_destination}, {mode}{extra})"
-    if kind == "all_reduce":
-        ar = sync.all_reduce
-        spec = enum_name(AllReduceSynchronizer.Spec, ar.spec)
-        comp = enum_name(AllReduceSynchronizer.Compressor, ar.compressor)
-        return f"AllReduce({spec}, {comp}, group {ar.group})"
-    return "none"
-
-
-def enum_name(enum, value: int) -> str:
-    """The name of an enum value; "UNKNOWN(<number>)" for a number the enum lacks.
-
-    A proto3 enum field keeps any number it is parsed with, so a file from a
-    newer autodist (or a damaged one) can hold values this one has no name for.
-    """
-    try:
-        return enum.Name(value)
-    except ValueError:
-        return f"UNKNOWN({value})"
 
 
 def check_hyperparameter(key: str, value: float) -> None:
