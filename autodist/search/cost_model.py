@@ -29,7 +29,12 @@ between strategies of the same workload.
 
 `resolve_cost_model` turns what `autodist.optimize(cost_model=...)` and the
 CLI accept ("simulator", a file, a predictor, or None for the shipped
-default) into a predictor. The metrics live in `autodist.search.metrics`.
+default) into a predictor. The shipped default (`DefaultCostModel`) has two
+roles, each shipped by its own rule (`benchmarks/train_cost_model.py`):
+what ranks predictions (`SHIPPED_COST_MODEL`, else the simulator) and what
+orders the candidates a measured search measures
+(`SHIPPED_MEASURED_SEARCH_MODEL`, else the ranking one). The metrics live in
+`autodist.search.metrics`.
 
 Example:
     >>> model = CostModel("ranker").fit(X, step_times, workloads, names)  # doctest: +SKIP
@@ -44,6 +49,7 @@ import json
 import math
 import os
 import pathlib
+import warnings
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
@@ -186,6 +192,22 @@ class CostModel(Predictor):
     def training_stats(self) -> dict[str, Any]:
         """Facts about the training data: rows, workloads, step-time range, train metrics."""
         return dict(self._training)
+
+    @property
+    def notes(self) -> dict[str, str]:
+        """Notes saved with the model (e.g. "shipped_because": the rule that shipped it)."""
+        notes = self._training.get("notes", {})
+        return {str(k): str(v) for k, v in notes.items()} if isinstance(notes, dict) else {}
+
+    def annotate(self, **notes: str) -> CostModel:
+        """Adds notes saved with the model (after `fit`; a later `fit` drops them).
+
+        Returns:
+            self.
+        """
+        self._require_fitted()
+        self._training["notes"] = dict(self.notes, **{k: str(v) for k, v in notes.items()})
+        return self
 
     @property
     def params(self) -> dict[str, Any]:
@@ -743,9 +765,101 @@ def load_cost_model(path: str | os.PathLike) -> Predictor:
     return CostModel.load(path)
 
 
+# What orders the candidates a measured search measures (`optimize(measure=True)`,
+# `autodist search --trials k`), shipped by its own rule.
+SHIPPED_MEASURED_SEARCH_MODEL = pathlib.Path(__file__).parent / "data" / "measured_search_model.txt"
+
+
 def shipped_cost_model() -> CostModel | None:
     """The LightGBM model shipped with the package, or None while none is shipped."""
     return CostModel.load(SHIPPED_COST_MODEL) if SHIPPED_COST_MODEL.exists() else None
+
+
+def shipped_measured_search_model(path: str | os.PathLike | None = None
+                                  ) -> tuple[CostModel | None, str]:
+    """The shipped model that orders a measured search's candidates, and why it does or not.
+
+    A file that cannot be used (damaged, of a newer format, trained with
+    other features) is skipped with a `RuntimeWarning`: the ranking model
+    then orders the measured candidates, as when none ships.
+
+    Args:
+        path: The file (default: the package's `SHIPPED_MEASURED_SEARCH_MODEL`).
+
+    Returns:
+        (the model or None, a sentence saying why it orders them or why none does).
+    """
+    path = pathlib.Path(SHIPPED_MEASURED_SEARCH_MODEL if path is None else path)
+    if not path.exists():
+        return None, ("no measured-search model ships (benchmarks/train_cost_model.py ships "
+                      "one only where it beats the simulator with k measured trials)")
+    try:
+        model = CostModel.load(path, FEATURE_NAMES)
+    except CostModelError as e:
+        warnings.warn(f"the shipped measured-search model is not used: {e}; the ranking "
+                      "model orders the measured candidates", RuntimeWarning, stacklevel=2)
+        return None, f"the shipped measured-search model {path.name} could not be used ({e})"
+    why = model.notes.get("shipped_because", "shipped by benchmarks/train_cost_model.py")
+    return model, f"the shipped measured-search model: {why}"
+
+
+class DefaultCostModel(Predictor):
+    """The shipped defaults, what `optimize(cost_model=None)` and the CLI rank with.
+
+    It ranks as `ranking` (the shipped `CostModel`, else the simulator) and
+    carries `measured_search`, the model shipped to order the candidates a
+    measured search measures (None: `ranking` orders them), which the
+    `Tuner` takes apart.
+
+    Args:
+        ranking: What ranks predictions (the pick without trials, seconds).
+        measured_search: What orders the measured candidates, or None.
+        measured_search_why: Why `measured_search` orders them, or why none does.
+    """
+
+    def __init__(self, ranking: Predictor, measured_search: Predictor | None = None,
+                 measured_search_why: str = "") -> None:
+        if isinstance(ranking, DefaultCostModel):
+            raise CostModelError("a DefaultCostModel's ranking model is a plain predictor")
+        self.ranking = ranking
+        self.measured_search = measured_search
+        self.measured_search_why = measured_search_why
+
+    @property
+    def name(self) -> str:
+        return self.ranking.name
+
+    @property
+    def predicts_seconds(self) -> bool:
+        return self.ranking.predicts_seconds
+
+    def predict_candidates(self, simulator: Simulator, candidates: np.ndarray,
+                           prediction: Prediction | None = None) -> np.ndarray:
+        return self.ranking.predict_candidates(simulator, candidates, prediction)
+
+    def check_features(self, names: Sequence[str]) -> None:
+        self.ranking.check_features(names)
+        if self.measured_search is not None:
+            self.measured_search.check_features(names)
+
+    def update(self, records: Sequence[TrialRecord], seed: int = 0) -> Predictor:
+        return self.ranking.update(records, seed)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Saves the ranking model (the measured-search model ships in its own file)."""
+        self.ranking.save(path)
+
+    def __repr__(self) -> str:
+        return f"DefaultCostModel({self.ranking!r}, measured_search={self.measured_search!r})"
+
+
+def shipped_defaults() -> DefaultCostModel:
+    """The shipped defaults: the shipped ranking model (else the simulator) and the
+    shipped measured-search model (else none)."""
+    shipped = shipped_cost_model()
+    measured, why = shipped_measured_search_model()
+    return DefaultCostModel(shipped if shipped is not None else SimulatorCostModel(),
+                            measured, why)
 
 
 def resolve_cost_model(value: Predictor | str | os.PathLike | None) -> Predictor:
@@ -754,8 +868,10 @@ def resolve_cost_model(value: Predictor | str | os.PathLike | None) -> Predictor
     Args:
         value: A `Predictor` (returned as is); "simulator" for a
             `SimulatorCostModel`; a path to a file written by a predictor's
-            `save`; or None for the shipped model when the package has one,
-            else the simulator.
+            `save`; or None for the shipped defaults (`shipped_defaults`: the
+            shipped model when the package has one, else the simulator, and
+            the shipped measured-search model, if any, which orders the
+            candidates a measured search measures).
 
     Raises:
         CostModelError: The file cannot be read or is no saved cost model.
@@ -763,8 +879,7 @@ def resolve_cost_model(value: Predictor | str | os.PathLike | None) -> Predictor
     if isinstance(value, Predictor):
         return value
     if value is None:
-        shipped = shipped_cost_model()
-        return shipped if shipped is not None else SimulatorCostModel()
+        return shipped_defaults()
     if isinstance(value, str) and value == "simulator":
         return SimulatorCostModel()
     if isinstance(value, (str, os.PathLike)):

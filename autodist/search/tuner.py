@@ -17,6 +17,15 @@ workload, or whose strategy does not fit the devices' memory, is recorded in
 fit (`Prediction.fits`) score infinitely slow, so the search never returns
 one. A tuner resumes from its database: strategies already measured for the
 workload are not measured again.
+
+What orders the candidates to measure may differ from what ranks
+predictions: a measured-search model (the shipped one, which
+`benchmarks/train_cost_model.py` ships only where it picks better than the
+simulator after k measured trials, or one passed as
+`measured_search_model`) orders the builders and searched candidates to
+measure until a refit replaces the cost model; the searched candidates are
+then the best of the cost model's search and of a search scored by the
+measured-search model. `explain` names what ordered them and why.
 """
 from __future__ import annotations
 
@@ -33,7 +42,7 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy, describe_synchronizer, is_gathered
 from autodist.search import builders as builder_presets
 from autodist.search.algorithms import SearchResult, search
-from autodist.search.cost_model import SimulatorCostModel
+from autodist.search.cost_model import DefaultCostModel, SimulatorCostModel
 from autodist.search.database import Database, TrialRecord, workload_key
 from autodist.search.features import FEATURE_NAMES, featurize
 from autodist.search.measure_callback import MeasureCallback, StrategyTrial, default_callbacks
@@ -84,7 +93,11 @@ class Tuner:
         calibration: Machine constants of the simulator.
         batch_size: Global batch size the strategy is for.
         cost_model: What ranks candidates: a `Predictor` such as a trained
-            LightGBM `CostModel` or `SimulatorCostModel()` (the default).
+            LightGBM `CostModel` or `SimulatorCostModel()` (the default); a
+            `DefaultCostModel` (`resolve_cost_model(None)`) also brings its
+            measured-search model.
+        measured_search_model: What orders the candidates measured (default:
+            the `DefaultCostModel`'s shipped one, else the cost model itself).
         database: Where trials are recorded (and resumed from).
         runner: Measures strategies; needed for `tune(trials > 0)`.
         search_budget: Candidates scored per search round.
@@ -107,14 +120,29 @@ class Tuner:
                  cost_model: Predictor | None = None, database: Database | None = None,
                  runner: Runner | None = None, search_budget: int = 4000,
                  algorithm: str = "auto", seed: int = 0, progress: bool = False,
-                 callbacks: Sequence[MeasureCallback] | None = None) -> None:
+                 callbacks: Sequence[MeasureCallback] | None = None,
+                 measured_search_model: Predictor | None = None) -> None:
         self.graph_item = graph_item
         self.resource_spec = resource_spec
         self.space = SearchSpace(graph_item, resource_spec, space_options, batch_size)
         self.simulator = Simulator(self.space, calibration, batch_size)
+        why = ("given as measured_search_model" if measured_search_model is not None
+               else "the cost model orders them too")
+        if isinstance(cost_model, DefaultCostModel):
+            if measured_search_model is None:
+                measured_search_model = cost_model.measured_search
+                why = cost_model.measured_search_why
+            cost_model = cost_model.ranking
         self.cost_model: Predictor = (cost_model if cost_model is not None
                                       else SimulatorCostModel())
         self.cost_model.check_features(FEATURE_NAMES)
+        if measured_search_model is not None:
+            measured_search_model.check_features(FEATURE_NAMES)
+        self.measured_search_model: Predictor | None = measured_search_model
+        # Why the measured-search model (or the cost model) orders the measured candidates.
+        self.measured_search_why = why
+        # What ordered each measured round's candidates (`explain` says so).
+        self.measured_ordered_by: list[str] = []
         self.base_cost_model: Predictor = self.cost_model  # what refits continue from
         self.database = database
         self.runner = runner
@@ -160,6 +188,45 @@ class Tuner:
         """The name of what ranks now ("simulator", "lightgbm-regressor", ...)."""
         return self.cost_model.name
 
+    @property
+    def measure_ranker(self) -> Predictor:
+        """What orders the candidates to measure now: the measured-search model until a
+        refit replaces the cost model, else the cost model."""
+        if self.measured_search_model is not None and self.cost_model is self.base_cost_model:
+            return self.measured_search_model
+        return self.cost_model
+
+    def measure_order(self, candidates: np.ndarray) -> np.ndarray:
+        """The rows of `candidates` that fit, in the order to measure them: by
+        `measure_ranker`, ties by the cost model."""
+        if len(candidates) == 0:
+            return candidates
+        prediction = self.simulator.predict(candidates)
+        scores = np.asarray(self.cost_model.predict_candidates(self.simulator, candidates,
+                                                               prediction), dtype=np.float64)
+        ranker = self.measure_ranker
+        first = (scores if ranker is self.cost_model else np.asarray(
+            ranker.predict_candidates(self.simulator, candidates, prediction), dtype=np.float64))
+        order = np.lexsort((scores, first))
+        return candidates[order[prediction.fits[order]]]
+
+    def _measured_search_pool(self, result: SearchResult) -> np.ndarray:
+        """The searched candidates to measure, in order: while a measured-search model
+        orders them, the best of the cost model's search and of one scored by it."""
+        ranker = self.measure_ranker
+        if ranker is self.cost_model:
+            return result.candidates
+
+        def score(candidates: np.ndarray) -> np.ndarray:
+            prediction = self.simulator.predict(candidates)
+            scores = np.asarray(ranker.predict_candidates(self.simulator, candidates,
+                                                          prediction), dtype=np.float64)
+            return np.where(prediction.fits, scores, np.inf)
+
+        found = search(self.space, score, algorithm=self.algorithm, budget=self.search_budget,
+                       seed=self.seed, seeds=list(self.seeds.values()))
+        return self.measure_order(np.concatenate([found.candidates, result.candidates]))
+
     # --------------------------------------------------------------- tuning
     def tune(self, trials: int = 0, measure_per_round: int = 2,
              builder_trials: int | None = None) -> TuneResult:
@@ -184,14 +251,15 @@ class Tuner:
         done: list[StrategyTrial] = []
         builder_trials = trials // 2 if builder_trials is None else min(builder_trials, trials)
         pending: dict[tuple, tuple[np.ndarray, str]] = {}
-        for name in self._builders_by_prediction()[:builder_trials]:
+        for name in self._builders_by_measure_order()[:builder_trials]:
             key = tuple(self.seeds[name])
             if key not in measured and key not in pending:
                 pending[key] = (self.seeds[name], name)
+        pool = self._measured_search_pool(result) if trials else result.candidates
         while len(done) < trials:
             batch, pending = pending, {}
             room = min(measure_per_round, trials - len(done) - len(batch))
-            for candidate in result.candidates:
+            for candidate in pool:
                 if room <= 0:
                     break
                 key = tuple(candidate)
@@ -200,6 +268,7 @@ class Tuner:
                     room -= 1
             if not batch:
                 break
+            self.measured_ordered_by.append(self.measure_ranker.name)
             new = self._measure(list(batch.values()))
             done += new
             measured.update(zip(batch, new))
@@ -209,6 +278,7 @@ class Tuner:
             if self.cost_model is not ranked_with:
                 result = self._search()
                 scored += result.evaluated
+                pool = self._measured_search_pool(result)
         best, predicted, lower = self._pick(result, measured)
         builder_seconds = (self.predict_seconds(np.stack(list(self.seeds.values())))[0]
                            if self.seeds else [])
@@ -219,11 +289,16 @@ class Tuner:
             explanation=self.explain(self.space.encode(best)),
             builder_errors=dict(self.builder_errors))
 
-    def _builders_by_prediction(self) -> list[str]:
+    def _builders_by_measure_order(self) -> list[str]:
+        """The builders in the order to measure them: by the measured-search model while
+        it orders (`measure_order`), else by predicted seconds."""
         if not self.seeds:
             return []
-        seconds, _ = self.predict_seconds(np.stack(list(self.seeds.values())))
-        return [name for _, name in sorted(zip(seconds, self.seeds))]
+        if self.measure_ranker is self.cost_model:
+            seconds, _ = self.predict_seconds(np.stack(list(self.seeds.values())))
+            return [name for _, name in sorted(zip(seconds, self.seeds))]
+        by_key = {tuple(c): name for name, c in self.seeds.items()}
+        return [by_key[tuple(c)] for c in self.measure_order(np.stack(list(self.seeds.values())))]
 
     def _search(self) -> SearchResult:
         result = search(self.space, self.score, algorithm=self.algorithm,
@@ -319,7 +394,8 @@ class Tuner:
         candidate = np.asarray(candidate, dtype=np.int64)
         base = float(self.predict_seconds(candidate[None, :])[0][0])
         lines = [f"predicted step time {base * 1e3:.3f} ms ({self.predictor}; simulator "
-                 f"constants: {self.simulator.calibration.source})"]
+                 f"constants: {self.simulator.calibration.source})",
+                 self._measured_search_line()]
         memory = self.simulator.memory
         if memory.constrained:
             columns = self.space.memory.strategy_columns(self.space.decode(candidate))
@@ -368,6 +444,19 @@ class Tuner:
         for name, error in self.builder_errors.items():
             lines.append(f"  {name:<22} failed to build: {error.splitlines()[0][:160]}")
         return "\n".join(lines)
+
+    def _measured_search_line(self) -> str:
+        """What ordered the measured candidates (or would, with trials), and why."""
+        ranker = self.measured_search_model or self.base_cost_model
+        if not self.measured_ordered_by:
+            return (f"measured search: no trials; with trials, {ranker.name} would order the "
+                    f"candidates to measure ({self.measured_search_why})")
+        text = (f"measured search: {ranker.name} ordered the measured candidates "
+                f"({self.measured_search_why})")
+        if any(name != ranker.name for name in self.measured_ordered_by):
+            text += ("; by round: " + ", ".join(self.measured_ordered_by)
+                     + " (a refit on the trials replaced the cost model)")
+        return text
 
     def _refused(self, v: int, offered: set[str]) -> str:
         """The kinds the space left out for variable `v` for memory, and what they need."""
