@@ -28,6 +28,7 @@ import re
 
 import tensorflow as tf
 
+from autodist.ir.device_names import input_op, op_name
 from autodist.ir.graph_item import LOSS_SCALE_INPUT, GraphItem
 from autodist.ir.strategy import Strategy
 from autodist.kernels import batch_share, global_batch, loss_scaling
@@ -296,7 +297,7 @@ def _feed_placeholders(program: Program, strategy: Strategy, replica: Replica,
         copies.variable_map[f"{LOSS_SCALE_INPUT}:0"] = \
             loss_scaling.read_scale(loss_scale) * replica.scale
     for info in gi.inputs:
-        node = copies.input_nodes[info.tensor.split(":")[0]]
+        node = copies.input_nodes[op_name(info.tensor)]
         dtype = tf.as_dtype(node.attr["dtype"].type)
         shape = tf.TensorShape(node.attr["shape"].shape)
         name = f"{SCOPE}/replica_{index}/input/{info.name}"
@@ -350,7 +351,7 @@ def _import_virtual_node(program: Program, replica: Replica, copies: _StepCopies
             vn.weight = copies.weights[position]
             if copies.seed is not None:
                 input_map[copies.seed] = tf.cast(vn.weight, tf.as_dtype(
-                    copies.input_nodes[_node_name(copies.seed)].attr["dtype"].type))
+                    copies.input_nodes[input_op(copies.seed)].attr["dtype"].type))
                 vn.weighted = True
         for state in gi.state_variables:
             key = state_storage_name(state.name, vn_index)
@@ -458,10 +459,10 @@ def gradient_seed(graph_def, loss: str, gradients: list[str]) -> str | None:
     consumers: dict[str, list[str]] = {}
     for node in graph_def.node:
         for name in node.input:
-            consumers.setdefault(_node_name(name), []).append(node.name)
-    forward = _closure([_node_name(loss)], lambda n: [_node_name(i) for i in nodes[n].input]
+            consumers.setdefault(input_op(name), []).append(node.name)
+    forward = _closure([input_op(loss)], lambda n: [input_op(i) for i in nodes[n].input]
                        if n in nodes else [])
-    targets = {_node_name(g) for g in gradients}
+    targets = {input_op(g) for g in gradients}
     found = []
     for node in graph_def.node:
         if (node.op != "Const" or node.name in forward or not _SEED_NAME.fullmatch(node.name)
@@ -473,10 +474,6 @@ def gradient_seed(graph_def, loss: str, gradients: list[str]) -> str | None:
         if targets <= _closure([node.name], lambda n: consumers.get(n, [])):
             found.append(node.name)
     return f"{found[0]}:0" if len(found) == 1 else None
-
-
-def _node_name(tensor: str) -> str:
-    return tensor.lstrip("^").split(":")[0]
 
 
 def _closure(start: list[str], step) -> set[str]:

@@ -33,7 +33,7 @@ import tensorflow as tf
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import optimizer_squares_gradient
 from autodist.ir.strategy import Strategy
-from autodist.kernels import all_reduce_synchronizer as ar
+from autodist.kernels.all_reduce_synchronizer import has_residual, residual_spec, residual_step_spec
 from autodist.kernels.program import Program
 from autodist.kernels.variables import StorageVariable, VariableSpec, create_variables
 
@@ -92,7 +92,7 @@ def reads(program: Program, strategy: Strategy) -> ResidualReads | None:
     shared names on those tasks (no initializer of them is ever run here).
     """
     shards = [s for var in program.graph_item.variables for s in program.shards[var.name]]
-    if not any(ar.has_residual(s) for s in shards):
+    if not any(has_residual(s) for s in shards):
         return None
     squares = optimizer_squares_gradient(program.graph_item.optimizer)
     own = program.replicas[0].device
@@ -111,17 +111,17 @@ def reads(program: Program, strategy: Strategy) -> ResidualReads | None:
         step_reads = []
         for r, device in enumerate(devices):
             with tf.device(device):
-                step_reads.append(handle(ar.residual_step_spec(r, device)).read_value())
+                step_reads.append(handle(residual_step_spec(r, device)).read_value())
         for var in program.graph_item.variables:
             var_shards = program.shards[var.name]
-            if not any(ar.has_residual(s) for s in var_shards):
+            if not any(has_residual(s) for s in var_shards):
                 continue
             for square in (False, True) if var.sparse_gradient and squares else (False,):
                 rows = []
                 for r, device in enumerate(devices):
                     with tf.device(device):
-                        parts = [handle(ar.residual_spec(s, r, device, square)).read_value()
-                                 if ar.has_residual(s) else tf.zeros(s.shape, s.dtype)
+                        parts = [handle(residual_spec(s, r, device, square)).read_value()
+                                 if has_residual(s) else tf.zeros(s.shape, s.dtype)
                                  for s in var_shards]
                     rows.append(parts[0] if len(parts) == 1 else
                                 tf.concat(parts, var_shards[0].axis))

@@ -19,7 +19,7 @@ import tensorflow as tf
 from autodist.kernels import monitoring
 from autodist.kernels.program import Program
 from autodist.runtime import batching
-from autodist.runtime import targets as targets_
+from autodist.runtime.targets import unpack as unpack_targets
 from autodist.runtime.records import LossRecord, MonitoredStep, MonitorSample, Probe
 from autodist.runtime.run_config import RunConfig
 from autodist.runtime.step_data import GlobalBatch
@@ -178,7 +178,7 @@ class TaskStep:
         for name, array in zip(x_names, data.inputs):
             feed[replica.inputs[name]] = np.asarray(array[rows])
         if y_names or weight_infos:
-            arrays, weights = targets_.unpack(data.targets[rows], len(y_names))
+            arrays, weights = unpack_targets(data.targets[rows], len(y_names))
             for name, array in zip(y_names, arrays):
                 feed[replica.inputs[name]] = array
             for info, array in zip(weight_infos, weights or ()):

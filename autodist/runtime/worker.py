@@ -36,7 +36,7 @@ from autodist.launch.job import JobDir
 from autodist.launch.mailbox import Mailboxes
 from autodist.launch.server import server_config
 from autodist.runtime import checkpoint
-from autodist.runtime import elastic as elastic_
+from autodist.runtime import elastic
 from autodist.runtime import follow
 from autodist.runtime import initial_values
 from autodist.runtime import membership
@@ -146,7 +146,7 @@ class Trainer:
         self.schedule = self.data.schedule
         lengths = self.data.lengths
         self.steps_per_epoch = lengths[0]
-        self.membership.segments[:] = elastic_.segments(
+        self.membership.segments[:] = elastic.segments(
             sum(lengths), self.spec.num_worker_tasks, self.config.resize_at,
             self.config.switch_at)
         # Chosen when training starts (`train`).
@@ -172,7 +172,7 @@ class Trainer:
         return self.schedule.total()
 
     @property
-    def segments(self) -> list[elastic_.Segment]:
+    def segments(self) -> list[elastic.Segment]:
         """Who runs which steps (`Membership.segments`)."""
         return self.membership.segments
 
@@ -181,14 +181,14 @@ class Trainer:
         """The strategies switched to, as text (`Membership.plans`)."""
         return self.membership.plans
 
-    def _build(self, segment: elastic_.Segment) -> None:
+    def _build(self, segment: elastic.Segment) -> None:
         """A new program and session for the membership of `segment`."""
         if self.session is not None:
             self.session.close()
         # PS variables stay where they are unless the strategy changes.
         self._init_shared = self.program is None or segment.plan != self.segment.plan
         plan = self.membership.plan(segment.plan)
-        self.strategy = elastic_.strategy_for(plan, segment.members) if self.elastic else plan
+        self.strategy = elastic.strategy_for(plan, segment.members) if self.elastic else plan
         self.program = build_program(self.graph_item, self.strategy, self.spec, self.task_index,
                                      self.config.step_timeout_s, version=segment.version,
                                      elastic=self.elastic, atomic=True)
@@ -343,7 +343,7 @@ class Trainer:
                             probe=self.task_step.probe(batches))
 
     # ------------------------------------------------------------- elastic
-    def _hand_over(self, segment: elastic_.Segment, following: elastic_.Segment) -> None:
+    def _hand_over(self, segment: elastic.Segment, following: elastic.Segment) -> None:
         """End of a membership version: the state goes to the chief and on to the
         members of `following` (`membership.hand_over`); others close their session."""
         self._handover_start = time.perf_counter()
@@ -356,7 +356,7 @@ class Trainer:
             return
         self._snapshot = snapshot
 
-    def _enter(self, segment: elastic_.Segment, log: StepLog) -> None:
+    def _enter(self, segment: elastic.Segment, log: StepLog) -> None:
         """Joins `segment`: new program and session, state from the chief."""
         self._build(segment)
         self.initialize(self._snapshot if self.is_chief else None)

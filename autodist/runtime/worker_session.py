@@ -19,7 +19,7 @@ from autodist.ir.strategy import Strategy
 from autodist.kernels import global_batch, partitioner, replicator, synchronizer
 from autodist.kernels.program import Program
 from autodist.launch.server import server_config
-from autodist.runtime import elastic as elastic_
+from autodist.runtime.elastic import replica_task
 
 
 class WorkerError(AutodistError, RuntimeError):
@@ -59,7 +59,7 @@ def session_config(strategy: Strategy, task_index: int,
             for sync in config_.shards:
                 destination = sync.ps.reduction_destination
                 if destination.startswith("/job:worker/"):
-                    filters.add(f"/job:worker/task:{elastic_.replica_task(destination)}")
+                    filters.add(f"/job:worker/task:{replica_task(destination)}")
         config.device_filters.extend(sorted(filters))
     return config
 
@@ -113,7 +113,7 @@ def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
     if not program.replicas:
         raise WorkerError(f"worker task {task_index} has no replica in the strategy "
                           f"(replicas: {strategy.replicas})")
-    members = tuple(sorted({elastic_.replica_task(d) for d in strategy.replicas})) \
+    members = tuple(sorted({replica_task(d) for d in strategy.replicas})) \
         if elastic else tuple(range(spec.num_worker_tasks))
     synchronizer.apply(program, strategy, synchronizer.SyncOptions(
         is_chief=task_index == 0, worker_tasks=len(members), task_index=task_index,

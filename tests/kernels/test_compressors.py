@@ -24,7 +24,7 @@ import keras
 import autodist
 from autodist import models
 from autodist.ir.strategy import AllReduceSynchronizer
-from autodist.kernels import all_reduce_synchronizer as ar
+from autodist.kernels import all_reduce_synchronizer
 from autodist.kernels import partitioner, replicator, synchronizer
 from autodist.kernels.program import Program, StorageRole
 from autodist.search import builders
@@ -183,7 +183,7 @@ def test_residuals_are_by_shard_and_replica(sgd_mlp):
         shard = next(s for s in shards if s.name == role.shard)
         assert role == StorageRole("residual", shard=shard.name, replica=0)
         assert program.storage[name].shape.as_list() == shard.shape
-        assert name == ar.residual_spec(shard, 0, "").name
+        assert name == all_reduce_synchronizer.residual_spec(shard, 0, "").name
     steps = [role for role in program.roles.values() if role.kind == "residual_step"]
     assert steps == [StorageRole("residual_step", replica=0)]
     # Without error feedback nothing is kept.
