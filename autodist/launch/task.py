@@ -56,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 # The work of a worker task: (its job, its task index, its server's target).
 RunWorker = Callable[[JobDir, int, str], None]
+# Checks a received job as the runtime reads it (its config), before it is accepted.
+CheckJob = Callable[[JobDir], object]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,13 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None, run_worker: RunWorker) -> int:
+def main(argv: list[str] | None, run_worker: RunWorker,
+         check_job: CheckJob | None = None) -> int:
     """Runs one task process to its end; returns its exit code.
 
     Args:
         argv: The command line (see `build_parser`); None reads `sys.argv`.
         run_worker: What a worker task does once its server is up and its
             job is here.
+        check_job: Serving: reads a received job as the runtime will (raises
+            on a config it cannot run), so such a job is rejected with a
+            receipt and the task serves on, before it is accepted.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -112,7 +118,8 @@ def main(argv: list[str] | None, run_worker: RunWorker) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        return _serve(args, run_worker) if serving else _run_local(args, run_worker)
+        return _serve(args, run_worker, check_job or (lambda job: None)) if serving \
+            else _run_local(args, run_worker)
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         sys.stdout.flush()
@@ -143,7 +150,7 @@ def _run_local(args: argparse.Namespace, run_worker: RunWorker) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
+def _serve(args: argparse.Namespace, run_worker: RunWorker, check_job: CheckJob) -> int:
     """A task on its own host: waits for the chief to ship the job, then runs it."""
     from autodist.ir.gpus import visible_gpus
     from autodist.launch import mailbox, tf_config
@@ -186,7 +193,8 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
                       "ships it when `fit` starts in the user's script on worker 0 "
                       "(launch='remote', the same cluster).", file=sys.stderr, flush=True)
                 return EXIT_NO_JOB
-            received = _accept(message, receiver, secret, name, cluster, own, devices, parent)
+            received = _accept(message, receiver, secret, name, cluster, own, devices, parent,
+                               check_job)
             del message
             if received is not None:
                 job_id, how, job, work, config = received
@@ -208,7 +216,7 @@ def _serve(args: argparse.Namespace, run_worker: RunWorker) -> int:
 
 
 def _accept(message: bytes, receiver: Receiver, secret: bytes | None, name: str, cluster,
-            own, devices, parent: pathlib.Path | None):
+            own, devices, parent: pathlib.Path | None, check_job: CheckJob):
     """A received job chunk verified and kept; once the job is complete, the job unpacked
     and checked: (job id, how it came, job, its directory, config). None while chunks
     are missing, and after a rejection receipt, whatever was wrong (the task then waits for
@@ -237,6 +245,7 @@ def _accept(message: bytes, receiver: Receiver, secret: bytes | None, name: str,
                                    f"{cluster}; give every task the same TF_CONFIG cluster "
                                    "(or spec file)")
         check_shipped_devices(shipped_spec, own[0], own[1], devices)
+        check_job(job)
         how = (f"{part.total} bytes in {part.count} chunk{'s' if part.count != 1 else ''}, "
                f"message format v{part.version}")
         return job_id, how, job, work, config

@@ -15,9 +15,10 @@ TASK_MODULE = "autodist.runtime.entry"
 def main(argv: list[str] | None = None) -> int:
     """Runs one task process (see `autodist.launch.task.build_parser` for `argv`)."""
     from autodist.launch import task
+    from autodist.runtime.run_config import RunConfig
     from autodist.runtime.worker import run_worker
 
-    return task.main(argv, run_worker)
+    return task.main(argv, run_worker, check_job=RunConfig.of_job)
 
 
 if __name__ == "__main__":

@@ -695,6 +695,7 @@ class JobMessages(Target):
         from autodist.runtime.run_config import RunConfig
         self.error = AutodistError
         self.signing, self.chunks, self.JobDir = signing, chunks, JobDir
+        self.RunConfig = RunConfig
         # A dropped unfinished job is logged as a warning: not one per case.
         logging.getLogger(chunks.__name__).setLevel(logging.ERROR)
         self.secret = b"a-cluster-secret-of-some-length"
@@ -818,7 +819,7 @@ class JobMessages(Target):
                 work = pathlib.Path(tempfile.mkdtemp(dir=workdir))
                 try:
                     job = self.JobDir.unpack(archive, work)
-                    job.settings(), job.ports()
+                    job.settings(), self.RunConfig.of_job(job), job.ports()
                     return
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
