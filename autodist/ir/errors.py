@@ -93,3 +93,18 @@ class UnknownVariableError(AutodistError, KeyError):
     def __str__(self) -> str:
         # KeyError's own str() would quote the message.
         return str(self.args[0]) if self.args else ""
+
+
+class UnknownArgumentError(AutodistError, TypeError):
+    """A keyword argument a function does not take (as Python's own `TypeError`).
+
+    The message names it and the closest argument the function takes.
+    """
+
+
+class UnknownFieldError(AutodistError, KeyError):
+    """A field a record does not have (read by key)."""
+
+    def __str__(self) -> str:
+        # KeyError's own str() would quote the message.
+        return str(self.args[0]) if self.args else ""

@@ -11,6 +11,8 @@ import dataclasses
 import warnings
 from typing import Any, Iterator, Mapping
 
+from autodist.ir.errors import UnknownFieldError
+
 
 class _ReadableByKey:
     """Dict-style reading of a dataclass entry (deprecated: read attributes)."""
@@ -25,7 +27,8 @@ class _ReadableByKey:
                       f"[{key!r}]", DeprecationWarning, stacklevel=2)
         values = self.to_dict()
         if key not in values:
-            raise KeyError(key)
+            raise UnknownFieldError(f"{type(self).__name__} has no field {key!r}; it has "
+                                    f"{sorted(values)}")
         return values[key]
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -41,6 +44,12 @@ class _ReadableByKey:
     def keys(self) -> Iterator[str]:
         """As `dict.keys` (deprecated: read attributes)."""
         return iter(self.to_dict())
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        """As `dict.items` (deprecated: read attributes, or `to_dict()`)."""
+        warnings.warn(f"History entries are typed: use {type(self).__name__}.to_dict().items()",
+                      DeprecationWarning, stacklevel=2)
+        return iter(self.to_dict().items())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import uuid
 from typing import Any, Mapping, Sequence, TypedDict
 
 from autodist.adapt.policy_interface import Policy, Replanner
-from autodist.ir.errors import AutodistError
+from autodist.ir.errors import AutodistError, UnknownArgumentError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
@@ -102,14 +102,14 @@ class FitOptions:
         """The options from `fit`'s keyword arguments.
 
         Raises:
-            TypeError: an argument `fit` does not take (named, with the
-                closest one it does).
+            UnknownArgumentError: an argument `fit` does not take (named,
+                with the closest one it does; a `TypeError`, as Python's own).
         """
         known = [f.name for f in dataclasses.fields(cls)]
         for name in arguments:
             if name not in known:
                 close = difflib.get_close_matches(str(name), known, n=1)
-                raise TypeError(f"fit() got an unexpected keyword argument {name!r}"
+                raise UnknownArgumentError(f"fit() got an unexpected keyword argument {name!r}"
                                 + (f"; did you mean {close[0]!r}?" if close else
                                    f"; it takes {', '.join(known)}"))
         options = cls(**arguments)
