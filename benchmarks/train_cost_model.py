@@ -149,8 +149,9 @@ def measured_search_section(first: dict[str, dict[str, list[float]]], rows: Rows
     text = ("ship the " + decision + " as the measured-search model "
             "(`autodist/search/data/measured_search_model.txt`)" if decision != "simulator"
             else "ship none (the simulator orders the measured candidates)")
-    lines += [f"**Decision (ordering the measured search's candidates): {text}.** "
-              f"{why[0].upper() + why[1:]}. Without trials (k = 0) the first rule decides.", ""]
+    lines += [f"**Measured-search decision: {text}.** Second rule, ordering the candidates "
+              f"a measured search measures: {why}. Without trials (k = 0) the first rule "
+              "decides.", ""]
     if importance:
         lines += [importance_line(importance), ""]
     return lines
@@ -223,8 +224,8 @@ def report(results, rows: Rows, records: Sequence[Any], skipped: int, decision: 
         "ranked first / best measured time; geometric mean over workloads, 1.00 = "
         "perfect).", ""]
     lines += held_out_table(results, ok) + [""] + few_shot_section(shots, rows)
-    lines += ["", f"**Decision (ranking unmeasured picks: `optimize()`, `autodist search`): "
-              f"{decision}.** {why[0].upper() + why[1:]}.", ""]
+    lines += ["", f"**Decision: {decision}.** First rule, ranking unmeasured picks "
+              f"(`optimize()`, `autodist search` without trials): {why}.", ""]
     if importance:
         lines += [importance_line(importance), ""]
     lines += measured_search_section(shots[NO_REFIT], rows, measured_rule)

@@ -456,8 +456,9 @@ def test_resolve_cost_model_accepts_what_optimize_accepts(ranker, tmp_path):
     assert resolve_cost_model(ranker) is ranker
     assert isinstance(resolve_cost_model("simulator"), SimulatorCostModel)
     shipped = shipped_cost_model()
-    default = resolve_cost_model(None)
-    assert isinstance(default, CostModel if shipped is not None else SimulatorCostModel)
+    default = resolve_cost_model(None)   # the shipped defaults: ranking + measured search
+    assert isinstance(default.ranking, CostModel if shipped is not None else SimulatorCostModel)
+    assert default.name == default.ranking.name
     ranker.save(tmp_path / "m.json")
     assert resolve_cost_model(str(tmp_path / "m.json")).kind == "ranker"
     assert resolve_cost_model(tmp_path / "m.json").kind == "ranker"
