@@ -201,7 +201,10 @@ def optimize(model, resource_spec: ResourceSpec | None = None, *, trials: int | 
             `CostModel`, `SimulatorCostModel()`, any `Predictor`), a path to a
             saved one, "simulator" for the analytic simulator alone, or None
             for the shipped default (`autodist/search/data/cost_model.txt`)
-            when it exists, else the simulator.
+            when it exists, else the simulator. None also brings the shipped
+            measured-search model (`data/measured_search_model.txt`), which
+            orders the candidates `measure=True` measures (see
+            docs/search.md); any other value orders them itself.
         batch_size: Global batch size the plan is for (default: 32 per replica).
         database: A `Database` or path where trials are recorded and resumed.
         space_options: `SpaceOptions` bounding the search space (compressors

@@ -774,10 +774,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "search_budget; --budget is its old name)")
     search.add_argument("--batch-size", type=int, help="global batch size")
     search.add_argument("--database", help="trial database (JSON Lines) to record and resume")
-    search.add_argument("--cost-model", help="what ranks: a saved cost model file, or "
-                                             "'simulator' (default: the shipped model if any)")
+    search.add_argument("--cost-model", help="what ranks, and orders the --trials candidates: "
+                                             "a saved cost model file, or 'simulator' (default: "
+                                             "the shipped models if any)")
     search.add_argument("--no-default-cost-model", action="store_true",
-                        help="rank with the simulator even if a default cost model ships")
+                        help="rank and order the --trials candidates with the simulator even if "
+                             "default cost models ship")
     search.add_argument("--compressors", default="none",
                         help="comma-separated: none, fp16, fp16_error_feedback")
     search.add_argument("--consistency", default="sync",
