@@ -29,10 +29,9 @@ import abc
 import dataclasses
 import math
 import statistics
-import warnings
-from typing import Any
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
+from autodist.ir.deprecation import renamed_names
 from autodist.ir.errors import AutodistError
 
 if TYPE_CHECKING:  # only for annotations: the simulator is imported when used
@@ -822,13 +821,4 @@ def simulator_predictor(graph_item: GraphItem,
 
 
 # Old names, kept working with a DeprecationWarning that names the new one.
-_DEPRECATED_NAMES = {"Trial": "ScalingTrial"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED_NAMES:
-        new = _DEPRECATED_NAMES[name]
-        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new}",
-                      DeprecationWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = renamed_names(__name__, globals(), {"Trial": "ScalingTrial"})

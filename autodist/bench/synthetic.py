@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
-from typing import Any
 from typing import Sequence
 
+from autodist.ir.deprecation import renamed_names
 from autodist.ir.graph_item import GraphItem
 from autodist.proto import graph_item_pb2
 
@@ -229,13 +228,4 @@ GRAPH_ITEM_FACTORIES = {"bert_large": bert_large, "resnet50": resnet50, "dlrm": 
 
 
 # Old names, kept working with a DeprecationWarning that names the new one.
-_DEPRECATED_NAMES = {"BUILDERS": "GRAPH_ITEM_FACTORIES"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED_NAMES:
-        new = _DEPRECATED_NAMES[name]
-        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new}",
-                      DeprecationWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = renamed_names(__name__, globals(), {"BUILDERS": "GRAPH_ITEM_FACTORIES"})

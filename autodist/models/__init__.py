@@ -17,9 +17,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any, Callable, Mapping
 
+from autodist.ir.deprecation import renamed_names
 from autodist.ir.errors import InvalidArgumentError
 
 
@@ -327,13 +327,4 @@ def _entry(name: str) -> ExampleModel:
 
 
 # Old names, kept working with a DeprecationWarning that names the new one.
-_DEPRECATED_NAMES = {"BUILDERS": "MODEL_FACTORIES"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED_NAMES:
-        new = _DEPRECATED_NAMES[name]
-        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new}",
-                      DeprecationWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = renamed_names(__name__, globals(), {"BUILDERS": "MODEL_FACTORIES"})

@@ -19,9 +19,9 @@ import abc
 import dataclasses
 import statistics
 import sys
-import warnings
 from typing import Any, Protocol, Sequence, TextIO
 
+from autodist.ir.deprecation import renamed_names
 from autodist.ir.strategy import Strategy
 from autodist.search.database import Database, TrialRecord
 from autodist.search.metrics import CostModelError
@@ -149,13 +149,4 @@ def default_callbacks(progress: bool = False) -> list[MeasureCallback]:
 
 
 # Old names, kept working with a DeprecationWarning that names the new one.
-_DEPRECATED_NAMES = {"Trial": "StrategyTrial"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED_NAMES:
-        new = _DEPRECATED_NAMES[name]
-        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new}",
-                      DeprecationWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = renamed_names(__name__, globals(), {"Trial": "StrategyTrial"})

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from autodist.ir.deprecation import renamed_names
 from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
@@ -521,13 +521,4 @@ def _describe(config, sparse_gradient: bool = False) -> str:
 
 
 # Old names, kept working with a DeprecationWarning that names the new one.
-_DEPRECATED_NAMES = {"Trial": "StrategyTrial"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED_NAMES:
-        new = _DEPRECATED_NAMES[name]
-        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new}",
-                      DeprecationWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = renamed_names(__name__, globals(), {"Trial": "StrategyTrial"})

@@ -5,9 +5,7 @@ Example:
 """
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
+from autodist.ir.deprecation import renamed_names
 from autodist.ir.errors import InvalidArgumentError
 from autodist.search.builders.all_reduce import AllReduce, PartitionedAR, RandomAxisPartitionAR
 from autodist.search.builders.base import Builder
@@ -36,13 +34,4 @@ __all__ = ["AllReduce", "Builder", "PS", "PSLoadBalancing", "Parallax", "Partiti
 
 
 # Old names, kept working with a DeprecationWarning that names the new one.
-_DEPRECATED_NAMES = {"BUILDERS": "STRATEGY_BUILDERS"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _DEPRECATED_NAMES:
-        new = _DEPRECATED_NAMES[name]
-        warnings.warn(f"{__name__}.{name} is deprecated; use {__name__}.{new}",
-                      DeprecationWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = renamed_names(__name__, globals(), {"BUILDERS": "STRATEGY_BUILDERS"})
