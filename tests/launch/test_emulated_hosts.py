@@ -20,10 +20,11 @@ import pytest
 
 import autodist
 from autodist import models
+from autodist.launch.errors import TaskFailedError
 from autodist.launch.local import free_ports
 from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV
 from autodist.search import builders
-from tests import emulated_hosts
+from tests import emulated_hosts, small_mlp
 
 pytestmark = pytest.mark.cluster
 
@@ -207,3 +208,40 @@ def test_remote_launch_across_hosts_trains_like_keras(request, tmp_path, monkeyp
     _check_served(servers)
     assert f"serving at {hosts[1].address}" in servers[1][1].read_text()
     assert all(sent > 0 for sent in hosts[1].shaped_bytes())  # the PS's traffic was capped
+
+
+@pytest.mark.xfail(strict=True, raises=TaskFailedError, reason=(
+    "a served worker gets only the rows its virtual nodes read under the spec's full "
+    "membership (runtime/cluster_jobs.rows_read_by ignores resizes), so after a resize gives "
+    "it other virtual nodes it indexes past its rows (IndexError in task_step.replica_feed); "
+    "passes when an elastic run ships every worker all rows"))
+def test_elastic_resizing_across_hosts_trains_like_keras(request, tmp_path, monkeypatch,
+                                                         secret_file):
+    """worker:1 on host0, worker:2 on host1 (capped), the chief here; all-reduce with 4
+    virtual nodes resized 2 -> 3 -> 1 workers: weights and per-epoch losses equal
+    single-device Keras with batch 32."""
+    hosts = emulated_hosts.start(request, count=2, mbit={1: CAP_MBIT})
+    tasks = [("worker", 1), ("worker", 2)]
+    cluster = _cluster(hosts, tasks)
+    servers = [_serve_on(host, tmp_path, cluster, kind, index)
+               for host, (kind, index) in zip(hosts.hosts, tasks)]
+
+    x, y = small_mlp.data(96)
+    model = small_mlp.mlp()
+    reference = models.single_device_twin(model)
+    expected = reference.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0)
+
+    monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+    spec = autodist.ResourceSpec.from_tf_config()
+    graph_item = autodist.capture(model)
+    strategy = builders.AllReduce().build(graph_item, spec).with_virtual_nodes(32, 4)
+    run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
+                              job_dir=str(tmp_path / "chief"))
+    history = run.fit(x, y, epochs=3, verbose=0, shuffle=False, resize_at={0: 2, 3: 3, 6: 1})
+
+    assert [(r.step, r.members) for r in history.resizes] == [(3, (0, 1, 2)), (6, (0,))]
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=0,
+                               atol=TOLERANCE)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+    _check_served(servers)
