@@ -2,7 +2,8 @@
 
 Dense gradients of the shards sharing a `group` are flattened into one buffer
 and summed with ``CollectiveReduceV2`` across all replicas; sparse gradients
-are all-gathered (indices and values, padded to the largest replica), or,
+are all-gathered (indices and values, padded to the largest replica; every
+sparse shard of one wire dtype in the same three collectives), or,
 under spec RING or NCCL, densified (rows summed into the shard's shape) and
 reduced in their group like dense ones: that moves the shard instead of one
 row per lookup, less when a step looks up more rows than the shard has. For
@@ -87,23 +88,31 @@ class CollectiveConfig:
         return GROUP_KEY + self.version
 
 
-def instance_keys(shards: list[Shard]) -> dict[tuple[str, int], int]:
+def gather_bucket(shard: Shard) -> tuple[bool, str]:
+    """The all-gather a gathered shard's rows travel in: (values cast to float16,
+    values dtype). Every sparse shard with the same bucket shares its collectives."""
+    return shard.synchronizer.all_reduce.compressor != ARSync.NONE, shard.dtype
+
+
+def instance_keys(shards: list[Shard]) -> dict[tuple, int]:
     """Deterministic instance-key bases.
 
-    A dense group gets one key base per group id; each sparse shard gets its
-    own base after all groups, leaving room for the three collectives of an
-    all-gather. The shapes of an all-gather change from step to step, and
-    TensorFlow keeps the shape of a collective instance, so all-gathers add
+    A dense group gets one key base per group id; each all-gather bucket
+    (`gather_bucket`: the sparse shards whose rows travel together) gets its
+    own base after all groups, leaving room for its three collectives. The
+    shapes of an all-gather change from step to step, and TensorFlow keeps
+    the shape of a collective instance, so all-gathers add
     `step * ("stride", 0)` to their base: a new instance every step.
     """
     groups = sorted({s.synchronizer.all_reduce.group for s in shards if not gathers(s)})
-    keys: dict[tuple[str, int], int] = {}
+    keys: dict[tuple, int] = {}
     for g in groups:
         keys[("group", g)] = 1 + _KEYS_PER_COLLECTIVE * g
     base = 1 + _KEYS_PER_COLLECTIVE * (max(groups, default=-1) + 1)
-    for i, s in enumerate(sorted((s for s in shards if gathers(s)), key=lambda s: s.name)):
-        keys[("name", s.name)] = base + _KEYS_PER_COLLECTIVE * i
-    keys[("stride", 0)] = _KEYS_PER_COLLECTIVE * max(1, sum(1 for s in shards if gathers(s)))
+    buckets = sorted({gather_bucket(s) for s in shards if gathers(s)})
+    for i, bucket in enumerate(buckets):
+        keys[("gather", bucket)] = base + _KEYS_PER_COLLECTIVE * i
+    keys[("stride", 0)] = _KEYS_PER_COLLECTIVE * max(1, len(buckets))
     return keys
 
 
@@ -129,15 +138,18 @@ def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
     keys = instance_keys(shards)
     out = Reduced({}, {})
     groups: dict[int, list[Shard]] = {}
+    buckets: dict[tuple[bool, str], list[Shard]] = {}
     for s in shards:
         if s.name not in gradients:
             continue
         if gathers(s):
-            key = keys[("name", s.name)] + tf.cast(step, tf.int32) * keys[("stride", 0)]
-            out.gradients[s.name] = _all_gather(gradients[s.name], s, key, config,
-                                                s.synchronizer.all_reduce)
+            buckets.setdefault(gather_bucket(s), []).append(s)
         else:
             groups.setdefault(s.synchronizer.all_reduce.group, []).append(s)
+    for bucket, members in sorted(buckets.items()):
+        key = keys[("gather", bucket)] + tf.cast(step, tf.int32) * keys[("stride", 0)]
+        out.gradients.update(_all_gather(members, [gradients[s.name] for s in members], key,
+                                         config, members[0].synchronizer.all_reduce))
     shapes: dict[tuple[int, ...], tf.Tensor] = {}
 
     def shape_constant(shape) -> tf.Tensor:
@@ -314,24 +326,51 @@ def error_feedback_residuals(program: Program, replica: Replica,
     return [program.storage[spec.name] for spec in specs]
 
 
-def _all_gather(grad, shard: Shard, key, config: CollectiveConfig, sync):
+def _all_gather(members: list[Shard], grads: list[tf.IndexedSlices], key, config,
+                sync) -> dict[str, tf.IndexedSlices]:
+    """Every replica's rows of several sparse shards, in three collectives.
+
+    Each shard's rows are padded to the longest replica's (index 0, value 0:
+    nothing added), then the shards' counts, values (flattened) and indices
+    (as int64) travel together. Each shard gets back exactly what gathering
+    it alone would give: every replica's padded rows, replica after replica.
+
+    Args:
+        members: The shards of one `gather_bucket`.
+        grads: This replica's gradient of each (IndexedSlices).
+        key: The instance key of the first of the three collectives.
+        config: Group size and timeout.
+        sync: The shards' AllReduceSynchronizer (its compressor).
+    """
     hint = _hint(sync)
-    values, indices = grad.values, grad.indices
-    if sync.compressor != ARSync.NONE:
-        values = tf.cast(values, tf.float16)
-    count = tf.shape(indices, out_type=tf.int32)[:1]
-    counts = _collective_gather(count, key, config, hint)
-    longest = tf.reduce_max(counts)
-    pad = longest - count[0]
-    # Padding rows carry index 0 and value 0: they add nothing to the sum.
-    values = tf.pad(values, tf.concat([[[0, pad]], tf.zeros([tf.rank(values) - 1, 2],
-                                                            tf.int32)], 0))
-    indices = tf.pad(indices, [[0, pad]])
-    all_values = _collective_gather(values, key + 1, config, hint)
-    all_indices = _collective_gather(indices, key + 2, config, hint)
-    if sync.compressor != ARSync.NONE:
-        all_values = tf.cast(all_values, grad.values.dtype)
-    return tf.IndexedSlices(all_values, all_indices, grad.dense_shape)
+    counts = tf.stack([tf.shape(g.indices, out_type=tf.int32)[0] for g in grads])
+    every_count = tf.reshape(_collective_gather(counts, key, config, hint), [-1, len(grads)])
+    longest = tf.reduce_max(every_count, axis=0)  # per shard
+    values, indices, widths = [], [], []
+    for i, (s, g) in enumerate(zip(members, grads)):
+        rows = g.values if sync.compressor == ARSync.NONE else tf.cast(g.values, tf.float16)
+        pad = longest[i] - counts[i]
+        width = tf.TensorShape(s.shape[1:]).num_elements()
+        rows = tf.pad(tf.reshape(rows, [-1, width]), [[0, pad], [0, 0]])
+        values.append(tf.reshape(rows, [-1]))
+        indices.append(tf.pad(tf.cast(g.indices, tf.int64), [[0, pad]]))
+        widths.append(width)
+    every_value = _collective_gather(tf.concat(values, 0), key + 1, config, hint)
+    every_index = _collective_gather(tf.concat(indices, 0), key + 2, config, hint)
+    per_replica_values = tf.reshape(every_value, [config.group_size, -1])
+    per_replica_indices = tf.reshape(every_index, [config.group_size, -1])
+    value_parts = tf.split(per_replica_values,
+                           [longest[i] * w for i, w in enumerate(widths)], axis=1)
+    index_parts = tf.split(per_replica_indices, [longest[i] for i in range(len(grads))],
+                           axis=1)
+    out = {}
+    for s, g, rows, ids in zip(members, grads, value_parts, index_parts):
+        rows = tf.reshape(rows, [-1] + list(s.shape[1:]))
+        if sync.compressor != ARSync.NONE:
+            rows = tf.cast(rows, g.values.dtype)
+        out[s.name] = tf.IndexedSlices(rows, tf.cast(tf.reshape(ids, [-1]), g.indices.dtype),
+                                       g.dense_shape)
+    return out
 
 
 # Group keys of the version tags: one single-member group per task, far from

@@ -11,7 +11,9 @@ An α-β model of one synchronous training step on the ResourceSpec:
 * ring all-reduce of each fused group: 2(W-1)/W of its bytes in and out of
   every node and 2(W-1) latencies; fp16 halves the wire bytes;
 * all-gather of a sparse gradient: (W-1) times a replica's indices and values
-  (one row per lookup, repeats included); a densified sparse gradient (spec
+  (one row per lookup, repeats included), the latency of one all-gather for
+  all the sparse shards of a wire dtype (they travel together); a densified
+  sparse gradient (spec
   RING) is reduced with its group as dense bytes (twice for optimizers that
   square it: the rows' squares travel too);
 * a node's link is full duplex: its time is max(bytes in, bytes out) divided
@@ -286,6 +288,10 @@ class Simulator:
             self._cols[name] = base + i
         self._cols["groups"] = slice(base + len(_SCALARS), base + len(_SCALARS) + self._groups)
         base += len(_SCALARS) + self._groups
+        # Gathered shards by whether their rows travel as float16: the runtime
+        # gathers each kind's shards together, in one all-gather.
+        self._cols["gathers"] = slice(base, base + 2)
+        base += 2
         self._cols["memory"] = slice(base, base + self.memory.columns)
         width = base + self.memory.columns
         rows = []
@@ -372,6 +378,7 @@ class Simulator:
                     rows = touched * fraction if var.sparse_gradient else sizes[k]
                     row[c["ag_payload"]] += rows * (row_bytes * scale + _INDEX_BYTES)
                     row[c["ag_count"]] += 1
+                    row[c["gathers"].start + (ar.compressor != AllReduceSynchronizer.NONE)] = 1
                 else:
                     wire = shard_bytes * scale * (2 if densified and self._squares else 1)
                     column = ar.compressor * self.space.num_slots + ar.group
@@ -483,8 +490,9 @@ class Simulator:
         overlap = cal.ps_overlap
         bandwidth_s = overlap * overlapped_s + (1 - overlap) * phased_s
         non_empty_groups = (groups > 0).sum(axis=1)
+        all_gathers = (sums[:, c["gathers"]] > 0).sum(axis=1)
         collective_hops = 0 if w == 1 else (2 * (w - 1) * non_empty_groups
-                                            + (w - 1) * sums[:, c["ag_count"]])
+                                            + (w - 1) * all_gathers)
         ps_messages = sums[:, c["msgs"]].max(axis=1)
         latency_s = cal.latency_s * ps_messages + cal.hop_latency_s * collective_hops
         # Asynchronous PS applies every replica's update, not one per step.
