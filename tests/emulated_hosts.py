@@ -22,7 +22,10 @@ kernel has no ``netem``, so there is no latency emulation.
 
 `start` skips the test, with the reason, where hosts cannot be made (not
 root, no ``ip``/``tc``/``nsenter``/``unshare``, not inside a private
-namespace, the kernel refuses a bridge or veth). Every wait is bounded, and
+namespace, the kernel refuses a bridge or veth). One set of hosts at a time:
+while its bridge is up, the test's namespace is no longer loopback-only, so
+a second `start` skips (and a local cluster started meanwhile makes its own
+private namespace, as it would on a real host). Every wait is bounded, and
 `EmulatedHosts.close` (a finalizer of the test) ends every process inside
 the hosts and removes every link.
 """
