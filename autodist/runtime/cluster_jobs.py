@@ -112,10 +112,13 @@ def discard(path: pathlib.Path) -> None:
 
 def rows_read_by(job: JobDir, task_index: int) -> np.ndarray | None:
     """The rows of the job's data that worker task `task_index` reads over the run (None:
-    a job with a dataset, which every worker reads whole)."""
+    every row: a job with a dataset, which every worker reads whole, or a job that
+    may resize or switch strategies, whose virtual nodes may move to other workers)."""
     if job.dataset() is not None:
         return None
     config = RunConfig.of_job(job)
+    if config.elastic or config.plans:
+        return None
     num_examples, _ = job.shard()
     devices = job.strategy().virtual_node_devices
     prefix = TaskName("worker", task_index).device_prefix

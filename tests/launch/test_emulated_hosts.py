@@ -20,7 +20,6 @@ import pytest
 
 import autodist
 from autodist import models
-from autodist.launch.errors import TaskFailedError
 from autodist.launch.local import free_ports
 from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV
 from autodist.search import builders
@@ -210,11 +209,6 @@ def test_remote_launch_across_hosts_trains_like_keras(request, tmp_path, monkeyp
     assert all(sent > 0 for sent in hosts[1].shaped_bytes())  # the PS's traffic was capped
 
 
-@pytest.mark.xfail(strict=True, raises=TaskFailedError, reason=(
-    "a served worker gets only the rows its virtual nodes read under the spec's full "
-    "membership (runtime/cluster_jobs.rows_read_by ignores resizes), so after a resize gives "
-    "it other virtual nodes it indexes past its rows (IndexError in task_step.replica_feed); "
-    "passes when an elastic run ships every worker all rows"))
 def test_elastic_resizing_across_hosts_trains_like_keras(request, tmp_path, monkeypatch,
                                                          secret_file):
     """worker:1 on host0, worker:2 on host1 (capped), the chief here; all-reduce with 4
