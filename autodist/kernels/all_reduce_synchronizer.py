@@ -174,6 +174,11 @@ def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
             else:
                 parts.append(grad)
                 places.append((s, False))
+        if config.group_size == 1 and sync.compressor == ARSync.NONE:
+            # One replica: nothing to sum, so nothing to fuse (no concat, no split).
+            for (s, is_square), part in zip(places, parts):
+                (out.squares if is_square else out.gradients)[s.name] = part
+            continue
         residuals = error_feedback_residuals(program, replica, places) \
             if sync.compressor == ARSync.FP16_ERROR_FEEDBACK else None
         flat = tf.concat([tf.reshape(p, shape_constant([-1])) for p in parts], axis=0)

@@ -116,6 +116,8 @@ def _start_step(program: Program, strategy: Strategy, options: SyncOptions,
             # (`loss_scaling`): they are divided by the scale.
             multiplier = scale if loss_scale is None else \
                 tf.math.reciprocal(loss_scaling.read_scale(loss_scale))
+            if loss_scale is None and len(strategy.replicas) == 1:
+                multiplier = None  # the one replica's share is the whole batch: 1
             start.gradients[replica.index] = _scaled_gradients(program, strategy, replica,
                                                                multiplier)
     return start
@@ -124,7 +126,7 @@ def _start_step(program: Program, strategy: Strategy, options: SyncOptions,
 
 def _scaled_gradients(program: Program, strategy: Strategy, replica,
                       multiplier) -> dict[str, object]:
-    """Shard name -> `replica`'s gradient of it times `multiplier` (each occurrence
+    """Shard name -> `replica`'s gradient of it times `multiplier` (None: 1; each occurrence
     of a sparse row clipped, except where the replica applies its own update)."""
     gi = program.graph_item
     per_shard = {}
@@ -134,7 +136,8 @@ def _scaled_gradients(program: Program, strategy: Strategy, replica,
             continue
         for shard, part in zip(program.shards[var.name],
                                split_gradient(grad, program.shards[var.name])):
-            part = scale_gradient(part, multiplier)
+            if multiplier is not None:
+                part = scale_gradient(part, multiplier)
             if not (shard.kind == "ps" and is_async(shard)):
                 part = clip_occurrences(gi.optimizer, part, strategy.hyperparameters)
             per_shard[shard.name] = part
