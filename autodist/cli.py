@@ -11,6 +11,7 @@
     autodist serve --tf-config [--gpus-per-worker N --cpu-replicas-per-worker N]
             | --cluster cluster.yml --task worker:1
             [--job-timeout 600 --idle-timeout S --max-jobs N --work-dir DIR]
+    autodist probe --tf-config [--timeout 30 --payload-mb 4 --repeats 5] [--json]
 
 MODEL is an example model name (see `autodist.models.REGISTRY`), a saved
 `.keras` file, a GraphItem file (`.pb`), or `package.module:function`
@@ -556,6 +557,22 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_probe(args: argparse.Namespace) -> int:
+    """Measures the TF_CONFIG cluster's devices, memory and links; prints the measured spec."""
+    from autodist.launch.cluster_probe import probe_tf_config
+
+    with _stdout_to_stderr(args.json):
+        probe = probe_tf_config(timeout_s=args.timeout, payload_bytes=args.payload_mb << 20,
+                                repeats=args.repeats, pairs=not args.chief_links_only, log=print)
+    if args.json:
+        _emit(probe.to_dict())
+        return 0
+    print(probe.describe())
+    print("\nthe measured ResourceSpec (ResourceSpec.from_text reads it):")
+    print(probe.spec.to_text(), end="")
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     """Serves jobs as one task of a multi-host cluster, one task process per job.
 
@@ -844,6 +861,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="merge into an existing emulated.csv (rows of the model and "
                             "bandwidth pairs measured now are replaced)")
     bench.set_defaults(func=_cmd_bench)
+
+    probe = sub.add_parser("probe", help="measure a TF_CONFIG cluster's devices, memory, "
+                                         "latency and bandwidth (its tasks serving) and print "
+                                         "the measured resource spec")
+    probe.add_argument("--tf-config", action="store_true", required=True,
+                       help="the cluster from the TF_CONFIG environment variable")
+    probe.add_argument("--timeout", type=float, default=30.0,
+                       help="seconds each task may take to answer, and each run (default 30)")
+    probe.add_argument("--payload-mb", type=int, default=4,
+                       help="MiB moved per bandwidth measurement (default 4)")
+    probe.add_argument("--repeats", type=int, default=5,
+                       help="timed runs per measurement, medians taken (default 5)")
+    probe.add_argument("--chief-links-only", action="store_true",
+                       help="measure only the chief's links, not every pair of tasks")
+    probe.add_argument("--json", action="store_true",
+                       help="print one JSON object (the spec as text, tasks, links, settings)")
+    probe.set_defaults(func=_cmd_probe)
 
     serve = sub.add_parser("serve", help="serve jobs as one task of a multi-host cluster "
                                          "(the chief's fit ships them)")

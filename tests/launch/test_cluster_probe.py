@@ -234,3 +234,18 @@ def test_a_server_at_another_tasks_address_is_refused(served_cluster):
                                       cluster["worker"][1]]}}
     with pytest.raises(ProbeError, match=r"is \['worker:2'\], not worker:1"):
         cluster_probe.probe_tf_config(swapped, timeout_s=10, payload_bytes=1024, repeats=1)
+
+
+@pytest.mark.cluster
+def test_autodist_probe_prints_the_measured_spec(served_cluster, monkeypatch, capsys):
+    from autodist import cli
+
+    cluster, _ = served_cluster
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
+                                                "task": {"type": "worker", "index": 0}}))
+    assert cli.main(["probe", "--tf-config", "--json", "--payload-mb", "1", "--repeats", "1",
+                     "--chief-links-only"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    spec = ResourceSpec.from_text(data["resource_spec"])
+    assert [list(n.cpus) for n in spec.nodes] == [[0], [0, 1], [0]]
+    assert len(data["links"]) == 4 and data["repeats"] == 1
