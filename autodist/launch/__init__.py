@@ -14,6 +14,8 @@
 * `mailbox`: byte messages between tasks, over TensorFlow itself.
 * `errors`: exit codes and `TaskFailedError`.
 * `tf_config`: which task a process is, from TF_CONFIG or a spec file.
+* `cluster_probe`: a served cluster's devices, memory and links, measured
+  into a ResourceSpec.
 
 This layer knows nothing of training: the process entry point
 (`autodist.runtime.entry`) hands it the worker loop.
