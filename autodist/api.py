@@ -10,7 +10,7 @@ from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
-from autodist.runtime.run import DistributedRun
+from autodist.runtime.run import LAUNCH_MODES, DistributedRun
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from matplotlib.figure import Figure
@@ -84,15 +84,21 @@ class Plan:
             this model and cluster (such builders were no candidates).
         allow_exposed: `fit`'s default for the `DistributedRun` option (as
             given to `optimize`).
+        launch, secret_file: `fit`'s defaults for these `DistributedRun`
+            options (as given to `optimize`): a plan measured on served
+            hosts trains there.
         batch_size: The global batch the plan is for (None: the search's
             default, the capture's estimate batch per replica).
     """
 
     def __init__(self, model, graph_item: GraphItem, resource_spec: ResourceSpec,
-                 result, allow_exposed: bool = False, batch_size: int | None = None) -> None:
+                 result, allow_exposed: bool = False, batch_size: int | None = None,
+                 launch: str = "local", secret_file: str | None = None) -> None:
         self.model = model
         self.batch_size = batch_size
         self.allow_exposed = allow_exposed
+        self.launch = launch
+        self.secret_file = secret_file
         self.graph_item = graph_item
         self.resource_spec = resource_spec
         self.strategy: Strategy = result.strategy
@@ -165,7 +171,8 @@ class Plan:
         Every option of `DistributedRun` (job_dir, step_timeout_s,
         startup_timeout_s, launch, allow_exposed, secret_file, ...) may be
         given here too and goes to the run; the rest go to
-        `DistributedRun.fit`. allow_exposed defaults to `optimize`'s.
+        `DistributedRun.fit`. allow_exposed, launch and secret_file default
+        to `optimize`'s.
 
         Returns:
             The run's `History`.
@@ -173,6 +180,9 @@ class Plan:
         names = _run_option_names()
         run_options = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         run_options.setdefault("allow_exposed", self.allow_exposed)
+        run_options.setdefault("launch", self.launch)
+        if self.secret_file is not None:
+            run_options.setdefault("secret_file", self.secret_file)
         return distribute(self.model, self.strategy, self.resource_spec,
                           graph_item=self.graph_item, **run_options).fit(*args, **kwargs)
 
@@ -186,6 +196,7 @@ def optimize(model, resource_spec: ResourceSpec | None = None, *, trials: int | 
              database=None, space_options=None, search_budget: int = 4000, seed: int = 0,
              progress: bool = False, graph_item: GraphItem | None = None,
              calibration=None, x=None, y=None, allow_exposed: bool = False,
+             launch: str = "local", secret_file: str | None = None,
              spec: ResourceSpec | None = None, budget: int | None = None) -> Plan:
     """Finds a strategy for `model` on `resource_spec` with the search and cost model.
 
@@ -226,6 +237,14 @@ def optimize(model, resource_spec: ResourceSpec | None = None, *, trials: int | 
         allow_exposed: Let measured trials and `Plan.fit` run local clusters
             reachable from other hosts where no private network namespace
             can be made (see `DistributedRun`).
+        launch: Where measured trials and `Plan.fit` run: "local" (every
+            task on this machine) or "remote" (this process is the chief of
+            a multi-host cluster whose other tasks run `autodist serve`,
+            e.g. `ResourceSpec.from_tf_config()`; each round of trials is a
+            short job there, see docs/search.md).
+        secret_file: launch="remote": the cluster's shared secret, as for
+            `DistributedRun` (default: ``AUTODIST_SECRET_FILE``, else
+            ``AUTODIST_SECRET``).
         spec: Deprecated name of `resource_spec`.
         budget: Deprecated name of `trials`.
 
@@ -236,6 +255,9 @@ def optimize(model, resource_spec: ResourceSpec | None = None, *, trials: int | 
         >>> plan = autodist.optimize(model)              # doctest: +SKIP
         >>> print(plan.explain())                        # doctest: +SKIP
         >>> history = plan.fit(x, y, batch_size=64)      # doctest: +SKIP
+        >>> # On the chief of served hosts (the others: `autodist serve --tf-config`):
+        >>> spec = autodist.ResourceSpec.from_tf_config()          # doctest: +SKIP
+        >>> plan = autodist.optimize(model, spec, measure=True, launch="remote")
     """
     from autodist.ir.capture import capture
     from autodist.search.cost_model import resolve_cost_model
@@ -248,26 +270,34 @@ def optimize(model, resource_spec: ResourceSpec | None = None, *, trials: int | 
         raise InvalidArgumentError(f"trials counts measured trials; pass measure=True with "
                                    f"trials={trials!r}")
     trials = (3 if trials is None else trials) if measure else 0
+    if launch not in LAUNCH_MODES:
+        raise InvalidArgumentError(f"launch must be one of {LAUNCH_MODES}. Received: "
+                                   f"{launch!r}")
     resource_spec = resource_spec or ResourceSpec.local(workers=2, ps=1)
     graph_item = graph_item or capture(model, x=x, y=y)
     cost_model = resolve_cost_model(cost_model)
     if database is not None and not isinstance(database, Database):
         database = Database(database)
     runner = None
-    if measure:
+    measure_batch = batch_size or 32 * len(resource_spec.replica_devices)
+    # One launch per round of trials: its strategies are switched in place.
+    if measure and launch == "remote":
+        from autodist.runtime.remote_runner import RemoteRunner
+
+        runner = RemoteRunner(model, resource_spec, graph_item=graph_item,
+                              batch_size=measure_batch, secret_file=secret_file)
+    elif measure:
         from autodist.runtime.local_runner import LocalRunner
 
-        # One launch per round of trials: its strategies are switched in place.
         runner = LocalRunner(model, resource_spec, graph_item=graph_item,
-                             batch_size=batch_size or 32 * len(resource_spec.replica_devices),
-                             allow_exposed=allow_exposed)
+                             batch_size=measure_batch, allow_exposed=allow_exposed)
     calibration = resolve_calibration(calibration, resource_spec, allow_exposed=allow_exposed)
     tuner = Tuner(graph_item, resource_spec, space_options=space_options, batch_size=batch_size,
                   calibration=calibration,
                   cost_model=cost_model, database=database, runner=runner,
                   search_budget=search_budget, seed=seed, progress=progress)
     return Plan(model, graph_item, resource_spec, tuner.tune(trials), allow_exposed=allow_exposed,
-                batch_size=batch_size)
+                batch_size=batch_size, launch=launch, secret_file=secret_file)
 
 
 def _renamed(old: str, old_value: Any, new: str, new_value: Any) -> Any:

@@ -5,7 +5,8 @@
             [--plot out.png] [--json]
     autodist strategy build BUILDER --model MODEL [--cluster cluster.yml] --out s.pb
     autodist run --model mlp --builder AllReduce|search [--workers 2 --ps 1 --epochs 2]
-    autodist search --model MODEL [--cluster cluster.yml] [--trials N] --out s.pb [--json]
+    autodist search --model MODEL [--cluster cluster.yml | --tf-config] [--trials N]
+            [--launch local|remote --secret-file F] --out s.pb [--json]
     autodist export trials.jsonl [--workload NAME] --out s.pbtxt [--json]
     autodist bench [--preset small|full] [--models mlp,ncf --mbits 100,1000] [--out DIR]
     autodist serve --tf-config [--gpus-per-worker N --cpu-replicas-per-worker N]
@@ -308,7 +309,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    """Searches a strategy offline (optionally measuring trials on a local cluster).
+    """Searches a strategy offline (optionally measuring trials on the cluster: local
+    processes, or with --launch remote / --tf-config jobs on served hosts).
 
     A measured search reports measured times first: the trials by their
     measured median, then the pick's measured time, then the prediction.
@@ -320,16 +322,27 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
     with _stdout_to_stderr(args.json):
         model, graph_item = load_model(args.model)
-        spec = _cluster(args.cluster)
+        if args.tf_config and args.cluster:
+            raise AutodistError("give --cluster FILE or --tf-config, not both")
+        spec = ResourceSpec.from_tf_config() if args.tf_config else _cluster(args.cluster)
+        launch = args.launch or ("remote" if args.tf_config else "local")
+        if args.secret_file and launch != "remote":
+            raise AutodistError("--secret-file goes with --launch remote (or --tf-config)")
         runner = None
         if args.trials:
             if model is None:
                 raise AutodistError("--trials needs a runnable model (an example name, .keras "
                                     "file or module:function), not a GraphItem file")
-            from autodist.runtime.local_runner import LocalRunner
+            batch = args.batch_size or 32 * len(spec.replica_devices)
+            if launch == "remote":
+                from autodist.runtime.remote_runner import RemoteRunner
 
-            runner = LocalRunner(model, spec, graph_item=graph_item,
-                                 batch_size=args.batch_size or 32 * len(spec.replica_devices))
+                runner = RemoteRunner(model, spec, graph_item=graph_item, batch_size=batch,
+                                      secret_file=args.secret_file)
+            else:
+                from autodist.runtime.local_runner import LocalRunner
+
+                runner = LocalRunner(model, spec, graph_item=graph_item, batch_size=batch)
         options = SpaceOptions(compressors=tuple(args.compressors.split(",")),
                                consistency=tuple(args.consistency.split(",")))
         if args.cost_model:
@@ -783,9 +796,18 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--model", required=True,
                         help="example name, .keras file, GraphItem .pb or module:function")
     search.add_argument("--cluster", help="resource spec YAML (default: local 2 workers + 1 PS)")
+    search.add_argument("--tf-config", action="store_true",
+                        help="the cluster from the TF_CONFIG environment variable (this process "
+                             "its chief; implies --launch remote)")
     search.add_argument("--trials", type=int, default=0,
-                        help="strategies to measure on a local cluster, the API's trials "
+                        help="strategies to measure on the cluster, the API's trials "
                              "(default 0: predict)")
+    search.add_argument("--launch", choices=("local", "remote"),
+                        help="where --trials run: local processes, or jobs on hosts running "
+                             "`autodist serve` (default: remote with --tf-config, else local)")
+    search.add_argument("--secret-file",
+                        help="with --launch remote: the cluster's shared secret (default: "
+                             "AUTODIST_SECRET_FILE, else AUTODIST_SECRET)")
     search.add_argument("--search-budget", "--budget", dest="search_budget", type=int,
                         default=4000, help="candidates scored per search round (the API's "
                         "search_budget; --budget is its old name)")

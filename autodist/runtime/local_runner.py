@@ -11,7 +11,9 @@ error. The model's weights are restored after every launch, so measuring
 never changes the user's model.
 
 Used by `autodist.optimize(measure=True)` (through the tuner), `autodist
-bench`, and the benchmarks that collect trials or compare strategies.
+bench`, and the benchmarks that collect trials or compare strategies. Its
+cluster is on this machine; `autodist.runtime.remote_runner.RemoteRunner`
+measures the same way on hosts that run `autodist serve`.
 
 Example:
     >>> runner = LocalRunner(model, spec, batch_size=64, steps=10, warmup_steps=3)  # doctest: +SKIP
@@ -118,7 +120,9 @@ def chunks(items: Sequence[Any], size: int) -> list[list[Any]]:
 
 def measure_with_fallback(strategies: Sequence[Any],
                           launch: Callable[[Sequence[Any]], list[MeasureResult]],
-                          log: Callable[[str], None] = lambda _: None) -> list[MeasureResult]:
+                          log: Callable[[str], None] = lambda _: None,
+                          splits: Callable[[BaseException], bool] = lambda _: True
+                          ) -> list[MeasureResult]:
     """Measures strategies in one launch; on failure, in halves, down to one per launch.
 
     Args:
@@ -126,6 +130,10 @@ def measure_with_fallback(strategies: Sequence[Any],
         launch: Measures a list of strategies in one launch (one result per
             strategy) or raises when the launch fails.
         log: Receives a line per failed launch.
+        splits: Whether a launch's error may be one strategy's fault, so that
+            measuring in halves can isolate it (default: always). An error of
+            the cluster itself (a task that does not answer) fails every
+            strategy of the launch at once instead.
 
     Returns:
         One result per strategy, in order; a strategy that fails on its own
@@ -142,11 +150,12 @@ def measure_with_fallback(strategies: Sequence[Any],
     except Exception as e:  # noqa: BLE001
         failed = MeasureResult.failure(e, launch_size=1)
         log(f"launch of {len(strategies)} failed: {failed.error.splitlines()[0][:200]}")
-        if len(strategies) == 1:
-            return [failed]
+        if len(strategies) == 1 or not splits(e):
+            return [dataclasses.replace(failed, launch_size=len(strategies))
+                    for _ in strategies]
     half = len(strategies) // 2
-    return (measure_with_fallback(strategies[:half], launch, log)
-            + measure_with_fallback(strategies[half:], launch, log))
+    return (measure_with_fallback(strategies[:half], launch, log, splits)
+            + measure_with_fallback(strategies[half:], launch, log, splits))
 
 
 # ------------------------------------------------------------- the runner
@@ -199,6 +208,8 @@ class LocalRunner(Runner):
             raise AutodistError("LocalRunner needs a model (or a launch function of its own)")
         if (x is None) != (y is None):
             raise AutodistError("pass both x and y, or neither (synthetic data)")
+        if launch is None:
+            self._check_cluster(resource_spec)
         self.model = model
         self.resource_spec = resource_spec
         self.batch_size = batch_size
@@ -232,7 +243,7 @@ class LocalRunner(Runner):
             results: list[MeasureResult | None] = [None] * n
             for group in chunks(order, self.per_launch or n):
                 outcomes = measure_with_fallback([strategies[i] for i in group],
-                                                 self._launch_batch, self.log)
+                                                 self._launch_batch, self.log, self._splits)
                 for i, outcome in zip(group, outcomes):
                     results[i] = outcome
             measured.append(results)
@@ -261,7 +272,7 @@ class LocalRunner(Runner):
             run = DistributedRun(self.model, first, self.resource_spec,
                                  graph_item=self.graph_item, step_timeout_s=self.step_timeout_s,
                                  startup_timeout_s=self.startup_timeout_s,
-                                 allow_exposed=self.allow_exposed, keep_optimizer_state=False)
+                                 keep_optimizer_state=False, **self._run_options())
             self.graph_item = run.graph_item
             history = run.fit(x, y, batch_size=self.batch_size, epochs=1,
                               steps_per_epoch=total_steps, verbose=0, shuffle=False,
@@ -269,6 +280,28 @@ class LocalRunner(Runner):
         finally:
             self.model.set_weights(weights)   # every launch starts from the same weights
         return LaunchRecord(history.step_times, history.resizes)
+
+    # What a remote runner (`autodist.runtime.remote_runner`) does otherwise.
+    @staticmethod
+    def _check_cluster(resource_spec: ResourceSpec) -> None:
+        """Raises unless every node of the cluster is on this machine."""
+        from autodist.launch.local import check_local
+
+        try:
+            check_local(resource_spec)
+        except AutodistError as e:
+            raise AutodistError(f"LocalRunner measures on this machine only: {e}. To measure "
+                                "on served hosts use RemoteRunner (optimize(..., "
+                                "launch='remote'), `autodist search --launch remote`)") from None
+
+    def _run_options(self) -> dict[str, Any]:
+        """The `DistributedRun` options of every launch, beyond the bounds."""
+        return {"allow_exposed": self.allow_exposed}
+
+    @staticmethod
+    def _splits(error: BaseException) -> bool:
+        """Whether a failed launch is measured again in halves (`measure_with_fallback`)."""
+        return True
 
     def _rows(self, rows: int) -> tuple[Any, Any]:
         """The first `rows` examples of the data (synthetic, or the given ones reused)."""

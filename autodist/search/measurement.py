@@ -3,9 +3,10 @@
 A `Runner` measures a list of strategies and returns one `MeasureResult` per
 strategy, in the same order. Failures are data: a strategy that cannot be
 measured gets a result with its `error`, never an exception, so one bad
-trial never stops a search. The runtime implements the real runner
+trial never stops a search. The runtime implements the real runners
 (`autodist.runtime.local_runner.LocalRunner`: many strategies per cluster launch,
-switched in place); `SimulatedRunner` here "measures" with the analytic
+switched in place; `autodist.runtime.remote_runner.RemoteRunner`: the same as
+jobs on served hosts); `SimulatedRunner` here "measures" with the analytic
 simulator, so the tuning loop runs in unit tests and dry runs without a
 cluster.
 
