@@ -4,8 +4,9 @@
 cluster:
 
 * the rates in this process (`calibrate.measure_calibration`: one core's
-  FLOP rate, the cost of an op, the optimizer update rate), with the host's
-  cores, so CPU replicas that outnumber them share them;
+  FLOP rate for matmuls and for convolutions, the cost of an op, the
+  optimizer update rate), with the host's cores, so CPU replicas that
+  outnumber them share them;
 * the fixed costs of a step on the cluster itself, from a probe model (an
   embedding and seven small dense layers: too little compute and traffic to
   hide them) trained a few steps under probe strategies in one launch, the
@@ -207,6 +208,7 @@ def calibrate_cluster(spec: ResourceSpec, *, steps: int = 20, warmup_steps: int 
     rates = measure_calibration(seconds)
     base = Calibration(flops_per_s=rates.flops_per_s, op_overhead_s=rates.op_overhead_s,
                        memory_bytes_per_s=rates.memory_bytes_per_s,
+                       conv_flops_per_s=rates.conv_flops_per_s,
                        host_cores=os.cpu_count() or 0)
     batch = batch_size or 8 * len(spec.replica_devices)
     measured: dict[str, float] = {}

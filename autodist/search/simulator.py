@@ -98,7 +98,11 @@ class Calibration:
             link's time; 0 uncalibrated.
         host_cores: Cores of a host that runs CPU replicas (0: unknown, no
             sharing modelled); `flops_per_s` is then the rate of one core,
-            and CPU replicas beyond a host's cores share them.
+            and CPU replicas beyond a host's cores share them (their FLOPs
+            and their ops' fixed costs alike).
+        conv_flops_per_s: Rate of the convolutions' FLOPs (forward and both
+            backward kernels), which run well below a matmul's rate on a
+            CPU; None: `flops_per_s`.
         source: Where the constants come from ("default", or what measured them).
     """
 
@@ -112,14 +116,17 @@ class Calibration:
     task_overhead_s: float = 0.0
     byte_cost_s: float = 0.0
     host_cores: int = 0
+    conv_flops_per_s: float | None = None
     source: str = "default"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.ps_overlap <= 1.0:
             raise InvalidArgumentError("ps_overlap must be in [0, 1]. Received: "
                                        f"{self.ps_overlap!r}")
-        for name in ("flops_per_s", "memory_bytes_per_s"):
+        for name in ("flops_per_s", "memory_bytes_per_s", "conv_flops_per_s"):
             value = getattr(self, name)
+            if value is None and name == "conv_flops_per_s":
+                continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise InvalidArgumentError(f"Calibration.{name} must be a positive number. "
                                            f"Received: {value!r}")
@@ -259,9 +266,8 @@ class Simulator:
                                    for n in range(self.num_nodes)])
         self.replicas_on = np.bincount(self.replica_nodes, minlength=self.num_nodes)
         gi = space.graph_item
-        self.compute_s = (gi.total_flops * self.per_replica_batch / estimate
-                          / self.calibration.flops_per_s * _core_sharing(spec, self.calibration)
-                          + len(gi.ops) * self.calibration.op_overhead_s)
+        self.compute_s = _compute_s(gi, self.per_replica_batch, estimate, self.calibration,
+                                    _core_sharing(spec, self.calibration))
         self.num_tasks = len(spec.nodes)
         # Rows of each sparse gradient in a replica's step: one per lookup, repeats
         # included (what a PS push or read and an all-gather move); updates
@@ -543,6 +549,33 @@ def _row_sums(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
         np.take(table, rows[start:start + step], axis=0).sum(axis=1,
                                                              out=out[start:start + step])
     return out
+
+
+def _compute_s(graph_item, batch: float, estimate_batch: int, calibration: Calibration,
+               sharing: float) -> float:
+    """One replica's compute: FLOPs at their rates plus the ops' fixed costs.
+
+    Uncalibrated (`host_cores` 0) the ops' fixed costs are not shared, as the
+    default constants always scored; calibrated, a CPU replica that shares
+    its host's cores gets its share of them for both.
+    """
+    flops = graph_item.total_flops * batch / estimate_batch
+    conv_rate = calibration.conv_flops_per_s
+    if conv_rate is not None:
+        conv = sum(op.flops for op in graph_item.ops
+                   if op.type.startswith(_CONV_PREFIX)) * batch / estimate_batch
+        flops_s = (flops - conv) / calibration.flops_per_s + conv / conv_rate
+    else:
+        flops_s = flops / calibration.flops_per_s
+    ops_s = len(graph_item.ops) * calibration.op_overhead_s
+    if calibration.host_cores <= 0:
+        return flops_s * sharing + ops_s
+    return (flops_s + ops_s) * sharing
+
+
+# Op types whose FLOPs run at `Calibration.conv_flops_per_s` (Conv2D,
+# Conv2DBackpropInput, Conv2DBackpropFilter, Conv3D, ...).
+_CONV_PREFIX = ("Conv", "DepthwiseConv")
 
 
 def _core_sharing(spec, calibration: Calibration) -> float:

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from autodist.ir.errors import InvalidArgumentError
+from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
+from autodist.proto import graph_item_pb2
 from autodist.search import builders
 from autodist.search.calibration_fit import fit_fixed_costs, probe_step
 from autodist.search.simulator import Calibration, Simulator
@@ -131,3 +133,29 @@ def test_default_constants_predict_as_before():
                                       "sync_s", "phase_s"))
     assert np.isclose(sim.predict_strategy(
         builders.AllReduce(group_bytes=1).build(gi, spec)).step_time_s[0], total)
+
+
+def test_convolutions_run_at_their_rate_and_shared_cores_slow_the_ops_too():
+    base = workloads.graph_item([("w", (64, 64), False)], flops=1e9, estimate_batch_size=64,
+                                ops=[("Relu", "forward", 4)] * 9)
+    proto = graph_item_pb2.GraphItem()
+    proto.CopyFrom(base.proto)
+    proto.ops.add(name="conv", type="Conv2DBackpropFilter", phase="backward", flops=3e9)
+    gi = GraphItem(proto)
+
+    def compute(spec, **fields):
+        cal = Calibration(flops_per_s=1e9, op_overhead_s=1e-3, **fields)
+        return Simulator(SearchSpace(gi, spec), cal, batch_size=64).compute_s
+
+    two, six = ResourceSpec.local(workers=2), ResourceSpec.local(workers=6, ps=3)
+    ops_s = 11 * 1e-3
+    assert compute(two) == pytest.approx(4 / 2 + ops_s)                 # one rate for all FLOPs
+    assert compute(two, conv_flops_per_s=0.5e9) == pytest.approx(1 / 2 + 3 / 2 / 0.5 + ops_s)
+    # Uncalibrated cores: the ops' fixed costs are not shared (the default's scores).
+    assert compute(six) == pytest.approx(4 / 6 + ops_s)
+    # 6 CPU replicas on 2 cores: FLOPs and ops' fixed costs both at a third of a core.
+    assert compute(six, host_cores=2) == pytest.approx((4 / 6 + ops_s) * 3)
+    with pytest.raises(InvalidArgumentError, match="conv_flops_per_s must be a positive"):
+        Calibration(conv_flops_per_s=0.0)
+    assert Calibration.from_dict(Calibration(conv_flops_per_s=2e10).to_dict()).conv_flops_per_s \
+        == 2e10
