@@ -23,13 +23,20 @@ keeping it, and the whole before unpacking anything, and answers with a
 receipt (accepted, or why not), so a wrong or missing secret fails `fit` at
 once with the task's reason (read between chunks: a rejected job is not sent
 to its end).
+
+A job that failed leaves its other tasks free for the next one: workers end
+with the failed step, the others when told (`RemoteCluster.abort`), and each
+`autodist serve` starts a fresh process for the next job. A task whose host
+or `autodist serve` died does not come back; `RemoteCluster.lost` finds such
+tasks, so that a recovering run (`autodist.runtime.recovery`) goes on
+without them, and a later job leaves them out (``absent``).
 """
 from __future__ import annotations
 
 import logging
 import tempfile
 import time
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Collection
 
 import numpy as np
 
@@ -41,9 +48,31 @@ from autodist.launch.job import JobDir
 from autodist.launch.local import LocalCluster
 
 _RETRY_S = 0.2
+# After a failed job: a dead task's process may answer until its own watchdog
+# (`task._exit_with_parent`, 1 s period) ends it; only later answers count.
+_SETTLE_S = 2.0
 _POLL_S = (0.005, 0.1)   # first and longest wait while a task's job box is full
 
 logger = logging.getLogger(__name__)
+
+
+class TasksLostError(TaskFailedError):
+    """Tasks of a remote cluster did not come back after a failed job (their host or
+    `autodist serve` died).
+
+    Attributes:
+        lost: "job:index" of every task that did not answer, parameter
+            servers first; `task` is the first of them.
+    """
+
+    def __init__(self, message: str, lost: tuple[str, ...], address: str) -> None:
+        super().__init__(message, lost[0], address)
+        self.lost = lost
+
+
+class ChiefKilledError(TaskFailedError):
+    """The chief's process of a remote job was killed (by a signal), its other tasks
+    all still served."""
 
 
 class RemoteCluster:
@@ -68,11 +97,14 @@ class RemoteCluster:
             accept.
         chunk_bytes: The size of the chunks a job is sent in (None:
             `chunks.CHUNK_BYTES` when the job is shipped).
+        absent: Tasks ("job:index") known to be gone (lost in an earlier
+            job): they are neither shipped the job nor told it failed.
     """
 
     def __init__(self, job: JobDir, spec: ResourceSpec, *, task_module: str,
                  worker_rows: Callable[[int], np.ndarray], startup_timeout_s: float,
-                 secret: bytes | None = None, chunk_bytes: int | None = None) -> None:
+                 secret: bytes | None = None, chunk_bytes: int | None = None,
+                 absent: Collection[str] = ()) -> None:
         missing = [f"{n.address} (node {i})" for i, n in enumerate(spec.nodes) if not n.port]
         if missing:
             raise AutodistError(f"launch='remote' needs the port of every node; none for "
@@ -83,6 +115,8 @@ class RemoteCluster:
         self.worker_rows = worker_rows
         self.startup_timeout_s = startup_timeout_s
         self.chunk_bytes = chunk_bytes
+        self.absent = frozenset(absent)
+        self._chief_code: int | None = None
         self.chief = LocalCluster(job, spec, task_module=task_module, nodes=[spec.chief_index],
                                   port_retries=0)
 
@@ -124,13 +158,11 @@ class RemoteCluster:
         self.job.write_ports([n.port for n in self.spec.nodes])
         mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.settings().job_id)
         try:
-            chief = self.spec.task_of(self.spec.chief_index)
-            for task in mail.tasks:
-                if task != chief:
-                    # Private: in the job directory (0700), created 0600 and unlinked at once.
-                    with tempfile.TemporaryFile(dir=self.job.path) as archive:
-                        self._pack(task, archive)
-                        self._ship_one(mail, task, archive)
+            for task in self._others(mail):
+                # Private: in the job directory (0700), created 0600 and unlinked at once.
+                with tempfile.TemporaryFile(dir=self.job.path) as archive:
+                    self._pack(task, archive)
+                    self._ship_one(mail, task, archive)
         finally:
             mail.close()
 
@@ -216,10 +248,9 @@ class RemoteCluster:
     def abort(self, timeout_s: float = 5.0) -> None:
         """Tells every other task that this job failed (they end at once); best effort."""
         mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.settings().job_id)
-        chief = self.spec.task_of(self.spec.chief_index)
         try:
-            for task in mail.tasks:
-                if task != chief and mailbox.accepts(mail.address(task)):
+            for task in self._others(mail):
+                if mailbox.accepts(mail.address(task)):
                     try:
                         mail.send(task, mailbox.ABORT, b"abort", timeout_s)
                     except mailbox.MailboxError:
@@ -227,11 +258,72 @@ class RemoteCluster:
         finally:
             mail.close()
 
+    def lost(self, within_s: float) -> list[str]:
+        """After a failed job (call it once the cluster is stopped and aborted): the other
+        tasks that do not accept connections again within `within_s`, parameter servers
+        first.
+
+        Every task that is still served answers again once its `autodist serve` has
+        started the process for the next job; a task whose host or `autodist serve`
+        died does not. Tasks answering only in the first `_SETTLE_S` (a dead task's
+        process ending) are not counted.
+        """
+        mail = mailbox.Mailboxes(self.spec.cluster_def())
+        waiting = sorted(self._others(mail), key=lambda task: task[0] != "ps")
+        time.sleep(min(_SETTLE_S, within_s))
+        deadline = time.monotonic() + max(within_s - _SETTLE_S, 0.0)
+        while True:
+            waiting = [t for t in waiting if not mailbox.accepts(mail.address(t))]
+            if not waiting or time.monotonic() >= deadline:
+                return [mailbox.task_name(t) for t in waiting]
+            time.sleep(min(_RETRY_S, max(deadline - time.monotonic(), 0.0)))
+
+    def failure(self, error: TaskFailedError, within_s: float) -> TaskFailedError:
+        """What ended a failed job, once the cluster is stopped and aborted: the tasks
+        `lost` within `within_s` (a `TasksLostError`), else a chief killed by a signal
+        (a `ChiefKilledError`), else `error`."""
+        lost = self.lost(within_s)
+        if lost:
+            address = self.address(lost[0])
+            return TasksLostError(
+                f"task {lost[0]} at {address} did not come back within {within_s:g}s of the "
+                f"job's failure: its host or its `autodist serve` is gone (lost: "
+                f"{', '.join(lost)}). The job failed with: {error}", tuple(lost), address)
+        code = self.chief_exit_code()
+        if code is not None and code < 0:
+            return ChiefKilledError(f"the chief was killed (exit code {code}): {error}",
+                                    error.task, error.log)
+        return error
+
+    def address(self, task: str) -> str:
+        """The "host:port" of task "job:index"."""
+        job, _, index = task.partition(":")
+        return mailbox.Mailboxes(self.spec.cluster_def()).address((job, int(index)))
+
+    def chief_exit_code(self) -> int | None:
+        """The chief's exit code when the job failed (None: it ran on, or had not ended)."""
+        return self._chief_code
+
+    def _others(self, mail: mailbox.Mailboxes) -> list[tuple[str, int]]:
+        """The tasks other than the chief that take part: every one not absent."""
+        chief = self.spec.task_of(self.spec.chief_index)
+        return [t for t in mail.tasks
+                if t != chief and mailbox.task_name(t) not in self.absent]
+
     def wait_ready(self, timeout_s: float) -> None:
         self.chief.wait_ready(timeout_s)
 
     def wait_workers(self, timeout_s: float, on_poll=None) -> None:
-        self.chief.wait_workers(timeout_s, on_poll=on_poll)
+        try:
+            self.chief.wait_workers(timeout_s, on_poll=on_poll)
+        except TaskFailedError:
+            self._chief_code = self.chief.wait_exit("worker", 0, 0.0)  # before `stop`
+            raise
+
+    def wait_exit(self, job: str, index: int, timeout_s: float) -> int | None:
+        """Waits until task job:index exits, if it runs here (the chief); its exit code,
+        or None (still running, or not a task of this host)."""
+        return self.chief.wait_exit(job, index, timeout_s)
 
     def stop(self, grace_s: float = 5.0) -> None:
         self.chief.stop(grace_s)

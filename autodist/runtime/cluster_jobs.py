@@ -10,7 +10,7 @@ from __future__ import annotations
 import pathlib
 import shutil
 import time
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 
@@ -51,7 +51,8 @@ class ClusterJobs:
         self.request_stop = request_stop
 
     def run(self, job: JobDir, timeout_s: float, on_poll: Callable[[], object],
-            spec: ResourceSpec | None = None) -> None:
+            spec: ResourceSpec | None = None, absent: Collection[str] = (),
+            recovering: bool = False) -> None:
         """Runs the job to its end. A failed worker leaves the chief time to save its
         state (it learns of the failure within a step's timeout) before the cluster
         is torn down.
@@ -61,16 +62,42 @@ class ClusterJobs:
             timeout_s: Bound on the whole job.
             on_poll: Called while the workers run (the driver's progress).
             spec: The cluster of this job, if not the run's (after a recovery).
+            absent: Remote launch: tasks ("job:index") lost in an earlier job,
+                left out of this one.
+            recovering: Remote launch, a run that recovers: a failure is
+                raised as what ended the job (`RemoteCluster.failure`: the
+                tasks that did not come back within `startup_timeout_s`, or
+                a killed chief).
+
+        Raises:
+            TaskFailedError: a task failed (remote and `recovering`: a
+                `TasksLostError` or `ChiefKilledError` where one applies).
         """
+        if self.launch == "remote" and recovering:
+            cluster = self._remote(job, spec or self.spec, absent)
+            try:
+                self._run(job, cluster, timeout_s, on_poll)
+            except TaskFailedError as error:
+                failure = cluster.failure(error, self.startup_timeout_s)
+                if failure is error:
+                    raise
+                raise failure from error
+            return
         spec = spec or self.spec
         cluster = (LocalCluster(job, spec, task_module=TASK_MODULE,
                                 allow_exposed=self.allow_exposed,
                                 hang_timeout_s=heartbeats.hang_timeout(self.step_timeout_s))
-                   if self.launch == "local"
-                   else RemoteCluster(job, spec, task_module=TASK_MODULE,
-                                      worker_rows=lambda task: rows_read_by(job, task),
-                                      startup_timeout_s=self.startup_timeout_s,
-                                      secret=self.secret))
+                   if self.launch == "local" else self._remote(job, spec, absent))
+        self._run(job, cluster, timeout_s, on_poll)
+
+    def _remote(self, job: JobDir, spec: ResourceSpec, absent: Collection[str]) -> RemoteCluster:
+        return RemoteCluster(job, spec, task_module=TASK_MODULE,
+                             worker_rows=lambda task: rows_read_by(job, task),
+                             startup_timeout_s=self.startup_timeout_s, secret=self.secret,
+                             absent=absent)
+
+    def _run(self, job: JobDir, cluster: LocalCluster | RemoteCluster, timeout_s: float,
+             on_poll: Callable[[], object]) -> None:
         with cluster:
             cluster.wait_ready(self.startup_timeout_s)
             try:

@@ -19,13 +19,29 @@ collective, and nothing resets that short of a new process
 what survives is the state. The job cannot go on when the chief or a
 parameter-server task dies, or when a dead worker held parameter-server
 variables: the original error is raised.
+
+Under ``launch="remote"`` the served tasks keep their TF_CONFIG identities,
+so a recovery job runs on the same cluster with its membership changed, as
+an elastic job starting at its first step (`run_recovering_remote`). After a
+failure the driver waits (up to the startup timeout) for every served task
+to answer again; the tasks that do not (their host or `autodist serve`
+died: `launch.remote.TasksLostError`) are left out of every later job. A lost
+worker's place is taken by nothing (the survivors go on, from the last
+completed step, with B and V kept); a worker whose `autodist serve` is
+started again (a replacement in its slot, e.g. a restarted pod) before the
+failure is judged is simply a member again. A killed chief
+(`ChiefKilledError`), or a lost worker whose chief could not save the last
+completed step, restarts the job from the newest checkpoint of the fit's
+`checkpoint_dir` (from the fit's start when none is written yet); without
+checkpointing, or with a parameter server lost (it held the variables and
+has no stand-in), the error names the dead task.
 """
 from __future__ import annotations
 
 
 import dataclasses
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -35,11 +51,20 @@ from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.launch.errors import TaskFailedError
 from autodist.launch.job import JobDir
+from autodist.launch.remote import ChiefKilledError, TasksLostError
+from autodist.runtime import checkpoint, elastic
 from autodist.runtime.records import LossRecord, ProgressRecord
 from autodist.runtime.run_config import RunConfig
 
 # In the recovery file: the run step to resume at (see worker.save_recovery).
 NEXT_STEP = "autodist/next_step"
+# A remote run gives up after this many recoveries beyond one per worker task
+# (a chief killed again and again).
+EXTRA_RESTARTS = 3
+
+# Runs a job to its end: (its directory, its cluster, the tasks left out of it).
+RunCluster = Callable[[JobDir, ResourceSpec, Collection[str]], None]
+WriteJob = Callable[[JobDir, Strategy, ResourceSpec, RunConfig, dict[str, np.ndarray]], None]
 
 
 def dead_worker(task: str) -> int | None:
@@ -97,9 +122,11 @@ def newest_saved_state(job: JobDir) -> tuple[dict[str, np.ndarray], int] | None:
     return resume_point(max(saved, key=lambda j: j.recovery().stat().st_mtime))
 
 
-def completed_losses(job: JobDir, workers: int, first: int,
+def completed_losses(job: JobDir, workers: int | Sequence[int], first: int,
                      steps: int) -> tuple[list[float], list[float], list[int]]:
     """Global losses and the chief's step times of steps first..first+steps-1.
+
+    `workers`: the worker tasks that ran them (a number n: tasks 0..n-1).
 
     Each worker of a recoverable run appends its weighted loss of every step
     it ran to the job directory as soon as its step's run returns (before
@@ -109,8 +136,9 @@ def completed_losses(job: JobDir, workers: int, first: int,
     mean loss, from its progress records) stands in; the third list names
     those steps.
     """
+    tasks = range(workers) if isinstance(workers, int) else list(workers)
     parts: dict[int, list[float]] = {}
-    for task in range(workers):
+    for task in tasks:
         path = job.file(f"losses_{task}.jsonl")
         if not path.exists():
             continue
@@ -126,7 +154,7 @@ def completed_losses(job: JobDir, workers: int, first: int,
     losses, estimated = [], []
     for k in range(steps):
         found = parts.get(first + k, [])
-        if len(found) == workers:
+        if len(found) == len(tasks):
             losses.append(sum(found))
         else:
             losses.append(progress[k].loss)
@@ -160,9 +188,7 @@ class Outcome:
 
 
 def run_recovering(job: JobDir, strategy: Strategy, spec: ResourceSpec, *,
-                   run_cluster: Callable[[JobDir, ResourceSpec], None],
-                   write_job: Callable[[JobDir, Strategy, ResourceSpec, RunConfig,
-                                        dict[str, np.ndarray]], None],
+                   run_cluster: RunCluster, write_job: WriteJob,
                    on_new_job: Callable[[JobDir], None]) -> Outcome:
     """Runs a job to its end, going on without each non-chief worker that dies.
 
@@ -175,7 +201,8 @@ def run_recovering(job: JobDir, strategy: Strategy, spec: ResourceSpec, *,
         job: The first job.
         strategy: Its strategy.
         spec: Its cluster.
-        run_cluster: Runs a job on a cluster to its end (raises TaskFailedError).
+        run_cluster: Runs a job on a cluster to its end (raises TaskFailedError);
+            no task is left out of a local job.
         write_job: Writes a recovery job: (its directory, strategy, spec,
             config, initial values).
         on_new_job: Called with each recovery job before it runs.
@@ -188,7 +215,7 @@ def run_recovering(job: JobDir, strategy: Strategy, spec: ResourceSpec, *,
     config = RunConfig.of_job(job)
     while True:
         try:
-            run_cluster(outcome.job, outcome.spec)
+            run_cluster(outcome.job, outcome.spec, ())
             return outcome
         except TaskFailedError as error:
             dead = dead_worker(error.task)
@@ -216,3 +243,114 @@ def run_recovering(job: JobDir, strategy: Strategy, spec: ResourceSpec, *,
             outcome.job = JobDir(path)
             write_job(outcome.job, strategy, outcome.spec, config, values)
             on_new_job(outcome.job)
+
+
+def run_recovering_remote(job: JobDir, strategy: Strategy, spec: ResourceSpec, *,
+                          run_cluster: RunCluster, write_job: WriteJob,
+                          on_new_job: Callable[[JobDir], None],
+                          checkpoint_dir: str | None) -> Outcome:
+    """`run_recovering` for served tasks (``launch="remote"``): the cluster stays, the
+    membership changes.
+
+    After each failure `run_cluster` has raised what ended the job: tasks
+    that did not come back (`TasksLostError`), a killed chief
+    (`ChiefKilledError`), or another failure, which is raised. The next job,
+    in ``recovery-<k>``, leaves every lost task out; with lost workers it is
+    elastic, on the survivors from its first step (`elastic.segments`), so
+    the global batch and the virtual nodes stay. It resumes at the last
+    completed step where the chief saved it (`resume_point`), else at the
+    newest checkpoint of `checkpoint_dir`.
+
+    Raises:
+        TaskFailedError: a failure that is not a lost task or a killed chief;
+            a lost parameter server; no saved state and no checkpointing;
+            more recoveries than `EXTRA_RESTARTS` plus one per worker task.
+        AutodistError: chained from the failure: the survivors cannot run
+            the strategy (`elastic.check_elastic`).
+    """
+    outcome = Outcome(job, spec)
+    first = RunConfig.of_job(job)
+    config = first
+    first_values = job.init_values()
+    absent: set[str] = set()
+    limit = spec.num_worker_tasks + EXTRA_RESTARTS
+    while True:
+        members = [t for t in range(spec.num_worker_tasks) if f"worker:{t}" not in absent]
+        try:
+            run_cluster(outcome.job, spec, frozenset(absent))
+            return outcome
+        except TaskFailedError as error:
+            lost = error.lost if isinstance(error, TasksLostError) else ()
+            lost_ps = [t for t in lost if not t.startswith("worker:")]
+            if not isinstance(error, (TasksLostError, ChiefKilledError)) or lost_ps or \
+                    len(outcome.recoveries) >= limit:
+                raise
+            resumed = resume_point(outcome.job) or (
+                _checkpointed(checkpoint_dir, first, first_values) if checkpoint_dir else None)
+            if resumed is None:
+                raise TaskFailedError(
+                    f"{error}\nThe run cannot go on: the chief saved no state after the "
+                    "failure and the fit writes no checkpoints (fit(checkpoint_dir=...) "
+                    "restarts from the newest)", error.task, error.log) from error
+            values, next_step = resumed
+            absent |= set(lost)
+            survivors = [t for t in members if f"worker:{t}" not in absent]
+            if len(survivors) < spec.num_worker_tasks:
+                try:
+                    elastic.check_elastic(strategy, spec)
+                except AutodistError as e:
+                    raise error from e
+            estimated = _keep_losses(outcome, outcome.job, members, config.start_step,
+                                     next_step, first.start_step)
+            outcome.recoveries.append({
+                "step": next_step, "failed_task": _task_index(error.task),
+                "cause": str(error).split(";")[0].splitlines()[0],
+                "workers": len(survivors), "estimated_loss_steps": estimated})
+            config = dataclasses.replace(
+                config, start_step=next_step, job_id=uuid.uuid4().hex,
+                resize_at={"0": survivors} if len(survivors) < spec.num_worker_tasks else None,
+                elastic=len(survivors) < spec.num_worker_tasks)
+            path = job.path / f"recovery-{len(outcome.recoveries)}"
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            outcome.job = JobDir(path)
+            write_job(outcome.job, strategy, spec, config, values)
+            on_new_job(outcome.job)
+
+
+def _checkpointed(directory: str, first: RunConfig, first_values: dict[str, np.ndarray]
+                  ) -> tuple[dict[str, np.ndarray], int]:
+    """The newest checkpoint of `directory` written by this run, with the step to resume
+    at; the run's first values and step when it has none yet."""
+    start = int(first_values.get(checkpoint.ITERATIONS, 0))
+    prefix = checkpoint.latest(directory)
+    if prefix is not None:
+        values = checkpoint.load(prefix)
+        done = int(values.get(checkpoint.ITERATIONS, 0)) - start
+        if done >= 0:
+            return values, first.start_step + done
+    return dict(first_values), first.start_step
+
+
+def _keep_losses(outcome: Outcome, job: JobDir, members: Sequence[int], job_start: int,
+                 next_step: int, run_start: int) -> list[int]:
+    """The losses and times of the steps before `next_step` in `outcome`: the failed
+    job's completed steps added (their global losses where every member recorded one),
+    or those after an older checkpoint dropped. Returns the steps whose loss is the
+    chief's estimate."""
+    if next_step >= job_start:
+        losses, times, estimated = completed_losses(job, members, job_start,
+                                                    next_step - job_start)
+        outcome.earlier_losses += losses
+        outcome.earlier_times += times
+        return estimated
+    del outcome.earlier_losses[next_step - run_start:]
+    del outcome.earlier_times[next_step - run_start:]
+    return []
+
+
+def _task_index(task: str) -> int:
+    """The task index of "job:index" (0 where it cannot be read)."""
+    try:
+        return TaskName.parse_short(task).index
+    except DeviceNameError:
+        return 0

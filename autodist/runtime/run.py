@@ -258,7 +258,12 @@ class DistributedRun:
                 last completed step (no applied update lost; the global
                 batch stays the same): the chief saves the state, the
                 survivors restart from it (`autodist.runtime.recovery`).
-                Synchronous strategies, local launch, no callbacks.
+                Under launch="remote" a worker whose host or `autodist serve`
+                died is left out likewise (the strategy must be elastic), and
+                a killed chief restarts the job from the newest checkpoint of
+                `checkpoint_dir`; the served tasks must take further jobs
+                (`autodist serve` without `--max-jobs`, or enough).
+                Synchronous strategies, no callbacks.
 
         Returns:
             The History (a `keras.callbacks.History`, also set as
@@ -342,14 +347,19 @@ class DistributedRun:
             config = dataclasses.replace(config, learning_rate=progress.learning_rate)
             job.write_config(config)
         if options.on_failure == "continue":
-            outcome = recovery.run_recovering(
-                job, self.strategy, self.resource_spec,
-                run_cluster=lambda job_k, spec_k: self._jobs.run(
-                    job_k, options.timeout_s, progress.update, spec_k),
+            recovering = dict(
+                run_cluster=lambda job_k, spec_k, absent: self._jobs.run(
+                    job_k, options.timeout_s, progress.update, spec_k, absent,
+                    recovering=True),
                 write_job=lambda job_k, strategy_k, spec_k, config_k, values: job_k.write(
                     self.graph_item, strategy_k, spec_k, config_k, values, ready.data.inputs,
                     ready.data.targets, ready.data.dataset, ready.data.order),
                 on_new_job=progress.follow)
+            outcome = recovery.run_recovering_remote(
+                job, self.strategy, self.resource_spec,
+                checkpoint_dir=options.checkpoint_dir, **recovering) \
+                if self.launch == "remote" else \
+                recovery.run_recovering(job, self.strategy, self.resource_spec, **recovering)
         else:
             self._jobs.run(job, options.timeout_s, progress.update)
             outcome = recovery.Outcome(job, self.resource_spec)

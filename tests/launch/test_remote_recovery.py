@@ -1,0 +1,173 @@
+"""Recovery across emulated hosts (`fit(..., on_failure="continue")`, ``launch="remote"``).
+
+The chief's side runs in the test process (TF_CONFIG task worker:0, at the
+bridge's address); every other task is an `autodist serve --tf-config` on a
+host of its own (`tests.emulated_hosts`), serving job after job (no
+``--max-jobs``), so that the tasks still alive take the recovery job.
+
+* A worker's host dies (its `autodist serve` and job process killed) mid-run:
+  the survivors go on from the last completed step, B and V kept, and the
+  trained weights equal single-device Keras (no lost update). Epochs wholly
+  after the recovery have the workers' exact losses; the failed job's steps
+  carry the chief's estimate (a served worker's per-step losses stay on its
+  host), checked to 5%.
+* The chief's process is killed: the job restarts from the newest checkpoint
+  on the same served tasks, again to Keras' weights.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import autodist
+from autodist import models
+from autodist.ir.errors import AutodistError
+from autodist.launch.local import free_ports
+from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV
+from autodist.search import builders
+from tests import emulated_hosts, small_mlp
+
+pytestmark = [
+    pytest.mark.cluster,
+    # Until runtime/options.py lets on_failure="continue" run under launch="remote" and
+    # runtime/worker.py leaves a recovery job's lost workers out (the patch in the
+    # remote-recovery report); then remove this mark (strict: a pass fails it).
+    pytest.mark.xfail(strict=True, raises=AutodistError,
+                      reason="needs the options.py / worker.py half of remote recovery"),
+]
+
+TOLERANCE = 2e-5
+SECRET = "the-emulated-cluster-secret-0123456789"
+EXAMPLES, BATCH, EPOCHS = 96, 32, 3
+STEPS_PER_EPOCH = EXAMPLES // BATCH
+
+
+@pytest.fixture
+def secret_file(tmp_path, monkeypatch):
+    path = tmp_path / "secret"
+    path.write_text(SECRET + "\n")
+    monkeypatch.setenv(SECRET_FILE_ENV, str(path))
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    return path
+
+
+def _serve(host: emulated_hosts.EmulatedHost, tmp_path: pathlib.Path, cluster: dict,
+           index: int) -> subprocess.Popen:
+    """`autodist serve --tf-config` (any number of jobs) for worker:`index` on `host`."""
+    home = tmp_path / f"{host.name}-worker{index}"
+    home.mkdir()
+    tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+    with open(home / "serve.log", "wb") as log:
+        return host.popen(
+            [sys.executable, "-m", "autodist.cli", "serve", "--tf-config", "--job-timeout",
+             "120", "--idle-timeout", "60", "--work-dir", str(home / "jobs")],
+            cwd=home, env=dict(os.environ, TF_CONFIG=json.dumps(tf_config)), stdout=log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _after_steps(job_dir: str, steps: int, action, timeout_s: float = 120.0
+                 ) -> threading.Thread:
+    """Runs `action` once the chief has recorded `steps` steps of the first job."""
+    def wait():
+        progress = pathlib.Path(job_dir) / "progress.jsonl"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if progress.exists() and len(progress.read_text().splitlines()) >= steps:
+                action()
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def _remote_run(request, tmp_path, monkeypatch):
+    """Worker:1 and worker:2 served on two hosts, the chief here; (model, run, hosts'
+    serve processes, Keras' reference model and per-epoch losses, data)."""
+    hosts = emulated_hosts.start(request, count=2)
+    ports = free_ports(3)
+    cluster = {"worker": [f"{hosts.chief_address}:{ports[0]}",
+                          f"{hosts[0].address}:{ports[1]}", f"{hosts[1].address}:{ports[2]}"]}
+    servers = [_serve(host, tmp_path, cluster, i + 1) for i, host in enumerate(hosts.hosts)]
+    x, y = small_mlp.data(EXAMPLES)
+    model = small_mlp.mlp()
+    reference = models.single_device_twin(model)
+    keras_losses = reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
+                                 verbose=0).history["loss"]
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
+                                                "task": {"type": "worker", "index": 0}}))
+    spec = autodist.ResourceSpec.from_tf_config()
+    graph_item = autodist.capture(model)
+    strategy = builders.AllReduce().build(graph_item, spec).with_virtual_nodes(BATCH, 4)
+    run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
+                              job_dir=str(tmp_path / "chief"), step_timeout_s=10,
+                              startup_timeout_s=40,
+                              task_step_delay_s={0: 0.2, 1: 0.2, 2: 0.2})
+    return model, run, servers, reference, keras_losses, (x, y)
+
+
+def _check(model, reference, history, keras_losses, exact_epochs) -> None:
+    assert len(history.step_losses) == EPOCHS * STEPS_PER_EPOCH
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+    for epoch, (got, want) in enumerate(zip(history.history["loss"], keras_losses)):
+        if epoch in exact_epochs:
+            assert got == pytest.approx(want, abs=TOLERANCE), epoch
+        else:
+            assert got == pytest.approx(want, rel=5e-2), epoch
+
+
+def test_a_dead_worker_host_loses_no_update(request, tmp_path, monkeypatch, secret_file):
+    """Worker 2's host dies after 4 of 9 steps: the run goes on with workers 0 and 1 from
+    the last completed step, to Keras' weights."""
+    model, run, servers, reference, keras_losses, (x, y) = _remote_run(request, tmp_path,
+                                                                       monkeypatch)
+    killer = _after_steps(str(tmp_path / "chief"), 4,
+                          lambda: os.killpg(servers[1].pid, signal.SIGKILL))
+    history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, on_failure="continue")
+    killer.join(timeout=5)
+    (event,) = history.recoveries
+    assert event.failed_task == 2 and event.workers == 2, event
+    assert 4 <= event.step <= 6, event
+    resumed_epoch = event.step // STEPS_PER_EPOCH + (event.step % STEPS_PER_EPOCH > 0)
+    _check(model, reference, history, keras_losses, range(resumed_epoch, EPOCHS))
+    assert servers[0].poll() is None  # worker 1's serve took the recovery job, and serves on
+
+
+def test_a_killed_chief_restarts_from_the_newest_checkpoint(request, tmp_path, monkeypatch,
+                                                            secret_file):
+    """The chief's process is killed after a checkpoint (every 2 steps): the job starts
+    again from it on the same served workers, to Keras' weights."""
+    from autodist.bench.slowdown import find_task_pid
+
+    model, run, servers, reference, keras_losses, (x, y) = _remote_run(request, tmp_path,
+                                                                       monkeypatch)
+    job_dir = str(tmp_path / "chief")
+    checkpoints = tmp_path / "checkpoints"
+
+    def kill_chief():
+        deadline = time.monotonic() + 60
+        while not (checkpoints / "latest").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(find_task_pid(job_dir, "worker", 0), signal.SIGKILL)
+
+    killer = _after_steps(job_dir, 3, kill_chief)
+    history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, on_failure="continue",
+                      checkpoint_dir=str(checkpoints), checkpoint_every_steps=2)
+    killer.join(timeout=5)
+    (event,) = history.recoveries
+    assert event.failed_task == 0 and event.workers == 3, event
+    assert event.step % 2 == 0 and 2 <= event.step <= 6, event
+    _check(model, reference, history, keras_losses,
+           range(event.step // STEPS_PER_EPOCH + (event.step % STEPS_PER_EPOCH > 0), EPOCHS))
+    assert all(server.poll() is None for server in servers)
