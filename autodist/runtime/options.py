@@ -283,9 +283,9 @@ class FitOptions:
                                 "(validation_data / validation_split)")
 
     def _check_recoverable(self, strategy: Strategy, launch: str) -> None:
-        if self.callbacks or self.resize_at or self.switch_at or launch != "local":
-            raise AutodistError("on_failure='continue' needs a local launch without "
-                                "callbacks, resize_at or switch_at")
+        if self.callbacks or self.resize_at or self.switch_at:
+            raise AutodistError("on_failure='continue' needs a run without callbacks, "
+                                "resize_at or switch_at")
         asynchronous = strategy.asynchronous_shards()
         if asynchronous:
             name, i = asynchronous[0]

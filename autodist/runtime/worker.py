@@ -399,11 +399,13 @@ class Trainer:
     def _finished_counter(self) -> StorageVariable:
         return self.program.storage["autodist/shared/finished"]
 
-    def collect_results(self, own: WorkerResult) -> list[WorkerResult]:
-        """Chief: every worker's result, by task index (the others' from the mailbox)."""
+    def collect_results(self, own: WorkerResult,
+                        absent: frozenset[int] = frozenset()) -> list[WorkerResult]:
+        """Chief: every worker's result but the absent ones', by task index (the others'
+        from the mailbox)."""
         return worker_results.collect_results(
             self.mail, own, self.spec.num_worker_tasks,
-            self.config.step_timeout_s + self.config.startup_timeout_s)
+            self.config.step_timeout_s + self.config.startup_timeout_s, absent)
 
     def _checkpoint_due(self, done: int, last_of_epoch: bool) -> bool:
         if not self.is_chief or not self.config.checkpoint_dir:
@@ -452,6 +454,14 @@ def open_step_data(job: JobDir, config: RunConfig, graph_item: GraphItem, strate
                          strategy.global_batch_size, held_rows=held, task=task)
 
 
+def absent_workers(config: RunConfig, num_workers: int) -> frozenset[int]:
+    """Worker tasks a job leaves out: a recovering remote job's lost workers (its
+    starting membership, `resize_at[0]`, without them; `runtime.recovery`)."""
+    if config.on_failure != "continue" or not config.resize_at or "0" not in config.resize_at:
+        return frozenset()
+    return frozenset(range(num_workers)) - frozenset(config.resize_at["0"])
+
+
 def run_worker(job: JobDir, task_index: int, target: str) -> None:
     """Builds, initializes and trains; the chief writes results and weights.
 
@@ -466,9 +476,11 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
     config = RunConfig.of_job(job)
     mail = Mailboxes(spec.cluster_def(job.ports()), job_id=config.job_id)
     is_chief = task_index == 0
+    absent = absent_workers(config, spec.num_worker_tasks)
+    others = [t for t in mail.tasks if t != CHIEF and not (t[0] == "worker" and t[1] in absent)]
     trainer = None
     try:
-        mail.wait_until_up(mail.tasks, config.startup_timeout_s)
+        mail.wait_until_up([CHIEF] + others, config.startup_timeout_s)
         trainer = Trainer(job, task_index, target, mail)
         trainer.initialize()
         result = trainer.train()
@@ -498,16 +510,16 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
         return
     # First, so that a driver that stopped the job early gets them at once.
     write_weights(job.file("final_weights.npz"), trainer.final_weights())
-    results = trainer.collect_results(result)
+    results = trainer.collect_results(result, absent)
     trainer.reporter.finish(results)
-    for index, worker_result in enumerate(results):
+    present = [t for t in range(spec.num_worker_tasks) if t not in absent]
+    for index, worker_result in zip(present, results):
         atomic_write(job.result(index), worker_result.to_json())
-    for task in mail.tasks:
-        if task != CHIEF:
-            try:
-                mail.send(task, mailbox.DONE, b"done", timeout_s=10.0)
-            except mailbox.MailboxError as e:  # it may be gone already; it times out alone
-                logger.warning("could not tell %s:%d the job is done: %s", *task, e)
-            mail.close([task])   # before it ends (see Mailboxes.close)
+    for task in others:
+        try:
+            mail.send(task, mailbox.DONE, b"done", timeout_s=10.0)
+        except mailbox.MailboxError as e:  # it may be gone already; it times out alone
+            logger.warning("could not tell %s:%d the job is done: %s", *task, e)
+        mail.close([task])   # before it ends (see Mailboxes.close)
     trainer.close()
     mail.close()

@@ -19,23 +19,26 @@ logger = logging.getLogger(__name__)
 
 
 def collect_results(mail: Mailboxes, own: WorkerResult, num_workers: int,
-                    timeout_s: float) -> list[WorkerResult]:
-    """Chief: every worker's result, by task index (the others' from the mailbox).
+                    timeout_s: float, absent: frozenset[int] = frozenset()
+                    ) -> list[WorkerResult]:
+    """Chief: every worker's result but the `absent` ones', by task index (the others'
+    from the mailbox).
 
     Raises:
         WorkerError: a worker failed, or sent nothing within `timeout_s`.
     """
     results: dict[int, WorkerResult] = {0: own}
-    while len(results) < num_workers:
+    expected = [t for t in range(num_workers) if t not in absent]
+    while len(results) < len(expected):
         try:
             message = WorkerMessage.from_json(mail.receive(CHIEF, mailbox.RESULTS, timeout_s))
         except mailbox.MailboxTimeout as e:
-            missing = [t for t in range(num_workers) if t not in results]
+            missing = [t for t in expected if t not in results]
             raise WorkerError(f"workers {missing} sent no result within {timeout_s:g}s "
                               "of the chief's end") from e
         raise_if_error(message)
         results[message.task] = message.result
-    return [results[t] for t in range(num_workers)]
+    return [results[t] for t in expected]
 
 
 def report_failure(mail: Mailboxes, task_index: int) -> None:

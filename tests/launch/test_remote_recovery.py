@@ -30,20 +30,12 @@ import pytest
 
 import autodist
 from autodist import models
-from autodist.ir.errors import AutodistError
 from autodist.launch.local import free_ports
 from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV
 from autodist.search import builders
 from tests import emulated_hosts, small_mlp
 
-pytestmark = [
-    pytest.mark.cluster,
-    # Until runtime/options.py lets on_failure="continue" run under launch="remote" and
-    # runtime/worker.py leaves a recovery job's lost workers out (the patch in the
-    # remote-recovery report); then remove this mark (strict: a pass fails it).
-    pytest.mark.xfail(strict=True, raises=AutodistError,
-                      reason="needs the options.py / worker.py half of remote recovery"),
-]
+pytestmark = pytest.mark.cluster
 
 TOLERANCE = 2e-5
 SECRET = "the-emulated-cluster-secret-0123456789"
