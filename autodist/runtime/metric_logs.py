@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+import tensorflow as tf
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
@@ -33,6 +34,7 @@ class MetricLogs:
                                          unique_names)
 
         self.model = model
+        self._results = None  # the traced `_assign_and_read`, on first use
         names = [t.name for t in graph_item.metric_states]
         self.variables = keras_metric_variables(model) if names else []
         found = unique_names([v.path for v in self.variables])
@@ -48,8 +50,16 @@ class MetricLogs:
         """The logs of metrics whose state is `states` (empty without metrics)."""
         if not self.variables or not states:
             return {}
-        for variable, state in zip(self.variables, states):
-            variable.assign(np.asarray(state, dtype=variable.dtype))
-        results = self.model.get_metrics_result()
+        if self._results is None:
+            # One traced function: assigning each variable and asking each metric
+            # eagerly costs milliseconds, and a progress bar asks every step.
+            self._results = tf.function(self._assign_and_read)
+        results = self._results([tf.convert_to_tensor(np.asarray(state, dtype=variable.dtype))
+                                 for variable, state in zip(self.variables, states)])
         return {name: float(np.asarray(value)) for name, value in results.items()
                 if name != "loss"}
+
+    def _assign_and_read(self, states: list) -> dict[str, Any]:
+        for variable, state in zip(self.variables, states):
+            variable.assign(state)
+        return self.model.get_metrics_result()

@@ -113,6 +113,11 @@ class Progress:
         self.fixed_rate = fixed_rate
         self.learning_rate = learning_rate_of(model)
         self.read_state = read_state
+        # Batch hooks only where a callback implements one: a batch's logs (the
+        # metrics' results from their state, in eager TensorFlow) cost this process
+        # milliseconds a step, taken from the workers' cores.
+        self._batch_hooks = any(_implements(c, hook) for c in self.callbacks.callbacks
+                                for hook in _BATCH_HOOKS)
 
     # ------------------------------------------------------------ the fit
     def begin(self) -> None:
@@ -189,8 +194,9 @@ class Progress:
         self._sum += record.loss * record.examples
         self._count += record.examples
         self._metric_states = add_states(self._metric_states, record.metrics)
-        self._dispatch("on_train_batch_begin", step, {})
-        self._dispatch("on_train_batch_end", step, self._epoch_logs())
+        if self._batch_hooks:
+            self._dispatch("on_train_batch_begin", step, {})
+            self._dispatch("on_train_batch_end", step, self._epoch_logs())
         if self.policies is not None:
             self.policies.step(step_metrics(record, self._noise))
             self._check_stop()
@@ -251,14 +257,19 @@ class Progress:
         """Calls `hook` on every callback. A learning rate a callback sets between
         epochs (`on_train_begin`, `on_epoch_begin`, `on_epoch_end`) is the next epoch's;
         inside an epoch the workers have run ahead, so a change there is refused."""
-        rate = learning_rate_of(self.model)
+        callers = [c for c in self.callbacks.callbacks if _implements(c, hook)]
+        if not callers:
+            self._send_stop_if_asked()
+            return
+        # Keras' own loggers never touch the optimizer: no need to read its rate
+        # (an eager read, twice a hook) around them.
+        watch = any(not isinstance(c, _LOGGERS) for c in callers)
+        rate = learning_rate_of(self.model) if watch else self.learning_rate
         getattr(self.callbacks, hook)(*args)
-        changed = learning_rate_of(self.model)
+        changed = learning_rate_of(self.model) if watch else rate
         if changed != rate:
             # The callbacks that implement this hook (Keras' base class does nothing).
-            names = " or ".join(sorted({
-                type(c).__name__ for c in self.callbacks.callbacks
-                if getattr(type(c), hook) is not getattr(keras.callbacks.Callback, hook)}))
+            names = " or ".join(sorted({type(c).__name__ for c in callers}))
             between_epochs = hook in ("on_train_begin", "on_epoch_begin", "on_epoch_end")
             if not between_epochs or self.fixed_rate is not None:
                 why = f"this run's learning rate is fixed: {self.fixed_rate}" \
@@ -282,6 +293,22 @@ class Progress:
         if self.model.stop_training and not self._stop_sent:
             follow.request_stop(self.job)
             self._stop_sent = True
+
+
+_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+_LOGGERS = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
+
+
+# Keras' base class forwards the training batch hooks to their old names.
+_ALIASES = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_batch_end"}
+
+
+def _implements(callback, hook: str) -> bool:
+    """Whether `callback` implements `hook` (Keras' base class does nothing); a
+    `LambdaCallback` sets its hooks on the instance."""
+    return any(getattr(getattr(callback, name), "__func__", None)
+               is not getattr(keras.callbacks.Callback, name)
+               for name in (hook, _ALIASES.get(hook, hook)))
 
 
 def learning_rate_of(model) -> float | None:
