@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 import time
 from typing import BinaryIO, Callable, Collection
 
@@ -98,13 +99,20 @@ class RemoteCluster:
         chunk_bytes: The size of the chunks a job is sent in (None:
             `chunks.CHUNK_BYTES` when the job is shipped).
         absent: Tasks ("job:index") known to be gone (lost in an earlier
-            job): they are neither shipped the job nor told it failed.
+            job), or that the job does not use: they are neither shipped the
+            job nor told it failed.
+        late: Tasks ("job:index") the job grows onto later (an elastic job's
+            workers outside its starting membership): their slot's
+            `autodist serve` may start after launch. Each gets the job, in
+            the background, as soon as it answers; the chief waits for it
+            when the job grows onto it. A job that fails before a late task
+            was shipped names it.
     """
 
     def __init__(self, job: JobDir, spec: ResourceSpec, *, task_module: str,
                  worker_rows: Callable[[int], np.ndarray], startup_timeout_s: float,
                  secret: bytes | None = None, chunk_bytes: int | None = None,
-                 absent: Collection[str] = ()) -> None:
+                 absent: Collection[str] = (), late: Collection[str] = ()) -> None:
         missing = [f"{n.address} (node {i})" for i, n in enumerate(spec.nodes) if not n.port]
         if missing:
             raise AutodistError(f"launch='remote' needs the port of every node; none for "
@@ -116,7 +124,12 @@ class RemoteCluster:
         self.startup_timeout_s = startup_timeout_s
         self.chunk_bytes = chunk_bytes
         self.absent = frozenset(absent)
+        self.late = frozenset(late) - self.absent
         self._chief_code: int | None = None
+        self._stopping = threading.Event()
+        self._joiners: list[threading.Thread] = []
+        self._shipped: set[str] = set()
+        self._late_errors: dict[str, BaseException] = {}
         self.chief = LocalCluster(job, spec, task_module=task_module, nodes=[spec.chief_index],
                                   port_retries=0)
 
@@ -135,9 +148,52 @@ class RemoteCluster:
             self.abort()
 
     def start(self) -> None:
-        """Ships every other task its job, then starts the chief here."""
+        """Ships every other task but the late ones its job, then starts the chief here
+        and ships the late ones theirs as they come."""
         self.ship()
         self.chief.start()
+        for name in sorted(self.late):
+            thread = threading.Thread(target=self._ship_when_served, args=(name,),
+                                      name=f"autodist-ship-{name}", daemon=True)
+            thread.start()
+            self._joiners.append(thread)
+
+    def _ship_when_served(self, name: str) -> None:
+        """Waits (until the job ends) for late task `name` to answer, then ships its job."""
+        job, _, index = name.partition(":")
+        task = (job, int(index))
+        mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.settings().job_id)
+        try:
+            while not mailbox.accepts(mail.address(task)):
+                if self._stopping.wait(_RETRY_S):
+                    return
+            logger.info("late task %s answers at %s: shipping its job", name,
+                        mail.address(task))
+            with tempfile.TemporaryFile(dir=self.job.path) as archive:
+                self._pack(task, archive)
+                self._ship_one(mail, task, archive)
+            self._shipped.add(name)
+        except (AutodistError, OSError) as e:  # reported when the job fails (`unshipped`)
+            logger.warning("could not ship late task %s its job: %s", name, e)
+            self._late_errors[name] = e
+        finally:
+            mail.close()
+
+    def unshipped(self, error: TaskFailedError) -> TaskFailedError:
+        """After a failed job: what a late task that never got its job says (its shipping
+        error, or that nothing served its slot), else `error`."""
+        for name in sorted(self.late - self._shipped):
+            late_error = self._late_errors.get(name)
+            if isinstance(late_error, TaskFailedError):
+                return late_error
+            address = self.address(name)
+            reason = (f"shipping it failed: {late_error}" if late_error is not None else
+                      "nothing served its slot (start `autodist serve --tf-config` there, "
+                      "with the cluster's TF_CONFIG and secret)")
+            return TaskFailedError(f"task {name} at {address} was to join the job but never "
+                                   f"got it: {reason}. The job failed with: {error}",
+                                   name, address)
+        return error
 
     def ship(self) -> None:
         """Sends each other task its job, in chunks into its job mailbox, and reads its receipt.
@@ -159,6 +215,8 @@ class RemoteCluster:
         mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.settings().job_id)
         try:
             for task in self._others(mail):
+                if mailbox.task_name(task) in self.late:
+                    continue   # shipped once it answers (`start`)
                 # Private: in the job directory (0700), created 0600 and unlinked at once.
                 with tempfile.TemporaryFile(dir=self.job.path) as archive:
                     self._pack(task, archive)
@@ -250,6 +308,9 @@ class RemoteCluster:
         mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.settings().job_id)
         try:
             for task in self._others(mail):
+                name = mailbox.task_name(task)
+                if name in self.late and name not in self._shipped:
+                    continue   # it has no job: nothing to stop there
                 if mailbox.accepts(mail.address(task)):
                     try:
                         mail.send(task, mailbox.ABORT, b"abort", timeout_s)
@@ -316,8 +377,11 @@ class RemoteCluster:
     def wait_workers(self, timeout_s: float, on_poll=None) -> None:
         try:
             self.chief.wait_workers(timeout_s, on_poll=on_poll)
-        except TaskFailedError:
+        except TaskFailedError as error:
             self._chief_code = self.chief.wait_exit("worker", 0, 0.0)  # before `stop`
+            failure = self.unshipped(error)
+            if failure is not error:
+                raise failure from error
             raise
 
     def wait_exit(self, job: str, index: int, timeout_s: float) -> int | None:
@@ -326,5 +390,8 @@ class RemoteCluster:
         return self.chief.wait_exit(job, index, timeout_s)
 
     def stop(self, grace_s: float = 5.0) -> None:
+        self._stopping.set()
         self.chief.stop(grace_s)
+        for thread in self._joiners:   # a shipment in flight ends within its own bounds
+            thread.join(timeout=grace_s)
 

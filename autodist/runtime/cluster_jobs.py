@@ -22,6 +22,7 @@ from autodist.launch.job import JobDir
 from autodist.launch.local import LocalCluster
 from autodist.launch.remote import RemoteCluster
 from autodist.runtime import batching, recovery
+from autodist.runtime.elastic import scheduled_tasks
 from autodist.runtime.entry import TASK_MODULE
 from autodist.runtime.run_config import RunConfig
 
@@ -91,10 +92,14 @@ class ClusterJobs:
         self._run(job, cluster, timeout_s, on_poll)
 
     def _remote(self, job: JobDir, spec: ResourceSpec, absent: Collection[str]) -> RemoteCluster:
+        """The remote cluster of `job`: workers that no segment includes are left out, and
+        those it grows onto later are shipped the job once their slot is served."""
+        schedule = scheduled_tasks(RunConfig.of_job(job), spec.num_worker_tasks)
         return RemoteCluster(job, spec, task_module=TASK_MODULE,
                              worker_rows=lambda task: rows_read_by(job, task),
                              startup_timeout_s=self.startup_timeout_s, secret=self.secret,
-                             absent=absent)
+                             absent=set(absent) | {f"worker:{t}" for t in schedule.absent},
+                             late=[f"worker:{t}" for t in schedule.late])
 
     def _run(self, job: JobDir, cluster: LocalCluster | RemoteCluster, timeout_s: float,
              on_poll: Callable[[], object]) -> None:

@@ -30,6 +30,7 @@ from autodist.ir.device_names import DeviceName, TaskName
 from autodist.ir.errors import AutodistError, short_repr
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy, is_asynchronous
+from autodist.runtime.run_config import RunConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,3 +238,58 @@ def replica_task(device: str) -> int:
         DeviceNameError: `device` is not a device name.
     """
     return DeviceName.parse(device).index
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSchedule:
+    """Which worker tasks a scheduled elastic run (`resize_at`, nobody following) needs
+    when.
+
+    Attributes:
+        start: The starting members (they and the PS tasks meet at launch).
+        late: Tasks that join only at a later resize: nobody waits for them
+            at launch; under launch="remote" their slot may be served later
+            (the driver ships them the job once it answers) and the chief
+            waits for them when the run grows onto them.
+        absent: Tasks no segment includes: they take no part (not shipped,
+            not waited for, no results).
+        released: Tasks that leave for good before the last segment: they
+            end (their `autodist serve` is free again) once they left.
+    """
+
+    start: tuple[int, ...]
+    late: frozenset[int] = frozenset()
+    absent: frozenset[int] = frozenset()
+    released: frozenset[int] = frozenset()
+
+
+def task_schedule(resize_at: Mapping | None, max_workers: int) -> TaskSchedule:
+    """The `TaskSchedule` of a run resized at the steps of `resize_at` (keys may be
+    strings, as in a RunConfig); without one every task runs every step.
+
+    Raises:
+        AutodistError: a bad size or members (`members_for`).
+    """
+    members = tuple(range(max_workers))
+    if not resize_at:
+        return TaskSchedule(members)
+    memberships = []
+    for step, workers in sorted((int(k), v) for k, v in resize_at.items()):
+        members = members_for(members, workers, max_workers, f"resize_at[{step}]")
+        memberships.append(members)
+    if min(int(k) for k in resize_at) != 0:
+        memberships.insert(0, tuple(range(max_workers)))
+    start = memberships[0]
+    ever = set().union(*memberships)
+    return TaskSchedule(
+        start=start, late=frozenset(ever - set(start)),
+        absent=frozenset(range(max_workers)) - ever,
+        released=frozenset(ever - set(memberships[-1])))
+
+
+def scheduled_tasks(config: RunConfig, num_workers: int) -> TaskSchedule:
+    """Which tasks the run of `config` needs when. A followed run may
+    grow onto any task at any step: every task starts at launch and stays to the end."""
+    if config.follow_steps:
+        return TaskSchedule(tuple(range(num_workers)))
+    return task_schedule(config.resize_at, num_workers)

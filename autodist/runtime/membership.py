@@ -16,7 +16,7 @@ from autodist.launch.mailbox import Mailboxes
 from autodist.runtime.elastic import Segment
 from autodist.runtime.follow import CHIEF
 from autodist.runtime.trained_values import TrainedValues, pack, unpack
-from autodist.runtime.worker_session import ProgramSession
+from autodist.runtime.worker_session import ProgramSession, WorkerError
 
 
 class Membership:
@@ -87,9 +87,32 @@ def hand_over(task: ProgramSession, values: TrainedValues, mail: Mailboxes, is_c
         snapshot.update(unpack(mail.receive(CHIEF, mailbox.STATE_UP, timeout_s)))
     snapshot.update(values.handed_over())
     message = pack(snapshot)
+    wait_for_joiners(mail, [t for t in following.members if not segment.has(t)],
+                     following.start, timeout_s)
     for task_index in following.members[1:]:
         mail.send(("worker", task_index), mailbox.STATE, message, timeout_s)
     return snapshot
+
+
+def wait_for_joiners(mail: Mailboxes, joiners: list[int], step: int, timeout_s: float) -> None:
+    """Chief: waits until the tasks the run grows onto at `step` answer. A task that
+    was not a member before may have no process yet: under launch="remote" its slot's
+    `autodist serve` may start after launch, and gets the job once it answers.
+
+    Raises:
+        WorkerError: naming the first task that did not answer within `timeout_s`,
+            and its address.
+    """
+    for task_index in joiners:
+        task = ("worker", task_index)
+        try:
+            mail.wait_until_up([task], timeout_s)
+        except mailbox.MailboxError as e:
+            raise WorkerError(
+                f"worker task {task_index} at {mail.address(task)} did not join the run at "
+                f"step {step} within {timeout_s:g}s: nothing served its slot (start "
+                "`autodist serve --tf-config` there, with the cluster's TF_CONFIG and "
+                f"secret). {e}") from e
 
 
 def receive_snapshot(mail: Mailboxes, task_index: int, timeout_s: float,

@@ -160,6 +160,8 @@ class Trainer:
         self.values: TrainedValues | None = None
         self._snapshot: dict[str, np.ndarray] | None = None
         self._handover_start = 0.0
+        # Chief: the tasks it released when they left for good (told they are done).
+        self.released: set[int] = set()
         self.next_index = self.config.start_step  # the first step not yet completed
         self.segment = self.membership.segment_at(self.config.start_step)
         if self.segment.has(task_index):
@@ -355,6 +357,21 @@ class Trainer:
             self.session = None
             return
         self._snapshot = snapshot
+        if not self.config.follow_steps:   # a followed run may grow onto any task again
+            self._release([t for t in segment.members if not following.has(t) and not any(
+                s.has(t) for s in self.segments if s.start > following.start)])
+
+    def _release(self, tasks: list[int]) -> None:
+        """Chief: tasks that left for good are done: they send their results and end, so
+        that their host (its `autodist serve`) is free for another job."""
+        for task_index in tasks:
+            task = ("worker", task_index)
+            try:
+                self.mail.send(task, mailbox.DONE, b"done", timeout_s=10.0)
+            except mailbox.MailboxError as e:   # it ends when the job's timeout does
+                logger.warning("could not release worker task %d: %s", task_index, e)
+            self.mail.close([task])   # before it ends (see Mailboxes.close)
+            self.released.add(task_index)
 
     def _enter(self, segment: elastic.Segment, log: StepLog) -> None:
         """Joins `segment`: new program and session, state from the chief."""
@@ -455,11 +472,10 @@ def open_step_data(job: JobDir, config: RunConfig, graph_item: GraphItem, strate
 
 
 def absent_workers(config: RunConfig, num_workers: int) -> frozenset[int]:
-    """Worker tasks a job leaves out: a recovering remote job's lost workers (its
-    starting membership, `resize_at[0]`, without them; `runtime.recovery`)."""
-    if config.on_failure != "continue" or not config.resize_at or "0" not in config.resize_at:
-        return frozenset()
-    return frozenset(range(num_workers)) - frozenset(config.resize_at["0"])
+    """Worker tasks a job leaves out: those no segment of a scheduled run includes (a
+    recovering remote job's lost workers among them: its starting membership,
+    `resize_at[0]`, is the survivors; `runtime.recovery`)."""
+    return elastic.scheduled_tasks(config, num_workers).absent
 
 
 def run_worker(job: JobDir, task_index: int, target: str) -> None:
@@ -476,11 +492,18 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
     config = RunConfig.of_job(job)
     mail = Mailboxes(spec.cluster_def(job.ports()), job_id=config.job_id)
     is_chief = task_index == 0
-    absent = absent_workers(config, spec.num_worker_tasks)
+    schedule = elastic.scheduled_tasks(config, spec.num_worker_tasks)
+    absent = schedule.absent
+    if task_index in absent:
+        return   # no segment includes it: nothing to do (a local launch starts it anyway)
     others = [t for t in mail.tasks if t != CHIEF and not (t[0] == "worker" and t[1] in absent)]
     trainer = None
     try:
-        mail.wait_until_up([CHIEF] + others, config.startup_timeout_s)
+        # Tasks that join later may not be served yet: the chief waits for each when
+        # the run grows onto it (`membership.hand_over`).
+        mail.wait_until_up([CHIEF] + [t for t in others if t[0] != "worker"
+                                      or t[1] not in schedule.late or t[1] == task_index],
+                           config.startup_timeout_s)
         trainer = Trainer(job, task_index, target, mail)
         trainer.initialize()
         result = trainer.train()
@@ -516,6 +539,8 @@ def run_worker(job: JobDir, task_index: int, target: str) -> None:
     for index, worker_result in zip(present, results):
         atomic_write(job.result(index), worker_result.to_json())
     for task in others:
+        if task[0] == "worker" and task[1] in trainer.released:
+            continue   # told at its leave, and gone
         try:
             mail.send(task, mailbox.DONE, b"done", timeout_s=10.0)
         except mailbox.MailboxError as e:  # it may be gone already; it times out alone
