@@ -24,6 +24,10 @@ receipt (accepted, or why not), so a wrong or missing secret fails `fit` at
 once with the task's reason (read between chunks: a rejected job is not sent
 to its end).
 
+An elastic job may grow onto tasks that are not served at launch (`late`):
+each is shipped its job in the background once its slot answers, and the
+chief waits for it when the job grows onto it.
+
 A job that failed leaves its other tasks free for the next one: workers end
 with the failed step, the others when told (`RemoteCluster.abort`), and each
 `autodist serve` starts a fresh process for the next job. A task whose host

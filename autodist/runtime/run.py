@@ -205,10 +205,15 @@ class DistributedRun:
                 rebuild their programs in place (no process restarts, no
                 disk) and continue from the chief's state; the strategy
                 needs virtual nodes (B and V stay fixed, so the run follows
-                the fixed-size trajectory) and synchronous updates. Every
-                worker's process starts at launch and idles while it is not
-                a member. See `autodist.runtime.elastic`. With callbacks,
-                only step 0 (the starting size) may be given.
+                the fixed-size trajectory) and synchronous updates. A
+                worker outside the starting membership is waited for only
+                when the run grows onto it (under launch="remote" its slot's
+                `autodist serve` may start after launch: it gets the job
+                once it answers); one that leaves for good ends at its
+                leave; one no step includes takes no part. See
+                `autodist.runtime.elastic` and docs/elastic.md. With
+                callbacks, only step 0 (the starting size) may be given,
+                and every worker takes part from launch.
             elastic: Allow `resize(workers)` and `replan(strategy)` while this fit
                 runs, from a callback (a policy): the workers meet the new
                 membership one step ahead of the chief. Needs callbacks;
