@@ -20,6 +20,7 @@ import pytest
 
 import autodist
 from autodist import models
+from autodist.adapt.policy_interface import Policy
 from autodist.launch.local import free_ports
 from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV
 from autodist.search import builders
@@ -234,6 +235,51 @@ def test_elastic_resizing_across_hosts_trains_like_keras(request, tmp_path, monk
     history = run.fit(x, y, epochs=3, verbose=0, shuffle=False, resize_at={0: 2, 3: 3, 6: 1})
 
     assert [(r.step, r.members) for r in history.resizes] == [(3, (0, 1, 2)), (6, (0,))]
+    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=0,
+                               atol=TOLERANCE)
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+    _check_served(servers)
+
+
+class _ResizeAt(Policy):
+    """A policy that asks for `workers` workers once step `step` has ended."""
+
+    def __init__(self, step: int, workers: int) -> None:
+        self.step, self.workers = step, workers
+
+    def on_step_end(self, metrics, control) -> None:
+        if metrics.step == self.step:
+            control.resize(self.workers, reason="test")
+
+
+def test_a_policy_resizes_across_hosts_and_trains_like_keras(request, tmp_path, monkeypatch,
+                                                             secret_file):
+    """The same cluster, grown 2 -> 3 workers by a policy the driver runs (a followed run:
+    the chief waits for the driver's decisions), then shrunk to 2: equal to single-device
+    Keras."""
+    hosts = emulated_hosts.start(request, count=2, mbit={1: CAP_MBIT})
+    tasks = [("worker", 1), ("worker", 2)]
+    cluster = _cluster(hosts, tasks)
+    servers = [_serve_on(host, tmp_path, cluster, kind, index)
+               for host, (kind, index) in zip(hosts.hosts, tasks)]
+
+    x, y = small_mlp.data(96)
+    model = small_mlp.mlp()
+    reference = models.single_device_twin(model)
+    expected = reference.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0)
+
+    monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+    spec = autodist.ResourceSpec.from_tf_config()
+    graph_item = autodist.capture(model)
+    strategy = builders.AllReduce().build(graph_item, spec).with_virtual_nodes(32, 4)
+    run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
+                              job_dir=str(tmp_path / "chief"))
+    history = run.fit(x, y, epochs=3, verbose=0, shuffle=False, resize_at={0: 2},
+                      policies=[_ResizeAt(2, 3), _ResizeAt(5, 2)])
+
+    grown = [r for r in history.resizes if len(r.members) == 3]
+    assert grown and [a.action for a in history.actions].count("resize") == 2, history.actions
     np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=0,
                                atol=TOLERANCE)
     for got, want in zip(model.get_weights(), reference.get_weights()):
