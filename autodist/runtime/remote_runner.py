@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from autodist.ir.errors import UnknownArgumentError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.launch import mailbox, signing
 from autodist.launch.tf_config import check_this_is_the_chief
@@ -57,7 +58,8 @@ class RemoteRunner(LocalRunner):
     def __init__(self, model, resource_spec: ResourceSpec, *, secret_file: str | None = None,
                  **options: Any) -> None:
         if "allow_exposed" in options:
-            raise TypeError("RemoteRunner takes no allow_exposed (it is for local clusters)")
+            raise UnknownArgumentError("RemoteRunner takes no allow_exposed (it is for "
+                                       "local clusters)")
         if options.get("launch") is None:
             check_this_is_the_chief(resource_spec)
             signing.load_secret(secret_file)   # unreadable: said now, not per launch
