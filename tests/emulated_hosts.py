@@ -33,13 +33,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
+import pathlib
 import re
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pytest
 
@@ -303,3 +307,62 @@ def start(request: pytest.FixtureRequest, count: int,
         pytest.skip(f"no emulated hosts here: {e}")
     request.addfinalizer(hosts.close)
     return hosts
+
+
+# ------------------------------------------------------------- a cluster on the hosts
+def tf_config(cluster: Mapping[str, list[str]], kind: str, index: int) -> str:
+    """TF_CONFIG naming task kind:index of `cluster`."""
+    return json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
+
+
+def cluster_on(hosts: EmulatedHosts, tasks: Sequence[tuple[str, int]]) -> dict[str, list[str]]:
+    """TF_CONFIG's cluster: worker:0 (the test process) at the bridge, task i of `tasks`
+    on host i, each at a free port."""
+    from autodist.launch.local import free_ports
+
+    ports = free_ports(len(tasks) + 1)
+    cluster: dict[str, list[str]] = {"worker": [f"{hosts.chief_address}:{ports[0]}"]}
+    for (kind, _), host, port in zip(tasks, hosts.hosts, ports[1:]):
+        cluster.setdefault(kind, []).append(f"{host.address}:{port}")
+    return cluster
+
+
+def serve(host: EmulatedHost, tmp_path: pathlib.Path, cluster: Mapping[str, list[str]],
+          kind: str, index: int, max_jobs: int | None = 1, *extra: str
+          ) -> tuple[subprocess.Popen, pathlib.Path]:
+    """`autodist serve --tf-config [--max-jobs N]` for task kind:index on `host`, in its
+    own empty directory (its job arrives over TensorFlow); (process, its log's path).
+
+    Args:
+        max_jobs: Jobs it serves before it ends; None: any number.
+        extra: More `autodist serve` options.
+    """
+    home = tmp_path / f"{host.name}-{kind}{index}"
+    home.mkdir()
+    log_path = home / "serve.log"
+    jobs = [] if max_jobs is None else ["--max-jobs", str(max_jobs)]
+    with open(log_path, "wb") as log:
+        process = host.popen(
+            [sys.executable, "-m", "autodist.cli", "serve", "--tf-config", *jobs,
+             "--job-timeout", "120", *extra, "--work-dir", str(home / "jobs")],
+            cwd=home, env=dict(os.environ, TF_CONFIG=tf_config(cluster, kind, index)),
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return process, log_path
+
+
+def after_steps(job_dir: str | os.PathLike, steps: int, action: Callable[[], object],
+                timeout_s: float = 120.0) -> threading.Thread:
+    """Runs `action` (in a daemon thread) once the chief of the job in `job_dir` has
+    recorded `steps` steps in its progress file; gives up after `timeout_s`."""
+    def wait() -> None:
+        progress = pathlib.Path(job_dir) / "progress.jsonl"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if progress.exists() and len(progress.read_text().splitlines()) >= steps:
+                action()
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread

@@ -8,7 +8,6 @@ the chief's side runs in the test process, at the bridge's address
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -21,15 +20,12 @@ import pytest
 import autodist
 from autodist import models
 from autodist.adapt.policy_interface import Policy
-from autodist.launch.local import free_ports
-from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV
 from autodist.search import builders
 from tests import emulated_hosts, small_mlp
 
 pytestmark = pytest.mark.cluster
 
 TOLERANCE = 2e-5
-SECRET = "the-emulated-cluster-secret-0123456789"
 CAP_MBIT = 40
 
 # Inside a host: listens on its address, prints the port, then reads to EOF and answers "k".
@@ -129,44 +125,6 @@ def test_a_capped_host_receives_at_its_cap_and_close_removes_everything(request)
 
 
 # ------------------------------------------------------------ training across hosts
-@pytest.fixture
-def secret_file(tmp_path, monkeypatch):
-    """The cluster's secret, mounted as a file, for every task."""
-    path = tmp_path / "secret"
-    path.write_text(SECRET + "\n")
-    monkeypatch.setenv(SECRET_FILE_ENV, str(path))
-    monkeypatch.delenv(SECRET_ENV, raising=False)
-    return path
-
-
-def _tf_config(cluster: dict, kind: str, index: int) -> str:
-    return json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
-
-
-def _serve_on(host: emulated_hosts.EmulatedHost, tmp_path, cluster: dict, kind: str,
-              index: int) -> tuple[subprocess.Popen, object]:
-    """`autodist serve --tf-config --max-jobs 1` for task kind:index on `host`; (process, log)."""
-    home = tmp_path / f"{host.name}-{kind}{index}"
-    home.mkdir()
-    env = dict(os.environ, TF_CONFIG=_tf_config(cluster, kind, index))
-    log_path = home / "serve.log"
-    with open(log_path, "wb") as log:
-        process = host.popen(
-            [sys.executable, "-m", "autodist.cli", "serve", "--tf-config", "--max-jobs", "1",
-             "--job-timeout", "120", "--work-dir", str(home / "jobs")],
-            cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    return process, log_path
-
-
-def _cluster(hosts: emulated_hosts.EmulatedHosts, tasks: list[tuple[str, int]]) -> dict:
-    """TF_CONFIG's cluster: worker:0 at the bridge, task i of `tasks` on host i."""
-    ports = free_ports(len(tasks) + 1)
-    cluster: dict[str, list[str]] = {"worker": [f"{hosts.chief_address}:{ports[0]}"]}
-    for (kind, _), host, port in zip(tasks, hosts.hosts, ports[1:]):
-        cluster.setdefault(kind, []).append(f"{host.address}:{port}")
-    return cluster
-
-
 def _check_served(servers) -> None:
     for process, log in servers:  # each served its one job and ended cleanly
         assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
@@ -180,8 +138,8 @@ def test_remote_launch_across_hosts_trains_like_keras(request, tmp_path, monkeyp
     equal single-device Keras."""
     hosts = emulated_hosts.start(request, count=2, mbit={1: CAP_MBIT})
     tasks = [("worker", 1), ("ps", 0)]
-    cluster = _cluster(hosts, tasks)
-    servers = [_serve_on(host, tmp_path, cluster, kind, index)
+    cluster = emulated_hosts.cluster_on(hosts, tasks)
+    servers = [emulated_hosts.serve(host, tmp_path, cluster, kind, index)
                for host, (kind, index) in zip(hosts.hosts, tasks)]
 
     model = models.embedding_model(num_users=50, num_items=71, dim=8, optimizer="adam")
@@ -192,7 +150,7 @@ def test_remote_launch_across_hosts_trains_like_keras(request, tmp_path, monkeyp
     reference = models.single_device_twin(model)
     expected = reference.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
 
-    monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+    monkeypatch.setenv("TF_CONFIG", emulated_hosts.tf_config(cluster, "worker", 0))
     spec = autodist.ResourceSpec.from_tf_config()
     graph_item = autodist.capture(model)
     strategy = builders.Parallax(min_shard_bytes=64).build(graph_item, spec)
@@ -210,15 +168,14 @@ def test_remote_launch_across_hosts_trains_like_keras(request, tmp_path, monkeyp
     assert all(sent > 0 for sent in hosts[1].shaped_bytes())  # the PS's traffic was capped
 
 
-def test_elastic_resizing_across_hosts_trains_like_keras(request, tmp_path, monkeypatch,
-                                                         secret_file):
+def _resizable_run(request, tmp_path, monkeypatch):
     """worker:1 on host0, worker:2 on host1 (capped), the chief here; all-reduce with 4
-    virtual nodes resized 2 -> 3 -> 1 workers: weights and per-epoch losses equal
-    single-device Keras with batch 32."""
+    virtual nodes (global batch 32) on a small MLP; (run, x, y, and a check that the run's
+    model equals single-device Keras and each host served its one job)."""
     hosts = emulated_hosts.start(request, count=2, mbit={1: CAP_MBIT})
     tasks = [("worker", 1), ("worker", 2)]
-    cluster = _cluster(hosts, tasks)
-    servers = [_serve_on(host, tmp_path, cluster, kind, index)
+    cluster = emulated_hosts.cluster_on(hosts, tasks)
+    servers = [emulated_hosts.serve(host, tmp_path, cluster, kind, index)
                for host, (kind, index) in zip(hosts.hosts, tasks)]
 
     x, y = small_mlp.data(96)
@@ -226,20 +183,33 @@ def test_elastic_resizing_across_hosts_trains_like_keras(request, tmp_path, monk
     reference = models.single_device_twin(model)
     expected = reference.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0)
 
-    monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+    monkeypatch.setenv("TF_CONFIG", emulated_hosts.tf_config(cluster, "worker", 0))
     spec = autodist.ResourceSpec.from_tf_config()
     graph_item = autodist.capture(model)
     strategy = builders.AllReduce().build(graph_item, spec).with_virtual_nodes(32, 4)
     run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
                               job_dir=str(tmp_path / "chief"))
+
+    def check(history) -> None:
+        np.testing.assert_allclose(history.history["loss"], expected.history["loss"],
+                                   rtol=0, atol=TOLERANCE)
+        for got, want in zip(model.get_weights(), reference.get_weights()):
+            np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+        _check_served(servers)
+
+    return run, x, y, check
+
+
+def test_elastic_resizing_across_hosts_trains_like_keras(request, tmp_path, monkeypatch,
+                                                         secret_file):
+    """worker:1 on host0, worker:2 on host1 (capped), the chief here; all-reduce with 4
+    virtual nodes resized 2 -> 3 -> 1 workers: weights and per-epoch losses equal
+    single-device Keras with batch 32."""
+    run, x, y, check = _resizable_run(request, tmp_path, monkeypatch)
     history = run.fit(x, y, epochs=3, verbose=0, shuffle=False, resize_at={0: 2, 3: 3, 6: 1})
 
     assert [(r.step, r.members) for r in history.resizes] == [(3, (0, 1, 2)), (6, (0,))]
-    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=0,
-                               atol=TOLERANCE)
-    for got, want in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
-    _check_served(servers)
+    check(history)
 
 
 class _ResizeAt(Policy):
@@ -258,30 +228,10 @@ def test_a_policy_resizes_across_hosts_and_trains_like_keras(request, tmp_path, 
     """The same cluster, grown 2 -> 3 workers by a policy the driver runs (a followed run:
     the chief waits for the driver's decisions), then shrunk to 2: equal to single-device
     Keras."""
-    hosts = emulated_hosts.start(request, count=2, mbit={1: CAP_MBIT})
-    tasks = [("worker", 1), ("worker", 2)]
-    cluster = _cluster(hosts, tasks)
-    servers = [_serve_on(host, tmp_path, cluster, kind, index)
-               for host, (kind, index) in zip(hosts.hosts, tasks)]
-
-    x, y = small_mlp.data(96)
-    model = small_mlp.mlp()
-    reference = models.single_device_twin(model)
-    expected = reference.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0)
-
-    monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
-    spec = autodist.ResourceSpec.from_tf_config()
-    graph_item = autodist.capture(model)
-    strategy = builders.AllReduce().build(graph_item, spec).with_virtual_nodes(32, 4)
-    run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
-                              job_dir=str(tmp_path / "chief"))
+    run, x, y, check = _resizable_run(request, tmp_path, monkeypatch)
     history = run.fit(x, y, epochs=3, verbose=0, shuffle=False, resize_at={0: 2},
                       policies=[_ResizeAt(2, 3), _ResizeAt(5, 2)])
 
     grown = [r for r in history.resizes if len(r.members) == 3]
     assert grown and [a.action for a in history.actions].count("resize") == 2, history.actions
-    np.testing.assert_allclose(history.history["loss"], expected.history["loss"], rtol=0,
-                               atol=TOLERANCE)
-    for got, want in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
-    _check_served(servers)
+    check(history)

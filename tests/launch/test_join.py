@@ -11,12 +11,8 @@ it: worker 2 is released, and its `autodist serve` (one job) ends.
 """
 from __future__ import annotations
 
-import json
-import os
 import pathlib
 import subprocess
-import sys
-import threading
 import time
 
 import numpy as np
@@ -25,69 +21,17 @@ import pytest
 import autodist
 from autodist import models
 from autodist.launch.errors import TaskFailedError
-from autodist.launch.local import free_ports
-from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV
 from autodist.search import builders
 from tests import emulated_hosts, small_mlp
 
 pytestmark = pytest.mark.cluster
 
 TOLERANCE = 2e-5
-SECRET = "the-emulated-cluster-secret-0123456789"
 EXAMPLES, BATCH, EPOCHS = 96, 32, 3
 
 
-@pytest.fixture
-def secret_file(tmp_path, monkeypatch):
-    path = tmp_path / "secret"
-    path.write_text(SECRET + "\n")
-    monkeypatch.setenv(SECRET_FILE_ENV, str(path))
-    monkeypatch.delenv(SECRET_ENV, raising=False)
-    return path
-
-
-def _serve(host: emulated_hosts.EmulatedHost, tmp_path: pathlib.Path, cluster: dict,
-           index: int) -> tuple[subprocess.Popen, pathlib.Path]:
-    """`autodist serve --tf-config --max-jobs 1` for worker:`index` on `host`; (process,
-    log)."""
-    home = tmp_path / f"{host.name}-worker{index}"
-    home.mkdir()
-    tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-    log_path = home / "serve.log"
-    with open(log_path, "wb") as log:
-        process = host.popen(
-            [sys.executable, "-m", "autodist.cli", "serve", "--tf-config", "--max-jobs", "1",
-             "--job-timeout", "120", "--work-dir", str(home / "jobs")],
-            cwd=home, env=dict(os.environ, TF_CONFIG=json.dumps(tf_config)), stdout=log,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    return process, log_path
-
-
-def _after_steps(job_dir: pathlib.Path, steps: int, action) -> threading.Thread:
-    """Runs `action` once the chief has recorded `steps` steps."""
-    def wait():
-        progress = job_dir / "progress.jsonl"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if progress.exists() and len(progress.read_text().splitlines()) >= steps:
-                action()
-                return
-            time.sleep(0.01)
-
-    thread = threading.Thread(target=wait, daemon=True)
-    thread.start()
-    return thread
-
-
-def _cluster(hosts: emulated_hosts.EmulatedHosts) -> dict:
-    ports = free_ports(3)
-    return {"worker": [f"{hosts.chief_address}:{ports[0]}",
-                       f"{hosts[0].address}:{ports[1]}", f"{hosts[1].address}:{ports[2]}"]}
-
-
 def _run(model, cluster: dict, tmp_path: pathlib.Path, monkeypatch, **timeouts):
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
-                                                "task": {"type": "worker", "index": 0}}))
+    monkeypatch.setenv("TF_CONFIG", emulated_hosts.tf_config(cluster, "worker", 0))
     spec = autodist.ResourceSpec.from_tf_config()
     graph_item = autodist.capture(model)
     strategy = builders.AllReduce().build(graph_item, spec).with_virtual_nodes(BATCH, 4)
@@ -100,8 +44,8 @@ def test_a_job_grows_onto_a_host_served_after_launch_and_shrinks_off_it(
     """Workers 0 and 1, then 0, 1 and 2 from step 3 (worker 2's serve started after step
     2), then 0 and 1 from step 6: weights and per-epoch losses equal single-device Keras."""
     hosts = emulated_hosts.start(request, count=2)
-    cluster = _cluster(hosts)
-    first = _serve(hosts[0], tmp_path, cluster, 1)
+    cluster = emulated_hosts.cluster_on(hosts, [("worker", 1), ("worker", 2)])
+    first = emulated_hosts.serve(hosts[0], tmp_path, cluster, "worker", 1)
     late: list[tuple[subprocess.Popen, pathlib.Path]] = []
     x, y = small_mlp.data(EXAMPLES)
     model = small_mlp.mlp()
@@ -110,8 +54,8 @@ def test_a_job_grows_onto_a_host_served_after_launch_and_shrinks_off_it(
     run = _run(model, cluster, tmp_path, monkeypatch, step_timeout_s=20,
                startup_timeout_s=60)
 
-    starter = _after_steps(tmp_path / "chief", 2,
-                           lambda: late.append(_serve(hosts[1], tmp_path, cluster, 2)))
+    starter = emulated_hosts.after_steps(tmp_path / "chief", 2, lambda: late.append(
+        emulated_hosts.serve(hosts[1], tmp_path, cluster, "worker", 2)))
     history = run.fit(x, y, epochs=EPOCHS, verbose=0, shuffle=False,
                       resize_at={0: [0, 1], 3: [0, 1, 2], 6: [0, 1]})
     starter.join(timeout=5)
@@ -132,8 +76,8 @@ def test_a_late_slot_never_served_fails_naming_it(request, tmp_path, monkeypatch
     """The job grows onto worker 2 at step 3, but nothing ever serves its slot: fit fails
     within the bounds, naming the slot and its address."""
     hosts = emulated_hosts.start(request, count=2)
-    cluster = _cluster(hosts)
-    first = _serve(hosts[0], tmp_path, cluster, 1)
+    cluster = emulated_hosts.cluster_on(hosts, [("worker", 1), ("worker", 2)])
+    first = emulated_hosts.serve(hosts[0], tmp_path, cluster, "worker", 1)
     x, y = small_mlp.data(EXAMPLES)
     run = _run(small_mlp.mlp(), cluster, tmp_path, monkeypatch, step_timeout_s=4,
                startup_timeout_s=20)

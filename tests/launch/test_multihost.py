@@ -26,27 +26,17 @@ from autodist.launch.errors import TaskFailedError
 from autodist.launch.job import JobDir
 from autodist.runtime.run_config import RunConfig
 from autodist.launch.local import free_ports
-from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV, JobRejectedError
+from autodist.launch.signing import SECRET_FILE_ENV, JobRejectedError
 from autodist.search import builders
+from tests.launch.conftest import SECRET
 
 pytestmark = pytest.mark.cluster
 
 TOLERANCE = 2e-5
-SECRET = "the-cluster-secret-0123456789abcdef"
 
 
 def _tf_config(cluster: dict, kind: str, index: int) -> str:
     return json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
-
-
-@pytest.fixture
-def secret_file(tmp_path, monkeypatch):
-    """The cluster's secret, mounted as a file (as a Kubernetes secret is), for every task."""
-    path = tmp_path / "secret"
-    path.write_text(SECRET + "\n")
-    monkeypatch.setenv(SECRET_FILE_ENV, str(path))
-    monkeypatch.delenv(SECRET_ENV, raising=False)
-    return path
 
 
 def _serve(tmp_path, cluster: dict, kind: str, index: int, job_timeout: float,

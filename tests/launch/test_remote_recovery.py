@@ -16,13 +16,8 @@ host of its own (`tests.emulated_hosts`), serving job after job (no
 """
 from __future__ import annotations
 
-import json
 import os
-import pathlib
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import numpy as np
@@ -30,74 +25,30 @@ import pytest
 
 import autodist
 from autodist import models
-from autodist.launch.local import free_ports
-from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV
 from autodist.search import builders
 from tests import emulated_hosts, small_mlp
 
 pytestmark = pytest.mark.cluster
 
 TOLERANCE = 2e-5
-SECRET = "the-emulated-cluster-secret-0123456789"
 EXAMPLES, BATCH, EPOCHS = 96, 32, 3
 STEPS_PER_EPOCH = EXAMPLES // BATCH
-
-
-@pytest.fixture
-def secret_file(tmp_path, monkeypatch):
-    path = tmp_path / "secret"
-    path.write_text(SECRET + "\n")
-    monkeypatch.setenv(SECRET_FILE_ENV, str(path))
-    monkeypatch.delenv(SECRET_ENV, raising=False)
-    return path
-
-
-def _serve(host: emulated_hosts.EmulatedHost, tmp_path: pathlib.Path, cluster: dict,
-           index: int) -> subprocess.Popen:
-    """`autodist serve --tf-config` (any number of jobs) for worker:`index` on `host`."""
-    home = tmp_path / f"{host.name}-worker{index}"
-    home.mkdir()
-    tf_config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-    with open(home / "serve.log", "wb") as log:
-        return host.popen(
-            [sys.executable, "-m", "autodist.cli", "serve", "--tf-config", "--job-timeout",
-             "120", "--idle-timeout", "60", "--work-dir", str(home / "jobs")],
-            cwd=home, env=dict(os.environ, TF_CONFIG=json.dumps(tf_config)), stdout=log,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-
-def _after_steps(job_dir: str, steps: int, action, timeout_s: float = 120.0
-                 ) -> threading.Thread:
-    """Runs `action` once the chief has recorded `steps` steps of the first job."""
-    def wait():
-        progress = pathlib.Path(job_dir) / "progress.jsonl"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if progress.exists() and len(progress.read_text().splitlines()) >= steps:
-                action()
-                return
-            time.sleep(0.01)
-
-    thread = threading.Thread(target=wait, daemon=True)
-    thread.start()
-    return thread
 
 
 def _remote_run(request, tmp_path, monkeypatch):
     """Worker:1 and worker:2 served on two hosts, the chief here; (model, run, hosts'
     serve processes, Keras' reference model and per-epoch losses, data)."""
     hosts = emulated_hosts.start(request, count=2)
-    ports = free_ports(3)
-    cluster = {"worker": [f"{hosts.chief_address}:{ports[0]}",
-                          f"{hosts[0].address}:{ports[1]}", f"{hosts[1].address}:{ports[2]}"]}
-    servers = [_serve(host, tmp_path, cluster, i + 1) for i, host in enumerate(hosts.hosts)]
+    cluster = emulated_hosts.cluster_on(hosts, [("worker", 1), ("worker", 2)])
+    servers = [emulated_hosts.serve(host, tmp_path, cluster, "worker", i + 1, None,
+                                    "--idle-timeout", "60")[0]
+               for i, host in enumerate(hosts.hosts)]
     x, y = small_mlp.data(EXAMPLES)
     model = small_mlp.mlp()
     reference = models.single_device_twin(model)
     keras_losses = reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
                                  verbose=0).history["loss"]
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster,
-                                                "task": {"type": "worker", "index": 0}}))
+    monkeypatch.setenv("TF_CONFIG", emulated_hosts.tf_config(cluster, "worker", 0))
     spec = autodist.ResourceSpec.from_tf_config()
     graph_item = autodist.capture(model)
     strategy = builders.AllReduce().build(graph_item, spec).with_virtual_nodes(BATCH, 4)
@@ -124,7 +75,7 @@ def test_a_dead_worker_host_loses_no_update(request, tmp_path, monkeypatch, secr
     the last completed step, to Keras' weights."""
     model, run, servers, reference, keras_losses, (x, y) = _remote_run(request, tmp_path,
                                                                        monkeypatch)
-    killer = _after_steps(str(tmp_path / "chief"), 4,
+    killer = emulated_hosts.after_steps(str(tmp_path / "chief"), 4,
                           lambda: os.killpg(servers[1].pid, signal.SIGKILL))
     history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, on_failure="continue")
     killer.join(timeout=5)
@@ -153,7 +104,7 @@ def test_a_killed_chief_restarts_from_the_newest_checkpoint(request, tmp_path, m
             time.sleep(0.01)
         os.kill(find_task_pid(job_dir, "worker", 0), signal.SIGKILL)
 
-    killer = _after_steps(job_dir, 3, kill_chief)
+    killer = emulated_hosts.after_steps(job_dir, 3, kill_chief)
     history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, on_failure="continue",
                       checkpoint_dir=str(checkpoints), checkpoint_every_steps=2)
     killer.join(timeout=5)

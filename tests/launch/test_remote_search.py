@@ -13,9 +13,6 @@ trains equal to single-device Keras.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -25,9 +22,7 @@ from autodist import api, cli
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.launch.errors import TaskFailedError
-from autodist.launch.local import free_ports
 from autodist.launch.mailbox import MailboxTimeout
-from autodist.launch.signing import SECRET_ENV, SECRET_FILE_ENV
 from autodist.runtime.local_runner import LaunchRecord, LocalRunner
 from autodist.runtime.remote_runner import RemoteRunner
 from autodist.search.database import Database
@@ -36,16 +31,12 @@ from tests import emulated_hosts, small_mlp
 from tests.search import workloads
 
 TOLERANCE = 2e-5
-SECRET = "the-emulated-cluster-secret-0123456789"
 _SERVED = {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"], "ps": ["10.0.0.3:2222"]}
 
 
-def _tf_config(cluster: dict, kind: str, index: int) -> str:
-    return json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
-
-
 def _served_spec() -> ResourceSpec:
-    return ResourceSpec.from_tf_config(_tf_config(_SERVED, "worker", 0), gpus_per_worker=0)
+    return ResourceSpec.from_tf_config(emulated_hosts.tf_config(_SERVED, "worker", 0),
+                                       gpus_per_worker=0)
 
 
 # ------------------------------------------------------------ without a cluster
@@ -81,7 +72,7 @@ def test_a_local_runner_refuses_other_hosts_and_a_remote_one_checks_the_chief(mo
     with pytest.raises(AutodistError, match="LocalRunner measures on this machine only.*"
                                             "launch='remote'"):
         LocalRunner(object(), _served_spec())
-    monkeypatch.setenv("TF_CONFIG", _tf_config(_SERVED, "worker", 1))
+    monkeypatch.setenv("TF_CONFIG", emulated_hosts.tf_config(_SERVED, "worker", 1))
     with pytest.raises(AutodistError, match="not the chief"):
         RemoteRunner(object(), _served_spec())
 
@@ -122,7 +113,7 @@ def test_search_tf_config_measures_on_the_served_hosts(monkeypatch, capsys):
         made.append((spec.num_worker_tasks, options["secret_file"]))
         return SimulatedRunner(options["graph_item"], spec)
 
-    monkeypatch.setenv("TF_CONFIG", _tf_config(_SERVED, "worker", 0))
+    monkeypatch.setenv("TF_CONFIG", emulated_hosts.tf_config(_SERVED, "worker", 0))
     monkeypatch.setattr(cli, "load_model", lambda model, batch_size=None: (object(), gi))
     monkeypatch.setattr("autodist.runtime.remote_runner.RemoteRunner", fake_runner)
     assert cli.main(["search", "--model", "fake", "--tf-config", "--trials", "2", "--budget",
@@ -134,47 +125,26 @@ def test_search_tf_config_measures_on_the_served_hosts(monkeypatch, capsys):
 
 
 # ------------------------------------------------------------ on emulated hosts
-def _serve_on(host: emulated_hosts.EmulatedHost, tmp_path, cluster: dict, kind: str,
-              index: int, max_jobs: int) -> tuple[subprocess.Popen, object]:
-    """`autodist serve --tf-config --max-jobs N` for task kind:index on `host`."""
-    home = tmp_path / f"{host.name}-{kind}{index}"
-    home.mkdir()
-    env = dict(os.environ, TF_CONFIG=_tf_config(cluster, kind, index))
-    log_path = home / "serve.log"
-    with open(log_path, "wb") as log:
-        process = host.popen(
-            [sys.executable, "-m", "autodist.cli", "serve", "--tf-config", "--max-jobs",
-             str(max_jobs), "--job-timeout", "120", "--work-dir", str(home / "jobs")],
-            cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    return process, log_path
-
-
 def _jobs_received(log_path) -> int:
     return log_path.read_text().count("received a job")
 
 
 @pytest.mark.cluster
-def test_measured_search_runs_its_trials_on_the_served_hosts(request, tmp_path, monkeypatch):
+def test_measured_search_runs_its_trials_on_the_served_hosts(request, tmp_path, monkeypatch,
+                                                             secret_file):
     """worker:1 on host0, ps:0 on host1, the chief here: optimize(measure=True, trials=2,
     launch="remote") measures both trials in one job on each served task, records them,
     and its plan (a second job there) trains equal to single-device Keras."""
-    secret = tmp_path / "secret"
-    secret.write_text(SECRET + "\n")
-    monkeypatch.setenv(SECRET_FILE_ENV, str(secret))
-    monkeypatch.delenv(SECRET_ENV, raising=False)
     hosts = emulated_hosts.start(request, count=2)
     tasks = [("worker", 1), ("ps", 0)]
-    ports = free_ports(len(tasks) + 1)
-    cluster: dict[str, list[str]] = {"worker": [f"{hosts.chief_address}:{ports[0]}"]}
-    for (kind, _), host, port in zip(tasks, hosts.hosts, ports[1:]):
-        cluster.setdefault(kind, []).append(f"{host.address}:{port}")
-    servers = [_serve_on(host, tmp_path, cluster, kind, index, max_jobs=2)
+    cluster = emulated_hosts.cluster_on(hosts, tasks)
+    servers = [emulated_hosts.serve(host, tmp_path, cluster, kind, index, max_jobs=2)
                for host, (kind, index) in zip(hosts.hosts, tasks)]
 
     x, y = small_mlp.data(96)
     model = small_mlp.mlp()
     expected = small_mlp.keras_weights(model, x, y, batch=32, epochs=1)
-    monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
+    monkeypatch.setenv("TF_CONFIG", emulated_hosts.tf_config(cluster, "worker", 0))
     spec = autodist.ResourceSpec.from_tf_config()
     db_path = tmp_path / "trials.jsonl"
     plan = autodist.optimize(model, spec, measure=True, trials=2, batch_size=32,
