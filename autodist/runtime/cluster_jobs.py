@@ -74,22 +74,20 @@ class ClusterJobs:
             TaskFailedError: a task failed (remote and `recovering`: a
                 `TasksLostError` or `ChiefKilledError` where one applies).
         """
-        if self.launch == "remote" and recovering:
-            cluster = self._remote(job, spec or self.spec, absent)
-            try:
-                self._run(job, cluster, timeout_s, on_poll)
-            except TaskFailedError as error:
-                failure = cluster.failure(error, self.startup_timeout_s)
-                if failure is error:
-                    raise
-                raise failure from error
-            return
         spec = spec or self.spec
         cluster = (LocalCluster(job, spec, task_module=TASK_MODULE,
                                 allow_exposed=self.allow_exposed,
                                 hang_timeout_s=heartbeats.hang_timeout(self.step_timeout_s))
                    if self.launch == "local" else self._remote(job, spec, absent))
-        self._run(job, cluster, timeout_s, on_poll)
+        try:
+            self._run(job, cluster, timeout_s, on_poll)
+        except TaskFailedError as error:
+            if self.launch != "remote" or not recovering:
+                raise
+            failure = cluster.failure(error, self.startup_timeout_s)
+            if failure is error:
+                raise
+            raise failure from error
 
     def _remote(self, job: JobDir, spec: ResourceSpec, absent: Collection[str]) -> RemoteCluster:
         """The remote cluster of `job`: workers that no segment includes are left out, and

@@ -295,7 +295,7 @@ class Progress:
             self._stop_sent = True
 
 
-_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+_BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end")  # and their old names: _ALIASES
 _LOGGERS = (keras.callbacks.ProgbarLogger, keras.callbacks.History)
 
 
