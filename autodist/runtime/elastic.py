@@ -163,19 +163,28 @@ def check_elastic(strategy: Strategy, spec: ResourceSpec) -> None:
     It must be synchronous (asynchronous and stale updates have no step
     boundary all members meet), have virtual nodes (they keep the global
     batch and the examples of each virtual node fixed), at least as many as
-    the largest size, one replica per worker task, and keep its
-    parameter-server variables on PS tasks or on worker 0 (the chief is
-    always a member).
+    the replicas of the largest membership (every worker task), the same
+    number of replicas (one or more, e.g. a node's GPUs) on each worker
+    task, and keep its parameter-server variables on PS tasks or on worker 0
+    (the chief is always a member).
     """
     if strategy.global_batch_size is None:
         raise AutodistError("resizing needs a strategy with virtual nodes (a fixed global "
                             "batch): use strategy.with_virtual_nodes(B, V)")
-    workers = spec.num_worker_tasks
-    # A valid strategy has a virtual node on every replica, so V >= workers.
-    tasks = [replica_task(d) for d in strategy.replicas]
-    if sorted(tasks) != list(range(workers)):
-        raise AutodistError("resizing needs one replica on each worker task; the strategy's "
+    if strategy.num_virtual_nodes < len(strategy.replicas):
+        raise AutodistError(
+            f"resizing needs at least one virtual node per replica of the largest "
+            f"membership: V={strategy.num_virtual_nodes} virtual nodes cannot cover the "
+            f"{len(strategy.replicas)} replicas of all worker tasks; use "
+            f"strategy.with_virtual_nodes(B, V) with V >= {len(strategy.replicas)}")
+    per_task = replicas_per_task(strategy)
+    if sorted(per_task) != list(range(spec.num_worker_tasks)):
+        raise AutodistError("resizing needs replicas on each worker task; the strategy's "
                             f"replicas are {strategy.replicas}")
+    if len(set(per_task.values())) > 1:
+        raise AutodistError(
+            "resizing needs the same number of replicas on each worker task; the strategy "
+            f"has {dict(sorted(per_task.items()))} replicas by worker task")
     for config in strategy.variables:
         for i, sync in enumerate(config.shards):
             if sync.WhichOneof("kind") != "ps":
@@ -229,6 +238,15 @@ def strategy_for(strategy: Strategy, members: tuple[int, ...]) -> Strategy:
         return strategy
     return strategy.with_replicas(sorted(
         (d for d in strategy.replicas if replica_task(d) in members), key=replica_task))
+
+
+def replicas_per_task(strategy: Strategy) -> dict[int, int]:
+    """Worker task index -> how many of `strategy`'s replicas it runs."""
+    counts: dict[int, int] = {}
+    for device in strategy.replicas:
+        task = replica_task(device)
+        counts[task] = counts.get(task, 0) + 1
+    return counts
 
 
 def replica_task(device: str) -> int:
