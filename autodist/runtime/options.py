@@ -283,9 +283,13 @@ class FitOptions:
                                 "(validation_data / validation_split)")
 
     def _check_recoverable(self, strategy: Strategy, launch: str) -> None:
-        if self.callbacks or self.resize_at or self.switch_at:
+        # Remote: resize_at[0] alone sets the starting members; other served slots are spares.
+        starting_members = launch == "remote" and set(self.resize_at or {}) <= {0, "0"}
+        if self.callbacks or (self.resize_at and not starting_members) or self.switch_at:
             raise AutodistError("on_failure='continue' needs a run without callbacks, "
-                                "resize_at or switch_at")
+                                "resize_at or switch_at (under launch='remote', resize_at="
+                                "{0: members} may set the starting members: served worker "
+                                "slots outside them are spares)")
         asynchronous = strategy.asynchronous_shards()
         if asynchronous:
             name, i = asynchronous[0]
