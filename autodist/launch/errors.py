@@ -1,7 +1,12 @@
 """How a task process fails: its exit codes, and the error the driver raises for it."""
 from __future__ import annotations
 
+import re
+
 from autodist.ir.errors import AutodistError
+
+# How TensorFlow names the task a failed remote call went to.
+_REMOTE_TARGET = re.compile(r"remote target /job:(\w+)/replica:\d+/task:(\d+)")
 
 # Exit codes of a task process (`autodist.launch.task`).
 EXIT_OK = 0
@@ -34,3 +39,19 @@ class JobArchiveError(AutodistError, ValueError):
 
 class JobMismatchError(AutodistError, RuntimeError):
     """A shipped job does not belong to this task (another job id or cluster)."""
+
+
+def unreachable_peer(error: BaseException) -> str | None:
+    """The task ("job:index") a session's failed step could not reach, when `error` (or
+    its cause) is TensorFlow's UnavailableError naming the remote target, else None.
+
+    A task's process that died (or whose host restarted it) refuses the
+    connection: the step fails with UNAVAILABLE, and gRPC names the task it
+    called ("... from remote target /job:ps/replica:0/task:0 ...").
+    """
+    for e in (error, error.__cause__):
+        if e is not None and type(e).__name__ == "UnavailableError":
+            found = _REMOTE_TARGET.search(str(e))
+            if found:
+                return f"{found.group(1)}:{found.group(2)}"
+    return None

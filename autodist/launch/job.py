@@ -149,6 +149,11 @@ class JobDir:
         """The chief's state after the last completed step of a failed run (npz)."""
         return self.path / "recovery.npz"
 
+    def unreachable_peer(self, job: str, task: int) -> pathlib.Path:
+        """Written by task job:task when its step failed because another task stopped
+        answering: that task's "job:index" (`errors.unreachable_peer`)."""
+        return self.file(f"logs/{job}_{task}.unreachable")
+
     def result(self, task: int) -> pathlib.Path:
         return self.path / "results" / f"worker_{task}.json"
 

@@ -80,6 +80,13 @@ class ChiefKilledError(TaskFailedError):
     all still served."""
 
 
+class PeerRestartedError(TaskFailedError):
+    """The chief's step failed because another task stopped answering, and that task's
+    slot answers again (its process, or its host's `autodist serve`, was started
+    anew): whatever it held in memory (a parameter server's variables) is gone.
+    `task` names it."""
+
+
 class RemoteCluster:
     """A cluster whose other tasks already serve on their hosts; the chief runs here.
 
@@ -346,7 +353,8 @@ class RemoteCluster:
     def failure(self, error: TaskFailedError, within_s: float) -> TaskFailedError:
         """What ended a failed job, once the cluster is stopped and aborted: the tasks
         `lost` within `within_s` (a `TasksLostError`), else a chief killed by a signal
-        (a `ChiefKilledError`), else `error`."""
+        (a `ChiefKilledError`), else a task the chief's step could not reach that
+        answers again (a `PeerRestartedError`), else `error`."""
         lost = self.lost(within_s)
         if lost:
             address = self.address(lost[0])
@@ -358,6 +366,15 @@ class RemoteCluster:
         if code is not None and code < 0:
             return ChiefKilledError(f"the chief was killed (exit code {code}): {error}",
                                     error.task, error.log)
+        chief = self.spec.task_of(self.spec.chief_index)
+        record = self.job.unreachable_peer(*chief)
+        peer = record.read_text().strip() if record.exists() else ""
+        if peer and peer != mailbox.task_name(chief) and peer not in self.absent:
+            address = self.address(peer)
+            return PeerRestartedError(
+                f"task {peer} at {address} stopped answering during the job and answers "
+                f"again (its process or host was restarted; what it held is gone). The job "
+                f"failed with: {error}", peer, address)
         return error
 
     def address(self, task: str) -> str:

@@ -48,7 +48,8 @@ from typing import Callable
 
 from autodist.launch import heartbeats
 from autodist.launch.chunks import Receiver
-from autodist.launch.errors import EXIT_FAILED, EXIT_NO_JOB, EXIT_PORT_IN_USE, JobMismatchError
+from autodist.launch.errors import (EXIT_FAILED, EXIT_NO_JOB, EXIT_PORT_IN_USE, JobMismatchError,
+                                    unreachable_peer)
 from autodist.launch.job import JobDir
 from autodist.launch.signing import JobRejectedError
 
@@ -146,7 +147,13 @@ def _run_local(args: argparse.Namespace, run_worker: RunWorker) -> int:
     if args.job == "ps":
         while True:  # served until the launcher stops this process
             time.sleep(3600)
-    run_worker(job, task, server.target)
+    try:
+        run_worker(job, task, server.target)
+    except Exception as e:
+        peer = unreachable_peer(e)
+        if peer is not None:  # the driver tells a restarted peer from a bug by it
+            job.unreachable_peer(args.job, task).write_text(peer)
+        raise
     return 0
 
 

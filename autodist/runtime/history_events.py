@@ -123,16 +123,18 @@ class PolicyAction(_ReadableByKey):
 
 @dataclasses.dataclass(frozen=True)
 class Recovery(_ReadableByKey):
-    """A worker's failure the run went on from (`on_failure="continue"`).
+    """A task's failure the run went on from (`on_failure="continue"`).
 
     Attributes:
         step: The step the job resumed at.
-        failed_task: The dead worker's task index at that time.
+        failed_task: The dead task's index at that time (of `failed_job`).
         cause: The first line of the failure.
         workers: Workers after it.
         estimated_loss_steps: Steps whose global loss is the chief's estimate
             (its replicas' mean loss), because the dead worker completed them
             but died before recording its loss.
+        failed_job: The dead task's job: "worker", or "ps" (a remote run's
+            parameter server restarted, the run went on from a checkpoint).
     """
 
     step: int
@@ -140,9 +142,11 @@ class Recovery(_ReadableByKey):
     cause: str
     workers: int
     estimated_loss_steps: tuple[int, ...] = ()
+    failed_job: str = "worker"
 
     @classmethod
     def from_dict(cls, entry: Mapping[str, Any]) -> Recovery:
         """The typed form of a `recovery.Outcome.recoveries` entry."""
         return cls(int(entry["step"]), int(entry["failed_task"]), str(entry.get("cause", "")),
-                   int(entry["workers"]), tuple(entry.get("estimated_loss_steps") or ()))
+                   int(entry["workers"]), tuple(entry.get("estimated_loss_steps") or ()),
+                   str(entry.get("failed_job", "worker")))

@@ -26,15 +26,22 @@ an elastic job starting at its first step (`run_recovering_remote`). After a
 failure the driver waits (up to the startup timeout) for every served task
 to answer again; the tasks that do not (their host or `autodist serve`
 died: `launch.remote.TasksLostError`) are left out of every later job. A lost
-worker's place is taken by nothing (the survivors go on, from the last
-completed step, with B and V kept); a worker whose `autodist serve` is
-started again (a replacement in its slot, e.g. a restarted pod) before the
-failure is judged is simply a member again. A killed chief
+worker's place is taken by a spare where one is served: a worker slot of
+TF_CONFIG outside the job's membership (e.g. `fit(resize_at={0: [0, 1, 2]})`
+on 4 worker slots) whose `autodist serve` answers; else the survivors go on
+alone. Either way from the last completed step, with B and V kept. A worker
+whose `autodist serve` is started again (a replacement in its slot, e.g. a
+restarted pod) before the failure is judged is simply a member again. A killed chief
 (`ChiefKilledError`), or a lost worker whose chief could not save the last
 completed step, restarts the job from the newest checkpoint of the fit's
-`checkpoint_dir` (from the fit's start when none is written yet); without
-checkpointing, or with a parameter server lost (it held the variables and
-has no stand-in), the error names the dead task.
+`checkpoint_dir` (from the fit's start when none is written yet). So does a
+parameter server whose process or host died and whose slot answers again
+within the startup timeout (its `autodist serve` restarted, e.g. a
+restarted pod: `launch.remote.PeerRestartedError`): the variables it held
+are gone, so the job restarts from the newest checkpoint even where the
+chief saved a state. Without checkpointing, or with a parameter server
+that does not come back (it held the variables and has no stand-in), the
+error names the dead task.
 """
 from __future__ import annotations
 
@@ -50,8 +57,9 @@ from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.launch.errors import TaskFailedError
+from autodist.launch import mailbox
 from autodist.launch.job import JobDir
-from autodist.launch.remote import ChiefKilledError, TasksLostError
+from autodist.launch.remote import ChiefKilledError, PeerRestartedError, TasksLostError
 from autodist.runtime import checkpoint, elastic
 from autodist.runtime.records import LossRecord, ProgressRecord
 from autodist.runtime.run_config import RunConfig
@@ -254,7 +262,9 @@ def run_recovering_remote(job: JobDir, strategy: Strategy, spec: ResourceSpec, *
 
     After each failure `run_cluster` has raised what ended the job: tasks
     that did not come back (`TasksLostError`), a killed chief
-    (`ChiefKilledError`), or another failure, which is raised. The next job,
+    (`ChiefKilledError`), a task restarted mid-job (`PeerRestartedError`: a
+    parameter server's restarts from the newest checkpoint, a worker's from
+    the last completed step), or another failure, which is raised. The next job,
     in ``recovery-<k>``, leaves every lost task out; with lost workers it is
     elastic, on the survivors from its first step (`elastic.segments`), so
     the global batch and the virtual nodes stay. It resumes at the last
@@ -274,28 +284,39 @@ def run_recovering_remote(job: JobDir, strategy: Strategy, spec: ResourceSpec, *
     first_values = job.init_values()
     absent: set[str] = set()
     limit = spec.num_worker_tasks + EXTRA_RESTARTS
+    members = list(elastic.scheduled_tasks(first, spec.num_worker_tasks).start)
     while True:
-        members = [t for t in range(spec.num_worker_tasks) if f"worker:{t}" not in absent]
         try:
             run_cluster(outcome.job, spec, frozenset(absent))
             return outcome
         except TaskFailedError as error:
             lost = error.lost if isinstance(error, TasksLostError) else ()
             lost_ps = [t for t in lost if not t.startswith("worker:")]
-            if not isinstance(error, (TasksLostError, ChiefKilledError)) or lost_ps or \
-                    len(outcome.recoveries) >= limit:
+            if not isinstance(error, (TasksLostError, ChiefKilledError, PeerRestartedError)) \
+                    or lost_ps or len(outcome.recoveries) >= limit:
                 raise
-            resumed = resume_point(outcome.job) or (
+            # A restarted PS lost the variables it held: only a checkpoint has them.
+            state_lost = isinstance(error, PeerRestartedError) and \
+                not error.task.startswith("worker:")
+            resumed = (None if state_lost else resume_point(outcome.job)) or (
                 _checkpointed(checkpoint_dir, first, first_values) if checkpoint_dir else None)
             if resumed is None:
+                saved = ("what it held is gone" if state_lost else
+                         "the chief saved no state after the failure")
                 raise TaskFailedError(
-                    f"{error}\nThe run cannot go on: the chief saved no state after the "
-                    "failure and the fit writes no checkpoints (fit(checkpoint_dir=...) "
-                    "restarts from the newest)", error.task, error.log) from error
+                    f"{error}\nThe run cannot go on: {saved} and the fit writes no "
+                    "checkpoints (fit(checkpoint_dir=...) restarts from the newest)",
+                    error.task, error.log) from error
             values, next_step = resumed
             absent |= set(lost)
             survivors = [t for t in members if f"worker:{t}" not in absent]
-            if len(survivors) < spec.num_worker_tasks:
+            # Served slots outside the membership (spares) take the lost workers' places.
+            idle = [t for t in range(spec.num_worker_tasks)
+                    if t not in members and f"worker:{t}" not in absent]
+            following = sorted(survivors + served_spares(spec, idle, len(members) -
+                                                         len(survivors)))
+            partial = len(following) < spec.num_worker_tasks
+            if partial:
                 try:
                     elastic.check_elastic(strategy, spec)
                 except AutodistError as e:
@@ -304,17 +325,27 @@ def run_recovering_remote(job: JobDir, strategy: Strategy, spec: ResourceSpec, *
                                      next_step, first.start_step)
             outcome.recoveries.append({
                 "step": next_step, "failed_task": _task_index(error.task),
+                "failed_job": error.task.partition(":")[0] or "worker",
                 "cause": str(error).split(";")[0].splitlines()[0],
-                "workers": len(survivors), "estimated_loss_steps": estimated})
+                "workers": len(following), "estimated_loss_steps": estimated})
             config = dataclasses.replace(
                 config, start_step=next_step, job_id=uuid.uuid4().hex,
-                resize_at={"0": survivors} if len(survivors) < spec.num_worker_tasks else None,
-                elastic=len(survivors) < spec.num_worker_tasks)
+                resize_at={"0": following} if partial else None, elastic=partial)
+            members = following
             path = job.path / f"recovery-{len(outcome.recoveries)}"
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
             outcome.job = JobDir(path)
             write_job(outcome.job, strategy, spec, config, values)
             on_new_job(outcome.job)
+
+
+def served_spares(spec: ResourceSpec, idle: Sequence[int], count: int) -> list[int]:
+    """Up to `count` of the `idle` worker slots (in order) whose `autodist serve`
+    accepts connections now: the spares that take lost workers' places."""
+    if count <= 0:
+        return []
+    mail = mailbox.Mailboxes(spec.cluster_def())
+    return [t for t in idle if mailbox.accepts(mail.address(("worker", t)))][:count]
 
 
 def _checkpointed(directory: str, first: RunConfig, first_values: dict[str, np.ndarray]

@@ -35,14 +35,23 @@ EXAMPLES, BATCH, EPOCHS = 96, 32, 3
 STEPS_PER_EPOCH = EXAMPLES // BATCH
 
 
-def _remote_run(request, tmp_path, monkeypatch):
-    """Worker:1 and worker:2 served on two hosts, the chief here; (model, run, hosts'
-    serve processes, Keras' reference model and per-epoch losses, data)."""
-    hosts = emulated_hosts.start(request, count=2)
-    cluster = emulated_hosts.cluster_on(hosts, [("worker", 1), ("worker", 2)])
-    servers = [emulated_hosts.serve(host, tmp_path, cluster, "worker", i + 1, None,
-                                    "--idle-timeout", "60")[0]
-               for i, host in enumerate(hosts.hosts)]
+WORKERS = (("worker", 1), ("worker", 2))
+
+
+def _served(host, tmp_path, cluster, kind: str, index: int):
+    """`autodist serve` of kind:index on `host`, serving job after job."""
+    return emulated_hosts.serve(host, tmp_path, cluster, kind, index, None,
+                                "--idle-timeout", "60")[0]
+
+
+def _remote_run(request, tmp_path, monkeypatch, tasks=WORKERS, builder=None):
+    """`tasks` served on a host each (default worker:1 and worker:2), the chief here;
+    (model, run, hosts' serve processes, Keras' reference model and per-epoch losses,
+    data, the hosts and the cluster)."""
+    hosts = emulated_hosts.start(request, count=len(tasks))
+    cluster = emulated_hosts.cluster_on(hosts, tasks)
+    servers = [_served(host, tmp_path, cluster, kind, index)
+               for host, (kind, index) in zip(hosts.hosts, tasks)]
     x, y = small_mlp.data(EXAMPLES)
     model = small_mlp.mlp()
     reference = models.single_device_twin(model)
@@ -51,12 +60,13 @@ def _remote_run(request, tmp_path, monkeypatch):
     monkeypatch.setenv("TF_CONFIG", emulated_hosts.tf_config(cluster, "worker", 0))
     spec = autodist.ResourceSpec.from_tf_config()
     graph_item = autodist.capture(model)
-    strategy = builders.AllReduce().build(graph_item, spec).with_virtual_nodes(BATCH, 4)
+    builder = builder or builders.AllReduce()
+    strategy = builder.build(graph_item, spec).with_virtual_nodes(BATCH, 4)
     run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
                               job_dir=str(tmp_path / "chief"), step_timeout_s=10,
                               startup_timeout_s=40,
-                              task_step_delay_s={0: 0.2, 1: 0.2, 2: 0.2})
-    return model, run, servers, reference, keras_losses, (x, y)
+                              task_step_delay_s={t: 0.2 for t in range(spec.num_worker_tasks)})
+    return model, run, servers, reference, keras_losses, (x, y), (hosts, cluster)
 
 
 def _check(model, reference, history, keras_losses, exact_epochs) -> None:
@@ -73,8 +83,8 @@ def _check(model, reference, history, keras_losses, exact_epochs) -> None:
 def test_a_dead_worker_host_loses_no_update(request, tmp_path, monkeypatch, secret_file):
     """Worker 2's host dies after 4 of 9 steps: the run goes on with workers 0 and 1 from
     the last completed step, to Keras' weights."""
-    model, run, servers, reference, keras_losses, (x, y) = _remote_run(request, tmp_path,
-                                                                       monkeypatch)
+    model, run, servers, reference, keras_losses, (x, y), _ = _remote_run(
+        request, tmp_path, monkeypatch)
     killer = emulated_hosts.after_steps(str(tmp_path / "chief"), 4,
                           lambda: os.killpg(servers[1].pid, signal.SIGKILL))
     history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, on_failure="continue")
@@ -93,8 +103,8 @@ def test_a_killed_chief_restarts_from_the_newest_checkpoint(request, tmp_path, m
     again from it on the same served workers, to Keras' weights."""
     from autodist.bench.slowdown import find_task_pid
 
-    model, run, servers, reference, keras_losses, (x, y) = _remote_run(request, tmp_path,
-                                                                       monkeypatch)
+    model, run, servers, reference, keras_losses, (x, y), _ = _remote_run(
+        request, tmp_path, monkeypatch)
     job_dir = str(tmp_path / "chief")
     checkpoints = tmp_path / "checkpoints"
 
@@ -114,3 +124,64 @@ def test_a_killed_chief_restarts_from_the_newest_checkpoint(request, tmp_path, m
     _check(model, reference, history, keras_losses,
            range(event.step // STEPS_PER_EPOCH + (event.step % STEPS_PER_EPOCH > 0), EPOCHS))
     assert all(server.poll() is None for server in servers)
+
+
+def _kill_after_checkpoint(job_dir: str, checkpoints, kill) -> None:
+    """Waits (bounded) for the run's first checkpoint, then runs `kill`."""
+    deadline = time.monotonic() + 60
+    while not (checkpoints / "latest").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    kill()
+
+
+def test_a_dead_parameter_server_restarts_from_the_newest_checkpoint(
+        request, tmp_path, monkeypatch, secret_file):
+    """worker:1 and ps:0 served on two hosts. The PS's host dies after a checkpoint (its
+    `autodist serve` and job killed: the variables it held are gone), and its serve is
+    started again there (a restarted pod): the job starts again from the newest
+    checkpoint on the same slots, to Keras' weights."""
+    model, run, servers, reference, keras_losses, (x, y), (hosts, cluster) = _remote_run(
+        request, tmp_path, monkeypatch, tasks=(("worker", 1), ("ps", 0)),
+        builder=builders.PS())
+    job_dir = str(tmp_path / "chief")
+    checkpoints = tmp_path / "checkpoints"
+    restarted = []
+
+    def kill_ps():
+        os.killpg(servers[1].pid, signal.SIGKILL)
+        servers[1].wait(timeout=10)
+        restarted.append(_served(hosts[1], tmp_path / "again", cluster, "ps", 0))
+
+    (tmp_path / "again").mkdir()
+    killer = emulated_hosts.after_steps(job_dir, 3, lambda: _kill_after_checkpoint(
+        job_dir, checkpoints, kill_ps))
+    history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, on_failure="continue",
+                      checkpoint_dir=str(checkpoints), checkpoint_every_steps=2)
+    killer.join(timeout=5)
+    (event,) = history.recoveries
+    assert event.workers == 2, event
+    assert event.failed_job == "ps" and event.failed_task == 0 and "ps:0" in event.cause, event
+    assert event.step % 2 == 0 and 2 <= event.step <= 6, event
+    _check(model, reference, history, keras_losses,
+           range(event.step // STEPS_PER_EPOCH + (event.step % STEPS_PER_EPOCH > 0), EPOCHS))
+    assert servers[0].poll() is None and restarted[0].poll() is None
+
+
+def test_a_served_spare_takes_a_dead_workers_place(request, tmp_path, monkeypatch,
+                                                   secret_file):
+    """Workers 1, 2 and 3 served on three hosts; the run starts on workers 0-2, worker 3 a
+    spare (resize_at[0]). Worker 2's host dies after 4 steps: the run goes on from the
+    last completed step on workers 0, 1 and 3, to Keras' weights."""
+    model, run, servers, reference, keras_losses, (x, y), _ = _remote_run(
+        request, tmp_path, monkeypatch, tasks=WORKERS + (("worker", 3),))
+    killer = emulated_hosts.after_steps(str(tmp_path / "chief"), 4,
+                                        lambda: os.killpg(servers[1].pid, signal.SIGKILL))
+    history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, on_failure="continue",
+                      resize_at={0: [0, 1, 2]})
+    killer.join(timeout=5)
+    (event,) = history.recoveries
+    assert event.failed_task == 2 and event.workers == 3, event
+    assert 4 <= event.step <= 6, event
+    resumed_epoch = event.step // STEPS_PER_EPOCH + (event.step % STEPS_PER_EPOCH > 0)
+    _check(model, reference, history, keras_losses, range(resumed_epoch, EPOCHS))
+    assert "received a job" in (tmp_path / "host2-worker3" / "serve.log").read_text()
