@@ -182,6 +182,12 @@ class Autoscale(Policy):
     in idle workers of the spec where there are any (`Control.replace`;
     the chief is never taken out, that is logged).
 
+    Its resizes go through the run's task provider (`Control.resize`): a trial
+    that would grow onto more tasks than the provider has available (under
+    launch="remote", slots whose `autodist serve` answers) is refused, and
+    the search ends there, at the run's current size ("resize_refused" and
+    "autoscale_failed" in the actions).
+
     The autoscaler's search runs in a helper thread that waits for the
     measurements this policy collects from the steps; every wait is bounded
     by `trial_timeout_s`, and the thread ends with the fit.
@@ -261,7 +267,14 @@ class Autoscale(Policy):
         if kind == "measure":
             self._trial, self._samples, self._skip = value, [], self.warmup
             self._per_worker = {}
-            control.resize(value, reason="autoscaler trial", replan=self.replan_on_resize)
+            if not control.resize(value, reason="autoscaler trial",
+                                  replan=self.replan_on_resize):
+                # No tasks to grow onto (the provider's reason is logged): the search
+                # ends, and the run stays at its size.
+                self._settled, self._trial = True, None
+                self._answers.put(None)
+                control.log("autoscale_failed", reason=f"could not resize to {value} workers "
+                                                       "for a trial")
         else:
             self._settled = True
             if kind == "done":

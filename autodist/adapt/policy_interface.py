@@ -30,6 +30,7 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from autodist.adapt.members import lift, member_spec
+from autodist.adapt.task_providers import TaskProviderError
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
@@ -140,8 +141,14 @@ class Control:
         return self.run.resource_spec.num_worker_tasks
 
     def resize(self, workers: int | Sequence[int], reason: str = "",
-               replan: bool = False) -> None:
+               replan: bool = False) -> bool:
         """Runs on other workers from the next step boundary all meet.
+
+        A grow to n workers takes the tasks the run's task provider has
+        available (`DistributedRun.task_provider`; under launch="remote",
+        slots whose `autodist serve` answers). Where it has too few, the
+        request is refused: logged as a "resize_refused" action with the
+        provider's reason, and the run goes on with its members.
 
         Args:
             workers: A number n (the current members grown or shrunk to n:
@@ -150,13 +157,22 @@ class Control:
             reason: Recorded with the action.
             replan: Also switch to a fresh plan for the new members
                 (`replan()`), from the same step boundary or the next.
+
+        Returns:
+            False when the request was refused, else True.
         """
         if workers in (self.workers, list(self.members), self.members):
-            return
-        self.members = tuple(self.run.resize(workers))
+            return True
+        try:
+            self.members = tuple(self.run.resize(workers))
+        except TaskProviderError as e:
+            self.log("resize_refused", workers=workers, members=list(self.members),
+                     reason=f"{reason}: {e}" if reason else str(e))
+            return False
         self.log("resize", workers=self.workers, members=list(self.members), reason=reason)
         if replan:
             self.replan(reason=f"new members {list(self.members)}")
+        return True
 
     def replace(self, tasks: Sequence[int], reason: str = "", replan: bool = False) -> None:
         """Takes the workers `tasks` out of the run (stragglers), swapping in spares.

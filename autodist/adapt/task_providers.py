@@ -15,8 +15,12 @@ them; the chief (worker task 0) holds the run's state and is never released.
   whose `autodist serve` answers, so it may land on a host that had nothing
   of the job before; a shrink releases the members that joined last first.
 
-Nothing here starts a process: `ServedHosts` only asks whether something
-accepts connections at a slot's address.
+A run's `resize(n)` (`DistributedRun.resize`, and so every policy's and the
+autoscaler's resize, which go through it) asks its provider
+(`DistributedRun(..., task_provider=...)`; default `ServedHosts.from_spec`
+under launch="remote", `LocalProcesses` otherwise); a resize to a list of
+tasks names them itself. Nothing here starts a process: `ServedHosts` only
+asks whether something accepts connections at a slot's address.
 """
 from __future__ import annotations
 
@@ -67,8 +71,13 @@ class TaskProvider(abc.ABC):
         if count > len(idle):
             raise TaskProviderError(
                 f"{type(self).__name__} has {len(idle)} worker tasks available "
-                f"({idle}) to add to {sorted(members)}; {count} were asked for")
+                f"({idle}) to add to {sorted(members)}; {count} were asked for"
+                f"{self._unavailable(members, idle)}")
         return tuple(sorted(set(members) | set(idle[:count])))
+
+    def _unavailable(self, members: Sequence[int], idle: Sequence[int]) -> str:
+        """Why the other tasks outside `members` are not available (for an error), or ""."""
+        return ""
 
     def release(self, members: Sequence[int], count: int) -> tuple[int, ...]:
         """`members` without `count` of them (the first `releasable` ones), sorted.
@@ -163,6 +172,14 @@ class ServedHosts(TaskProvider):
         grown = super().acquire(members, count)
         self._joined += [t for t in grown if t not in members]
         return grown
+
+    def _unavailable(self, members: Sequence[int], idle: Sequence[int]) -> str:
+        unserved = [t for t in range(self.max_workers) if t not in members and t not in idle]
+        if not unserved:
+            return ""
+        return ("; nothing answers at the slots of worker tasks " +
+                ", ".join(f"{t} ({self.addresses[t]})" for t in unserved) +
+                " (start `autodist serve --tf-config` there to let the run grow onto them)")
 
     def releasable(self, members: Sequence[int]) -> list[int]:
         joined = [t for t in reversed(self._joined) if t in members]

@@ -5,12 +5,15 @@ While `fit` runs, a callback (a policy) may ask for other workers
 Ctrl-C asks the chief to stop. The requests are checked here against the run
 (what it may still change, what the strategy allows) and written to the
 job's control files, which the chief reads between steps
-(`autodist.runtime.follow`).
+(`autodist.runtime.follow`). Which worker tasks a resize to n workers takes
+or gives back is the run's task provider's choice
+(`autodist.adapt.task_providers`).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
+from autodist.adapt.task_providers import LocalProcesses, TaskProvider
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
@@ -28,12 +31,21 @@ class ChangeRequests:
         graph_item: The run's model capture.
         strategy: The run's strategy (requests are checked against it).
         spec: The run's cluster.
+        provider: Which worker tasks a resize to n workers takes and gives
+            back (default `LocalProcesses`: the lowest-numbered idle tasks
+            join, the highest-numbered members leave).
     """
 
-    def __init__(self, graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec) -> None:
+    def __init__(self, graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
+                 provider: TaskProvider | None = None) -> None:
         self.graph_item = graph_item
         self.strategy = strategy
         self.spec = spec
+        self.provider = provider or LocalProcesses(spec.num_worker_tasks)
+        if self.provider.max_workers != spec.num_worker_tasks:
+            raise AutodistError(f"the task provider {self.provider!r} picks among "
+                                f"{self.provider.max_workers} worker tasks; the cluster has "
+                                f"{spec.num_worker_tasks}")
         self.members: tuple[int, ...] = tuple(range(spec.num_worker_tasks))
         self._job: JobDir | None = None
         self._config: RunConfig | None = None
@@ -76,15 +88,28 @@ class ChangeRequests:
     def resize(self, workers: int | Sequence[int]) -> tuple[int, ...]:
         """Asks for other workers (see `DistributedRun.resize`).
 
+        Args:
+            workers: A number n: the provider grows or shrinks the members
+                last asked for to n tasks. Or the member tasks themselves
+                (checked, not asked of the provider).
+
         Returns:
             The member tasks asked for.
+
+        Raises:
+            TaskProviderError: a grow for which the provider has fewer tasks
+                available than asked for (under launch="remote", slots whose
+                `autodist serve` answers); nothing is asked of the run.
+            AutodistError: the run cannot resize, or bad `workers`.
         """
         self._check_elastic("resize(workers)")
         if self._not_resizable is not None:
             raise self._not_resizable
         limit = self.spec.num_worker_tasks
         current = self._requested_members or self.members
-        members = members_for(current, workers, limit, "resize's workers")
+        members = members_for(current, workers, limit, "resize's workers")  # checks
+        if isinstance(workers, int) and not isinstance(workers, bool):
+            members = self.provider.resize(current, workers)
         self._requested_members = members
         self._send()
         return members

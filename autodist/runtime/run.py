@@ -13,6 +13,7 @@ import numpy as np
 
 from autodist.adapt.driver import PolicyDriver
 from autodist.adapt.policy_interface import Control
+from autodist.adapt.task_providers import LocalProcesses, ServedHosts, TaskProvider
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
@@ -79,6 +80,14 @@ class DistributedRun:
             next fit goes on from it, as with Keras' fit. False leaves the
             model's optimizer as it was (measurements that must not change
             the model).
+        task_provider: Which worker tasks `resize(n)` (and so a policy's or
+            the autoscaler's resize) takes when the run grows and gives back
+            when it shrinks (`autodist.adapt.task_providers`). Default:
+            under launch="remote", `ServedHosts.from_spec(resource_spec)` (a
+            grow takes only slots whose `autodist serve` answers, so it may
+            land on a host served after launch; the members that joined last
+            leave first); otherwise `LocalProcesses` (the lowest-numbered
+            idle tasks join, the highest-numbered members leave).
     """
 
     def __init__(self, model, strategy: Strategy, resource_spec: ResourceSpec, *,
@@ -86,7 +95,8 @@ class DistributedRun:
                  step_timeout_s: float = 60.0, startup_timeout_s: float = 120.0,
                  task_step_delay_s: dict[int, float] | None = None,
                  launch: str = "local", allow_exposed: bool = False,
-                 secret_file: str | None = None, keep_optimizer_state: bool = True) -> None:
+                 secret_file: str | None = None, keep_optimizer_state: bool = True,
+                 task_provider: TaskProvider | None = None) -> None:
         from autodist.ir.capture import capture
 
         if launch not in LAUNCH_MODES:
@@ -115,7 +125,10 @@ class DistributedRun:
         self.last_job_dir: pathlib.Path | None = None
         self.task_step_delay_s = {str(k): float(v) for k, v in (task_step_delay_s or {}).items()}
         self._state = ModelState(model, self.graph_item, keep_optimizer_state)
-        self._requests = ChangeRequests(self.graph_item, strategy, resource_spec)
+        if task_provider is None:
+            task_provider = ServedHosts.from_spec(resource_spec) if launch == "remote" else \
+                LocalProcesses(resource_spec.num_worker_tasks)
+        self._requests = ChangeRequests(self.graph_item, strategy, resource_spec, task_provider)
         self._jobs = ClusterJobs(resource_spec, launch=launch, allow_exposed=allow_exposed,
                                  secret=self._secret, step_timeout_s=step_timeout_s,
                                  startup_timeout_s=startup_timeout_s,
@@ -212,8 +225,10 @@ class DistributedRun:
                 once it answers); one that leaves for good ends at its
                 leave; one no step includes takes no part. See
                 `autodist.runtime.elastic` and docs/elastic.md. With
-                callbacks, only step 0 (the starting size) may be given,
-                and every worker takes part from launch.
+                callbacks, only step 0 (the starting members) may be
+                given: the other workers idle until a resize includes
+                them, and are waited for only then (under launch="remote"
+                their slots need not be served at launch).
             elastic: Allow `resize(workers)` and `replan(strategy)` while this fit
                 runs, from a callback (a policy): the workers meet the new
                 membership one step ahead of the chief. Needs callbacks;
@@ -384,21 +399,35 @@ class DistributedRun:
 
         Args:
             workers: A number n: the current members grown or shrunk to n
-                (shrinking drops the highest-numbered members, growing adds
-                the lowest-numbered idle tasks; `elastic.resized`). Or the
-                worker task indices to run on, e.g. [0, 2, 3] to drop worker
-                1; they must include the chief, task 0.
+                by the run's `task_provider` (by default under a local
+                launch, shrinking drops the highest-numbered members and
+                growing adds the lowest-numbered idle tasks; under
+                launch="remote", growing adds only tasks whose slot's
+                `autodist serve` answers, and shrinking drops the last to
+                join first). Or the worker task indices to run on, e.g.
+                [0, 2, 3] to drop worker 1; they must include the chief,
+                task 0 (a task named whose slot is not served is waited
+                for when the run grows onto it, and fails the fit, naming
+                it, if it never comes).
 
         Returns:
             The member tasks asked for.
 
         Raises:
+            TaskProviderError: a grow to n for which the provider has fewer
+                tasks available (it names them and, under launch="remote",
+                the slots that do not answer); the run goes on unchanged.
             AutodistError: no elastic fit with callbacks is running, the
                 strategy cannot resize (`elastic.check_elastic`), `workers`
                 is not in 1..(workers of the spec), or the tasks are
                 unknown, repeated or leave out the chief.
         """
         return self._requests.resize(workers)
+
+    @property
+    def task_provider(self) -> TaskProvider:
+        """Which worker tasks `resize(n)` takes and gives back (see the constructor)."""
+        return self._requests.provider
 
     def replan(self, strategy: Strategy) -> None:
         """Asks the running `fit(..., elastic=True)` to switch to `strategy`.
