@@ -32,6 +32,13 @@ task needs the directory.
   ones included, agrees on who
   runs each step. Only members report step losses; an idle worker waits for
   a segment that includes it, or for the chief's final limit at the end.
+* Workers outside the starting membership (``resize_at={0: [...]}``) may
+  have no process yet: under launch="remote" their slot's `autodist serve`
+  may start after launch. The chief sends such a worker the latest limit
+  message (which carries everything) as soon as its slot answers, and waits
+  for it (bounded, naming its slot and address) only when a segment that
+  includes it starts. One that never answered by the end took no part: the
+  chief records for it the result an idle worker sends (no loss, no time).
 
 Why every worker stops at the same step in synchronous training: a worker
 finishes step i only after the chief has started step i, and the chief sends
@@ -59,12 +66,13 @@ from autodist.runtime.batching import EpochSchedule
 from autodist.runtime.elastic import Segment
 from autodist.runtime.records import (ChangeRequest, EpochDecision, MonitoredStep,
                                       MonitorSample, ProgressRecord, RunLimit, StepReport,
-                                      add_states)
+                                      WorkerMessage, WorkerResult, add_states)
 from autodist.runtime.run_config import RunConfig
 
 STOP = "stop"
 CHIEF: Task = ("worker", 0)
 _POLL_S = 0.005
+_JOIN_POLL_S = 0.2   # between looks at a joiner's slot
 
 
 class FollowError(AutodistError, RuntimeError):
@@ -131,13 +139,20 @@ class ChiefFollower:
             extended here by resize requests); default every worker.
         plans: The strategies switched to, as text (shared with the
             trainer, and extended here by replan requests).
+        schedule: The run's epochs (their batch may change with the
+            strategy); default fixed.
+        epoch_end: Called with each epoch's index at its end, or None.
+        answers: Whether something accepts connections at a task's
+            "host:port" (a worker outside the starting membership is sent
+            limits once its slot answers).
     """
 
     def __init__(self, job: JobDir, mail: Mailboxes, num_workers: int, steps_per_epoch: int,
                  config: RunConfig, segments: list[Segment] | None = None,
                  plans: list[str] | None = None,
                  schedule: EpochSchedule | None = None,
-                 epoch_end: Callable[[int], None] | None = None) -> None:
+                 epoch_end: Callable[[int], None] | None = None,
+                 answers: Callable[[str], bool] = mailbox.accepts) -> None:
         self.job = job
         self.epoch_end = epoch_end
         self.mail = mail
@@ -149,6 +164,11 @@ class ChiefFollower:
         self._base_text: str | None = None  # plan 0, read when first needed
         self._resize_sequence = 0
         self.peers: list[Task] = [("worker", t) for t in range(1, num_workers)]
+        # Workers outside the starting membership not yet sent a limit: their slot
+        # may have no process yet (see the module's docstring).
+        starting = self.members_at(config.start_step)
+        self.pending: set[int] = {t for _, t in self.peers if t not in starting}
+        self.answers = answers
         self.steps = steps_per_epoch
         # The epochs (their batch may change with the strategy); default fixed.
         self.schedule = schedule or EpochSchedule(steps_per_epoch, config.epochs, None,
@@ -187,10 +207,12 @@ class ChiefFollower:
             self._take_resize_request(step, at_limit=True, announce=False)
             steps = self.schedule.locate(step)[3]  # of the epoch starting here
             self._set(step if stop else min(step + steps, self.schedule.total()), stop)
-            return step < self.limit
-        self._take_resize_request(step)
-        if not self.final and self.job.stop_request().exists():
-            self._set(step + 1 if self.peers else step, True)
+        else:
+            self._take_resize_request(step)
+            if not self.final and self.job.stop_request().exists():
+                self._set(step + 1 if self.peers else step, True)
+        if step < self.limit:
+            self._wait_for_joiners(step)
         return step < self.limit
 
     def learning_rate_at(self, step: int) -> float | None:
@@ -203,9 +225,26 @@ class ChiefFollower:
                     self.segments[-1].members)
 
     def end(self, done: int) -> None:
-        """After the chief's last step: the final limit, which releases idle workers."""
+        """After the chief's last step: the final limit, which releases idle workers.
+
+        A worker outside the starting membership whose slot never answered took
+        no part: the chief puts into its own results box the result an idle
+        worker sends (no loss, no time for each step), so that the results of
+        every worker are there.
+        """
         if not (self.final and self.limit == done):
             self._set(done, True)
+        message = self._limit_message()
+        for task_index in sorted(self.pending):
+            if self._reach(task_index, message):
+                continue
+            steps = done - self.config.start_step
+            idle = WorkerResult(losses=(0.0,) * steps, step_times=(0.0,) * steps,
+                                steps_per_epoch=self.steps,
+                                epoch_starts=tuple(self.schedule.starts()))
+            self.mail.send(CHIEF, mailbox.RESULTS,
+                           WorkerMessage(task_index, result=idle).to_json(),
+                           self.config.step_timeout_s)
 
     def record(self, step: int, loss: float, seconds: float,
                monitor: MonitorSample | None = None, metrics: Sequence = (),
@@ -273,10 +312,53 @@ class ChiefFollower:
     # ------------------------------------------------------------ internals
     def _set(self, limit: int, final: bool) -> None:
         self.limit, self.final = limit, final
-        message = RunLimit(limit, final, tuple(self.segments), tuple(self.plans),
-                           tuple(self.learning_rates), tuple(self.state_changes)).to_json()
+        message = self._limit_message()
         for peer in self.peers:
-            self.mail.send(peer, mailbox.LIMIT, message, self.config.step_timeout_s)
+            if peer[1] in self.pending:
+                self._reach(peer[1], message)   # it gets a later one if not up yet
+            else:
+                self.mail.send(peer, mailbox.LIMIT, message, self.config.step_timeout_s)
+
+    def _limit_message(self) -> bytes:
+        """The run's limit and everything the workers follow (each message holds all)."""
+        return RunLimit(self.limit, self.final, tuple(self.segments), tuple(self.plans),
+                        tuple(self.learning_rates), tuple(self.state_changes)).to_json()
+
+    def _reach(self, task_index: int, message: bytes) -> bool:
+        """A pending worker: sends it `message` if its slot answers; whether it did (it is
+        then a worker like the others)."""
+        task = ("worker", task_index)
+        if not self.answers(self.mail.address(task)):
+            return False
+        try:
+            self.mail.send(task, mailbox.LIMIT, message, self.config.step_timeout_s)
+        except mailbox.MailboxError:
+            return False   # its server is not up yet: tried again later
+        self.pending.discard(task_index)
+        return True
+
+    def _wait_for_joiners(self, step: int) -> None:
+        """Before `step`: a segment starting there waits for its pending members (up to a
+        step's and a start-up's timeouts, as a hand-over does) and sends them the limit.
+
+        Raises:
+            FollowError: naming the first that did not answer, and its address.
+        """
+        segment = next((s for s in self.segments if s.start == step), None)
+        joiners = [] if segment is None else [t for t in segment.members if t in self.pending]
+        if not joiners:
+            return
+        bound = self.config.step_timeout_s + self.config.startup_timeout_s
+        deadline = time.monotonic() + bound
+        for task_index in joiners:
+            while not self._reach(task_index, self._limit_message()):
+                if time.monotonic() > deadline:
+                    address = self.mail.address(("worker", task_index))
+                    raise FollowError(
+                        f"worker task {task_index} at {address} did not join the run at step "
+                        f"{step} within {bound:g}s: nothing served its slot (start `autodist "
+                        "serve --tf-config` there, with the cluster's TF_CONFIG and secret)")
+                time.sleep(_JOIN_POLL_S)
 
     def _take_resize_request(self, step: int, at_limit: bool = False,
                              announce: bool = True) -> None:
