@@ -203,7 +203,10 @@ def optimize(model, resource_spec: ResourceSpec | None = None, *, trials: int | 
     Args:
         model: A compiled Keras 3 model (its loss and optimizer are used).
         resource_spec: The cluster (default: `ResourceSpec.local(workers=2,
-            ps=1)`, a local cluster on this machine).
+            ps=1)`, a local cluster on this machine; with launch="remote",
+            TF_CONFIG's cluster probed: its served tasks' devices and
+            memory and their links to the chief measured, a few seconds,
+            `launch.cluster_probe.planning_spec`).
         trials: Strategies to measure on the real cluster (needs
             `measure=True`; default 3 then). The CLI's `--trials`.
         measure: Measure the best candidates on the cluster (a few seconds
@@ -256,8 +259,7 @@ def optimize(model, resource_spec: ResourceSpec | None = None, *, trials: int | 
         >>> print(plan.explain())                        # doctest: +SKIP
         >>> history = plan.fit(x, y, batch_size=64)      # doctest: +SKIP
         >>> # On the chief of served hosts (the others: `autodist serve --tf-config`):
-        >>> spec = autodist.ResourceSpec.from_tf_config()          # doctest: +SKIP
-        >>> plan = autodist.optimize(model, spec, measure=True, launch="remote")
+        >>> plan = autodist.optimize(model, measure=True, launch="remote")  # doctest: +SKIP
     """
     from autodist.ir.capture import capture
     from autodist.search.cost_model import resolve_cost_model
@@ -273,6 +275,10 @@ def optimize(model, resource_spec: ResourceSpec | None = None, *, trials: int | 
     if launch not in LAUNCH_MODES:
         raise InvalidArgumentError(f"launch must be one of {LAUNCH_MODES}. Received: "
                                    f"{launch!r}")
+    if resource_spec is None and launch == "remote":
+        from autodist.launch.cluster_probe import planning_spec
+
+        resource_spec = planning_spec(log=print if progress else lambda _: None)
     resource_spec = resource_spec or ResourceSpec.local(workers=2, ps=1)
     graph_item = graph_item or capture(model, x=x, y=y)
     cost_model = resolve_cost_model(cost_model)

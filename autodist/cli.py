@@ -324,7 +324,12 @@ def _cmd_search(args: argparse.Namespace) -> int:
         model, graph_item = load_model(args.model)
         if args.tf_config and args.cluster:
             raise AutodistError("give --cluster FILE or --tf-config, not both")
-        spec = ResourceSpec.from_tf_config() if args.tf_config else _cluster(args.cluster)
+        if args.tf_config:
+            from autodist.launch.cluster_probe import planning_spec
+
+            spec = planning_spec(log=lambda text: print(text, file=sys.stderr))
+        else:
+            spec = _cluster(args.cluster)
         launch = args.launch or ("remote" if args.tf_config else "local")
         if args.secret_file and launch != "remote":
             raise AutodistError("--secret-file goes with --launch remote (or --tf-config)")

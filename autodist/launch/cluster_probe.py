@@ -39,6 +39,7 @@ import datetime
 import re
 import statistics
 import time
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 from autodist.ir.errors import AutodistError
@@ -47,6 +48,9 @@ from autodist.ir.resource_spec import ResourceSpec, host_memory_bytes, read_tf_c
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_PAYLOAD_BYTES = 4 << 20
 DEFAULT_REPEATS = 5
+# `planning_spec`'s probe: short, as it runs before every remote plan.
+PLANNING_PAYLOAD_BYTES = 1 << 20
+PLANNING_REPEATS = 3
 # Above this many tasks only the chief's links are measured (pairs grow quadratically).
 MAX_PAIRED_TASKS = 8
 _POLL_S = 0.05
@@ -239,6 +243,32 @@ def probe_tf_config(tf_config: str | Mapping[str, Any] | None = None, *,
     return probe_cluster(spec, timeout_s=timeout_s, payload_bytes=payload_bytes,
                          repeats=repeats, pairs=pairs, stand_in_for_chief=stand_in_for_chief,
                          other_names=names, log=log)
+
+
+def planning_spec(tf_config: str | Mapping[str, Any] | None = None, *,
+                  timeout_s: float = DEFAULT_TIMEOUT_S,
+                  payload_bytes: int = PLANNING_PAYLOAD_BYTES, repeats: int = PLANNING_REPEATS,
+                  log: Callable[[str], None] = lambda _: None) -> ResourceSpec:
+    """The TF_CONFIG cluster to plan on: probed (its tasks' devices and memory, each
+    node's links to the chief, a short payload), or, where a task does not answer
+    within `timeout_s`, as TF_CONFIG declares it (bandwidth and memory unknown), with
+    a warning naming the task.
+
+    What `optimize(launch="remote")` and `autodist search --tf-config` plan on
+    when given no spec; `log` receives the probe's description.
+
+    Raises:
+        ResourceSpecError: TF_CONFIG is missing or malformed.
+    """
+    try:
+        probe = probe_tf_config(tf_config, timeout_s=timeout_s, payload_bytes=payload_bytes,
+                                repeats=repeats, pairs=False)
+    except ProbeError as e:
+        warnings.warn(f"planning on TF_CONFIG's cluster as declared (bandwidth and memory "
+                      f"unknown): probing it failed: {e}", RuntimeWarning, stacklevel=2)
+        return ResourceSpec.from_tf_config(read_tf_config(tf_config))
+    log(probe.describe())
+    return probe.spec
 
 
 def probe_cluster(spec: ResourceSpec, *, timeout_s: float = DEFAULT_TIMEOUT_S,

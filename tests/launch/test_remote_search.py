@@ -6,9 +6,10 @@ halves; a local runner refuses a cluster of other hosts, naming the remote
 one; `optimize(measure=True, launch="remote")` and `autodist search
 --tf-config --trials` measure through the remote runner, and the plan trains
 where it was measured. On emulated hosts (`tests.emulated_hosts`, as in
-`test_emulated_hosts.py`): the trials of `optimize(measure=True, trials=2)`
-are one job on each served task (their logs show it), and the plan then
-trains equal to single-device Keras.
+`test_emulated_hosts.py`): `optimize(measure=True, trials=2,
+launch="remote")` without a spec plans on TF_CONFIG's cluster probed, its
+trials are one job on each served task (their logs show it), and the plan
+then trains equal to single-device Keras.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import autodist
 from autodist import api, cli
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
+from autodist.launch.cluster_probe import ProbeError
 from autodist.launch.errors import TaskFailedError
 from autodist.launch.mailbox import MailboxTimeout
 from autodist.runtime.local_runner import LaunchRecord, LocalRunner
@@ -114,10 +116,13 @@ def test_search_tf_config_measures_on_the_served_hosts(monkeypatch, capsys):
         return SimulatedRunner(options["graph_item"], spec)
 
     monkeypatch.setenv("TF_CONFIG", emulated_hosts.tf_config(_SERVED, "worker", 0))
+    monkeypatch.setattr("autodist.launch.cluster_probe.probe_tf_config",  # nothing serves
+                        lambda *a, **k: (_ for _ in ()).throw(ProbeError("no answer", ())))
     monkeypatch.setattr(cli, "load_model", lambda model, batch_size=None: (object(), gi))
     monkeypatch.setattr("autodist.runtime.remote_runner.RemoteRunner", fake_runner)
-    assert cli.main(["search", "--model", "fake", "--tf-config", "--trials", "2", "--budget",
-                     "50", "--secret-file", "/run/secret", "--json"]) == 0
+    with pytest.warns(RuntimeWarning, match="as declared.*no answer"):
+        assert cli.main(["search", "--model", "fake", "--tf-config", "--trials", "2",
+                         "--budget", "50", "--secret-file", "/run/secret", "--json"]) == 0
     assert made == [(2, "/run/secret")]
     assert len(json.loads(capsys.readouterr().out)["trials"]) == 2
     assert cli.main(["search", "--model", "fake", "--secret-file", "/run/secret"]) == 2
@@ -145,10 +150,13 @@ def test_measured_search_runs_its_trials_on_the_served_hosts(request, tmp_path, 
     model = small_mlp.mlp()
     expected = small_mlp.keras_weights(model, x, y, batch=32, epochs=1)
     monkeypatch.setenv("TF_CONFIG", emulated_hosts.tf_config(cluster, "worker", 0))
-    spec = autodist.ResourceSpec.from_tf_config()
     db_path = tmp_path / "trials.jsonl"
-    plan = autodist.optimize(model, spec, measure=True, trials=2, batch_size=32,
-                             database=db_path, launch="remote")
+    plan = autodist.optimize(model, measure=True, trials=2, batch_size=32,
+                             database=db_path, launch="remote")   # on TF_CONFIG, probed
+
+    probed = plan.resource_spec   # every task's memory and link to the chief measured
+    assert len(probed.nodes) == 3
+    assert all(n.cpu_memory_bytes > 0 and n.network_bandwidth_gbps > 0 for n in probed.nodes)
 
     records = Database(db_path).records()
     assert len(records) == 2 and all(r.ok for r in records), [r.error for r in records]
