@@ -306,8 +306,12 @@ def task_schedule(resize_at: Mapping | None, max_workers: int) -> TaskSchedule:
 
 
 def scheduled_tasks(config: RunConfig, num_workers: int) -> TaskSchedule:
-    """Which tasks the run of `config` needs when. A followed run may
-    grow onto any task at any step: every task starts at launch and stays to the end."""
+    """Which tasks the run of `config` needs when. A followed run may grow onto any
+    task at any step: the tasks outside its starting membership (`resize_at[0]`) are
+    late (the chief waits for each only when a segment includes it,
+    `follow.ChiefFollower`); none is absent, none released."""
+    schedule = task_schedule(config.resize_at, num_workers)
     if config.follow_steps:
-        return TaskSchedule(tuple(range(num_workers)))
-    return task_schedule(config.resize_at, num_workers)
+        return TaskSchedule(schedule.start,
+                            late=frozenset(range(num_workers)) - set(schedule.start))
+    return schedule

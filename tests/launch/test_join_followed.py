@@ -28,23 +28,11 @@ import pytest
 import autodist
 from autodist import models
 from autodist.adapt.task_providers import ServedHosts, TaskProviderError, answers
-from autodist.runtime.elastic import scheduled_tasks
-from autodist.runtime.run_config import RunConfig
 from autodist.search import builders
 from tests import emulated_hosts, small_mlp
 
 
-def _followed_runs_start_on_their_members() -> bool:
-    """Whether a followed run's workers outside its starting membership are late (not
-    waited for at launch): `elastic.scheduled_tasks` says so."""
-    config = RunConfig(job_id="j", global_batch_size=8, follow_steps=True,
-                       resize_at={"0": [0, 1]})
-    return scheduled_tasks(config, 3).late == {2}
-
-
-pytestmark = [pytest.mark.cluster, pytest.mark.skipif(
-    not _followed_runs_start_on_their_members(),
-    reason="elastic.scheduled_tasks still starts every worker of a followed run at launch")]
+pytestmark = pytest.mark.cluster
 
 TOLERANCE = 2e-5
 EXAMPLES, BATCH, EPOCHS = 96, 32, 3

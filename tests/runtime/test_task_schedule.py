@@ -35,9 +35,11 @@ def test_a_task_that_leaves_and_comes_back_is_not_released():
     assert schedule.released == set() and schedule.late == set()
 
 
-def test_a_followed_run_needs_every_task_throughout():
+def test_a_followed_run_starts_on_its_starting_members_and_may_grow_onto_any_other():
     config = RunConfig(job_id="j", global_batch_size=8, epochs=1, follow_steps=True,
                        resize_at={"0": [0, 1]})
+    assert scheduled_tasks(config, 3) == TaskSchedule((0, 1), late=frozenset({2}))
+    config = RunConfig(job_id="j", global_batch_size=8, epochs=1, follow_steps=True)
     assert scheduled_tasks(config, 3) == TaskSchedule((0, 1, 2))
 
 
