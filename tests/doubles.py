@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from autodist.adapt.autoscaler import Observation
+from autodist.adapt.task_providers import LocalProcesses
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
@@ -81,6 +82,7 @@ class StandInRun:
         self.graph_item, self.strategy, self.resource_spec = graph_item, strategy, spec
         self.requests: list[tuple[str, object]] = []
         self.members = tuple(range(spec.num_worker_tasks))
+        self.task_provider = LocalProcesses(spec.num_worker_tasks)
 
     def resize(self, workers) -> tuple[int, ...]:
         self.requests.append(("resize", workers))

@@ -177,8 +177,10 @@ class Control:
     def replace(self, tasks: Sequence[int], reason: str = "", replan: bool = False) -> None:
         """Takes the workers `tasks` out of the run (stragglers), swapping in spares.
 
-        Each member in `tasks` leaves; for each, an idle worker task of the
-        spec (not a member, not in `tasks`), if any, joins in its place. The
+        Each member in `tasks` leaves; for each, an idle worker task the
+        run's task provider has available (not in `tasks`; under
+        launch="remote" only slots whose `autodist serve` answers), if any,
+        joins in its place. The
         chief (task 0) holds the run's state and never leaves: it is logged
         ("keep_chief") and kept.
 
@@ -193,7 +195,7 @@ class Control:
         leaving = [t for t in self.members if t in tasks and t != 0]
         if not leaving:
             return
-        spares = [t for t in range(self.max_workers) if t not in self.members and t not in tasks]
+        spares = [t for t in self.run.task_provider.available(self.members) if t not in tasks]
         joining = spares[:len(leaving)]
         members = sorted(set(self.members) - set(leaving) | set(joining))
         self.resize(members, reason=reason or f"replace workers {leaving} with {joining}",

@@ -78,3 +78,24 @@ def test_a_policys_grow_without_tasks_is_refused_with_the_reason():
     (action,) = control.actions
     assert action["action"] == "resize_refused" and action["workers"] == 3
     assert "autoscaler trial: ServedHosts has 0 worker tasks available" == action["reason"]
+
+
+class _ServedRun(_RefusingRun):
+    """A run on `ADDRESSES` where slot 2's `autodist serve` does not answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.task_provider = ServedHosts(ADDRESSES, is_served=lambda a: a != "h1:2")
+        self.asked: list[tuple[int, ...]] = []
+
+    def resize(self, workers):
+        self.asked.append(tuple(workers))
+        return tuple(workers)
+
+
+def test_a_replaced_straggler_gives_its_place_to_a_served_spare_only():
+    run = _ServedRun()
+    control = Control(run, 8)
+    control.members = (0, 1)
+    control.replace([1], reason="straggler")
+    assert run.asked == [(0, 3)]   # slot 2 is idle but not served
