@@ -8,7 +8,9 @@ n workers. The package's own double, `SimulatedRunner`, is in
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
+
+import keras
 
 from autodist.adapt.autoscaler import Observation
 from autodist.adapt.task_providers import LocalProcesses
@@ -93,6 +95,19 @@ class StandInRun:
 
     def replan(self, strategy: Strategy) -> None:
         self.requests.append(("replan", strategy))
+
+
+class ResizeAfterEpochs(keras.callbacks.Callback):
+    """A policy as a callback: after epoch e, asks `run` for sizes[e] workers
+    (`DistributedRun.resize`)."""
+
+    def __init__(self, run, sizes: Mapping[int, object]) -> None:
+        super().__init__()
+        self.run, self.sizes = run, sizes
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        if epoch in self.sizes:
+            self.run.resize(self.sizes[epoch])
 
 
 # ------------------------------------------- throughput at n workers

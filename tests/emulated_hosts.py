@@ -350,6 +350,16 @@ def serve(host: EmulatedHost, tmp_path: pathlib.Path, cluster: Mapping[str, list
     return process, log_path
 
 
+def late_slot_cluster(request: pytest.FixtureRequest, tmp_path: pathlib.Path
+                      ) -> tuple[EmulatedHosts, dict[str, list[str]],
+                                 tuple[subprocess.Popen, pathlib.Path]]:
+    """Two hosts: worker:1 served on host0 from the start (one job), worker:2's slot on
+    host1 declared but not served yet; (the hosts, the cluster, worker:1's serve)."""
+    hosts = start(request, count=2)
+    cluster = cluster_on(hosts, [("worker", 1), ("worker", 2)])
+    return hosts, cluster, serve(hosts[0], tmp_path, cluster, "worker", 1)
+
+
 def after_steps(job_dir: str | os.PathLike, steps: int, action: Callable[[], object],
                 timeout_s: float = 120.0) -> threading.Thread:
     """Runs `action` (in a daemon thread) once the chief of the job in `job_dir` has

@@ -43,9 +43,7 @@ def test_a_job_grows_onto_a_host_served_after_launch_and_shrinks_off_it(
         request, tmp_path, monkeypatch, secret_file):
     """Workers 0 and 1, then 0, 1 and 2 from step 3 (worker 2's serve started after step
     2), then 0 and 1 from step 6: weights and per-epoch losses equal single-device Keras."""
-    hosts = emulated_hosts.start(request, count=2)
-    cluster = emulated_hosts.cluster_on(hosts, [("worker", 1), ("worker", 2)])
-    first = emulated_hosts.serve(hosts[0], tmp_path, cluster, "worker", 1)
+    hosts, cluster, first = emulated_hosts.late_slot_cluster(request, tmp_path)
     late: list[tuple[subprocess.Popen, pathlib.Path]] = []
     x, y = small_mlp.data(EXAMPLES)
     model = small_mlp.mlp()
@@ -75,9 +73,7 @@ def test_a_late_slot_never_served_fails_naming_it(request, tmp_path, monkeypatch
                                                   secret_file):
     """The job grows onto worker 2 at step 3, but nothing ever serves its slot: fit fails
     within the bounds, naming the slot and its address."""
-    hosts = emulated_hosts.start(request, count=2)
-    cluster = emulated_hosts.cluster_on(hosts, [("worker", 1), ("worker", 2)])
-    first = emulated_hosts.serve(hosts[0], tmp_path, cluster, "worker", 1)
+    hosts, cluster, first = emulated_hosts.late_slot_cluster(request, tmp_path)
     x, y = small_mlp.data(EXAMPLES)
     run = _run(small_mlp.mlp(), cluster, tmp_path, monkeypatch, step_timeout_s=4,
                startup_timeout_s=20)

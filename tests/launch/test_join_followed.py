@@ -79,9 +79,7 @@ def test_a_followed_run_grows_onto_a_host_served_after_launch_and_shrinks_off_it
     """Workers 0 and 1; worker 2's serve starts after step 2; a callback grows the run to
     3 (onto worker 2) from step 3 and shrinks it to 2 from step 6: weights and per-epoch
     losses equal single-device Keras."""
-    hosts = emulated_hosts.start(request, count=2)
-    cluster = emulated_hosts.cluster_on(hosts, [("worker", 1), ("worker", 2)])
-    first = emulated_hosts.serve(hosts[0], tmp_path, cluster, "worker", 1)
+    hosts, cluster, first = emulated_hosts.late_slot_cluster(request, tmp_path)
     late: list[tuple[subprocess.Popen, pathlib.Path]] = []
     x, y = small_mlp.data(EXAMPLES)
     model = small_mlp.mlp()
@@ -127,9 +125,7 @@ def test_a_grow_onto_a_slot_never_served_is_refused_and_the_run_goes_on(
         request, tmp_path, monkeypatch, secret_file):
     """Worker 2's slot is never served: nobody waits for it at launch, resize(3) is refused
     naming its slot, and the run ends on workers 0 and 1, equal to single-device Keras."""
-    hosts = emulated_hosts.start(request, count=2)
-    cluster = emulated_hosts.cluster_on(hosts, [("worker", 1), ("worker", 2)])
-    first = emulated_hosts.serve(hosts[0], tmp_path, cluster, "worker", 1)
+    hosts, cluster, first = emulated_hosts.late_slot_cluster(request, tmp_path)
     x, y = small_mlp.data(EXAMPLES)
     model = small_mlp.mlp()
     reference = models.single_device_twin(model)

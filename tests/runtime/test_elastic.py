@@ -19,6 +19,7 @@ from autodist.ir.errors import AutodistError
 from autodist.runtime import elastic
 from autodist.search import builders
 from tests import small_mlp
+from tests.doubles import ResizeAfterEpochs
 
 TOLERANCE = 2e-5
 EXAMPLES, BATCH, EPOCHS = 96, 32, 3
@@ -157,18 +158,6 @@ def test_fit_checks_the_schedule_before_launching():
         run.fit(x, y, resize_at={3: 1}, shuffle=False)
 
 
-class _Resizer(keras.callbacks.Callback):
-    """A policy: after epoch e, go on with sizes[e] workers."""
-
-    def __init__(self, run, sizes):
-        super().__init__()
-        self.run, self.sizes = run, sizes
-
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch in self.sizes:
-            self.run.resize(self.sizes[epoch])
-
-
 @pytest.mark.cluster
 def test_resize_requested_by_a_callback(tmp_path):
     # Asked for in on_epoch_end, a resize starts exactly at the next epoch's
@@ -181,7 +170,7 @@ def test_resize_requested_by_a_callback(tmp_path):
     run = autodist.distribute(model, strategy.with_virtual_nodes(BATCH, 4), spec,
                               job_dir=str(tmp_path / "job"), step_timeout_s=60)
     history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, resize_at={0: 2},
-                      elastic=True, callbacks=[_Resizer(run, {0: 4, 1: 1})])
+                      elastic=True, callbacks=[ResizeAfterEpochs(run, {0: 4, 1: 1})])
     assert [(r.step, r.workers) for r in history.resizes] == [(3, 4), (6, 1)]
     assert len(history.step_losses) == EPOCHS * EXAMPLES // BATCH
     for got, want in zip(model.get_weights(), expected):

@@ -21,6 +21,7 @@ from autodist.ir.errors import AutodistError
 from autodist.runtime import elastic
 from autodist.search import builders
 from tests import small_mlp
+from tests.doubles import ResizeAfterEpochs
 from tests.runtime.test_replicas_per_task import keras_steps
 
 TOLERANCE = 2e-5
@@ -55,18 +56,6 @@ def test_two_replica_tasks_resized_on_a_schedule_equal_keras(tmp_path):
     _check_equals_keras(model, history, reference)
 
 
-class _Resizer(keras.callbacks.Callback):
-    """After epoch e, go on with sizes[e] worker tasks."""
-
-    def __init__(self, run, sizes):
-        super().__init__()
-        self.run, self.sizes = run, sizes
-
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch in self.sizes:
-            self.run.resize(self.sizes[epoch])
-
-
 @pytest.mark.cluster
 def test_two_replica_tasks_resized_by_a_callback_with_ps_equal_keras(tmp_path):
     x, y = small_mlp.data(EXAMPLES)
@@ -77,7 +66,7 @@ def test_two_replica_tasks_resized_by_a_callback_with_ps_equal_keras(tmp_path):
     run = autodist.distribute(model, strategy, spec, job_dir=str(tmp_path / "job"),
                               step_timeout_s=60)
     history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, elastic=True,
-                      callbacks=[_Resizer(run, {0: 1, 1: 2})])
+                      callbacks=[ResizeAfterEpochs(run, {0: 1, 1: 2})])
     assert [(r.step, tuple(r.members)) for r in history.resizes] == [(3, (0,)), (6, (0, 1))]
     _check_equals_keras(model, history, reference)
 
