@@ -237,7 +237,8 @@ def _arrays(x: Any, y: Any, batch_size: int | None, sample_weight: Any, class_we
             context: InputContext) -> tuple[list[np.ndarray], np.ndarray, int]:
     """(inputs, targets and sample weights as one array, global batch) from fit's
     arguments, checked."""
-    if y is None:
+    takes_targets = bool(context.graph_item.target_inputs)
+    if y is None and takes_targets:
         raise AutodistError("fit needs targets y (or a dataset of (x, y) batches)")
     strategy = context.strategy
     fixed = strategy.global_batch_size
@@ -261,6 +262,9 @@ def _arrays(x: Any, y: Any, batch_size: int | None, sample_weight: Any, class_we
     if weights is not None:
         check_weighted(np.concatenate([np.ravel(w) for w in weights])
                        if isinstance(weights, list) else weights, context)
+    if not takes_targets:
+        # Compiled without a loss: the step reads no targets (Keras ignores y too).
+        return data.inputs, np.zeros((data.num_examples, 0), np.float32), int(batch_size)
     return data.inputs, targets.pack(data.targets, weights), int(batch_size)
 
 

@@ -106,6 +106,8 @@ def flatten_targets(y: Any, infos: Sequence[Any]) -> list[Any]:
     Raises:
         DataError: y does not hold one target per output.
     """
+    if not infos:   # a model compiled without a loss: Keras ignores y
+        return []
     names = [output_name(info) for info in infos]
     if isinstance(y, dict):
         if len(infos) == 1 and len(y) == 1:

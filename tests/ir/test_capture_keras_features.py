@@ -353,3 +353,32 @@ def test_batch_normalization_of_the_model_input_is_summed_forward_only():
     assert set(found) == {"bn_in", "bn_hidden"}, list(found)
     assert found["bn_in"].syncable and not found["bn_in"].mean_gradient
     assert found["bn_hidden"].syncable and found["bn_hidden"].mean_gradient
+
+
+class _TargetsLoss(keras.layers.Layer):
+    """An endpoint layer: its loss of targets given as a model input, by add_loss."""
+
+    def call(self, logits, targets):
+        self.add_loss(keras.losses.BinaryCrossentropy(from_logits=True)(targets, logits))
+        return keras.ops.sigmoid(logits)
+
+
+def test_a_model_compiled_without_a_loss_trains_on_its_added_loss_without_targets():
+    features = keras.Input((12,), name="features")
+    targets = keras.Input((1,), name="targets")
+    logits = keras.layers.Dense(1)(keras.layers.Dense(8, activation="relu")(features))
+    model = keras.Model([features, targets], _TargetsLoss()(logits, targets))
+    model.compile(optimizer=keras.optimizers.SGD(1.0))   # no loss: Keras reads no y
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(BATCH, 12)).astype(np.float32)
+    t = (rng.random((BATCH, 1)) < 0.5).astype(np.float32)
+    gi = _check_equals_keras_step(model, [x, t], None, {"features": x, "targets": t})
+    assert gi.target_inputs == [] and gi.sample_weight_inputs == []
+    assert [a.kind for a in gi.proto.added_losses] == ["mean"]
+
+
+def test_a_model_without_any_loss_is_refused():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd")
+    with pytest.raises(CaptureError, match="without a loss and none of its layers adds one"):
+        capture(model)

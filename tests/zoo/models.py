@@ -26,7 +26,8 @@ FEATURES = frozenset({
     "dict_inputs", "variable_length", "1d_targets", "dtypes", "time_targets",
     "preprocessing", "random", "batchnorm", "jit", "mixed_precision", "add_loss",
     "regularizers", "masking", "rnn", "multi_output", "subclassed", "shuffle",
-    "sample_weight", "class_weight", "validation",
+    "sample_weight", "class_weight", "validation", "explicit_mask", "no_targets",
+    "soft_labels", "conv_rnn",
 })
 
 
@@ -952,12 +953,163 @@ def siamese_contrastive() -> ZooCase:
                    model, [x1, x2], y, _fit_kwargs(batch_size=16, validation_data=validation))
 
 
+def video_gru_masked() -> ZooCase:
+    """CNN-RNN video classifier: a boolean frame mask passed to a GRU as an input.
+
+    Follows examples/vision/video_classification.py: per-frame features
+    (N, T, F) float32 and a (N, T) bool mask as two inputs, `GRU(16,
+    return_sequences=True)(features, mask=mask)`, a second GRU, Dropout(0.4),
+    a softmax; labels from StringLookup(num_oov_indices=0), int64 (N, 1);
+    `validation_split=0.3`. With a TimeDistributed(Dense) frame projection
+    added (the feature extractor's last layer, trained here).
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(31)
+    n, max_frames, num_features, num_classes = 80, 6, 8, 3
+    labels = rng.integers(0, num_classes, (n, 1))
+    lengths = rng.integers(2, max_frames + 1, n)
+    masks = np.arange(max_frames)[None, :] < lengths[:, None]
+    features = rng.normal(size=(n, max_frames, num_features)).astype("float32")
+    features[:, :, 0] += labels                   # the class shows in every frame
+    features[~masks] = 0.0                        # padded frames are zeros
+    features_input = keras.Input((max_frames, num_features))
+    mask_input = keras.Input((max_frames,), dtype="bool")
+    h = layers.TimeDistributed(layers.Dense(8, activation="relu"))(features_input)
+    h = layers.GRU(16, return_sequences=True)(h, mask=mask_input)
+    h = layers.GRU(8)(h)
+    h = layers.Dropout(0.4)(h)
+    h = layers.Dense(8, activation="relu")(h)
+    outputs = layers.Dense(num_classes, activation="softmax")(h)
+    model = keras.Model([features_input, mask_input], outputs)
+    model.compile(loss="sparse_categorical_crossentropy", optimizer="adam",
+                  metrics=["accuracy"])
+    return ZooCase("video_gru_masked", "examples/vision/video_classification.py",
+                   ("explicit_mask", "rnn", "random", "dtypes", "validation"),
+                   model, [features, masks], labels, _fit_kwargs(validation_split=0.3))
+
+
+def next_frame_conv_lstm() -> ZooCase:
+    """Next-frame prediction with stacked ConvLSTM2D layers over a variable number of frames.
+
+    Follows examples/vision/conv_lstm.py: `Input((None, H, W, 1))`, ConvLSTM2D
+    (return_sequences, padding "same", relu) + BatchNormalization twice, a
+    sigmoid Conv3D, binary cross-entropy against the frames shifted by one:
+    targets (N, T, H, W, 1).
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(37)
+    n, frames, size = 32, 5, 8
+    # A bright square moving one pixel a frame from a random start.
+    video = np.zeros((n, frames + 1, size, size, 1), dtype="float32")
+    starts = rng.integers(0, size - 3, (n, 2))
+    for i, (row, col) in enumerate(starts):
+        for t in range(frames + 1):
+            c = min(col + t, size - 3)
+            video[i, t, row:row + 3, c:c + 3, 0] = 1.0
+    video += 0.05 * rng.random(video.shape).astype("float32")
+    inputs = keras.Input(shape=(None, size, size, 1))
+    h = layers.ConvLSTM2D(4, (3, 3), padding="same", return_sequences=True,
+                          activation="relu")(inputs)
+    h = layers.BatchNormalization()(h)
+    h = layers.ConvLSTM2D(4, (1, 1), padding="same", return_sequences=True,
+                          activation="relu")(h)
+    h = layers.BatchNormalization()(h)
+    outputs = layers.Conv3D(1, (3, 3, 3), activation="sigmoid", padding="same")(h)
+    model = keras.Model(inputs, outputs)
+    model.compile(loss=keras.losses.binary_crossentropy, optimizer=keras.optimizers.Adam())
+    return ZooCase("next_frame_conv_lstm", "examples/vision/conv_lstm.py",
+                   ("conv_rnn", "rnn", "batchnorm", "variable_length", "time_targets"),
+                   model, video[:, :-1], video[:, 1:], _fit_kwargs(batch_size=8))
+
+
+class LogisticEndpoint(layers.Layer):
+    """Computes its own loss from targets given as a model input, with `add_loss`."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name=name)
+        self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    def call(self, logits, targets=None, sample_weight=None):
+        if targets is not None:
+            self.add_loss(self.loss_fn(targets, logits, sample_weight))
+        return ops.sigmoid(logits)
+
+
+def endpoint_layer() -> ZooCase:
+    """A loss computed inside the model from targets and weights fed as inputs; `fit(x)` alone.
+
+    Follows examples/keras_recipes/endpoint_layer_pattern.py: inputs, targets
+    and sample weights as a dict of three named inputs, a LogisticEndpoint
+    layer that adds BinaryCrossentropy(from_logits=True) of them with
+    `add_loss` (its weighted mean over the batch), `compile(optimizer)` with
+    no loss and `fit(data)` with no `y`; float64 columns as NumPy gives them.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(41)
+    n, width = 96, 12
+    features = rng.random((n, width))
+    data = {"inputs": features,
+            "targets": (features[:, :1] + 0.3 * rng.random((n, 1)) > 0.6).astype("float64"),
+            "sample_weight": rng.random((n, 1))}
+    inputs = keras.Input((width,), name="inputs")
+    targets = keras.Input((1,), name="targets")
+    sample_weight = keras.Input((1,), name="sample_weight")
+    logits = layers.Dense(1)(layers.Dense(8, activation="relu")(inputs))
+    preds = LogisticEndpoint()(logits, targets, sample_weight)
+    model = keras.Model([inputs, targets, sample_weight], preds)
+    model.compile(keras.optimizers.Adam(1e-2))
+    return ZooCase("endpoint_layer", "examples/keras_recipes/endpoint_layer_pattern.py",
+                   ("no_targets", "add_loss", "dict_inputs", "dtypes"),
+                   model, data, None, _fit_kwargs(batch_size=16))
+
+
+def mixup_separable() -> ZooCase:
+    """Image classifier trained on MixUp pairs: float soft labels, depthwise-separable blocks.
+
+    Follows examples/vision/mixup.py: two shuffled copies of the data mixed
+    with a Beta(0.2, 0.2) draw (images and one-hot labels alike), Conv2D and
+    MaxPooling, Dropout(0.2), GlobalAveragePooling2D, a softmax and
+    categorical cross-entropy on the mixed float labels; with a MobileNet-style
+    block (DepthwiseConv2D, GroupNormalization, a pointwise Conv2D and a
+    residual), LayerNormalization and label smoothing added.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(43)
+    n, size, num_classes = 64, 10, 4
+    labels = rng.integers(0, num_classes, n)
+    images = rng.random((n, size, size, 1)).astype("float32")
+    images[np.arange(n), labels * 2 + 1, :, 0] += 1.0
+    one_hot = keras.utils.to_categorical(labels, num_classes)
+    other = rng.permutation(n)
+    mix = rng.beta(0.2, 0.2, (n, 1))
+    x = mix[:, :, None, None] * images + (1.0 - mix[:, :, None, None]) * images[other]
+    y = mix * one_hot + (1.0 - mix) * one_hot[other]
+    inputs = keras.Input((size, size, 1))
+    h = layers.Conv2D(8, (3, 3), activation="relu")(inputs)
+    h = layers.MaxPooling2D((2, 2))(h)
+    block = layers.DepthwiseConv2D((3, 3), padding="same", use_bias=False)(h)
+    block = layers.GroupNormalization(groups=4)(block)
+    block = layers.Activation("gelu")(block)
+    h = layers.add([h, layers.Conv2D(8, (1, 1))(block)])
+    h = layers.Dropout(0.2)(h)
+    h = layers.LayerNormalization()(layers.GlobalAveragePooling2D()(h))
+    h = layers.Dense(16, activation="relu")(h)
+    outputs = layers.Dense(num_classes, activation="softmax")(h)
+    model = keras.Model(inputs, outputs)
+    model.compile(loss=keras.losses.CategoricalCrossentropy(label_smoothing=0.1),
+                  optimizer="adam", metrics=["accuracy"])
+    return ZooCase("mixup_separable", "examples/vision/mixup.py",
+                   ("soft_labels", "random", "dtypes"),
+                   model, x, y, _fit_kwargs(batch_size=16))
+
+
 ZOO: dict[str, Callable[[], ZooCase]] = {builder.__name__: builder for builder in (
     heart_disease, census_deep_cross, movielens_recommender, text_cnn_strings,
     imdb_bidirectional_lstm, imdb_masked_lstm, ticket_triage, char_gpt, lstm_seq2seq,
     ecg_fcn, anomaly_autoencoder, weather_lstm, mnist_convnet, augmented_xception,
     vision_transformer, transformer_text_mixed, fraud_class_weight, digits_sample_weight,
-    nmt_transformer, siamese_contrastive)}
+    nmt_transformer, siamese_contrastive, video_gru_masked, next_frame_conv_lstm,
+    endpoint_layer, mixup_separable)}
 
 
 def variable_values(model: keras.Model) -> list[np.ndarray]:

@@ -14,6 +14,7 @@ the warning saying so is checked instead.
 """
 from __future__ import annotations
 
+import os
 import re
 import warnings
 
@@ -37,6 +38,18 @@ FLOAT16_WEIGHT_ATOL = 1e-4
 FLOAT16_HISTORY_RTOL = 1e-3
 VIRTUAL_NODES = 4
 CONFIGS = ("PS", "AllReduce", "AllReduceVirtualNodes")
+# Cases trained on clusters when added (every configuration equal to Keras), left out
+# of CI to keep its time (a case costs 20-50 s a configuration): what they exercise
+# that is new (a bool mask input of a GRU; float soft labels, DepthwiseConv2D and
+# GroupNormalization) runs through the same capture and feeds as the cases kept.
+# AUTODIST_ZOO_ALL=1 runs them too.
+NOT_ON_CLUSTERS_IN_CI = frozenset({"video_gru_masked", "mixup_separable"})
+
+
+def _cluster_cases() -> list[str]:
+    if os.environ.get("AUTODIST_ZOO_ALL") == "1":
+        return sorted(ZOO)
+    return sorted(set(ZOO) - NOT_ON_CLUSTERS_IN_CI)
 
 
 def _capture(case: ZooCase) -> autodist.GraphItem:
@@ -76,7 +89,7 @@ _FLOAT16 = "scales the loss dynamically"
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize("name", sorted(ZOO))
+@pytest.mark.parametrize("name", _cluster_cases())
 def test_zoo_case_trains_as_keras_fit(name: str, config: str, tmp_path) -> None:
     case = ZOO[name]()
     want_weights, want_history = keras_reference(case)

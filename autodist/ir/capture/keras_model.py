@@ -27,8 +27,6 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise CaptureError(f"model {model.name!r} is not compiled: call "
                            "model.compile(optimizer=..., loss=...) before capture")
-    if getattr(model, "loss", None) is None:
-        raise CaptureError(f"model {model.name!r} was compiled without a loss")
     _check_keras_train_step(model)
     x_spec = keras_input_spec(model, x)
     if not model.built and x is not None and not any(
@@ -39,7 +37,9 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     if not model.built:
         raise CaptureError(f"model {model.name!r} is not built: call it on a batch, or pass "
                            "capture(model, x=example_batch)")
-    y_spec = keras_target_spec(model, x_spec, y)
+    # Compiled without a loss, Keras' step computes only the terms the layers add
+    # (`add_loss`) and never reads the targets: the step takes none.
+    y_spec = keras_target_spec(model, x_spec, y) if model.loss is not None else None
     trainable = list(model.trainable_variables)
     if not trainable:
         raise CaptureError(f"model {model.name!r} has no trainable variables")
@@ -72,8 +72,16 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
 
     target_names = keras_target_names(model, y_spec)
     weight_spec = sample_weight_spec(model, x_spec, y_spec)
-    concrete = tf.function(step, autograph=False).get_concrete_function(x_spec, y_spec,
-                                                                         weight_spec)
+    try:
+        concrete = tf.function(step, autograph=False).get_concrete_function(x_spec, y_spec,
+                                                                             weight_spec)
+    except ValueError as e:
+        if model.loss is None and "No loss to compute" in str(e):
+            raise CaptureError(
+                f"model {model.name!r} was compiled without a loss and none of its layers "
+                "adds one (add_loss): Keras' fit has no loss to compute either. Pass "
+                "compile(loss=...)") from e
+        raise
     names = unique_names([v.path for v in trainable])
     state = [v for v in model.variables if not v.trainable]
     input_names = keras_input_names(model, x_spec)

@@ -76,6 +76,8 @@ def sample_weight_spec(model, x_spec, y_spec):
     per example, or one per example and timestep for a loss over a sequence
     (a `(N, T)` target of a `(N, T, V)` output, a `(N, T, F)` sequence).
     """
+    if y_spec is None:
+        return None
     losses = _losses_by_target(model, y_spec)
     try:
         outputs = model.compute_output_spec(tf.nest.map_structure(_symbolic, x_spec))
@@ -182,7 +184,10 @@ def _loss_of(model, output_name: str, index: int | None):
 
 
 def keras_target_names(model, y_spec) -> list[str]:
-    """Names of the targets, in the step's input order: "y", or "y/<output>" per output."""
+    """Names of the targets, in the step's input order: "y", or "y/<output>" per output
+    (none where the step takes no targets)."""
+    if y_spec is None:
+        return []
     if isinstance(y_spec, tf.TensorSpec):
         return ["y"]
     if isinstance(y_spec, dict):

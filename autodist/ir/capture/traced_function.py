@@ -66,7 +66,10 @@ def from_concrete_function(concrete, trainable, names, state, state_names, input
 
     num_inputs = len(input_infos)
     inputs = []
-    flat_inputs = concrete.inputs[:len(tf.nest.flatten(concrete.structured_input_signature))]
+    # Arguments that are None (a step without targets) are no inputs of the graph.
+    num_args = sum(1 for s in tf.nest.flatten(concrete.structured_input_signature)
+                   if s is not None)
+    flat_inputs = concrete.inputs[:num_args]
     if len(flat_inputs) != num_inputs:
         input_infos = [(t.op.name, "") for t in flat_inputs]
     for (in_name, role), tensor in zip(input_infos, flat_inputs):
