@@ -1,21 +1,26 @@
 """Calibrates the simulator on the cluster it plans for, and caches the result.
 
-`calibrate_cluster(spec)` measures, in about half a minute on a local
+`calibrate_cluster(spec)` measures, in one to two minutes on a local
 cluster:
 
 * the rates in this process (`calibrate.measure_calibration`: one core's
   FLOP rate for matmuls and for convolutions, the cost of an op, the
   optimizer update rate), with the host's cores, so CPU replicas that
   outnumber them share them;
-* the fixed costs of a step on the cluster itself, from a probe model (an
-  embedding and seven small dense layers: too little compute and traffic to
-  hide them) trained a few steps under probe strategies in one launch, the
-  strategies switched in place: all-reduce in one fused group and in one
-  group per variable (the cost of a collective hop), and with parameter
-  servers the PS builder and Parallax (a PS message; the extra session run of
-  a step that mixes PS and all-reduce); then, in a second launch, the same
-  model with two 512-wide layers (megabytes per step: the CPU's time per
-  byte moved, beyond the link's) under all-reduce and PS.
+* the fixed costs of a step on the cluster itself, each measured the way a
+  real strategy pays it, from probe models trained a few steps under probe
+  strategies switched in place, in two launches, each launch's probes
+  interleaved over two rounds: a small model (an embedding and three small
+  dense layers: 7 variables, as few as the trial workloads have, so that
+  collectives and PS messages overlap each other no more than theirs) under
+  all-reduce in one, two and three fused groups (a collective hop: their
+  differences) and with parameter servers the PS builder (a PS message) and
+  Parallax (the extra session run of a step that mixes PS and all-reduce);
+  the same model with two 512-wide layers (megabytes per step: the CPU's
+  time per byte moved, beyond the link's, from its all-reduce against its
+  PS step) and a thousand cheap elementwise ops on an activation-sized
+  tensor (the cost of an op in a worker's step, against the small model),
+  under all-reduce and PS.
   `search.calibration_fit` fits the costs to the measured steps.
 
 The result is written to the calibration cache, keyed by the ResourceSpec's
@@ -32,10 +37,13 @@ import pathlib
 import warnings
 from typing import Callable
 
+import numpy as np
+
 from autodist.ir.atomic import NotRegularFileError, atomic_write, read_regular
 from autodist.ir.errors import AutodistError, InvalidArgumentError
 from autodist.ir.resource_spec import ResourceSpec
-from autodist.search.calibration_fit import ProbeStep, fit_fixed_costs, probe_step
+from autodist.search.calibration_fit import (ProbeStep, all_reduce_in_groups, fit_fixed_costs,
+                                             probe_step)
 from autodist.search.simulator import Calibration, Simulator
 from autodist.search.space import SearchSpace
 
@@ -45,6 +53,10 @@ CACHE_ENV = "AUTODIST_CACHE_DIR"
 _MAX_CACHE_BYTES = 1 << 20
 # Width of the wide probe model's layers (a 1 MiB kernel).
 WIDE_UNITS = 512
+# Elementwise blocks of the op-heavy probe model (about 1,000 ops more), and the
+# values per example they work on.
+OP_BLOCKS = 100
+CHAIN_WIDTH = 2048
 
 
 class CalibrationError(AutodistError, ValueError):
@@ -129,11 +141,18 @@ def cached_calibration(spec: ResourceSpec) -> Calibration | None:
         return None
 
 
-def probe_model(wide_units: int = 0):
-    """The probe model: an embedding and seven small dense layers, SGD (17 variables).
+def probe_model(wide_units: int = 0, op_blocks: int = 0):
+    """The probe model: an embedding and three small dense layers, SGD (7 variables).
 
-    With `wide_units`, two dense layers of that width follow the embedding
-    (a `wide_units`² kernel: 1 MiB at 512), so the step moves megabytes.
+    As few variables as the trial workloads have (5-36), so that a probe's
+    collectives and PS messages overlap each other no more than theirs. With
+    `wide_units`, two dense layers of that width follow the embedding (a
+    `wide_units`² kernel: 1 MiB at 512), so the step moves megabytes; with
+    `op_blocks`, that many elementwise blocks (tanh, add: about 10 ops each
+    with their gradients) on an activation-sized tensor (the last layer's
+    output repeated to `CHAIN_WIDTH` values per example, as wide as a small
+    Transformer's activations) follow the dense layers, so the step runs a
+    thousand ops more at next to no FLOPs and no traffic.
     """
     import keras
 
@@ -144,43 +163,61 @@ def probe_model(wide_units: int = 0):
          features])
     for i in range(2 if wide_units else 0):
         hidden = keras.layers.Dense(wide_units, name=f"probe_wide_{i}")(hidden)
-    for i in range(7):
+    for i in range(2):
         hidden = keras.layers.Dense(8, activation="relu", name=f"probe_dense_{i}")(hidden)
+    if op_blocks:
+        hidden = keras.layers.RepeatVector(CHAIN_WIDTH // 8)(hidden)
+        chain = hidden
+        for _ in range(op_blocks):
+            chain = keras.layers.Add()([keras.layers.Activation("tanh")(chain), hidden])
+        hidden = keras.layers.Flatten()(chain)
     outputs = keras.layers.Dense(1, name="probe_out")(hidden)
     model = keras.Model([ids, features], outputs, name="calibration_probe")
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     return model
 
 
-def probe_strategies(graph_item, spec: ResourceSpec, wide: bool = False) -> dict[str, object]:
-    """The probe strategies `spec` can run, by name (`wide`: those of the wide probe model)."""
+# The probe launches: (name prefix, wide_units, op_blocks). The wide model also
+# runs the op chain: a launch costs more than its steps (about 40 s at 9 tasks on
+# 2 cores), and its all-reduce and PS probes differ in bytes, not in ops.
+PROBE_LAUNCHES = (("", 0, 0), ("wide: ", WIDE_UNITS, OP_BLOCKS))
+
+
+def probe_strategies(graph_item, spec: ResourceSpec, prefix: str = "") -> dict[str, object]:
+    """The probe strategies `spec` can run, by name, for the probe launch `prefix`.
+
+    The small probe model ("") runs all-reduce in one, two and three fused
+    groups (the cost of a collective hop), and with parameter servers the PS
+    builder (a PS message) and Parallax (the extra session run of a step that
+    mixes PS and all-reduce); the wide, op-heavy one ("wide: ") all-reduces
+    in one group and, with parameter servers, runs the PS builder.
+    """
     from autodist.search import builders
 
-    if wide:
-        probes = {"wide: all-reduce, one group": builders.AllReduce(group_bytes=1 << 30)}
-        if spec.ps_devices:
-            probes["wide: parameter server"] = builders.PS()
-        return {name: builder.build(graph_item, spec) for name, builder in probes.items()}
-    probes = {"all-reduce, one group": builders.AllReduce(group_bytes=1 << 30)}
-    if len(spec.replica_devices) > 1:
-        probes["all-reduce, a group per variable"] = builders.AllReduce(group_bytes=1)
+    replicas = len(spec.replica_devices)
+    probes = {f"{prefix}all-reduce, one group": all_reduce_in_groups(graph_item, spec, 1)}
+    if not prefix and replicas > 1:
+        probes["all-reduce, two groups"] = all_reduce_in_groups(graph_item, spec, 2)
+        probes["all-reduce, three groups"] = all_reduce_in_groups(graph_item, spec, 3)
     if spec.ps_devices:
-        probes["parameter server"] = builders.PS()
-        if len(spec.replica_devices) > 1:
-            probes["parallax (PS and all-reduce)"] = builders.Parallax()
-    return {name: builder.build(graph_item, spec) for name, builder in probes.items()}
+        probes[f"{prefix}parameter server"] = builders.PS().build(graph_item, spec)
+        if not prefix and replicas > 1:
+            probes["parallax (PS and all-reduce)"] = builders.Parallax().build(graph_item, spec)
+    return probes
 
 
 def calibrate_cluster(spec: ResourceSpec, *, steps: int = 20, warmup_steps: int = 5,
-                      batch_size: int | None = None, seconds: float = 1.0,
+                      rounds: int = 2, batch_size: int | None = None, seconds: float = 1.0,
                       save: bool = True, allow_exposed: bool = False,
                       log: Callable[[str], None] = lambda _: None) -> Calibration:
     """Measures the simulator's constants on `spec`'s (local) cluster.
 
     Args:
         spec: The cluster (every node on this machine).
-        steps: Timed steps per probe strategy.
+        steps: Timed steps per probe strategy and round.
         warmup_steps: Untimed steps after each switch.
+        rounds: Times each launch runs its probe strategies, interleaved; a
+            probe's step time is the median of its steps over the rounds.
         batch_size: Global batch of the probe steps (default 8 per replica).
         seconds: Time for the in-process rate micro-benchmarks.
         save: Write the result to the calibration cache (`cache_path(spec)`).
@@ -213,21 +250,28 @@ def calibrate_cluster(spec: ResourceSpec, *, steps: int = 20, warmup_steps: int 
     batch = batch_size or 8 * len(spec.replica_devices)
     measured: dict[str, float] = {}
     probes: list[ProbeStep] = []
-    for wide_units in (0, WIDE_UNITS):
+    for prefix, wide_units, op_blocks in PROBE_LAUNCHES:
         keras.backend.clear_session()
-        model = probe_model(wide_units)
+        model = probe_model(wide_units, op_blocks)
         graph_item = capture(model)
-        strategies = probe_strategies(graph_item, spec, wide=bool(wide_units))
+        strategies = probe_strategies(graph_item, spec, prefix)
         log(f"measuring {len(strategies)} probe strategies in one launch on "
             f"{len(spec.nodes)} tasks")
         runner = LocalRunner(model, spec, batch_size=batch, steps=steps,
                              warmup_steps=warmup_steps, graph_item=graph_item,
                              allow_exposed=allow_exposed, log=log)
         simulator = Simulator(SearchSpace(graph_item, spec), base, batch_size=batch)
-        for name, result in zip(strategies, runner.run(list(strategies.values()))):
+        # Interleaved rounds (A B C A B C): a load that drifts during the launch
+        # reaches every probe alike, and their differences are the costs.
+        names = list(strategies) * rounds
+        step_times: dict[str, list[float]] = {name: [] for name in strategies}
+        for name, result in zip(names, runner.run([strategies[n] for n in names])):
             if not result.ok:
                 raise CalibrationError(f"probe {name!r} failed on the cluster: {result.error}")
-            measured[name] = float(result.median_step_time_s)
+            step_times[name].extend(result.step_times_s)
+        for name, times in step_times.items():
+            measured[name] = float(np.median(times))
+            log(f"{name}: {measured[name] * 1e3:.2f} ms")
             probes.append(probe_step(simulator, strategies[name], name, measured[name]))
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     source = f"measured {stamp} on {len(spec.nodes)} tasks ({spec.fingerprint[:12]})"

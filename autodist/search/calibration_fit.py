@@ -10,16 +10,19 @@ strategy:
   (2 messages) × α of a PS message,
 * the extra session run of a step that mixes PS and all-reduce × its cost,
 * the cluster's tasks × a fixed cost per task per step,
-* the busiest task's bytes × the CPU time per byte it moves.
+* the busiest task's bytes × the CPU time per byte it moves,
+* a replica's ops (`Simulator.op_runs`) × the cost of running one op in a
+  worker's step (well above the in-process micro-benchmark's on a host whose
+  cores the cluster's tasks share).
 
 Given a few probe strategies measured on the cluster (chosen so that these
-counts differ: one fused group against one group per variable, PS against
-all-reduce, mixed against not, a model with a megabyte-sized layer against
-one without), the costs are the non-negative least-squares fit of the
-measured step times minus the rate terms, each probe weighted by its
-measured time (relative errors). With five unknowns the non-negative fit
-enumerates the subsets of free costs (32) and keeps the best; a cost a probe
-set cannot separate keeps its base value.
+counts differ: one, two and three fused groups, PS against all-reduce, mixed
+against not, a model with a megabyte-sized layer and one with a thousand
+cheap ops against one without), the costs are the non-negative
+least-squares fit of the measured step times minus the rate terms, each
+probe weighted by its measured time (relative errors). With six unknowns
+the non-negative fit enumerates the subsets of free costs (64) and keeps the
+best; a cost a probe set cannot separate keeps its base value.
 """
 from __future__ import annotations
 
@@ -31,12 +34,15 @@ from typing import Sequence
 import numpy as np
 
 from autodist.ir.errors import InvalidArgumentError
+from autodist.ir.graph_item import GraphItem
+from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
+from autodist.search.builders import AllReduce
 from autodist.search.simulator import Calibration, Simulator
 
 # The fitted fixed costs, as Calibration fields.
 FITTED = ("task_overhead_s", "collective_latency_s", "latency_s", "run_overhead_s",
-          "byte_cost_s")
+          "byte_cost_s", "op_overhead_s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,16 +52,47 @@ class ProbeStep:
     Attributes:
         name: What the probe is (for reports).
         measured_s: The median measured step time.
-        rate_s: The simulator's compute + bandwidth + update time (rates only).
+        rate_s: The simulator's compute (without its ops' fixed costs) +
+            bandwidth + update time (rates only).
         counts: Events per step, one per `FITTED` cost: tasks, collective
             hops, PS messages (with the token round), extra session runs,
-            the busiest task's bytes.
+            the busiest task's bytes, a replica's op runs.
     """
 
     name: str
     measured_s: float
     rate_s: float
-    counts: tuple[float, float, float, float, float]
+    counts: tuple[float, float, float, float, float, float]
+
+
+def all_reduce_in_groups(graph_item: GraphItem, spec: ResourceSpec, groups: int) -> Strategy:
+    """All-reduce with the dense gradients in `groups` fused groups of consecutive ones.
+
+    A probe strategy: its collectives number as in the trial workloads'
+    strategies (one to three groups), so that they overlap each other no
+    more than those do, and the hop cost is the difference between such
+    probes. Sparse gradients are all-gathered (one group each, after the dense ones).
+
+    Raises:
+        InvalidArgumentError: `groups` is below 1 or above the dense variables.
+    """
+    strategy = AllReduce(group_bytes=1 << 30).build(graph_item, spec)
+    dense = sorted((v.gradient_order, v.name) for v in graph_item.variables
+                   if not v.sparse_gradient)
+    if not 1 <= groups <= max(1, len(dense)):
+        raise InvalidArgumentError(f"groups must be in [1, {max(1, len(dense))}] (the dense "
+                                   f"variables). Received: {groups!r}")
+    group_of = {name: i * groups // len(dense) for i, (_, name) in enumerate(dense)}
+    next_sparse = groups
+    for config in strategy.proto.variables:
+        for shard in config.shards:
+            if config.var_name in group_of:
+                shard.all_reduce.group = group_of[config.var_name]
+            else:
+                shard.all_reduce.group = next_sparse
+                next_sparse += 1
+    strategy.validate(graph_item, spec)
+    return strategy
 
 
 def probe_step(simulator: Simulator, strategy: Strategy, name: str,
@@ -67,12 +104,13 @@ def probe_step(simulator: Simulator, strategy: Strategy, name: str,
     parts = simulator.predict_strategy(strategy).parts
     value = lambda key: float(parts[key][0])  # noqa: E731
     token_round = 2.0 if value("sync_s") > 0 else 0.0
+    ops_s = simulator.calibration.op_overhead_s * simulator.op_runs
     return ProbeStep(
         name=name, measured_s=float(measured_s),
-        rate_s=value("compute_s") + value("bandwidth_s") + value("update_s"),
+        rate_s=value("compute_s") - ops_s + value("bandwidth_s") + value("update_s"),
         counts=(float(simulator.num_tasks), value("collective_hops"),
                 value("ps_messages_max") + token_round, value("extra_runs"),
-                value("max_node_bytes")))
+                value("max_node_bytes"), float(simulator.op_runs)))
 
 
 def fit_fixed_costs(base: Calibration, probes: Sequence[ProbeStep],
@@ -100,7 +138,7 @@ def fit_fixed_costs(base: Calibration, probes: Sequence[ProbeStep],
     measured = np.array([p.measured_s for p in probes])
     rates = np.array([p.rate_s for p in probes])
     base_costs = np.array([base.task_overhead_s, base.hop_latency_s, base.latency_s,
-                           base.run_overhead_s, base.byte_cost_s])
+                           base.run_overhead_s, base.byte_cost_s, base.op_overhead_s])
     # Costs whose count is the same in every probe are confounded with the
     # others' intercept unless it is the only constant one (the tasks).
     varies = np.ptp(counts, axis=0) > 0
@@ -125,7 +163,7 @@ def fit_fixed_costs(base: Calibration, probes: Sequence[ProbeStep],
     fitted = dataclasses.replace(
         base, task_overhead_s=float(costs[0]), collective_latency_s=float(costs[1]),
         latency_s=float(costs[2]), run_overhead_s=float(costs[3]),
-        byte_cost_s=float(costs[4]), source=source)
+        byte_cost_s=float(costs[4]), op_overhead_s=float(costs[5]), source=source)
     predicted = rates + counts @ costs
     base_predicted = rates + counts @ base_costs
     return fitted, {

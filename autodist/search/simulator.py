@@ -242,6 +242,8 @@ class Simulator:
 
     Attributes:
         memory: The memory model at this batch size (the space's when equal).
+        op_runs: How many times a replica's step pays `op_overhead_s` (the
+            GraphItem's ops, times the core sharing where calibrated).
     """
 
     def __init__(self, space: SearchSpace, calibration: Calibration | None = None,
@@ -266,8 +268,12 @@ class Simulator:
                                    for n in range(self.num_nodes)])
         self.replicas_on = np.bincount(self.replica_nodes, minlength=self.num_nodes)
         gi = space.graph_item
+        sharing = _core_sharing(spec, self.calibration)
         self.compute_s = _compute_s(gi, self.per_replica_batch, estimate, self.calibration,
-                                    _core_sharing(spec, self.calibration))
+                                    sharing)
+        # The ops a replica's step pays `op_overhead_s` for (shared cores stretch them
+        # only where calibrated, as `_compute_s` applies them).
+        self.op_runs = len(gi.ops) * (sharing if self.calibration.host_cores > 0 else 1.0)
         self.num_tasks = len(spec.nodes)
         # Rows of each sparse gradient in a replica's step: one per lookup, repeats
         # included (what a PS push or read and an all-gather move); updates

@@ -83,6 +83,42 @@ def test_the_calibrate_command_refuses_a_remote_cluster(cache, tmp_path, capsys)
     assert "local clusters only" in capsys.readouterr().err
 
 
+def test_the_probes_count_the_events_each_fixed_cost_is_fitted_to():
+    """Probes differ in one count at a time, with as few variables as the trial workloads."""
+    import keras
+
+    from autodist.ir.capture import capture
+    from autodist.search.calibration_fit import probe_step
+    from autodist.search.simulator import Simulator
+    from autodist.search.space import SearchSpace
+
+    spec = autodist.ResourceSpec.local(workers=2, ps=1)
+    counts = {}
+    op_counts, variables = [], []
+    for prefix, wide_units, op_blocks in cc.PROBE_LAUNCHES:
+        keras.backend.clear_session()
+        graph_item = capture(cc.probe_model(wide_units, op_blocks))
+        op_counts.append(len(graph_item.ops))
+        variables.append(len(graph_item.variables))
+        simulator = Simulator(SearchSpace(graph_item, spec), CAL, batch_size=16)
+        for name, strategy in cc.probe_strategies(graph_item, spec, prefix).items():
+            counts[name] = probe_step(simulator, strategy, name, 0.01).counts
+    assert variables == [7, 11] and op_counts[1] - op_counts[0] >= 1000
+    one, two, three = (counts[f"all-reduce, {n} group{'s' * (n != 'one')}"]
+                       for n in ("one", "two", "three"))
+    assert two[1] - one[1] == three[1] - two[1] == 2       # a ring of 2: 2 hops a group
+    assert one[2:] == two[2:] == three[2:]
+    assert counts["parameter server"][1] == 0 and counts["parameter server"][2] > 0
+    assert counts["parallax (PS and all-reduce)"][3] == 1
+    assert counts["wide: parameter server"][4] > counts["wide: all-reduce, one group"][4] > 1e6
+    # One replica: no collectives to tell apart, no mixed step.
+    alone = autodist.ResourceSpec.local(workers=1, ps=1)
+    keras.backend.clear_session()
+    graph_item = capture(cc.probe_model())
+    assert sorted(cc.probe_strategies(graph_item, alone)) == ["all-reduce, one group",
+                                                              "parameter server"]
+
+
 @pytest.mark.cluster
 def test_calibrating_a_cluster_fits_its_probe_steps_and_optimize_uses_it(cache, capfd):
     """`autodist calibrate --json` on 2 workers + 1 PS: constants, cache, and optimize's use."""
@@ -99,14 +135,15 @@ def test_calibrating_a_cluster_fits_its_probe_steps_and_optimize_uses_it(cache, 
     assert Calibration.from_dict(data["calibration"]) == calibration
     assert calibration.source.startswith("measured ") and calibration.host_cores == os.cpu_count()
     for name in ("task_overhead_s", "latency_s", "run_overhead_s", "hop_latency_s",
-                 "byte_cost_s"):
+                 "byte_cost_s", "op_overhead_s"):
         value = getattr(calibration, name)
         assert math.isfinite(value) and 0 <= value < 1, (name, value)
     record = json.loads(cc.cache_path(spec).read_text())
     report = record["report"]
     assert sorted(report["probes_s"]) == [
-        "all-reduce, a group per variable", "all-reduce, one group", "parallax (PS and all-reduce)",
-        "parameter server", "wide: all-reduce, one group", "wide: parameter server"]
+        "all-reduce, one group", "all-reduce, three groups", "all-reduce, two groups",
+        "parallax (PS and all-reduce)", "parameter server", "wide: all-reduce, one group",
+        "wide: parameter server"]
     # The fitted costs explain the probe steps better than the defaults do.
     assert report["median_abs_log_error"] < report["base_median_abs_log_error"]
     model = models.mlp(input_dim=8, hidden=(8,))

@@ -12,49 +12,52 @@ from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.proto import graph_item_pb2
 from autodist.search import builders
-from autodist.search.calibration_fit import fit_fixed_costs, probe_step
+from autodist.search.calibration_fit import all_reduce_in_groups, fit_fixed_costs, probe_step
 from autodist.search.simulator import Calibration, Simulator
 from autodist.search.space import SearchSpace
 from tests.search import workloads
 
 TRUE = Calibration(flops_per_s=1e9, memory_bytes_per_s=2e9, latency_s=3.4e-4,
                    collective_latency_s=7.5e-4, run_overhead_s=5.3e-3, task_overhead_s=2.2e-3,
-                   byte_cost_s=4e-9)
+                   byte_cost_s=4e-9, op_overhead_s=9e-6)
 BASE = Calibration(flops_per_s=1e9, memory_bytes_per_s=2e9)  # default fixed costs
 
 
-def _workload(wide: int = 0):
+def _workload(wide: int = 0, op_blocks: int = 0):
     return workloads.graph_item(
-        [("embedding", (64, 8), True)] + [(f"dense_{i}", (8, 8), False) for i in range(7)]
+        [("embedding", (64, 8), True)] + [(f"dense_{i}", (8, 8), False) for i in range(6)]
         + [(f"wide_{i}", (wide, wide), False) for i in range(2 if wide else 0)],
-        flops=2e6, estimate_batch_size=16)
+        flops=2e6, estimate_batch_size=16, ops=[("Tanh", "forward", 4096)] * 10 * op_blocks)
 
 
 def _probes(spec, calibration):
     """The probes of `calibrate_cluster`, "measured" by the simulator under `calibration`."""
-    small = {"one group": builders.AllReduce(group_bytes=1 << 30),
-             "a group each": builders.AllReduce(group_bytes=1),
-             "ps": builders.PS(), "parallax": builders.Parallax()}
-    wide = {"wide one group": builders.AllReduce(group_bytes=1 << 30),
-            "wide ps": builders.PS()}
+    small = {"one group": lambda gi: all_reduce_in_groups(gi, spec, 1),
+             "two groups": lambda gi: all_reduce_in_groups(gi, spec, 2),
+             "three groups": lambda gi: all_reduce_in_groups(gi, spec, 3),
+             "ps": lambda gi: builders.PS().build(gi, spec),
+             "parallax": lambda gi: builders.Parallax().build(gi, spec)}
+    one_and_ps = {"one group": lambda gi: all_reduce_in_groups(gi, spec, 1),
+                  "ps": lambda gi: builders.PS().build(gi, spec)}
     out = []
-    for gi, strategies in ((_workload(), small), (_workload(512), wide)):
+    for prefix, gi, strategies in (("", _workload(), small),
+                                   ("wide ", _workload(512, op_blocks=100), one_and_ps)):
         truth = Simulator(SearchSpace(gi, spec), calibration, batch_size=16)
         base = Simulator(SearchSpace(gi, spec), BASE, batch_size=16)
-        for name, builder in strategies.items():
-            strategy = builder.build(gi, spec)
+        for name, build in strategies.items():
+            strategy = build(gi)
             measured = float(truth.predict_strategy(strategy).step_time_s[0])
-            out.append(probe_step(base, strategy, name, measured))
+            out.append(probe_step(base, strategy, prefix + name, measured))
     return out
 
 
 def test_the_fixed_costs_behind_probe_steps_are_recovered():
     spec = ResourceSpec.local(workers=2, ps=1)
     probes = _probes(spec, TRUE)
-    assert len({p.counts for p in probes}) == 6   # each probe counts other events
+    assert len({p.counts for p in probes}) == 7   # each probe counts other events
     fitted, report = fit_fixed_costs(BASE, probes, source="test")
     for name in ("task_overhead_s", "collective_latency_s", "latency_s", "run_overhead_s",
-                 "byte_cost_s"):
+                 "byte_cost_s", "op_overhead_s"):
         assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=1e-9), name
     assert fitted.flops_per_s == BASE.flops_per_s and fitted.source == "test"
     assert report["median_abs_log_error"] < 1e-9
@@ -68,19 +71,57 @@ def test_costs_are_never_negative_and_unseparable_ones_keep_their_base_value():
     fast = [dataclasses.replace(p, measured_s=p.rate_s * 0.9) for p in probes]
     fitted, _ = fit_fixed_costs(BASE, fast)
     assert (fitted.task_overhead_s, fitted.hop_latency_s, fitted.latency_s,
-            fitted.run_overhead_s, fitted.byte_cost_s) == (0.0, 0.0, 0.0, 0.0, 0.0)
-    # Only the small model's all-reduce probes: PS messages, extra runs and the
-    # cost per byte are not measured.
-    only_ar = [p for p in probes if p.name in ("one group", "a group each")]
+            fitted.run_overhead_s, fitted.byte_cost_s, fitted.op_overhead_s) == (0.0,) * 6
+    # Only the small model's all-reduce probes: PS messages, extra runs, the
+    # cost per byte and per op are not measured.
+    only_ar = [p for p in probes if p.name in ("one group", "two groups", "three groups")]
     fitted, _ = fit_fixed_costs(BASE, only_ar)
     assert fitted.latency_s == BASE.latency_s and fitted.run_overhead_s == BASE.run_overhead_s
     assert fitted.byte_cost_s == BASE.byte_cost_s
+    assert fitted.op_overhead_s == BASE.op_overhead_s
     assert fitted.collective_latency_s == pytest.approx(TRUE.collective_latency_s, rel=1e-6)
     with pytest.raises(InvalidArgumentError, match="at least 1 probe"):
         fit_fixed_costs(BASE, [])
     with pytest.raises(InvalidArgumentError, match="positive"):
         probe_step(Simulator(SearchSpace(_workload(), spec), BASE, batch_size=16),
                    builders.PS().build(_workload(), spec), "bad", math.nan)
+
+
+def test_probe_all_reduce_fuses_the_dense_gradients_into_the_groups_asked_for():
+    spec = ResourceSpec.local(workers=3, ps=1)
+    gi = _workload()
+    sim = Simulator(SearchSpace(gi, spec), BASE, batch_size=16)
+    hops = []
+    for groups in (1, 2, 3):
+        strategy = all_reduce_in_groups(gi, spec, groups)
+        dense = {c.var_name: c.shards[0].all_reduce.group for c in strategy.proto.variables
+                 if c.var_name != "embedding"}
+        assert sorted(set(dense.values())) == list(range(groups))
+        # Consecutive layers in a group, in gradient order.
+        assert list(dense.values()) == sorted(dense.values())
+        sparse = [c for c in strategy.proto.variables if c.var_name == "embedding"][0]
+        assert sparse.shards[0].all_reduce.group == groups
+        hops.append(sim.predict_strategy(strategy).parts["collective_hops"][0])
+    # A ring all-reduce of W replicas: 2(W - 1) hops per group, plus the all-gather's W - 1.
+    assert hops == [4 + 2, 8 + 2, 12 + 2]
+    for bad in (0, 7):
+        with pytest.raises(InvalidArgumentError, match="groups must be in \\[1, 6\\]"):
+            all_reduce_in_groups(gi, spec, bad)
+
+
+def test_the_op_cost_is_fitted_apart_from_the_rates():
+    """A probe's rate excludes its ops' fixed cost; the op count follows the cores' sharing."""
+    spec = ResourceSpec.local(workers=6, ps=3)
+    gi = _workload(op_blocks=10)
+    strategy = all_reduce_in_groups(gi, spec, 1)
+    cal = dataclasses.replace(BASE, op_overhead_s=1e-3, host_cores=2)
+    sim = Simulator(SearchSpace(gi, spec), cal, batch_size=16)
+    assert sim.op_runs == len(gi.ops) * 3                      # 6 replicas on 2 cores
+    step = probe_step(sim, strategy, "x", 1.0)
+    plain = probe_step(Simulator(SearchSpace(gi, spec), dataclasses.replace(cal, op_overhead_s=0.0),
+                                 batch_size=16), strategy, "x", 1.0)
+    assert step.rate_s == pytest.approx(plain.rate_s) and step.counts[5] == sim.op_runs
+    assert Simulator(SearchSpace(gi, spec), BASE, batch_size=16).op_runs == len(gi.ops)
 
 
 def test_cpu_replicas_beyond_a_hosts_cores_share_them():
