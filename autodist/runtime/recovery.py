@@ -52,12 +52,12 @@ from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
+from autodist.adapt.task_providers import ServedHosts
 from autodist.ir.device_names import DeviceNameError, TaskName
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
 from autodist.launch.errors import TaskFailedError
-from autodist.launch import mailbox
 from autodist.launch.job import JobDir
 from autodist.launch.remote import ChiefKilledError, PeerRestartedError, TasksLostError
 from autodist.runtime import checkpoint, elastic
@@ -310,11 +310,8 @@ def run_recovering_remote(job: JobDir, strategy: Strategy, spec: ResourceSpec, *
             values, next_step = resumed
             absent |= set(lost)
             survivors = [t for t in members if f"worker:{t}" not in absent]
-            # Served slots outside the membership (spares) take the lost workers' places.
-            idle = [t for t in range(spec.num_worker_tasks)
-                    if t not in members and f"worker:{t}" not in absent]
-            following = sorted(survivors + served_spares(spec, idle, len(members) -
-                                                         len(survivors)))
+            following = sorted(survivors + served_spares(spec, members, absent,
+                                                         len(members) - len(survivors)))
             partial = len(following) < spec.num_worker_tasks
             if partial:
                 try:
@@ -339,13 +336,15 @@ def run_recovering_remote(job: JobDir, strategy: Strategy, spec: ResourceSpec, *
             on_new_job(outcome.job)
 
 
-def served_spares(spec: ResourceSpec, idle: Sequence[int], count: int) -> list[int]:
-    """Up to `count` of the `idle` worker slots (in order) whose `autodist serve`
-    accepts connections now: the spares that take lost workers' places."""
+def served_spares(spec: ResourceSpec, members: Sequence[int], lost: Collection[str],
+                  count: int) -> list[int]:
+    """Up to `count` worker slots outside `members`, not `lost` ("job:index"), whose
+    `autodist serve` answers now (`ServedHosts`, lowest-numbered first): the spares that
+    take lost workers' places."""
     if count <= 0:
         return []
-    mail = mailbox.Mailboxes(spec.cluster_def())
-    return [t for t in idle if mailbox.accepts(mail.address(("worker", t)))][:count]
+    gone = {t for t in range(spec.num_worker_tasks) if f"worker:{t}" in lost}
+    return ServedHosts.from_spec(spec).available(sorted(set(members) | gone))[:count]
 
 
 def _checkpointed(directory: str, first: RunConfig, first_values: dict[str, np.ndarray]

@@ -80,20 +80,34 @@ def _check(model, reference, history, keras_losses, exact_epochs) -> None:
             assert got == pytest.approx(want, rel=5e-2), epoch
 
 
+def _exact_epochs(resumed_at: int) -> range:
+    """The epochs wholly after a recovery that resumed at step `resumed_at`: their losses
+    are the workers' own, exact."""
+    return range(resumed_at // STEPS_PER_EPOCH + (resumed_at % STEPS_PER_EPOCH > 0), EPOCHS)
+
+
+def _fit_losing_worker_2(run, servers, tmp_path, x, y, **fit):
+    """Fits with on_failure="continue" while worker 2's host dies after 4 steps (its
+    `autodist serve` and job killed); (History, its one recovery, checked to be worker
+    2's, resumed at step 4-6)."""
+    killer = emulated_hosts.after_steps(str(tmp_path / "chief"), 4,
+                                        lambda: os.killpg(servers[1].pid, signal.SIGKILL))
+    history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, on_failure="continue",
+                      **fit)
+    killer.join(timeout=5)
+    (event,) = history.recoveries
+    assert event.failed_task == 2 and 4 <= event.step <= 6, event
+    return history, event
+
+
 def test_a_dead_worker_host_loses_no_update(request, tmp_path, monkeypatch, secret_file):
     """Worker 2's host dies after 4 of 9 steps: the run goes on with workers 0 and 1 from
     the last completed step, to Keras' weights."""
     model, run, servers, reference, keras_losses, (x, y), _ = _remote_run(
         request, tmp_path, monkeypatch)
-    killer = emulated_hosts.after_steps(str(tmp_path / "chief"), 4,
-                          lambda: os.killpg(servers[1].pid, signal.SIGKILL))
-    history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, on_failure="continue")
-    killer.join(timeout=5)
-    (event,) = history.recoveries
-    assert event.failed_task == 2 and event.workers == 2, event
-    assert 4 <= event.step <= 6, event
-    resumed_epoch = event.step // STEPS_PER_EPOCH + (event.step % STEPS_PER_EPOCH > 0)
-    _check(model, reference, history, keras_losses, range(resumed_epoch, EPOCHS))
+    history, event = _fit_losing_worker_2(run, servers, tmp_path, x, y)
+    assert event.workers == 2, event
+    _check(model, reference, history, keras_losses, _exact_epochs(event.step))
     assert servers[0].poll() is None  # worker 1's serve took the recovery job, and serves on
 
 
@@ -122,7 +136,7 @@ def test_a_killed_chief_restarts_from_the_newest_checkpoint(request, tmp_path, m
     assert event.failed_task == 0 and event.workers == 3, event
     assert event.step % 2 == 0 and 2 <= event.step <= 6, event
     _check(model, reference, history, keras_losses,
-           range(event.step // STEPS_PER_EPOCH + (event.step % STEPS_PER_EPOCH > 0), EPOCHS))
+           _exact_epochs(event.step))
     assert all(server.poll() is None for server in servers)
 
 
@@ -163,7 +177,7 @@ def test_a_dead_parameter_server_restarts_from_the_newest_checkpoint(
     assert event.failed_job == "ps" and event.failed_task == 0 and "ps:0" in event.cause, event
     assert event.step % 2 == 0 and 2 <= event.step <= 6, event
     _check(model, reference, history, keras_losses,
-           range(event.step // STEPS_PER_EPOCH + (event.step % STEPS_PER_EPOCH > 0), EPOCHS))
+           _exact_epochs(event.step))
     assert servers[0].poll() is None and restarted[0].poll() is None
 
 
@@ -174,14 +188,8 @@ def test_a_served_spare_takes_a_dead_workers_place(request, tmp_path, monkeypatc
     last completed step on workers 0, 1 and 3, to Keras' weights."""
     model, run, servers, reference, keras_losses, (x, y), _ = _remote_run(
         request, tmp_path, monkeypatch, tasks=WORKERS + (("worker", 3),))
-    killer = emulated_hosts.after_steps(str(tmp_path / "chief"), 4,
-                                        lambda: os.killpg(servers[1].pid, signal.SIGKILL))
-    history = run.fit(x, y, epochs=EPOCHS, shuffle=False, verbose=0, on_failure="continue",
-                      resize_at={0: [0, 1, 2]})
-    killer.join(timeout=5)
-    (event,) = history.recoveries
-    assert event.failed_task == 2 and event.workers == 3, event
-    assert 4 <= event.step <= 6, event
-    resumed_epoch = event.step // STEPS_PER_EPOCH + (event.step % STEPS_PER_EPOCH > 0)
-    _check(model, reference, history, keras_losses, range(resumed_epoch, EPOCHS))
+    history, event = _fit_losing_worker_2(run, servers, tmp_path, x, y,
+                                          resize_at={0: [0, 1, 2]})
+    assert event.workers == 3, event
+    _check(model, reference, history, keras_losses, _exact_epochs(event.step))
     assert "received a job" in (tmp_path / "host2-worker3" / "serve.log").read_text()
