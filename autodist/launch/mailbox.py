@@ -177,8 +177,19 @@ class Mailboxes:
                         "server started, e.g. `autodist serve`, and is the address right?)",
                         task_name(task), address)
                 time.sleep(_CONNECT_POLL_S)
-            remaining = max(1.0, min(_PING_TIMEOUT_S, deadline - time.monotonic()))
-            self._run(task, self._box(task, DONE)["size"], remaining, "answer")
+            while True:
+                remaining = max(1.0, min(_PING_TIMEOUT_S, deadline - time.monotonic()))
+                try:
+                    self._run(task, self._box(task, DONE)["size"], remaining, "answer")
+                    break
+                except MailboxTimeout:
+                    raise
+                except MailboxError:
+                    # Its server went away after accepting (a served task between two
+                    # jobs: the last job's process ends, the next one starts on the port).
+                    if time.monotonic() + _CONNECT_POLL_S > deadline:
+                        raise
+                    time.sleep(_CONNECT_POLL_S)
 
     def close(self, tasks: Sequence[Task] | None = None) -> None:
         """Closes the client sessions to `tasks` (default: all; the boxes stay with their
@@ -190,13 +201,7 @@ class Mailboxes:
         which does not matter.
         """
         for task in list(self._sessions) if tasks is None else tasks:
-            session = self._sessions.pop(task, None)
-            if session is None:
-                continue
-            try:
-                session.close()
-            except tf.errors.OpError:
-                pass
+            self._forget_session(task)
 
     # ------------------------------------------------------------ internals
     def _untag(self, raw: bytes) -> bytes | None:
@@ -248,10 +253,26 @@ class Mailboxes:
         except tf.errors.DeadlineExceededError as e:
             raise MailboxTimeout(f"task {task_name(task)} at {address}: could not {what} "
                                  f"within {timeout_s:g}s", task_name(task), address) from e
+        except tf.errors.AbortedError as e:
+            # "Session ... is not found": the task's server restarted since this session
+            # was made (a served task runs each job in a fresh process on its port). The
+            # next run makes a session on the new server.
+            self._forget_session(task)
+            raise MailboxError(f"task {task_name(task)} at {address}: could not {what}: its "
+                               f"server restarted ({e.message.strip()})", task_name(task),
+                               address) from e
         except (tf.errors.UnavailableError, tf.errors.CancelledError,
                 tf.errors.OutOfRangeError) as e:
             raise MailboxError(f"task {task_name(task)} at {address}: could not {what}: "
                                f"{e.message.strip()}", task_name(task), address) from e
+
+    def _forget_session(self, task: Task) -> None:
+        session = self._sessions.pop(task, None)
+        if session is not None:
+            try:
+                session.close()
+            except tf.errors.OpError:
+                pass
 
 
 def _ms(seconds: float) -> int:
