@@ -25,9 +25,9 @@ asks whether something accepts connections at a slot's address.
 from __future__ import annotations
 
 import abc
-import socket
 from typing import Callable, Sequence
 
+from autodist.ir.addresses import accepts
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
 
@@ -128,16 +128,6 @@ class LocalProcesses(TaskProvider):
         return f"LocalProcesses(max_workers={self.max_workers})"
 
 
-def answers(address: str, timeout_s: float = 1.0) -> bool:
-    """Whether something accepts TCP connections at "host:port" (an `autodist serve`)."""
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-            return True
-    except (OSError, ValueError):
-        return False
-
-
 class ServedHosts(TaskProvider):
     """A pool of TF_CONFIG worker slots, each served by `autodist serve --tf-config` on
     its host, or not yet: a grow takes only idle slots whose serve answers (the
@@ -148,18 +138,18 @@ class ServedHosts(TaskProvider):
         addresses: "host:port" of each worker slot, by task index (worker 0:
             the chief's).
         is_served: Whether a slot's `autodist serve` answers at an address
-            (default `answers`: it accepts connections).
+            (default `accepts`: it accepts connections).
     """
 
     def __init__(self, addresses: Sequence[str],
-                 is_served: Callable[[str], bool] = answers) -> None:
+                 is_served: Callable[[str], bool] = accepts) -> None:
         super().__init__(len(addresses))
         self.addresses = list(addresses)
         self.is_served = is_served
         self._joined: list[int] = []   # in the order they were acquired
 
     @classmethod
-    def from_spec(cls, spec: ResourceSpec, is_served: Callable[[str], bool] = answers,
+    def from_spec(cls, spec: ResourceSpec, is_served: Callable[[str], bool] = accepts,
                   ) -> ServedHosts:
         """The worker slots of `spec` (e.g. `ResourceSpec.from_tf_config()`)."""
         return cls(list(spec.cluster_def().get("worker", [])), is_served)

@@ -230,7 +230,7 @@ def probe_tf_config(tf_config: str | Mapping[str, Any] | None = None, *,
         ProbeError: A task did not answer within `timeout_s` (named with its address).
         ResourceSpecError: TF_CONFIG is missing or malformed.
     """
-    from autodist.launch.mailbox import accepts
+    from autodist.ir.addresses import accepts
 
     config = read_tf_config(tf_config)
     spec = ResourceSpec.from_tf_config(config, gpus_per_worker=0)
@@ -384,7 +384,7 @@ def _tf_config_task_names(config: Mapping[str, Any]) -> list[str]:
 
 
 def _wait_for_ports(spec: ResourceSpec, nodes: Sequence[int], timeout_s: float) -> None:
-    from autodist.launch.mailbox import accepts
+    from autodist.ir.addresses import accepts
 
     missing = [i for i in nodes if not spec.nodes[i].port]
     if missing:

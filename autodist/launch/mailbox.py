@@ -17,12 +17,12 @@ failed job cannot confuse the next one.
 """
 from __future__ import annotations
 
-import socket
 import time
 from typing import Mapping, Sequence
 
 import tensorflow as tf
 
+from autodist.ir.addresses import accepts
 from autodist.ir.errors import AutodistError
 
 # Box names.
@@ -278,13 +278,3 @@ class Mailboxes:
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
-
-def accepts(address: str) -> bool:
-    """Whether something accepts TCP connections at "host:port" (within a second)."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    try:
-        with socket.create_connection((host, int(port)), timeout=1.0):
-            return True
-    except (OSError, ValueError):
-        return False

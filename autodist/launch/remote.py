@@ -45,6 +45,7 @@ from typing import BinaryIO, Callable, Collection
 
 import numpy as np
 
+from autodist.ir import addresses
 from autodist.ir.errors import AutodistError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.launch import chunks, mailbox, signing
@@ -175,7 +176,7 @@ class RemoteCluster:
         task = (job, int(index))
         mail = mailbox.Mailboxes(self.spec.cluster_def(), job_id=self.job.settings().job_id)
         try:
-            while not mailbox.accepts(mail.address(task)):
+            while not addresses.accepts(mail.address(task)):
                 if self._stopping.wait(_RETRY_S):
                     return
             logger.info("late task %s answers at %s: shipping its job", name,
@@ -322,7 +323,7 @@ class RemoteCluster:
                 name = mailbox.task_name(task)
                 if name in self.late and name not in self._shipped:
                     continue   # it has no job: nothing to stop there
-                if mailbox.accepts(mail.address(task)):
+                if addresses.accepts(mail.address(task)):
                     try:
                         mail.send(task, mailbox.ABORT, b"abort", timeout_s)
                     except mailbox.MailboxError:
@@ -345,7 +346,7 @@ class RemoteCluster:
         time.sleep(min(_SETTLE_S, within_s))
         deadline = time.monotonic() + max(within_s - _SETTLE_S, 0.0)
         while True:
-            waiting = [t for t in waiting if not mailbox.accepts(mail.address(t))]
+            waiting = [t for t in waiting if not addresses.accepts(mail.address(t))]
             if not waiting or time.monotonic() >= deadline:
                 return [mailbox.task_name(t) for t in waiting]
             time.sleep(min(_RETRY_S, max(deadline - time.monotonic(), 0.0)))

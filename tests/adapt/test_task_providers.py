@@ -5,8 +5,8 @@ import socket
 
 import pytest
 
-from autodist.adapt.task_providers import (LocalProcesses, ServedHosts, TaskProviderError,
-                                           answers)
+from autodist.adapt.task_providers import LocalProcesses, ServedHosts, TaskProviderError
+from autodist.ir.addresses import accepts
 from autodist.ir.resource_spec import ResourceSpec
 
 
@@ -51,5 +51,6 @@ def test_served_hosts_from_a_spec_and_the_default_check_connects():
             {"address": "127.0.0.1", "port": port, "cpus": [0]}]})
         provider = ServedHosts.from_spec(spec)
         assert provider.addresses == ["127.0.0.1:1", f"127.0.0.1:{port}"]
-        assert answers(f"127.0.0.1:{port}") and not answers("127.0.0.1:1")
+        assert accepts(f"127.0.0.1:{port}") and not accepts("127.0.0.1:1")
+        assert not accepts("no port") and not accepts("127.0.0.1:not-a-port")
         assert provider.available((0,)) == [1]

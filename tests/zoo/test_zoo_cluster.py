@@ -2,9 +2,9 @@
 
 Per case and configuration (PS: 2 workers + 1 PS task; AllReduce: 2
 workers; AllReduceVirtualNodes: the same with 4 virtual nodes of the case's
-global batch; in CI two of them, `_cluster_runs`) the model is captured, distributed and trained with
-`run.fit(case.x, case.y, **case.fit_kwargs)`, exactly as the user calls
-Keras. Then every `model.variables` (weights, normalization statistics,
+global batch; in CI two of them, `_cluster_runs`) the model is captured,
+distributed and trained with `run.fit(case.x, case.y, **case.fit_kwargs)`,
+exactly as the user calls Keras. Then every `model.variables` (weights, normalization statistics,
 seed-generator states) is within 1e-5 of `keras_reference`, and the History
 has Keras' keys with the same per-epoch values (rtol 1e-5), and nothing was
 said to differ (no `ParityWarning`). A case with `expect_error` must instead
@@ -118,7 +118,8 @@ def test_zoo_case_trains_as_keras_fit(name: str, config: str, tmp_path) -> None:
     differs_per_vn = bool(any(bn.syncable for bn in graph_item.batch_norms)
                           or graph_item.loss_masks)
     assert differs_per_vn == (name in PER_VIRTUAL_NODE), "update PER_VIRTUAL_NODE"
-    if config == "AllReduceVirtualNodes" and differs_per_vn:   # the documented difference, said before launch
+    if config == "AllReduceVirtualNodes" and differs_per_vn:
+        # The documented difference, said before launch.
         assert any(re.search(_PER_VIRTUAL_NODE, text) for text in parity), parity
         assert all(np.isfinite(history.history["loss"]))
         return
