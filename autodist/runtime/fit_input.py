@@ -20,7 +20,8 @@ from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.strategy import Strategy
 from autodist.launch.job import DatasetFiles
-from autodist.runtime import batching, datasets, keras_data, sharded_input, targets
+from autodist.runtime import (batching, datasets, keras_data, sharded_input,
+                              steps_per_execution, targets)
 from autodist.runtime.options import FitOptions
 from autodist.runtime.sharded_input import ShardedDataset
 
@@ -168,6 +169,7 @@ class StreamedInput:
                     f"batch; a strategy switched to must keep it (global batch "
                     f"{strategy.global_batch_size}); received one with "
                     f"{new.global_batch_size}")
+        _check_steps_per_execution(x, options, context)
         # As Keras, batch_size is ignored: the dataset's batches are the batches.
         self._dataset, self._context = x, context
         self._steps_per_epoch = options.steps_per_epoch
@@ -290,6 +292,25 @@ def probe_input(x: Any, y: Any, batch_size: int | None, steps: int,
                                 f"to warm up); the {what} has {ready.epoch_steps[0]}")
         return ready.data, ready.global_batch_size
     return ArrayInput.for_probe(x, y, batch_size, context)
+
+
+def _check_steps_per_execution(dataset: Any, options: FitOptions,
+                               context: InputContext) -> None:
+    """A dataset of unknown length with `steps_per_epoch` and `steps_per_execution` > 1:
+    Keras' fit then counts the batches of a pass in groups of k and runs epochs
+    without steps once the pass ends (loss 0 in its History), which the run cannot
+    reproduce: refused."""
+    k = steps_per_execution.of(context.model)
+    if k == 1 or options.steps_per_epoch is None or int(dataset.cardinality()) != -2:
+        return
+    raise AutodistError(
+        f"the dataset's length is unknown (tf.data cannot tell it, e.g. after filter) and "
+        f"the model runs steps_per_execution={k} steps a call with steps_per_epoch given: "
+        "Keras' fit then counts the pass's batches in groups of k and runs epochs without "
+        "steps after the pass ends, which the run does not reproduce. Give the dataset "
+        "its length (dataset.apply(tf.data.experimental.assert_cardinality(n))), repeat "
+        "it (dataset.repeat()), leave steps_per_epoch out, or compile with "
+        "steps_per_execution=1 (the run's numbers do not depend on it)")
 
 
 def check_weighted(weights: np.ndarray | None, context: InputContext) -> None:

@@ -35,7 +35,7 @@ from autodist.adapt.policy_interface import StepMetrics
 from autodist.ir.errors import AutodistError
 from autodist.kernels import monitoring
 from autodist.launch.job import JobDir
-from autodist.runtime import follow
+from autodist.runtime import follow, steps_per_execution
 from autodist.runtime.history import NOISE_DECAY, History
 from autodist.runtime.records import ProgressRecord, add_states
 
@@ -63,6 +63,9 @@ class Progress:
             model holding that epoch's weights; None without validation.
         metric_logs: The compiled metrics' logs from their summed state.
         initial_epoch: The index of the job's first epoch (`fit(initial_epoch=)`).
+        steps_per_execution: The model's `compile(steps_per_execution=k)`: the batch
+            hooks are called as Keras calls them for k steps a call (once per group
+            of k; `autodist.runtime.steps_per_execution`).
         wait_s: Bound on waiting for an epoch's weights.
         fixed_rate: Why the run cannot change its learning rate (a schedule, a
             strategy that fixes it), or None: callbacks may change it between
@@ -81,13 +84,15 @@ class Progress:
                  load_weights: Callable[[Any], None] | None = None,
                  validate: Callable[[int], dict[str, float]] | None = None,
                  metric_logs: Callable[[Sequence[Any]], dict[str, float]] | None = None,
-                 initial_epoch: int = 0, wait_s: float = 60.0,
+                 initial_epoch: int = 0, steps_per_execution: int = 1,
+                 wait_s: float = 60.0,
                  fixed_rate: str | None = None,
                  read_state: Callable[[], dict[str, np.ndarray]] | None = None) -> None:
         self.job = job
         self.path = job.file("progress.jsonl")
         self.epochs = epochs
         self.initial_epoch = initial_epoch
+        self.steps_per_execution = steps_per_execution
         self.model = model
         self.history = history
         self.callbacks = keras.callbacks.CallbackList(
@@ -108,6 +113,7 @@ class Progress:
         self._count = 0
         self._metric_states: tuple = ()
         self._pending: tuple[int, dict[str, float]] | None = None  # an end left to `finish`
+        self._group_end: int | None = None  # a group of steps begun, not ended
         self._logs: dict[str, float] = {}
         self._stop_sent = False
         self.fixed_rate = fixed_rate
@@ -143,6 +149,7 @@ class Progress:
         """
         self.update()
         if self._epoch_open is not None:  # stopped inside an epoch: Keras still ends it
+            self._end_group()
             self._pending = (self._epoch_open, self._epoch_logs())
             self._epoch_open = None
 
@@ -182,6 +189,7 @@ class Progress:
     def _open_epoch(self, epoch: int) -> None:
         """`on_epoch_begin` of the job's epoch `epoch`."""
         self._epoch_open, self._sum, self._count = epoch, 0.0, 0
+        self._group_end = None
         self._metric_states = ()
         self._dispatch("on_epoch_begin", self.initial_epoch + epoch, {})
 
@@ -195,8 +203,14 @@ class Progress:
         self._count += record.examples
         self._metric_states = add_states(self._metric_states, record.metrics)
         if self._batch_hooks:
-            self._dispatch("on_train_batch_begin", step, {})
-            self._dispatch("on_train_batch_end", step, self._epoch_logs())
+            begin, end = steps_per_execution.batch_hooks(step, self.steps_per_execution,
+                                                         last=record.last_of_epoch)
+            if begin is not None:
+                self._dispatch("on_train_batch_begin", begin, {})
+                self._group_end = begin + self.steps_per_execution - 1
+            if end is not None:
+                self._group_end = None
+                self._dispatch("on_train_batch_end", end, self._epoch_logs())
         if self.policies is not None:
             self.policies.step(step_metrics(record, self._noise))
             self._check_stop()
@@ -221,6 +235,13 @@ class Progress:
                            if name in before and not np.array_equal(value, before[name])}
                 follow.write_decision(self.job, epoch, stop=bool(self.model.stop_training),
                                       learning_rate=self.learning_rate, state=changed)
+
+    def _end_group(self) -> None:
+        """`on_train_batch_end` of a group of steps the run stopped inside (Keras ends
+        every group it begins)."""
+        if self._group_end is not None:
+            end, self._group_end = self._group_end, None
+            self._dispatch("on_train_batch_end", end, self._epoch_logs())
 
     def _epoch_logs(self) -> dict[str, float]:
         logs = {"loss": self._sum / max(self._count, 1)}

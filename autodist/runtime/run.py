@@ -24,7 +24,8 @@ from autodist.launch.job import JobDir
 from autodist.launch.local import check_local
 from autodist.launch.signing import load_secret
 from autodist.launch.tf_config import check_this_is_the_chief
-from autodist.runtime import checkpoint, fit_input, keras_parity, recovery, validation
+from autodist.runtime import (checkpoint, fit_input, keras_parity, recovery,
+                              steps_per_execution, validation)
 from autodist.runtime.change_requests import ChangeRequests
 from autodist.runtime.cluster_jobs import ClusterJobs, discard
 from autodist.runtime.elastic import segments
@@ -294,6 +295,10 @@ class DistributedRun:
                                       self.launch)
         self._check_learning_rate()
         x, y = validation.split_off(x, y, options)
+        # As Keras' fit with compile(steps_per_execution=k): epochs of whole groups of k.
+        keras_steps = options.steps_per_epoch
+        options.steps_per_epoch = steps_per_execution.steps_run(
+            keras_steps, steps_per_execution.of(self.model))
         ready = fit_input.prepare(x, y, options, self._input_context())
         members = tuple(range(self.resource_spec.num_worker_tasks))
         if options.membership_may_change:
@@ -312,7 +317,8 @@ class DistributedRun:
             self._requests.open(job, config, members=members, batch=ready.global_batch_size,
                                 num_examples=ready.num_examples, streaming=ready.streaming,
                                 not_resizable=not_resizable)
-            history, outcome, control, metric_logs = self._train(job, config, options, ready)
+            history, outcome, control, metric_logs = self._train(job, config, options, ready,
+                                                                 keras_steps)
             finished = True
         except KeyboardInterrupt:
             self._state.keep_interrupted(job)
@@ -339,10 +345,11 @@ class DistributedRun:
         return history
 
     def _train(self, job: JobDir, config: RunConfig, options: FitOptions,
-               ready: fit_input.FitInput
+               ready: fit_input.FitInput, keras_steps: int | None
                ) -> tuple[History, recovery.Outcome, Control | None, MetricLogs | None]:
         """Runs the job with the driver following it (callbacks, progress, policies) and
-        the trained state written back into the model."""
+        the trained state written back into the model; `keras_steps` is fit's own
+        `steps_per_epoch` (the callbacks' `params["steps"]`, as in Keras)."""
         control = driver = None
         if options.policies:
             control = Control(self, ready.global_batch_size, options.replanner)
@@ -351,7 +358,8 @@ class DistributedRun:
         history = History()
         metric_logs = MetricLogs(self.model, self.graph_item) or None
         progress = Progress(
-            job, epochs=options.job_epochs, steps_per_epoch=ready.epoch_steps[0],
+            job, epochs=options.job_epochs, steps_per_epoch=keras_steps or ready.epoch_steps[0],
+            steps_per_execution=steps_per_execution.of(self.model),
             verbose=options.verbose, model=self.model, callbacks=options.callbacks,
             history=history, policies=driver, followed=options.followed,
             epoch_weights=config.epoch_weights, load_weights=self._state.load_weights,
