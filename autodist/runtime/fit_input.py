@@ -170,6 +170,8 @@ class StreamedInput:
                     f"{strategy.global_batch_size}); received one with "
                     f"{new.global_batch_size}")
         _check_steps_per_execution(x, options, context)
+        if not context.graph_item.target_inputs:
+            _refuse_without_targets(x, options.class_weight)
         # As Keras, batch_size is ignored: the dataset's batches are the batches.
         self._dataset, self._context = x, context
         self._steps_per_epoch = options.steps_per_epoch
@@ -255,6 +257,12 @@ def _arrays(x: Any, y: Any, batch_size: int | None, sample_weight: Any, class_we
         raise AutodistError(f"batch_size must be an integer >= 1. Received: {batch_size!r}")
     if sample_weight is not None and class_weight is not None:
         raise AutodistError("give sample_weight or class_weight, not both (as Keras)")
+    if not takes_targets:
+        # Compiled without a loss: Keras' loss is the layers' add_loss terms alone, which
+        # read neither (its class weights come from y's classes, so it fails without y).
+        if class_weight is not None and y is None:
+            raise AutodistError(_CLASS_WEIGHT_WITHOUT_Y)
+        sample_weight = class_weight = None
     data = keras_data.fit_arrays(x, y, sample_weight, context.graph_item)
     weights = data.weights
     if class_weight is not None:
@@ -292,6 +300,30 @@ def probe_input(x: Any, y: Any, batch_size: int | None, steps: int,
                                 f"to warm up); the {what} has {ready.epoch_steps[0]}")
         return ready.data, ready.global_batch_size
     return ArrayInput.for_probe(x, y, batch_size, context)
+
+
+_CLASS_WEIGHT_WITHOUT_Y = (
+    "class_weight weighs each example by its class in y, so it needs y (Keras' fit fails "
+    "without it); this model is compiled without a loss, whose add_loss terms read "
+    "neither: leave class_weight out (a weight the layers read is a model input)")
+
+
+def _refuse_without_targets(dataset: Any, class_weight: Any) -> None:
+    """A dataset for a model compiled without a loss: Keras reads x alone (its loss, the
+    layers' add_loss terms, reads neither y nor sample weights), but the workers' batches
+    of a dataset carry targets (`dataset_stream` packs them): refused, pointing to arrays.
+
+    Raises:
+        AutodistError: always; for class_weight without y as Keras fails on it.
+    """
+    spec = dataset.element_spec
+    if class_weight is not None and not (isinstance(spec, tuple) and 2 <= len(spec) <= 3):
+        raise AutodistError(_CLASS_WEIGHT_WITHOUT_Y)
+    raise AutodistError(
+        "this model is compiled without a loss (its loss is what its layers add), and the "
+        "workers cannot read a tf.data.Dataset for a step without targets yet: pass the "
+        "data as arrays (fit(x) with x a dict or list of arrays; with shuffle=False it "
+        "trains as Keras' fit on the dataset's batches in order), or compile with a loss")
 
 
 def _check_steps_per_execution(dataset: Any, options: FitOptions,

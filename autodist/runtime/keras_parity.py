@@ -25,11 +25,28 @@ def check(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
     Raises:
         AutodistError: a feature the run would silently train differently.
     """
+    _input_names(graph_item)
     _random_ops(graph_item, strategy)
     _batch_norms(model, graph_item, strategy)
     _loss_masks(graph_item, strategy)
     _added_losses(graph_item, strategy)
     _loss_scaling(graph_item, strategy)
+
+
+def _input_names(graph_item: GraphItem) -> None:
+    """A model input named as fit's targets or sample weights ("y", "sample_weight")
+    cannot be told apart from them by the run: refused."""
+    roles: dict[str, set[str]] = {}
+    for info in graph_item.inputs:
+        roles.setdefault(info.name, set()).add(info.role)
+    shared = sorted(name for name, kinds in roles.items() if len(kinds) > 1)
+    if shared:
+        raise AutodistError(
+            f"the model's input(s) {shared} have the name(s) of fit's "
+            f"{' and '.join(sorted(set().union(*(roles[n] for n in shared)) - {'x'}))} "
+            f"in the capture of {graph_item.name!r}, which the run cannot tell apart. "
+            "Rename the input (keras.Input(name=...), or the key of the model's input "
+            "dict), e.g. to 'example_weight'")
 
 
 def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:

@@ -1,0 +1,133 @@
+"""A model compiled without a loss (`compile(optimizer)`, its loss only what its layers
+add), and a model input named "sample_weight": fit as Keras' `fit`.
+
+Keras computes such a model's loss from its `add_loss` terms alone: it ignores `y`,
+`sample_weight` and (given `y`) `class_weight`, and reads a dataset of `x` alone.
+`class_weight` without `y` fails in Keras and is refused here, and so is a dataset
+for such a model (the workers' dataset batches carry targets; arrays train as
+Keras). A model input named "sample_weight" next to a compiled loss is refused
+before launch (the run would confuse it with fit's sample weights).
+
+The runs are on a real 2-worker cluster and are compared with single-device Keras
+`fit` on the same data: weights to 2e-5, History to 1e-5.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras
+import autodist
+from autodist.search import builders
+from keras import layers, ops
+
+TOLERANCE = 2e-5
+
+
+class LogisticEndpoint(layers.Layer):
+    """Adds the loss of targets and weights given as model inputs (keras-io's endpoint
+    layer pattern)."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name=name)
+        self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    def call(self, logits, targets=None, sample_weight=None):
+        if targets is not None:
+            self.add_loss(self.loss_fn(targets, logits, sample_weight))
+        return ops.sigmoid(logits)
+
+
+def _endpoint_pair():
+    def build():
+        inputs = keras.Input((6,), name="inputs")
+        targets = keras.Input((1,), name="targets")
+        weights = keras.Input((1,), name="sample_weight")
+        logits = layers.Dense(1)(layers.Dense(4, activation="relu")(inputs))
+        model = keras.Model([inputs, targets, weights],
+                            LogisticEndpoint()(logits, targets, weights))
+        model.compile(keras.optimizers.Adam(1e-2))
+        return model
+
+    keras.utils.set_random_seed(0)
+    model, reference = build(), build()
+    reference.set_weights(model.get_weights())
+    return model, reference
+
+
+def _endpoint_data(n: int = 48):
+    rng = np.random.default_rng(41)
+    features = rng.random((n, 6))
+    return {"inputs": features, "targets": (features[:, :1] > 0.5).astype("float64"),
+            "sample_weight": rng.random((n, 1))}, rng
+
+
+def _run(model, builder=builders.AllReduce, ps: int = 0):
+    spec = autodist.ResourceSpec.local(workers=2, ps=ps)
+    item = autodist.capture(model)
+    return autodist.distribute(model, builder().build(item, spec), spec, graph_item=item)
+
+
+def _check(model, reference, history, keras_history) -> None:
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+    assert sorted(history.history) == sorted(keras_history.history)
+    for key, values in keras_history.history.items():
+        np.testing.assert_allclose(history.history[key], values, rtol=1e-5, atol=1e-7,
+                                   err_msg=key)
+
+
+def test_class_weight_without_targets_is_refused_before_launch():
+    """Keras' fit fails on it (class weights are looked up by y's classes)."""
+    model, _ = _endpoint_pair()
+    data, _ = _endpoint_data()
+    run = _run(model)
+    with pytest.raises(autodist.AutodistError, match="class_weight.*needs y"):
+        run.fit(data, class_weight={0: 1.0, 1: 3.0}, verbose=0)
+
+
+@pytest.mark.cluster
+def test_a_model_without_a_loss_ignores_y_and_sample_weight():
+    """fit(x, y, sample_weight=) trains as Keras' fit: both ignored (the loss is the
+    endpoint layer's, weighted by the model input "sample_weight")."""
+    model, reference = _endpoint_pair()
+    data, rng = _endpoint_data()
+    y = (rng.random((48, 1)) > 0.5).astype("int32")
+    weights = 3.0 * rng.random(48)
+    run = _run(model)
+    history = run.fit(data, y, sample_weight=weights, batch_size=16, epochs=2,
+                      shuffle=False, verbose=0)
+    keras_history = reference.fit(data, y, sample_weight=weights, batch_size=16, epochs=2,
+                                  shuffle=False, verbose=0)
+    _check(model, reference, history, keras_history)
+    assert int(model.optimizer.iterations.numpy()) == 6
+
+
+def test_a_dataset_for_a_model_without_a_loss_is_refused_before_launch():
+    """Keras reads a dataset of x alone for it; the workers' dataset batches carry
+    targets, so the run refuses, pointing to arrays (and to Keras' class_weight error)."""
+    model, _ = _endpoint_pair()
+    data, _ = _endpoint_data()
+    run = _run(model)
+    dataset = tf.data.Dataset.from_tensor_slices(data).batch(12)
+    with pytest.raises(autodist.AutodistError, match="without a loss.*pass the data as arrays"):
+        run.fit(dataset, verbose=0)
+    with pytest.raises(autodist.AutodistError, match="class_weight.*needs y"):
+        run.fit(dataset, class_weight={0: 2.0}, verbose=0)
+
+
+def test_an_input_named_sample_weight_next_to_a_compiled_loss_is_refused():
+    """The capture names fit's sample weights "sample_weight" too, and the run feeds its
+    inputs by name: refused before launch, naming the input (a model without a loss,
+    as the endpoint layer's, takes no sample weights: nothing is confused)."""
+    features = keras.Input((3,), name="features")
+    named = keras.Input((1,), name="sample_weight")
+    hidden = layers.Dense(4, activation="tanh")(layers.concatenate([features, named]))
+    model = keras.Model({"features": features, "sample_weight": named},
+                        layers.Dense(1)(hidden))
+    model.compile(keras.optimizers.SGD(0.1), "mse", weighted_metrics=["mse"])
+    with pytest.raises(autodist.AutodistError,
+                       match=r"input\(s\) \['sample_weight'\] have the name\(s\) of fit's "
+                             "sample_weight.*Rename the input"):
+        _run(model)
