@@ -186,7 +186,10 @@ class DistributedRun:
                 (any other value is an error), else 32; not given with a
                 dataset (its batches are the batches).
             epochs: Passes over the data.
-            steps_per_epoch: Steps per epoch (default: all batches).
+            steps_per_epoch: Steps per epoch (default: all batches). With the
+                model's `compile(steps_per_execution=k)`, whole groups of k
+                (ceil(steps_per_epoch / k) * k steps), as Keras runs them; the
+                batch hooks are then called once per group, as in Keras.
             shuffle: As Keras: shuffle the examples of each pass over arrays
                 (True, the default), or each batch's rows ("batch"); ignored
                 with a dataset (its own `shuffle` reads as in Keras). With
@@ -279,10 +282,11 @@ class DistributedRun:
                 last completed step (no applied update lost; the global
                 batch stays the same): the chief saves the state, the
                 survivors restart from it (`autodist.runtime.recovery`).
-                Under launch="remote" a worker whose host or `autodist serve`
-                died is left out likewise (the strategy must be elastic), and
-                a killed chief restarts the job from the newest checkpoint of
-                `checkpoint_dir`; the served tasks must take further jobs
+                A dead chief or parameter server restarts the job from the
+                newest checkpoint of `checkpoint_dir` (without it, fit
+                raises). Under launch="remote" a worker whose host or
+                `autodist serve` died is left out likewise (the strategy must
+                be elastic); the served tasks must take further jobs
                 (`autodist serve` without `--max-jobs`, or enough).
                 Synchronous strategies, no callbacks.
 
@@ -383,11 +387,10 @@ class DistributedRun:
                     self.graph_item, strategy_k, spec_k, config_k, values, ready.data.inputs,
                     ready.data.targets, ready.data.dataset, ready.data.order),
                 on_new_job=progress.follow)
-            outcome = recovery.run_recovering_remote(
-                job, self.strategy, self.resource_spec,
-                checkpoint_dir=options.checkpoint_dir, **recovering) \
-                if self.launch == "remote" else \
-                recovery.run_recovering(job, self.strategy, self.resource_spec, **recovering)
+            recover = recovery.run_recovering_remote if self.launch == "remote" else \
+                recovery.run_recovering
+            outcome = recover(job, self.strategy, self.resource_spec,
+                              checkpoint_dir=options.checkpoint_dir, **recovering)
         else:
             self._jobs.run(job, options.timeout_s, progress.update)
             outcome = recovery.Outcome(job, self.resource_spec)
