@@ -16,9 +16,12 @@ A stopped or hung worker (no heartbeat for half a step's timeout,
 TensorFlow aborts every collective of a process that took part in a failed
 collective, and nothing resets that short of a new process
 (`docs/tf_elastic_notes.md`), so the survivors' processes are started anew;
-what survives is the state. The job cannot go on when the chief or a
-parameter-server task dies, or when a dead worker held parameter-server
-variables: the original error is raised.
+what survives is the state. When the chief or a parameter-server task
+dies, nothing saved the last completed step (a parameter server's variables
+are gone with it): where the fit writes checkpoints (`checkpoint_dir`), the
+job starts again on fresh processes from the newest checkpoint, else the
+original error is raised; so it is when a dead worker held parameter-server
+variables.
 
 Under ``launch="remote"`` the served tasks keep their TF_CONFIG identities,
 so a recovery job runs on the same cluster with its membership changed, as
@@ -197,13 +200,19 @@ class Outcome:
 
 def run_recovering(job: JobDir, strategy: Strategy, spec: ResourceSpec, *,
                    run_cluster: RunCluster, write_job: WriteJob,
-                   on_new_job: Callable[[JobDir], None]) -> Outcome:
+                   on_new_job: Callable[[JobDir], None],
+                   checkpoint_dir: str | None = None) -> Outcome:
     """Runs a job to its end, going on without each non-chief worker that dies.
 
     After a failure the chief has saved the state after the last completed
     step (`resume_point`); a new job, in ``recovery-<k>`` under the first
     job's directory, resumes there on the surviving workers with the
-    strategy's replicas of the dead worker removed.
+    strategy's replicas of the dead worker removed. Where the chief saved
+    nothing (it died, or a parameter server did: the variables it held are
+    gone) and the fit writes checkpoints, the new job starts from the newest
+    checkpoint of `checkpoint_dir` (from the fit's start when none is written
+    yet), on fresh processes of every task the failed job had but a dead
+    non-chief worker.
 
     Args:
         job: The first job.
@@ -214,13 +223,19 @@ def run_recovering(job: JobDir, strategy: Strategy, spec: ResourceSpec, *,
         write_job: Writes a recovery job: (its directory, strategy, spec,
             config, initial values).
         on_new_job: Called with each recovery job before it runs.
+        checkpoint_dir: The fit's checkpoint directory, or None.
 
     Raises:
-        TaskFailedError: the chief or a parameter server died, the dead
-            worker held parameter-server variables, or nothing was saved.
+        TaskFailedError: nothing was saved and no checkpoint is written (the
+            chief or a parameter server died), the dead worker held
+            parameter-server variables, or more restarts from checkpoints
+            than `EXTRA_RESTARTS` plus one per worker task.
     """
     outcome = Outcome(job, spec)
-    config = RunConfig.of_job(job)
+    first = RunConfig.of_job(job)
+    config = first
+    first_values = job.init_values()
+    limit = spec.num_worker_tasks + EXTRA_RESTARTS
     while True:
         try:
             run_cluster(outcome.job, outcome.spec, ())
@@ -228,23 +243,25 @@ def run_recovering(job: JobDir, strategy: Strategy, spec: ResourceSpec, *,
         except TaskFailedError as error:
             dead = dead_worker(error.task)
             resumed = resume_point(outcome.job) if dead is not None else None
+            if resumed is None and checkpoint_dir and len(outcome.recoveries) < limit:
+                resumed = _checkpointed(checkpoint_dir, first, first_values)
             if resumed is None:
                 raise
             values, next_step = resumed
-            try:
-                strategy = strategy_without(strategy, dead)
-            except AutodistError as e:
-                raise error from e
-            losses, times, estimated = completed_losses(
-                outcome.job, outcome.spec.num_worker_tasks, config.start_step,
-                next_step - config.start_step)
-            outcome.spec = without_worker(outcome.spec, dead)
-            outcome.earlier_losses += losses
-            outcome.earlier_times += times
-            outcome.recoveries.append({"step": next_step, "failed_task": dead,
-                                       "cause": str(error).split(";")[0].splitlines()[0],
-                                       "workers": outcome.spec.num_worker_tasks,
-                                       "estimated_loss_steps": estimated})
+            if dead is not None:
+                try:
+                    strategy = strategy_without(strategy, dead)
+                except AutodistError as e:
+                    raise error from e
+            estimated = _keep_losses(outcome, outcome.job, range(outcome.spec.num_worker_tasks),
+                                     config.start_step, next_step, first.start_step)
+            if dead is not None:
+                outcome.spec = without_worker(outcome.spec, dead)
+            outcome.recoveries.append({
+                "step": next_step, "failed_task": _task_index(error.task),
+                "failed_job": error.task.partition(":")[0] or "worker",
+                "cause": str(error).split(";")[0].splitlines()[0],
+                "workers": outcome.spec.num_worker_tasks, "estimated_loss_steps": estimated})
             config = dataclasses.replace(config, start_step=next_step, job_id=uuid.uuid4().hex)
             path = job.path / f"recovery-{len(outcome.recoveries)}"
             path.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -214,6 +214,55 @@ def test_a_dead_parameter_server_leaves_the_newest_checkpoint(tmp_path):
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize("job", ["ps", "worker"], ids=["parameter_server", "chief"])
+def test_a_dead_chief_or_parameter_server_restarts_from_the_newest_checkpoint(job, tmp_path):
+    """Local launch, synchronous PS on 2 workers, checkpoints every 2 steps: the
+    parameter server (which held the variables) or the chief killed after the first
+    checkpoint. With on_failure="continue" the job starts again on fresh processes from
+    the newest checkpoint, to Keras' weights; the epochs wholly after it have Keras'
+    losses."""
+    from autodist.bench.slowdown import find_task_pid
+
+    x, y = small_mlp.data(EXAMPLES)
+    model = small_mlp.mlp()
+    reference = models.single_device_twin(model)
+    keras_losses = reference.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False,
+                                 verbose=0).history["loss"]
+    spec = autodist.ResourceSpec.local(workers=2, ps=1)
+    strategy = builders.PS().build(autodist.capture(model), spec)
+    job_dir, checkpoints = str(tmp_path / "job"), tmp_path / "checkpoints"
+    run = autodist.distribute(model, strategy, spec, job_dir=job_dir, step_timeout_s=10,
+                              task_step_delay_s={0: 0.2, 1: 0.2})
+
+    def kill():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (checkpoints / "latest").exists():
+                os.kill(find_task_pid(job_dir, job, 0), signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    history = run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                      on_failure="continue", checkpoint_dir=str(checkpoints),
+                      checkpoint_every_steps=2)
+    killer.join(timeout=5)
+    (event,) = history.recoveries
+    assert (event.failed_job, event.failed_task, event.workers) == (job, 0, 2), event
+    steps_per_epoch = EXAMPLES // BATCH
+    assert event.step % 2 == 0 and 2 <= event.step < EPOCHS * steps_per_epoch, event
+    assert len(history.step_losses) == EPOCHS * steps_per_epoch
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
+    first_exact = -(-event.step // steps_per_epoch)
+    for epoch in range(first_exact, EPOCHS):
+        assert history.history["loss"][epoch] == pytest.approx(keras_losses[epoch],
+                                                               abs=TOLERANCE), epoch
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * steps_per_epoch
+
+
+@pytest.mark.cluster
 def test_a_recovered_run_reads_a_dataset_on_where_it_stopped(tmp_path):
     """fit(dataset) (reshuffled each epoch) with worker 2 of 3 killed after 4 steps: the
     recovery job's workers read the dataset anew up to the step it resumes at, so the run
