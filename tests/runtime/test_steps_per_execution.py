@@ -115,3 +115,21 @@ def test_steps_per_execution_callbacks_history_and_weights_match_keras():
     for key, values in keras_history.history.items():
         np.testing.assert_allclose(history.history[key], values, rtol=1e-5, atol=1e-7,
                                    err_msg=key)
+
+
+def test_a_dataset_of_unknown_length_with_steps_per_epoch_is_refused():
+    """Keras' fit then runs epochs without steps once the pass ends: refused before launch,
+    naming steps_per_execution and what to do instead."""
+    import tensorflow as tf
+
+    model, _ = _pair(3)
+    spec = autodist.ResourceSpec.local(workers=2)
+    item = autodist.capture(model)
+    run = autodist.distribute(model, builders.AllReduce().build(item, spec), spec,
+                              graph_item=item)
+    rng = np.random.default_rng(0)
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (rng.normal(size=(40, 4)), rng.normal(size=(40,)))).filter(lambda x, y: True).batch(8)
+    with pytest.raises(autodist.AutodistError,
+                       match="length is unknown.*steps_per_execution=3.*assert_cardinality"):
+        run.fit(dataset, steps_per_epoch=4, verbose=0)
