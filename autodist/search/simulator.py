@@ -28,6 +28,19 @@ An α-β model of one synchronous training step on the ResourceSpec:
   the chief's token round for a synchronous PS step, and one extra session
   run when a step mixes PS and all-reduce (the runtime runs them in two
   phases);
+* overlap with the backward pass: a fused group can start reducing once its
+  last gradient exists (`gradient_ready_fractions`: the share of the backward
+  FLOPs done by then), so the ring traffic of groups whose gradients are
+  ready early hides behind the rest of the backward pass. The link serves
+  the groups' bytes as they become ready (work-conserving; concurrent
+  collectives share it) and the traffic still exposed after the backward
+  pass, plus one group's fixed cost, is what the step waits for; the
+  groups' fixed costs (their hops' α) run on the same CPU as the backward
+  pass and never hide behind it, only behind other groups' transfers, so the
+  exposed time is at least their sum. `Prediction.parts["overlap_s"]` is
+  what this saves against the additive model (0 for one group whose last
+  gradient is the backward pass's last), scaled by
+  `Calibration.backward_overlap` (0, off, unless set);
 * where calibrated on a cluster (`autodist.runtime.cluster_calibration`): a
   fixed cost per task per step (the step's coordination), CPU time per byte
   the busiest task moves (gRPC's and the collectives' copies, beyond the
@@ -103,6 +116,16 @@ class Calibration:
         conv_flops_per_s: Rate of the convolutions' FLOPs (forward and both
             backward kernels), which run well below a matmul's rate on a
             CPU; None: `flops_per_s`.
+        backward_overlap: How much of the all-reduce time that the overlap
+            model hides behind the backward pass is taken off the step (see
+            the module docstring), between 0 (none: the additive model, where
+            more fused groups only add fixed costs) and 1. 0 by default, as
+            before the model existed: the fixed-cost fit
+            (`autodist.search.calibration_fit`) assumes the additive model,
+            and uncalibrated α (0.1 ms a hop) with 1 here prefers buckets
+            where they measured slower (`benchmarks/results/overlap.md`);
+            with a cluster's calibration, 1 ranks the measured bucket sizes
+            as measured.
         source: Where the constants come from ("default", or what measured them).
     """
 
@@ -117,12 +140,14 @@ class Calibration:
     byte_cost_s: float = 0.0
     host_cores: int = 0
     conv_flops_per_s: float | None = None
+    backward_overlap: float = 0.0
     source: str = "default"
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.ps_overlap <= 1.0:
-            raise InvalidArgumentError("ps_overlap must be in [0, 1]. Received: "
-                                       f"{self.ps_overlap!r}")
+        for name in ("ps_overlap", "backward_overlap"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0.0 <= value <= 1.0):
+                raise InvalidArgumentError(f"{name} must be in [0, 1]. Received: {value!r}")
         for name in ("flops_per_s", "memory_bytes_per_s", "conv_flops_per_s"):
             value = getattr(self, name)
             if value is None and name == "conv_flops_per_s":
@@ -274,6 +299,8 @@ class Simulator:
         # The ops a replica's step pays `op_overhead_s` for (shared cores stretch them
         # only where calibrated, as `_compute_s` applies them).
         self.op_runs = len(gi.ops) * (sharing if self.calibration.host_cores > 0 else 1.0)
+        self.backward_s = self.compute_s * _backward_share(gi)
+        self._ready = gradient_ready_fractions(gi)
         self.num_tasks = len(spec.nodes)
         # Rows of each sparse gradient in a replica's step: one per lookup, repeats
         # included (what a PS push or read and an all-gather move); updates
@@ -315,6 +342,21 @@ class Simulator:
             for config in options:
                 rows.append(self._option_row(self.space.variables[v], config, width))
         self._table = np.array(rows, dtype=np.float64)
+        # Per option, per fusion group it reduces into: when its gradient is ready.
+        ready = np.zeros((len(rows), self._groups))
+        index = 0
+        for v, options in enumerate(self.space.options):
+            var = self.space.variables[v]
+            for config in options:
+                for shard in config.shards:
+                    ar = shard.all_reduce
+                    if (shard.WhichOneof("kind") == "all_reduce" and ar.spec
+                            != AllReduceSynchronizer.ALL_GATHER
+                            and not is_gathered(ar, var.sparse_gradient)):
+                        column = ar.compressor * self.space.num_slots + ar.group
+                        ready[index, column] = self._ready.get(var.name, 1.0)
+                index += 1
+        self._ready_table = ready
         # Many columns are zero for every option (messages to workers, fusion
         # slots of compressors not offered, host memory of nodes without PS
         # shards): predict gathers the others only. NumPy sums one column
@@ -441,7 +483,22 @@ class Simulator:
             sums[start:start + chunk, columns] = base + _row_sums(table, block[:, ~shared])
         sync = np.array([c.sync for c in self.space.consistencies])[candidates[:, v]]
         staleness = np.array([c.staleness for c in self.space.consistencies])[candidates[:, v]]
-        return self._times(sums, sync, staleness)
+        return self._times(sums, sync, staleness, self._group_ready(candidates[:, :v]))
+
+    def _group_ready(self, choices: np.ndarray) -> np.ndarray:
+        """(N, groups): when each fused group's last gradient is ready (a share of the
+        backward pass)."""
+        table = self._ready_table
+        out = np.zeros((len(choices), table.shape[1]))
+        if not table.any():
+            return out
+        used = np.flatnonzero(table.any(axis=0))
+        table = table[:, used]
+        step = max(1, _GATHER_ELEMENTS // max(1, choices.shape[1] * len(used)))
+        for start in range(0, len(choices), step):
+            block = choices[start:start + step] + self._offsets
+            out[start:start + step, used] = table[block].max(axis=1)
+        return out
 
     def node_traffic(self, candidate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Bytes into and out of each node per step, per variable of one candidate.
@@ -472,7 +529,8 @@ class Simulator:
         """The prediction for one Strategy (its choices are added to the space)."""
         return self.predict(self.space.encode(strategy)[None, :])
 
-    def _times(self, sums: np.ndarray, sync: np.ndarray, staleness: np.ndarray) -> Prediction:
+    def _times(self, sums: np.ndarray, sync: np.ndarray, staleness: np.ndarray,
+               ready: np.ndarray) -> Prediction:
         cal = self.calibration
         c = self._cols
         w = self.num_replicas
@@ -516,11 +574,13 @@ class Simulator:
         max_node_bytes = np.maximum(node_in, node_out).max(axis=1)
         # Fixed costs per step and per task, and the CPU's time per byte a task moves.
         overhead_s = cal.task_overhead_s * self.num_tasks + cal.byte_cost_s * max_node_bytes
-        step = compute_s + bandwidth_s + latency_s + update_s + sync_s + phase_s + overhead_s
+        overlap_s = cal.backward_overlap * self._hidden_s(groups, ready)
+        step = (compute_s + bandwidth_s + latency_s + update_s + sync_s + phase_s + overhead_s
+                - overlap_s)
         lower = np.maximum(compute_s, overlapped_s)
         parts = {
             "compute_s": compute_s, "bandwidth_s": bandwidth_s, "latency_s": latency_s,
-            "update_s": update_s, "sync_s": sync_s, "phase_s": phase_s,
+            "update_s": update_s, "sync_s": sync_s, "phase_s": phase_s, "overlap_s": overlap_s,
             "max_node_bytes": max_node_bytes,
             "sum_node_bytes": (node_in + node_out).sum(axis=1),
             "ps_bytes": sums[:, c["ps_bytes"]], "ps_shards": sums[:, c["ps_shards"]],
@@ -540,6 +600,64 @@ class Simulator:
             "memory_fraction": self.memory.fractions(sums[:, c["memory"]]),
         }
         return Prediction(step_time_s=step, lower_bound_s=lower, parts=parts)
+
+
+    def _hidden_s(self, groups: np.ndarray, ready: np.ndarray) -> np.ndarray:
+        """Time the fused groups' all-reduces hide behind the backward pass (N,).
+
+        Args:
+            groups: (N, G) wire bytes of each fused group (before the ring's factor).
+            ready: (N, G) when each group's last gradient exists, as a share of
+                the backward pass.
+
+        The additive model pays every group's transfer and fixed cost after
+        the backward pass. Here the link serves each group's bytes from the
+        time it is ready, in the order they come (the finish time of a
+        work-conserving link: the latest, over groups k, of k's ready time plus
+        the transfers of the groups ready no earlier); after the backward pass
+        the step waits for what is left of it plus one group's fixed cost, and
+        at least for every group's fixed cost (CPU work that does not hide
+        behind the backward pass's). What the additive model charges beyond
+        that is hidden.
+        """
+        w = self.num_replicas
+        if w <= 1:
+            return np.zeros(len(groups))
+        has_replicas = self.replicas_on > 0
+        link = self.bandwidth[has_replicas].min()
+        transfer = 2 * (w - 1) / w * groups / link
+        fixed = 2 * (w - 1) * self.calibration.hop_latency_s
+        count = (groups > 0).sum(axis=1)
+        start = np.where(groups > 0, ready, 0.0) * self.backward_s
+        # Transfers of the groups ready no earlier than group k, for every k.
+        later = (start[:, None, :] >= start[:, :, None]) * transfer[:, None, :]
+        finish = (start + later.sum(axis=2)).max(axis=1)
+        exposed = np.maximum(np.maximum(finish - self.backward_s, 0.0) + fixed,
+                             fixed * count)
+        charged = transfer.sum(axis=1) + fixed * count
+        return np.where(count > 0, np.maximum(charged - exposed, 0.0), 0.0)
+
+
+def gradient_ready_fractions(graph_item) -> dict[str, float]:
+    """When each variable's gradient exists, as a share of the backward pass (0 to 1).
+
+    The share of the dense gradients' bytes produced up to it in
+    `gradient_order`: a dense layer's backward FLOPs grow with its weights. A
+    sparse gradient (rows of a lookup) adds nothing to the backward pass.
+    (The GraphItem's ops cannot place a gradient more exactly: the tensors it
+    records are the tape's identities, created after the whole backward pass.)
+    """
+    ordered = sorted(graph_item.variables, key=lambda v: v.gradient_order)
+    sizes = np.array([0.0 if v.sparse_gradient else float(v.byte_size) for v in ordered])
+    done = np.cumsum(sizes) / max(sizes.sum(), 1.0)
+    return {v.name: float(f) for v, f in zip(ordered, done)}
+
+
+def _backward_share(graph_item) -> float:
+    """The backward pass's share of a step's FLOPs (2/3 where the ops do not say)."""
+    total = sum(op.flops for op in graph_item.ops)
+    backward = sum(op.flops for op in graph_item.ops if op.phase == "backward")
+    return backward / total if total > 0 and backward > 0 else 2 / 3
 
 
 def _row_sums(table: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -263,7 +263,8 @@ def test_scores_equal_sums_over_the_whole_table_to_the_bit():
         got = sim.predict(candidates)
         sync = np.array([c.sync for c in space.consistencies])[candidates[:, v]]
         staleness = np.array([c.staleness for c in space.consistencies])[candidates[:, v]]
-        want = sim._times(_whole_table_sums(sim, candidates), sync, staleness)
+        ready = sim._ready_table[candidates[:, :v] + sim._offsets].max(axis=1)
+        want = sim._times(_whole_table_sums(sim, candidates), sync, staleness, ready)
         assert got.step_time_s.tobytes() == want.step_time_s.tobytes()
         assert got.lower_bound_s.tobytes() == want.lower_bound_s.tobytes()
         for name, values in want.parts.items():
