@@ -28,7 +28,8 @@ class History(keras.callbacks.History):
 
     Attributes:
         step_losses: The global loss of every step (weighted over replicas).
-        step_times: The chief's time of every step, in seconds.
+        step_times: The chief's wall time of every step, in seconds (its data and feed
+            prepared, its session runs; not the reporting between steps).
         max_lead: Per worker task, the most steps it started ahead of the
             slowest task (asynchronous and bounded-staleness runs; 0 otherwise).
         resizes: Elastic runs and strategy switches: a `Resize` per

@@ -60,7 +60,9 @@ class StepResult:
 
     Attributes:
         loss: This task's weighted loss.
-        seconds: The step's time, from its first run to its last.
+        seconds: The step's time on this task, from the start of its
+            preparation (data, feed, a wait for stragglers) to the end of its
+            last run; an emulated delay left out.
         metrics: This task's contribution to the metrics' state.
         monitored: The step's measurements, where monitored.
         task_examples: The examples of the global batch this task's
@@ -99,8 +101,16 @@ class TaskStep:
         self.rate: float | None = None  # the learning rate the program holds, if set
         self._rate_assign: tuple[tf.Tensor, tf.Operation] | None = None
 
-    def run(self, index: int, data: GlobalBatch, delay_s: float = 0.0) -> StepResult:
-        """Runs step `index` on `data` (after `delay_s`: an emulated slow worker)."""
+    def run(self, index: int, data: GlobalBatch, delay_s: float = 0.0,
+            since: float | None = None) -> StepResult:
+        """Runs step `index` on `data` (after `delay_s`: an emulated slow worker).
+
+        The step's time counts from `since` (a `time.perf_counter()` reading
+        taken when the caller began preparing the step; default: now), so it
+        holds the feed's preparation and any wait for stragglers, as a wall
+        clock sees the step; the emulated delay is left out.
+        """
+        begun = time.perf_counter() if since is None else since
         outputs = self.task.program.outputs
         fetches, ps_op, after = self._fetches()
         parts = batching.virtual_node_rows(data.rows, self.task.strategy.num_virtual_nodes)
@@ -108,11 +118,13 @@ class TaskStep:
         for replica in self.task.program.replicas:
             feed.update(self.replica_feed(replica, parts, data))
         lead = 0 if outputs.ssp is None else self._wait_for_stragglers(outputs.ssp, index)
-        if delay_s:
-            time.sleep(delay_s)
         watch = self.monitor is not None and index % self.config.monitor_every == 0
         if watch:
             fetches = dict(fetches, monitor=self.monitor.fetches)
+        prepared = time.perf_counter() - begun
+        if delay_s:
+            time.sleep(delay_s)
+        if watch:
             feed[self.monitor.times["start"]] = time.time()
         start = time.perf_counter()
         result = self.task.run(fetches, feed_dict=feed)
@@ -129,7 +141,7 @@ class TaskStep:
             self.task.run(ps_op)
         if after is not None:
             self.task.run(after)
-        seconds = time.perf_counter() - start
+        seconds = prepared + time.perf_counter() - start
         return StepResult(
             loss, seconds, tuple(np.asarray(v).tolist() for v in result.get("metrics", ())),
             monitored, sum(len(parts[vn.index]) for r in self.task.program.replicas

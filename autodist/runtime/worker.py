@@ -305,11 +305,12 @@ class Trainer:
 
     def _run_step(self, index: int, delay_s: float, log: StepLog) -> None:
         """Runs step `index`, checkpoints where due, logs and reports it."""
+        since = time.perf_counter()
         self.task_step.set_learning_rate(self.reporter.learning_rate_at(index))
         self._set_state(index)
         epoch, epoch_step, _, epoch_steps = self.schedule.locate(index)
         data = self.data.batch(index)
-        result = self.task_step.run(index, data, delay_s)
+        result = self.task_step.run(index, data, delay_s, since)
         done = self.initial_step + index - self.config.start_step + 1
         self.next_index = index + 1
         if self._checkpoint_due(done, last_of_epoch=epoch_step == epoch_steps - 1):
