@@ -131,3 +131,39 @@ def test_an_input_named_sample_weight_next_to_a_compiled_loss_is_refused():
                        match=r"input\(s\) \['sample_weight'\] have the name\(s\) of fit's "
                              "sample_weight.*Rename the input"):
         _run(model)
+
+
+class _ActivityPenalty(layers.Layer):
+    """Adds the mean square of its input as a loss (an activity penalty)."""
+
+    def call(self, x):
+        self.add_loss(ops.mean(ops.square(x)))
+        return x
+
+
+@pytest.mark.cluster
+def test_a_model_without_a_loss_but_with_compiled_metrics_reads_y_for_them():
+    """compile(optimizer, metrics=..., weighted_metrics=...) without a loss: Keras trains
+    on the add_loss terms and computes the metrics on y (the weighted ones with
+    sample_weight); so does the run (it was refused at capture with TensorFlow's "None
+    values not supported")."""
+    def build():
+        inputs = keras.Input((4,))
+        outputs = _ActivityPenalty()(layers.Dense(2)(layers.Dense(3, activation="tanh")(
+            inputs)))
+        model = keras.Model(inputs, outputs)
+        model.compile(keras.optimizers.SGD(0.1), metrics=["mae"], weighted_metrics=["mse"])
+        return model
+
+    keras.utils.set_random_seed(0)
+    model, reference = build(), build()
+    reference.set_weights(model.get_weights())
+    rng = np.random.default_rng(5)
+    x, y = rng.random((48, 4)).astype("float32"), rng.random((48, 2)).astype("float32")
+    weights = 2.0 * rng.random(48)
+    history = _run(model, builders.PS, ps=1).fit(x, y, sample_weight=weights, batch_size=16,
+                                                 epochs=2, shuffle=False, verbose=0)
+    keras_history = reference.fit(x, y, sample_weight=weights, batch_size=16, epochs=2,
+                                  shuffle=False, verbose=0)
+    assert sorted(keras_history.history) == ["loss", "mae", "mse"]
+    _check(model, reference, history, keras_history)

@@ -38,8 +38,10 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
         raise CaptureError(f"model {model.name!r} is not built: call it on a batch, or pass "
                            "capture(model, x=example_batch)")
     # Compiled without a loss, Keras' step computes only the terms the layers add
-    # (`add_loss`) and never reads the targets: the step takes none.
-    y_spec = keras_target_spec(model, x_spec, y) if model.loss is not None else None
+    # (`add_loss`); it reads the targets only for compiled metrics, else the step takes none.
+    reads_targets = model.loss is not None or \
+        getattr(model, "_compile_metrics", None) is not None
+    y_spec = keras_target_spec(model, x_spec, y) if reads_targets else None
     trainable = list(model.trainable_variables)
     if not trainable:
         raise CaptureError(f"model {model.name!r} has no trainable variables")
