@@ -490,14 +490,18 @@ class Simulator:
         backward pass)."""
         table = self._ready_table
         out = np.zeros((len(choices), table.shape[1]))
-        if not table.any():
-            return out
+        if self.calibration.backward_overlap == 0 or not table.any():
+            return out  # unused: skip the gather
         used = np.flatnonzero(table.any(axis=0))
         table = table[:, used]
         step = max(1, _GATHER_ELEMENTS // max(1, choices.shape[1] * len(used)))
         for start in range(0, len(choices), step):
             block = choices[start:start + step] + self._offsets
-            out[start:start + step, used] = table[block].max(axis=1)
+            # As in `predict`: the entries every candidate of the block shares, once.
+            shared = (block == block[0]).all(axis=0)
+            base = table[block[0, shared]].max(axis=0, initial=0.0)
+            rest = table[block[:, ~shared]].max(axis=1, initial=0.0)
+            out[start:start + step, used] = np.maximum(base, rest)
         return out
 
     def node_traffic(self, candidate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

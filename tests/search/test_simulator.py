@@ -249,10 +249,11 @@ def _whole_table_sums(sim, candidates):
     return np.concatenate(sums)
 
 
-def test_scores_equal_sums_over_the_whole_table_to_the_bit():
+@pytest.mark.parametrize("backward_overlap", [0.0, 1.0])
+def test_scores_equal_sums_over_the_whole_table_to_the_bit(backward_overlap):
     spec = ResourceSpec.local(workers=4, ps=2, bandwidth_gbps=1)
     space = SearchSpace(workloads.many_variables(200), spec)
-    sim = Simulator(space)
+    sim = Simulator(space, Calibration(backward_overlap=backward_overlap))
     sampled = space.sample(700, np.random.default_rng(0))  # more than one block
     greedy = np.repeat(sampled[:1], space.option_counts[3], axis=0)
     greedy[:, 3] = np.arange(space.option_counts[3])  # one entry varied
@@ -264,6 +265,8 @@ def test_scores_equal_sums_over_the_whole_table_to_the_bit():
         sync = np.array([c.sync for c in space.consistencies])[candidates[:, v]]
         staleness = np.array([c.staleness for c in space.consistencies])[candidates[:, v]]
         ready = sim._ready_table[candidates[:, :v] + sim._offsets].max(axis=1)
+        if backward_overlap:
+            assert got.parts["overlap_s"].any()
         want = sim._times(_whole_table_sums(sim, candidates), sync, staleness, ready)
         assert got.step_time_s.tobytes() == want.step_time_s.tobytes()
         assert got.lower_bound_s.tobytes() == want.lower_bound_s.tobytes()
