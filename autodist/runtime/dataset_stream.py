@@ -220,7 +220,8 @@ class DatasetStream:
         if weights is not None and len(weights) != size:
             raise DatasetError(f"step {index}: the dataset's batch has {len(weights)} sample "
                                f"weights for {size} examples")
-        targets = pack(ys, weights)
+        # A model compiled without a loss reads no targets: an empty row per example.
+        targets = pack(ys, weights) if ys else np.zeros((size, 0), np.float32)
         if held is not None:
             return GlobalBatch(inputs, targets, np.arange(self.config.global_batch_size), held)
         return GlobalBatch(inputs, targets, np.arange(size))

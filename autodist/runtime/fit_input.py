@@ -170,15 +170,16 @@ class StreamedInput:
                     f"{strategy.global_batch_size}); received one with "
                     f"{new.global_batch_size}")
         _check_steps_per_execution(x, options, context)
-        if not context.graph_item.target_inputs:
-            _refuse_without_targets(x, options.class_weight)
+        targets = bool(context.graph_item.target_inputs)
+        read = x if targets else _x_alone(x, options.class_weight)
         # As Keras, batch_size is ignored: the dataset's batches are the batches.
         self._dataset, self._context = x, context
         self._steps_per_epoch = options.steps_per_epoch
         self._streamed = datasets.prepare(
-            x, context.graph_item, steps_per_epoch=options.steps_per_epoch,
+            read, context.graph_item, steps_per_epoch=options.steps_per_epoch,
             epochs=options.job_epochs, num_virtual_nodes=strategy.num_virtual_nodes,
-            fixed_batch=strategy.global_batch_size, class_weight=options.class_weight,
+            fixed_batch=strategy.global_batch_size,
+            class_weight=options.class_weight if targets else None,   # Keras ignores it
             earlier_passes=context.dataset_passes)
         if self._streamed.description.weighted:
             check_weighted(None, context)
@@ -308,22 +309,21 @@ _CLASS_WEIGHT_WITHOUT_Y = (
     "neither: leave class_weight out (a weight the layers read is a model input)")
 
 
-def _refuse_without_targets(dataset: Any, class_weight: Any) -> None:
-    """A dataset for a model compiled without a loss: Keras reads x alone (its loss, the
-    layers' add_loss terms, reads neither y nor sample weights), but the workers' batches
-    of a dataset carry targets (`dataset_stream` packs them): refused, pointing to arrays.
+def _x_alone(dataset: Any, class_weight: Any) -> Any:
+    """For a model compiled without a loss (its loss is what its layers add): the dataset's
+    batches as (x, no targets), as Keras reads them: an element that is a tuple of 1 to 3
+    parts is (x[, y[, sample_weight]]) and only x is read; any other element is x.
 
     Raises:
-        AutodistError: always; for class_weight without y as Keras fails on it.
+        AutodistError: class_weight without y (Keras' fit fails on it).
     """
     spec = dataset.element_spec
-    if class_weight is not None and not (isinstance(spec, tuple) and 2 <= len(spec) <= 3):
+    unpacks = isinstance(spec, tuple) and 1 <= len(spec) <= 3
+    if class_weight is not None and not (unpacks and len(spec) >= 2):
         raise AutodistError(_CLASS_WEIGHT_WITHOUT_Y)
-    raise AutodistError(
-        "this model is compiled without a loss (its loss is what its layers add), and the "
-        "workers cannot read a tf.data.Dataset for a step without targets yet: pass the "
-        "data as arrays (fit(x) with x a dict or list of arrays; with shuffle=False it "
-        "trains as Keras' fit on the dataset's batches in order), or compile with a loss")
+    if unpacks:
+        return dataset.map(lambda *element: (element[0], ()))
+    return dataset.map(lambda x: (x, ()))
 
 
 def _check_steps_per_execution(dataset: Any, options: FitOptions,

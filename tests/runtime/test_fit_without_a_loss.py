@@ -3,10 +3,9 @@ add), and a model input named "sample_weight": fit as Keras' `fit`.
 
 Keras computes such a model's loss from its `add_loss` terms alone: it ignores `y`,
 `sample_weight` and (given `y`) `class_weight`, and reads a dataset of `x` alone.
-`class_weight` without `y` fails in Keras and is refused here, and so is a dataset
-for such a model (the workers' dataset batches carry targets; arrays train as
-Keras). A model input named "sample_weight" next to a compiled loss is refused
-before launch (the run would confuse it with fit's sample weights).
+`class_weight` without `y` fails in Keras and is refused here. A model input named
+"sample_weight" next to a compiled loss is refused before launch (the run would
+confuse it with fit's sample weights).
 
 The runs are on a real 2-worker cluster and are compared with single-device Keras
 `fit` on the same data: weights to 2e-5, History to 1e-5.
@@ -104,17 +103,28 @@ def test_a_model_without_a_loss_ignores_y_and_sample_weight():
     assert int(model.optimizer.iterations.numpy()) == 6
 
 
-def test_a_dataset_for_a_model_without_a_loss_is_refused_before_launch():
-    """Keras reads a dataset of x alone for it; the workers' dataset batches carry
-    targets, so the run refuses, pointing to arrays (and to Keras' class_weight error)."""
-    model, _ = _endpoint_pair()
-    data, _ = _endpoint_data()
-    run = _run(model)
-    dataset = tf.data.Dataset.from_tensor_slices(data).batch(12)
-    with pytest.raises(autodist.AutodistError, match="without a loss.*pass the data as arrays"):
-        run.fit(dataset, verbose=0)
+@pytest.mark.cluster
+def test_a_dataset_for_a_model_without_a_loss_trains_as_keras():
+    """Keras reads x alone from each batch of a dataset for it, whether the batches are
+    x, (x, y, sample_weight) or (x, y) with class_weight (y and the weights ignored); so
+    does the run, on a dataset reshuffled each epoch, three fits in a row."""
+    model, reference = _endpoint_pair()
+    data, rng = _endpoint_data()
+    y = (rng.random((48, 1)) > 0.5).astype("int32")
+
+    def dataset(parts: int):
+        elements = (data, y, rng.random(48))[:parts] if parts > 1 else data
+        return tf.data.Dataset.from_tensor_slices(elements).shuffle(48, seed=3).batch(12)
+
+    run = _run(model, builders.PS, ps=1)
+    fits = [({"epochs": 2}, 1), ({}, 3), ({"class_weight": {0: 1.0, 1: 4.0}}, 2)]
+    for kwargs, parts in fits:
+        history = run.fit(dataset(parts), verbose=0, **kwargs)
+        keras_history = reference.fit(dataset(parts), verbose=0, **kwargs)
+        _check(model, reference, history, keras_history)
+    assert int(model.optimizer.iterations.numpy()) == 16
     with pytest.raises(autodist.AutodistError, match="class_weight.*needs y"):
-        run.fit(dataset, class_weight={0: 2.0}, verbose=0)
+        run.fit(dataset(1), class_weight={0: 2.0}, verbose=0)
 
 
 def test_an_input_named_sample_weight_next_to_a_compiled_loss_is_refused():
