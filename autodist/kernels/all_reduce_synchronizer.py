@@ -383,7 +383,8 @@ def _all_gather(members: list[Shard], grads: list[tf.IndexedSlices], key, config
 _TAG_GROUP_KEY = 1_000_000
 
 
-def version_tag(task_index: int, version: int, device: str) -> tf.Operation:
+def version_tag(task_index: int, version: int, device: str,
+                timeout_s: float = 60.0) -> tf.Operation:
     """An op that starts a fresh collective step sequence for `version`.
 
     TensorFlow numbers the steps of a graph's collectives from a sequence per
@@ -393,13 +394,13 @@ def version_tag(task_index: int, version: int, device: str) -> tf.Operation:
     collective's static instance key enters the graph key, so one trivial
     V1 collective (a group of one, per task) with the version as instance
     key gives each membership version its own sequence. Run it in every
-    step of a program with collectives.
+    step of a program with collectives. `timeout_s` as `SyncOptions.timeout_s`.
     """
     with tf.device(device):
         return tf.raw_ops.CollectiveReduce(
             input=tf.zeros([], tf.float32), group_size=1,
             group_key=_TAG_GROUP_KEY + task_index, instance_key=version + 1,
-            merge_op="Add", final_op="Id", subdiv_offsets=[], timeout_seconds=60.0).op
+            merge_op="Add", final_op="Id", subdiv_offsets=[], timeout_seconds=timeout_s).op
 
 
 class AllReduceLowering:

@@ -240,7 +240,8 @@ class Program:
         metric_states: Per metric variable of the capture, this task's
             contribution to its state in a step (set by the replicator).
         outputs: What a task runs (set by the synchronizer).
-        collective_timeout_s: Bound on every collective the passes build.
+        collective_timeout_s: Bound on every collective the passes build (0:
+            none; see `SyncOptions.timeout_s`).
         version: Membership version of an elastic job (its collectives' group).
         step_collectives: The replicas' steps themselves sum over replicas
             (`global_batch`: batch statistics, masked losses' counts; set by the

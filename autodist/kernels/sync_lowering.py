@@ -36,7 +36,10 @@ class SyncOptions:
         members: The job's worker task indices, when not 0..worker_tasks-1
             (an elastic membership without some task, e.g. (0, 2)).
         task_index: This worker task's index.
-        timeout_s: Bound on every collective.
+        timeout_s: Bound on every collective (0: none; then the session run's
+            own timeout must bound it). Each collective with a timeout makes
+            TensorFlow start a thread that sleeps the timeout out, so a fast
+            step's collectives pile up threads (collectives/s x timeout).
         version: Membership version of an elastic job (0 otherwise): new
             collective group keys and PS accumulators / token queues per
             version.

@@ -80,7 +80,8 @@ def apply(program: Program, strategy: Strategy, options: SyncOptions) -> Program
         updates = all_reduced.updates
         if (kinds.all_reduce or program.step_collectives) and options.elastic:
             updates = updates + [all_reduce_synchronizer.version_tag(
-                options.task_index, options.version, program.replicas[0].device)]
+                options.task_index, options.version, program.replicas[0].device,
+                options.timeout_s)]
         state_updates = [op for r in program.replicas for op in r.state_updates]
         train_op, ps_op = two_phase.train_ops(step, updates + state_updates, stashes, ps_work,
                                               runs_two, bool(kinds.all_reduce))

@@ -191,8 +191,12 @@ class Trainer:
         self._init_shared = self.program is None or segment.plan != self.segment.plan
         plan = self.membership.plan(segment.plan)
         self.strategy = elastic.strategy_for(plan, segment.members) if self.elastic else plan
+        # No timeout of their own for the collectives: every run of the step is bounded
+        # (`run_options`), and TensorFlow starts a thread sleeping out each collective's
+        # timeout: at ~100 steps/s and 60 s, thousands of threads (a pids limit kills
+        # the task).
         self.program = build_program(self.graph_item, self.strategy, self.spec, self.task_index,
-                                     self.config.step_timeout_s, version=segment.version,
+                                     0.0, version=segment.version,
                                      elastic=self.elastic, atomic=True)
         self.session = open_session(
             self.target, self.program.graph,

@@ -105,7 +105,8 @@ def open_session(target: str, graph: tf.Graph, config: tf.compat.v1.ConfigProto,
 def build_program(graph_item: GraphItem, strategy: Strategy, spec: ResourceSpec,
                   task_index: int, timeout_s: float, version: int = 0,
                   elastic: bool = False, atomic: bool = False) -> Program:
-    """Runs the three passes for worker task `task_index` (see `SyncOptions`)."""
+    """Runs the three passes for worker task `task_index` (see `SyncOptions`); every
+    collective is bounded by `timeout_s` (0: by the session run's timeout only)."""
     program = Program(graph_item, spec, ("worker", task_index), collective_timeout_s=timeout_s,
                       version=version)
     partitioner.apply(program, strategy)
