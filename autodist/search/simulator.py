@@ -605,7 +605,6 @@ class Simulator:
         }
         return Prediction(step_time_s=step, lower_bound_s=lower, parts=parts)
 
-
     def _hidden_s(self, groups: np.ndarray, ready: np.ndarray) -> np.ndarray:
         """Time the fused groups' all-reduces hide behind the backward pass (N,).
 
