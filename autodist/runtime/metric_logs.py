@@ -43,6 +43,16 @@ class MetricLogs:
                 f"the model's metrics ({found[:10]}) are not those it was captured with "
                 f"({names[:10]}): capture the model again after compile()")
 
+    def reused(self, model, graph_item: GraphItem) -> MetricLogs:
+        """This object where `model`'s metric variables are still the same objects (a
+        later fit of the same run: its traced function is reused, so repeated fits do not
+        retrace, which TensorFlow warns about), else a new one."""
+        fresh = MetricLogs(model, graph_item)
+        if model is self.model and [id(v) for v in fresh.variables] == \
+                [id(v) for v in self.variables]:
+            return self
+        return fresh
+
     def __bool__(self) -> bool:
         return bool(self.variables)
 

@@ -136,6 +136,7 @@ class DistributedRun:
                                  request_stop=self._requests.stop)
         # Passes this run's fits started on each dataset (by its seed generators' names).
         self._dataset_passes: dict[tuple[str, ...], int] = {}
+        self._metric_logs: MetricLogs | None = None
 
     def fit(self, x: Any, y: Any = None, **arguments: Unpack[FitArguments]) -> History:
         """Trains on the cluster and writes the trained weights into the model.
@@ -360,7 +361,10 @@ class DistributedRun:
             control.members = self._requests.members
             driver = PolicyDriver(control, options.policies)
         history = History()
-        metric_logs = MetricLogs(self.model, self.graph_item) or None
+        # One per run while the model's metrics stay the same objects (no retracing).
+        self._metric_logs = self._metric_logs.reused(self.model, self.graph_item) \
+            if self._metric_logs is not None else MetricLogs(self.model, self.graph_item)
+        metric_logs = self._metric_logs or None
         progress = Progress(
             job, epochs=options.job_epochs, steps_per_epoch=keras_steps or ready.epoch_steps[0],
             steps_per_execution=steps_per_execution.of(self.model),

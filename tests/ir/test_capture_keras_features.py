@@ -315,6 +315,28 @@ def test_metric_logs_refuse_a_model_compiled_again_with_other_metrics():
         MetricLogs(model, gi)
 
 
+def test_metric_logs_are_reused_by_later_fits_until_the_model_is_compiled_again():
+    """A run's later fits reuse its MetricLogs (and their traced function: no retracing,
+    which TensorFlow warns about after a few fits); a model compiled again gets new
+    ones, reading its new metric variables."""
+    from autodist.runtime.metric_logs import MetricLogs
+
+    model = autodist.models.mlp(input_dim=12, hidden=(8,), optimizer=keras.optimizers.SGD(0.1))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    gi = capture(model)
+    logs = MetricLogs(model, gi)
+    for _ in range(3):
+        logs = logs.reused(model, gi)
+        assert logs([6.0, 3.0, 2.0, 4.0]) == {"accuracy": 0.5}
+    assert logs._results.experimental_get_tracing_count() == 1
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    model._symbolic_build(data_batch=(np.zeros((2, 12), np.float32), np.zeros(2, np.int32)))
+    again = logs.reused(model, gi)
+    assert again is not logs and again([1.0, 4.0, 3.0, 4.0]) == {"accuracy": 0.75}
+
+
 def test_a_position_embedding_over_a_variable_length_is_captured_dense():
     # keras-io's NMT and text transformers look positions up at arange(length of the
     # batch): the indices read the input's shape, not its ids, so every row is summed
