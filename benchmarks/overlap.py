@@ -38,7 +38,10 @@ import sys
 import time
 
 _COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2")
-_COLLECTIVE_TIMEOUT_S = 10.0
+# None, as a launched worker builds them: each collective with a timeout starts a thread
+# that sleeps the timeout out (TF's base_collective_executor.cc), and thousands of such
+# threads slow every collective. Each task process ends within the driver's timeout.
+_COLLECTIVE_TIMEOUT_S = 0.0
 # Optimizer updates of the runtime (ResourceApply*, and the assigns of Keras-style rules).
 _UPDATE_PREFIXES = ("ResourceApply", "AssignSubVariableOp", "AssignAddVariableOp",
                     "ResourceScatter")
@@ -123,9 +126,6 @@ def _task(args: argparse.Namespace) -> int:
         strategy = autodist.builders.AllReduce(group_bytes=group_bytes).build(item, spec)
         groups = len({s.all_reduce.group for v in strategy.variables for s in v.shards
                       if v.var_name not in sparse})
-        # Every collective with a timeout starts a thread that sleeps the timeout out
-        # (TF's base_collective_executor.cc): a 60 s timeout at ~500 collectives/s
-        # exhausts the process's threads.
         program = worker.build_program(item, strategy, spec, args.task, _COLLECTIVE_TIMEOUT_S,
                                        version=version, atomic=atomic)
         session = tf.compat.v1.Session(server.target, graph=program.graph,
