@@ -20,8 +20,8 @@ import keras
 import autodist
 from autodist.search import builders
 from keras import layers, ops
+from tests.keras_equal import assert_trains_as_keras, two_worker_run
 
-TOLERANCE = 2e-5
 
 
 class LogisticEndpoint(layers.Layer):
@@ -62,26 +62,15 @@ def _endpoint_data(n: int = 48):
             "sample_weight": rng.random((n, 1))}, rng
 
 
-def _run(model, builder=builders.AllReduce, ps: int = 0):
-    spec = autodist.ResourceSpec.local(workers=2, ps=ps)
-    item = autodist.capture(model)
-    return autodist.distribute(model, builder().build(item, spec), spec, graph_item=item)
 
 
-def _check(model, reference, history, keras_history) -> None:
-    for got, want in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
-    assert sorted(history.history) == sorted(keras_history.history)
-    for key, values in keras_history.history.items():
-        np.testing.assert_allclose(history.history[key], values, rtol=1e-5, atol=1e-7,
-                                   err_msg=key)
 
 
 def test_class_weight_without_targets_is_refused_before_launch():
     """Keras' fit fails on it (class weights are looked up by y's classes)."""
     model, _ = _endpoint_pair()
     data, _ = _endpoint_data()
-    run = _run(model)
+    run = two_worker_run(model)
     with pytest.raises(autodist.AutodistError, match="class_weight.*needs y"):
         run.fit(data, class_weight={0: 1.0, 1: 3.0}, verbose=0)
 
@@ -94,12 +83,12 @@ def test_a_model_without_a_loss_ignores_y_and_sample_weight():
     data, rng = _endpoint_data()
     y = (rng.random((48, 1)) > 0.5).astype("int32")
     weights = 3.0 * rng.random(48)
-    run = _run(model)
+    run = two_worker_run(model)
     history = run.fit(data, y, sample_weight=weights, batch_size=16, epochs=2,
                       shuffle=False, verbose=0)
     keras_history = reference.fit(data, y, sample_weight=weights, batch_size=16, epochs=2,
                                   shuffle=False, verbose=0)
-    _check(model, reference, history, keras_history)
+    assert_trains_as_keras(model, reference, history, keras_history)
     assert int(model.optimizer.iterations.numpy()) == 6
 
 
@@ -116,12 +105,12 @@ def test_a_dataset_for_a_model_without_a_loss_trains_as_keras():
         elements = (data, y, rng.random(48))[:parts] if parts > 1 else data
         return tf.data.Dataset.from_tensor_slices(elements).shuffle(48, seed=3).batch(12)
 
-    run = _run(model, builders.PS, ps=1)
+    run = two_worker_run(model, ps=1, builder=builders.PS)
     fits = [({"epochs": 2}, 1), ({}, 3), ({"class_weight": {0: 1.0, 1: 4.0}}, 2)]
     for kwargs, parts in fits:
         history = run.fit(dataset(parts), verbose=0, **kwargs)
         keras_history = reference.fit(dataset(parts), verbose=0, **kwargs)
-        _check(model, reference, history, keras_history)
+        assert_trains_as_keras(model, reference, history, keras_history)
     assert int(model.optimizer.iterations.numpy()) == 16
     with pytest.raises(autodist.AutodistError, match="class_weight.*needs y"):
         run.fit(dataset(1), class_weight={0: 2.0}, verbose=0)
@@ -140,7 +129,7 @@ def test_an_input_named_sample_weight_next_to_a_compiled_loss_is_refused():
     with pytest.raises(autodist.AutodistError,
                        match=r"input\(s\) \['sample_weight'\] have the name\(s\) of fit's "
                              "sample_weight.*Rename the input"):
-        _run(model)
+        two_worker_run(model)
 
 
 class _ActivityPenalty(layers.Layer):
@@ -171,9 +160,10 @@ def test_a_model_without_a_loss_but_with_compiled_metrics_reads_y_for_them():
     rng = np.random.default_rng(5)
     x, y = rng.random((48, 4)).astype("float32"), rng.random((48, 2)).astype("float32")
     weights = 2.0 * rng.random(48)
-    history = _run(model, builders.PS, ps=1).fit(x, y, sample_weight=weights, batch_size=16,
-                                                 epochs=2, shuffle=False, verbose=0)
+    run = two_worker_run(model, ps=1, builder=builders.PS)
+    history = run.fit(x, y, sample_weight=weights, batch_size=16, epochs=2, shuffle=False,
+                      verbose=0)
     keras_history = reference.fit(x, y, sample_weight=weights, batch_size=16, epochs=2,
                                   shuffle=False, verbose=0)
     assert sorted(keras_history.history) == ["loss", "mae", "mse"]
-    _check(model, reference, history, keras_history)
+    assert_trains_as_keras(model, reference, history, keras_history)

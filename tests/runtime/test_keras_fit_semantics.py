@@ -13,6 +13,7 @@ import tensorflow as tf
 import keras
 import autodist
 from autodist.search import builders
+from tests.keras_equal import assert_trains_as_keras, two_worker_run
 
 pytestmark = pytest.mark.cluster
 
@@ -38,19 +39,8 @@ def _pair(optimizer):
     return model, reference
 
 
-def _run(model, ps: int = 0, builder=builders.AllReduce):
-    spec = autodist.ResourceSpec.local(workers=2, ps=ps)
-    item = autodist.capture(model)
-    return autodist.distribute(model, builder().build(item, spec), spec, graph_item=item)
 
 
-def _check(model, reference, history, keras_history) -> None:
-    for got, want in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
-    assert sorted(history.history) == sorted(keras_history.history)
-    for key, values in keras_history.history.items():
-        np.testing.assert_allclose(history.history[key], values, rtol=1e-5, atol=1e-7,
-                                   err_msg=key)
 
 
 def test_shuffle_by_default_in_keras_order_and_epochs_cut_by_steps_per_epoch():
@@ -58,7 +48,7 @@ def test_shuffle_by_default_in_keras_order_and_epochs_cut_by_steps_per_epoch():
     steps_per_epoch one pass goes on across epochs (4 batches: epochs of 3, 1, 3)."""
     x, y = _data()
     model, reference = _pair(lambda: keras.optimizers.SGD(0.1))
-    run = _run(model)
+    run = two_worker_run(model)
     keras.utils.set_random_seed(7)
     history = run.fit(x, y, batch_size=16, epochs=3, steps_per_epoch=3, verbose=0)
     keras.utils.set_random_seed(7)
@@ -66,13 +56,13 @@ def test_shuffle_by_default_in_keras_order_and_epochs_cut_by_steps_per_epoch():
         keras_history = reference.fit(x, y, batch_size=16, epochs=3, steps_per_epoch=3,
                                       verbose=0)
     assert [len(e) for e in np.split(np.asarray(history.step_losses), [3, 4])] == [3, 1, 3]
-    _check(model, reference, history, keras_history)
+    assert_trains_as_keras(model, reference, history, keras_history)
 
 
 def test_a_second_fit_goes_on_with_the_optimizers_state_and_the_models_learning_rate():
     x, y = _data(48)
     model, reference = _pair(lambda: keras.optimizers.Adam(0.05))
-    run = _run(model, ps=1, builder=builders.PS)
+    run = two_worker_run(model, ps=1, builder=builders.PS)
     run.fit(x, y, batch_size=16, shuffle=False, verbose=0)
     reference.fit(x, y, batch_size=16, shuffle=False, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 3
@@ -84,7 +74,7 @@ def test_a_second_fit_goes_on_with_the_optimizers_state_and_the_models_learning_
     history = run.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
     keras_history = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 9
-    _check(model, reference, history, keras_history)
+    assert_trains_as_keras(model, reference, history, keras_history)
 
 
 def _callbacks():
@@ -100,7 +90,7 @@ def test_learning_rates_set_by_callbacks_apply_from_the_next_epoch_on_a_dataset(
     x, y = _data(48)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(12)
     model, reference = _pair(lambda: keras.optimizers.SGD(0.1, momentum=0.5))
-    run = _run(model)
+    run = two_worker_run(model)
     history = run.fit(dataset, batch_size=32, epochs=4, callbacks=_callbacks(), verbose=0)
     keras_history = reference.fit(dataset, batch_size=32, epochs=4, callbacks=_callbacks(),
                                   verbose=0)
@@ -108,13 +98,13 @@ def test_learning_rates_set_by_callbacks_apply_from_the_next_epoch_on_a_dataset(
     assert len(set(np.round(rates, 6))) >= 3, rates
     assert float(model.optimizer.learning_rate.numpy()) == \
         float(reference.optimizer.learning_rate.numpy())
-    _check(model, reference, history, keras_history)
+    assert_trains_as_keras(model, reference, history, keras_history)
 
 
 def test_a_learning_rate_changed_inside_an_epoch_is_refused():
     x, y = _data(32)
     model, _ = _pair(lambda: keras.optimizers.SGD(0.1))
-    run = _run(model)
+    run = two_worker_run(model)
     halve = keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: setattr(model.optimizer, "learning_rate", 0.05))
     with pytest.raises(autodist.AutodistError, match="in on_train_batch_end .*only between "

@@ -53,6 +53,24 @@ def _kill_after(job_dir: str, task: int, steps: int, timeout_s: float = 120.0,
     return thread
 
 
+def _kill_after_first_checkpoint(job_dir: str, checkpoints: pathlib.Path,
+                                 job: str) -> threading.Thread:
+    """SIGKILLs task `job`:0 once the run's first checkpoint is written (bounded wait)."""
+    from autodist.bench.slowdown import find_task_pid
+
+    def kill():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (checkpoints / "latest").exists():
+                os.kill(find_task_pid(job_dir, job, 0), signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return thread
+
+
 @pytest.mark.cluster
 @pytest.mark.parametrize("builder,ps", [(builders.AllReduce(), 0), (builders.PS(), 1)],
                          ids=["AllReduce", "PS"])
@@ -180,7 +198,6 @@ def test_a_dead_parameter_server_leaves_the_newest_checkpoint(tmp_path):
     """The parameter server (which holds the variables) killed: the chief cannot read
     the trained state back; the newest checkpoint goes into the model, and the error
     says so."""
-    from autodist.bench.slowdown import find_task_pid
     from autodist.launch.errors import TaskFailedError
     from autodist.runtime import checkpoint
 
@@ -192,16 +209,7 @@ def test_a_dead_parameter_server_leaves_the_newest_checkpoint(tmp_path):
     run = autodist.distribute(model, strategy, spec, job_dir=job_dir, step_timeout_s=10,
                               task_step_delay_s={0: 0.2, 1: 0.2})
 
-    def kill_ps():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if (checkpoints / "latest").exists():
-                os.kill(find_task_pid(job_dir, "ps", 0), signal.SIGKILL)
-                return
-            time.sleep(0.01)
-
-    killer = threading.Thread(target=kill_ps, daemon=True)
-    killer.start()
+    killer = _kill_after_first_checkpoint(job_dir, checkpoints, "ps")
     with pytest.raises(TaskFailedError, match="ps:0") as raised:
         run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                 checkpoint_dir=str(checkpoints), checkpoint_every_steps=3)
@@ -221,7 +229,6 @@ def test_a_dead_chief_or_parameter_server_restarts_from_the_newest_checkpoint(jo
     checkpoint. With on_failure="continue" the job starts again on fresh processes from
     the newest checkpoint, to Keras' weights; the epochs wholly after it have Keras'
     losses."""
-    from autodist.bench.slowdown import find_task_pid
 
     x, y = small_mlp.data(EXAMPLES)
     model = small_mlp.mlp()
@@ -234,16 +241,7 @@ def test_a_dead_chief_or_parameter_server_restarts_from_the_newest_checkpoint(jo
     run = autodist.distribute(model, strategy, spec, job_dir=job_dir, step_timeout_s=10,
                               task_step_delay_s={0: 0.2, 1: 0.2})
 
-    def kill():
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if (checkpoints / "latest").exists():
-                os.kill(find_task_pid(job_dir, job, 0), signal.SIGKILL)
-                return
-            time.sleep(0.01)
-
-    killer = threading.Thread(target=kill, daemon=True)
-    killer.start()
+    killer = _kill_after_first_checkpoint(job_dir, checkpoints, job)
     history = run.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
                       on_failure="continue", checkpoint_dir=str(checkpoints),
                       checkpoint_every_steps=2)

@@ -21,8 +21,8 @@ import keras
 import autodist
 from autodist.runtime import steps_per_execution
 from autodist.search import builders
+from tests.keras_equal import assert_trains_as_keras
 
-TOLERANCE = 2e-5
 
 
 class Recorder(keras.callbacks.Callback):
@@ -109,12 +109,7 @@ def test_steps_per_execution_callbacks_history_and_weights_match_keras():
     assert int(model.optimizer.iterations.numpy()) == \
         int(reference.optimizer.iterations.numpy()) == 9
     _assert_same_events(recorder.events, keras_recorder.events)
-    for got, want in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE)
-    assert sorted(history.history) == sorted(keras_history.history)
-    for key, values in keras_history.history.items():
-        np.testing.assert_allclose(history.history[key], values, rtol=1e-5, atol=1e-7,
-                                   err_msg=key)
+    assert_trains_as_keras(model, reference, history, keras_history)
 
 
 def test_a_dataset_of_unknown_length_with_steps_per_epoch_is_refused():

@@ -1,0 +1,31 @@
+"""The common shape of a test that a distributed run trains as Keras' `fit`: a model
+distributed on 2 local workers (optionally with parameter servers) and the check of its
+weights and History against a single-device Keras reference."""
+from __future__ import annotations
+
+import numpy as np
+
+import autodist
+from autodist.search import builders
+
+WEIGHT_ATOL = 2e-5
+HISTORY_RTOL, HISTORY_ATOL = 1e-5, 1e-7
+
+
+def two_worker_run(model, ps: int = 0, builder=builders.AllReduce) -> autodist.DistributedRun:
+    """`model` captured and distributed on 2 local workers and `ps` parameter servers by
+    `builder`."""
+    spec = autodist.ResourceSpec.local(workers=2, ps=ps)
+    item = autodist.capture(model)
+    return autodist.distribute(model, builder().build(item, spec), spec, graph_item=item)
+
+
+def assert_trains_as_keras(model, reference, history, keras_history) -> None:
+    """Weights within `WEIGHT_ATOL` of `reference`'s, the same History keys, every
+    per-epoch value within `HISTORY_RTOL`."""
+    for got, want in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=0, atol=WEIGHT_ATOL)
+    assert sorted(history.history) == sorted(keras_history.history)
+    for key, values in keras_history.history.items():
+        np.testing.assert_allclose(history.history[key], values, rtol=HISTORY_RTOL,
+                                   atol=HISTORY_ATOL, err_msg=key)
