@@ -27,7 +27,8 @@ import pytest
 
 import autodist
 from autodist import models
-from autodist.adapt.task_providers import ServedHosts, TaskProviderError, answers
+from autodist.adapt.task_providers import ServedHosts, TaskProviderError
+from autodist.ir.addresses import accepts
 from autodist.search import builders
 from tests import emulated_hosts, small_mlp
 
@@ -50,7 +51,7 @@ class _GrowThenShrink(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None) -> None:
         if epoch == 0:
             deadline = time.monotonic() + self.wait_s
-            while not answers(self.address) and time.monotonic() < deadline:
+            while not accepts(self.address) and time.monotonic() < deadline:
                 time.sleep(0.1)
             self.asked.append(self.run.resize(3))
         elif epoch == 1:
