@@ -21,21 +21,8 @@ import autodist
 from autodist.search import builders
 from keras import layers, ops
 from tests.keras_equal import assert_trains_as_keras, two_worker_run
+from tests.zoo.models import LogisticEndpoint
 
-
-
-class LogisticEndpoint(layers.Layer):
-    """Adds the loss of targets and weights given as model inputs (keras-io's endpoint
-    layer pattern)."""
-
-    def __init__(self, name: str | None = None) -> None:
-        super().__init__(name=name)
-        self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
-
-    def call(self, logits, targets=None, sample_weight=None):
-        if targets is not None:
-            self.add_loss(self.loss_fn(targets, logits, sample_weight))
-        return ops.sigmoid(logits)
 
 
 def _endpoint_pair():
