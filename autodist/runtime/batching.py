@@ -235,6 +235,17 @@ def _read_like_keras(batches: int | None, cardinality_known: bool,
     return out, created
 
 
+def one_pass_epochs(lengths: Sequence[int]) -> list[DatasetEpoch]:
+    """Epochs of `lengths` steps read in turn from one pass: a dataset whose elements are
+    already every step's batch in the run's order (a generator's or a PyDataset's,
+    read in the driver as Keras reads them, `python_data`)."""
+    out, start = [], 0
+    for steps in lengths:
+        out.append(DatasetEpoch(0, start, steps))
+        start += steps
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class ArrayEpoch:
     """The batches one epoch of Keras' `fit(x, y)` reads from its arrays.

@@ -76,7 +76,11 @@ class DatasetStream:
         epochs = config.epochs
         if config.probe_steps:   # measure_throughput: the first probe_steps + 1 batches
             requested, epochs = config.probe_steps + 1, 1
-        self.epochs = batching.dataset_epochs(d.batches, d.cardinality_known, requested, epochs)
+        if d.epoch_lengths is not None and not config.probe_steps:
+            self.epochs = batching.one_pass_epochs(d.epoch_lengths)   # the driver's reading
+        else:
+            self.epochs = batching.dataset_epochs(d.batches, d.cardinality_known, requested,
+                                                  epochs)
         self.schedule = batching.EpochSchedule(0, epochs, requested, lambda step: fixed_batch or
                                                config.global_batch_size, self.lengths)
         self._infos = list(graph_item.model_inputs) + list(graph_item.target_inputs)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
@@ -70,7 +70,8 @@ class StreamedDataset:
 def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epochs: int,
             num_virtual_nodes: int, fixed_batch: int | None,
             class_weight: Any = None,
-            earlier_passes: Mapping[tuple[str, ...], int] | None = None) -> StreamedDataset:
+            earlier_passes: Mapping[tuple[str, ...], int] | None = None,
+            epoch_lengths: Sequence[int] | None = None) -> StreamedDataset:
     """Checks `dataset` against the model and Keras' reading of it; serializes it.
 
     Args:
@@ -88,6 +89,10 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
         earlier_passes: Passes earlier fits started on each dataset, by its
             seed generators' names (`StreamedDataset.seed_generators`): the
             workers start this dataset's unread first, drawing their seeds.
+        epoch_lengths: The steps of each epoch, when the dataset's elements
+            are already the run's batches in order (read in the driver,
+            `python_data`): one pass read across the epochs in turn, instead
+            of Keras' reading of a dataset (`steps_per_epoch` is then unused).
 
     Raises:
         DatasetError: elements that do not match the model; a dataset that
@@ -119,7 +124,11 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
         raise DatasetError("the dataset is empty")
     generators = dataset_graph.seed_generators(graph)
     passes_before = (earlier_passes or {}).get(generators, 0) if generators else 0
-    plan = batching.dataset_epochs(batches, known, steps_per_epoch, epochs)
+    if epoch_lengths is not None and (not known or sum(epoch_lengths) != batches):
+        raise DatasetError(f"epochs of {list(epoch_lengths)[:8]} steps need a dataset of "
+                           f"{sum(epoch_lengths)} batches; this one has {cardinality}")
+    plan = batching.one_pass_epochs(epoch_lengths) if epoch_lengths is not None else \
+        batching.dataset_epochs(batches, known, steps_per_epoch, epochs)
     empty = next((e for e, epoch in enumerate(plan) if epoch.steps == 0), None)
     if empty is not None:
         raise DatasetError(
@@ -133,7 +142,9 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
     _check_batch_sizes(static, smallest, largest, num_virtual_nodes, fixed_batch)
     return StreamedDataset(graph, dataclasses.replace(description, batches=batches,
                                                       cardinality_known=known,
-                                                      passes_before=passes_before),
+                                                      passes_before=passes_before,
+                                                      epoch_lengths=None if epoch_lengths
+                                                      is None else tuple(epoch_lengths)),
                            plan, static, generators)
 
 

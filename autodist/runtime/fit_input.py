@@ -20,8 +20,8 @@ from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.strategy import Strategy
 from autodist.launch.job import DatasetFiles
-from autodist.runtime import (batching, datasets, keras_data, sharded_input,
-                              steps_per_execution, targets)
+from autodist.runtime import (batching, datasets, keras_data, python_data,
+                              sharded_input, steps_per_execution, targets)
 from autodist.runtime.options import FitOptions
 from autodist.runtime.sharded_input import ShardedDataset
 
@@ -99,6 +99,8 @@ def prepare(x: Any, y: Any, options: FitOptions, context: InputContext) -> FitIn
     """
     if isinstance(x, ShardedDataset):
         return ShardedInput(x, y, options, context)
+    if python_data.is_python_data(x):
+        return PythonInput(x, y, options, context)
     if datasets.is_dataset(x):
         return StreamedInput(x, y, options, context)
     return ArrayInput(x, y, options, context)
@@ -155,7 +157,8 @@ class StreamedInput:
     shuffle = False
     num_examples = None
 
-    def __init__(self, x: Any, y: Any, options: FitOptions, context: InputContext) -> None:
+    def __init__(self, x: Any, y: Any, options: FitOptions, context: InputContext,
+                 epoch_lengths: list[int] | None = None) -> None:
         if y is not None or options.sample_weight is not None:
             raise AutodistError("with a dataset, pass neither y nor sample_weight (as Keras): "
                                 "the dataset yields (x, y[, sample_weight]) batches. Received "
@@ -180,7 +183,7 @@ class StreamedInput:
             epochs=options.job_epochs, num_virtual_nodes=strategy.num_virtual_nodes,
             fixed_batch=strategy.global_batch_size,
             class_weight=options.class_weight if targets else None,   # Keras ignores it
-            earlier_passes=context.dataset_passes)
+            earlier_passes=context.dataset_passes, epoch_lengths=epoch_lengths)
         if self._streamed.description.weighted:
             check_weighted(None, context)
         self.global_batch_size = strategy.global_batch_size or self._streamed.batch_size or 0
@@ -194,6 +197,47 @@ class StreamedInput:
         passes = self._context.dataset_passes
         passes[key] = passes.get(key, 0) + datasets.start_passes_like_keras(
             self._dataset, self._streamed, self._steps_per_epoch, epochs_run)
+
+
+class PythonInput(StreamedInput):
+    """A Python generator or `keras.utils.PyDataset`, read in the driver as Keras' `fit`
+    reads it (`python_data`); the workers read the batches it gave as a dataset."""
+
+    def __init__(self, x: Any, y: Any, options: FitOptions, context: InputContext) -> None:
+        what = python_data.kind(x)
+        if y is not None or options.sample_weight is not None:
+            raise AutodistError(f"with a {what}, pass neither y nor sample_weight (as Keras): "
+                                f"the {what} gives (x, y[, sample_weight]) batches")
+        python_data.check_arguments(x, epochs=options.job_epochs,
+                                    steps_per_epoch=options.steps_per_epoch,
+                                    class_weight=options.class_weight)
+        read = python_data.read_like_keras(x, epochs=options.job_epochs,
+                                           steps_per_epoch=options.steps_per_epoch,
+                                           shuffle=options.shuffle)
+        _check_python_batches(read.batches.batch_sizes(), what, context.strategy)
+        super().__init__(read.batches.to_dataset(), None, options, context,
+                         epoch_lengths=read.epoch_lengths)
+
+
+def _check_python_batches(sizes: list[int], what: str, strategy: Strategy) -> None:
+    """Every batch holds an example per virtual node (or replica), and, when the strategy
+    fixes the global batch, that many examples (the workers' one-pass reading allows no
+    short batch but the last)."""
+    smallest = min(sizes)
+    if smallest < strategy.num_virtual_nodes:
+        raise AutodistError(
+            f"the {what} gave a batch of {smallest} examples (step {sizes.index(smallest)}), "
+            f"fewer than the {strategy.num_virtual_nodes} virtual nodes or replicas that "
+            "split each batch: give every batch at least that many examples")
+    fixed = strategy.global_batch_size
+    other = next((i for i, size in enumerate(sizes[:-1]) if size != fixed), None) \
+        if fixed is not None else None
+    if other is not None or fixed is not None and sizes[-1] > fixed:
+        step = other if other is not None else len(sizes) - 1
+        raise AutodistError(
+            f"the strategy fixes the global batch at {fixed} examples; the {what}'s batch "
+            f"of step {step} has {sizes[step]}: give every batch {fixed} examples, or "
+            "change the strategy's virtual nodes")
 
 
 class ShardedInput:
@@ -292,11 +336,13 @@ def probe_input(x: Any, y: Any, batch_size: int | None, steps: int,
             raise AutodistError("with a ShardedDataset, pass neither y nor batch_size: "
                                 "its shards yield (x, y) batches of the global batch it "
                                 "names")
-    if isinstance(x, ShardedDataset) or datasets.is_dataset(x):
+    if isinstance(x, ShardedDataset) or datasets.is_dataset(x) or \
+            python_data.is_python_data(x):
         ready = prepare(x, y, FitOptions(batch_size=batch_size, steps_per_epoch=steps + 1),
                         context)
         if ready.epoch_steps[0] < steps + 1:
-            what = "shards" if isinstance(x, ShardedDataset) else "dataset"
+            what = "shards" if isinstance(x, ShardedDataset) else \
+                python_data.kind(x) if python_data.is_python_data(x) else "dataset"
             raise AutodistError(f"measuring {steps} steps reads {steps + 1} batches (one "
                                 f"to warm up); the {what} has {ready.epoch_steps[0]}")
         return ready.data, ready.global_batch_size

@@ -619,6 +619,10 @@ class DatasetDescription:
             the driver counted them), which changes how Keras reads it.
         passes_before: Passes earlier fits of the run started on the dataset
             (each drew its shuffles' seeds): the workers start as many unread.
+        epoch_lengths: The steps of each epoch, read in turn from one pass,
+            when the dataset's elements are already the run's batches in order
+            (a generator or PyDataset read in the driver); None: the epochs
+            Keras' reading of the dataset gives (`batching.dataset_epochs`).
     """
 
     dtypes: tuple[str, ...]
@@ -629,6 +633,7 @@ class DatasetDescription:
     batches: int | None
     cardinality_known: bool
     passes_before: int = 0
+    epoch_lengths: tuple[int, ...] | None = None
 
     def to_json(self) -> bytes:
         return json.dumps({"dtypes": list(self.dtypes),
@@ -636,7 +641,9 @@ class DatasetDescription:
                            "num_inputs": self.num_inputs, "num_targets": self.num_targets,
                            "weighted": self.weighted, "batches": self.batches,
                            "cardinality_known": self.cardinality_known,
-                           "passes_before": self.passes_before}).encode()
+                           "passes_before": self.passes_before,
+                           "epoch_lengths": None if self.epoch_lengths is None
+                           else list(self.epoch_lengths)}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> DatasetDescription:
@@ -649,7 +656,9 @@ class DatasetDescription:
             weighted=_field(data, kind, "weighted", _bool),
             batches=_field(data, kind, "batches", _optional(_int)),
             cardinality_known=_field(data, kind, "cardinality_known", _bool),
-            passes_before=_field(data, kind, "passes_before", _int, 0))
+            passes_before=_field(data, kind, "passes_before", _int, 0),
+            epoch_lengths=_field(data, kind, "epoch_lengths",
+                                 _optional(lambda v: tuple(_list_of(_int)(v))), None))
         components = description.num_inputs + description.num_targets + description.weighted
         if len(description.dtypes) != components or len(description.shapes) != components:
             raise RecordError(f"a {kind} needs {components} dtypes and shapes (inputs, "

@@ -11,7 +11,7 @@ import math
 from typing import Any, Callable
 
 from autodist.ir.errors import AutodistError
-from autodist.runtime import datasets
+from autodist.runtime import datasets, python_data
 from autodist.runtime.options import FitOptions
 from autodist.runtime.sharded_input import ShardedDataset
 
@@ -21,9 +21,10 @@ def split_off(x: Any, y: Any, options: FitOptions) -> tuple[Any, Any]:
     `options.validation_data` (with the matching sample weights, also split)."""
     if not options.validation_split:
         return x, y
-    if datasets.is_dataset(x) or isinstance(x, ShardedDataset):
-        raise AutodistError("validation_split needs arrays; with a dataset, pass "
-                            "validation_data")
+    if datasets.is_dataset(x) or isinstance(x, ShardedDataset) or \
+            python_data.is_python_data(x):
+        raise AutodistError("validation_split needs arrays (as in Keras); with a dataset, "
+                            "a generator or a PyDataset, pass validation_data")
     x, y, options.sample_weight, options.validation_data = _split(
         x, y, options.sample_weight, options.validation_split)
     return x, y
@@ -41,8 +42,8 @@ def validator(model: Any, options: FitOptions, batch_size: int | None,
             return {}
         logs = model.evaluate(
             val_x, val_y, sample_weight=val_weight,
-            batch_size=None if datasets.is_dataset(val_x) else
-            options.validation_batch_size or batch_size,
+            batch_size=None if datasets.is_dataset(val_x) or python_data.is_python_data(val_x)
+            else options.validation_batch_size or batch_size,
             steps=options.validation_steps, callbacks=callbacks(), verbose=0,
             return_dict=True)
         return {f"val_{name}": float(value) for name, value in logs.items()}
@@ -82,11 +83,26 @@ def _split(x: Any, y: Any, sample_weight: Any, fraction: float
 
 
 def unpack(data: Any) -> tuple[Any, Any, Any]:
-    """(x, y, sample_weight) of `validation_data`, as Keras unpacks it."""
-    if datasets.is_dataset(data):
+    """(x, y, sample_weight) of `validation_data`, as Keras unpacks it.
+
+    A PyDataset is evaluated each epoch as Keras' fit evaluates it (a pass
+    from its first batch, in order). A generator is refused: Keras' fit keeps one
+    adapter of it across epochs (each evaluation re-reads the 2 batches it peeked
+    at, then goes on where the last one stopped), which separate `evaluate` calls
+    do not repeat.
+    """
+    if datasets.is_dataset(data) or python_data.is_python_data(data) and \
+            python_data.kind(data) == "PyDataset":
         return data, None, None
+    if python_data.is_python_data(data):
+        raise AutodistError(
+            "validation_data as a Python generator is not supported: Keras' fit reads it "
+            "through one adapter across epochs (re-reading the 2 batches it peeked at "
+            "first each time), which autodist does not copy. Pass a keras.utils.PyDataset, "
+            "a tf.data.Dataset, or (x, y[, sample_weight]) arrays")
     if isinstance(data, tuple) and len(data) in (2, 3):
         return data[0], data[1], data[2] if len(data) == 3 else None
-    raise AutodistError("validation_data must be (x, y), (x, y, sample_weight) or a "
-                        f"tf.data.Dataset. Received: {type(data).__name__}"
+    raise AutodistError("validation_data must be (x, y), (x, y, sample_weight), a "
+                        "tf.data.Dataset or a keras.utils.PyDataset. Received: "
+                        f"{type(data).__name__}"
                         + (f" of {len(data)} items" if isinstance(data, (tuple, list)) else ""))
