@@ -177,7 +177,10 @@ class DistributedRun:
                 batch, as in Keras; see `autodist.runtime.datasets`), or a
                 `ShardedDataset` (each worker task builds and reads its own
                 share of every global batch; see
-                `autodist.runtime.sharded_input`).
+                `autodist.runtime.sharded_input`), or a `keras.utils.PyDataset`
+                or Python generator of such batches (read in the driver
+                before launch as Keras' fit reads it; see
+                `autodist.runtime.python_data`).
             y: Target array (None with a dataset).
             **arguments: The options below (`FitArguments`), by keyword.
 
