@@ -230,7 +230,10 @@ def optimize(model, resource_spec: ResourceSpec | None = None, *, trials: int | 
         calibration: The simulator's machine constants: a `Calibration`;
             "cached" (`spec`'s calibration that `autodist calibrate`
             measured); "cluster" (measured on `spec`'s cluster now, about
-            a minute, and cached); "measure" (TensorFlow micro-benchmarks in
+            a minute, and cached; the model's own forward and backward
+            passes are measured there too, in one launch more, and replace
+            the simulator's estimate of them: `measure_compute`); "measure"
+            (TensorFlow micro-benchmarks in
             this process, about a second); or None for the defaults, which
             rank the trial data set's strategies better so far
             (`benchmarks/results/calibrated_simulator.md`).
@@ -297,9 +300,15 @@ def optimize(model, resource_spec: ResourceSpec | None = None, *, trials: int | 
 
         runner = LocalRunner(model, resource_spec, graph_item=graph_item,
                              batch_size=measure_batch, allow_exposed=allow_exposed)
+    measured_compute = None
+    if calibration == "cluster":
+        from autodist.runtime.cluster_calibration import measure_compute
+
+        measured_compute = measure_compute(model, resource_spec, batch_size=measure_batch,
+                                           graph_item=graph_item, allow_exposed=allow_exposed)
     calibration = resolve_calibration(calibration, resource_spec, allow_exposed=allow_exposed)
     tuner = Tuner(graph_item, resource_spec, space_options=space_options, batch_size=batch_size,
-                  calibration=calibration,
+                  calibration=calibration, measured_compute=measured_compute,
                   cost_model=cost_model, database=database, runner=runner,
                   search_budget=search_budget, seed=seed, progress=progress)
     return Plan(model, graph_item, resource_spec, tuner.tune(trials), allow_exposed=allow_exposed,

@@ -243,7 +243,9 @@ class Rows:
 
 def rescore(records: Sequence[TrialRecord],
             calibration_for: Callable[[TrialRecord], Any] | None = None,
-            same_flops: bool = True) -> list[TrialRecord]:
+            same_flops: bool = True,
+            measured_compute_for: Callable[[TrialRecord], Any] | None = None
+            ) -> list[TrialRecord]:
     """The records with features and simulator predictions of the current code.
 
     A trial's measured times do not change when the simulator or the features
@@ -252,7 +254,9 @@ def rescore(records: Sequence[TrialRecord],
     (the model rebuilt from `model_name` and `extra["model_kwargs"]`, the
     stored resource spec, the stored global batch). `calibration_for` gives
     the simulator's `Calibration` of a record's cluster (default: the
-    simulator's default constants). With `same_flops=False` a capture whose
+    simulator's default constants), `measured_compute_for` its workload's
+    `MeasuredCompute` (default: none, compute estimated). With
+    `same_flops=False` a capture whose
     FLOP estimate changed (a newer capture infers more shapes) still
     re-scores the trials of the same model, if its variables are the same.
 
@@ -286,11 +290,13 @@ def rescore(records: Sequence[TrialRecord],
                                        f"({record.graph_item_fingerprint}); use --stored-features")
         batch = float(record.graph_summary.get("batch_size", 0)) or None
         calibration = calibration_for(record) if calibration_for else None
-        sim_key = (key, record.resource_spec_fingerprint, batch or 0.0, calibration)
+        compute = measured_compute_for(record) if measured_compute_for else None
+        sim_key = (key, record.resource_spec_fingerprint, batch or 0.0, calibration, compute)
         if sim_key not in simulators:
             spec = record.load_resource_spec()
             simulators[sim_key] = Simulator(SearchSpace(graph_item, spec), calibration,
-                                            batch_size=int(batch) if batch else None)
+                                            batch_size=int(batch) if batch else None,
+                                            measured_compute=compute)
         features = featurize_strategy(simulators[sim_key], record.load_strategy())
         out.append(dataclasses.replace(record, features=features,
                                        predicted_step_time_s=features["sim_step_time_s"]))

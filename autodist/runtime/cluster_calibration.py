@@ -44,6 +44,7 @@ from autodist.ir.errors import AutodistError, InvalidArgumentError
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.search.calibration_fit import (ProbeStep, all_reduce_in_groups, fit_fixed_costs,
                                              probe_step)
+from autodist.search.measured_compute import MeasuredCompute
 from autodist.search.simulator import Calibration, Simulator
 from autodist.search.space import SearchSpace
 
@@ -282,3 +283,52 @@ def calibrate_cluster(spec: ResourceSpec, *, steps: int = 20, warmup_steps: int 
         path = save_calibration(spec, calibration, report)
         log(f"saved to {path}")
     return calibration
+
+
+def measure_compute(model, spec: ResourceSpec, *, batch_size: int, graph_item=None,
+                    steps: int = 5, allow_exposed: bool = False,
+                    timeout_s: float = 600.0) -> MeasuredCompute:
+    """`model`'s forward and backward passes measured on `spec`'s local cluster.
+
+    One launch (about 10-30 s): every replica runs its share of `batch_size`
+    random examples (`models.synthetic_data`) at once under all-reduce (its
+    variables local: no communication is timed), one warm-up batch and
+    `steps` timed ones (`DistributedRun.measure_throughput`). The slowest
+    replica's median is what a step waits for.
+
+    Args:
+        model: The Keras model (compiled).
+        spec: The cluster (local tasks only).
+        batch_size: The global batch the plan is for.
+        graph_item: Its capture (default: captured now).
+        steps: Timed batches.
+        allow_exposed: As in `DistributedRun`.
+        timeout_s: Bound on the launch.
+
+    Raises:
+        CalibrationError: not a local cluster, or fewer examples than replicas.
+    """
+    from autodist.ir.capture import capture
+    from autodist.launch.local import check_local
+    from autodist.models import synthetic_data
+    from autodist.runtime.run import DistributedRun
+    from autodist.search.builders import AllReduce
+
+    try:
+        check_local(spec)
+    except AutodistError as e:
+        raise CalibrationError(f"measure_compute measures local clusters only: {e}") from None
+    replicas = len(spec.replica_devices)
+    if batch_size < replicas:
+        raise CalibrationError(f"measuring compute needs a batch of at least one example per "
+                               f"replica ({replicas}). Received: batch_size={batch_size}")
+    graph_item = graph_item or capture(model)
+    run = DistributedRun(model, AllReduce().build(graph_item, spec), spec,
+                         graph_item=graph_item, allow_exposed=allow_exposed)
+    x, y = synthetic_data(model, batch_size * (steps + 1), seed=0)
+    rates = run.measure_throughput(x, y, batch_size=batch_size, steps=steps,
+                                   timeout_s=timeout_s)
+    examples = batch_size / replicas
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return MeasuredCompute(max(examples / rate for rate in rates.values()), examples,
+                           f"measured {stamp} on {len(spec.nodes)} tasks")

@@ -3,7 +3,8 @@
 An α-β model of one synchronous training step on the ResourceSpec:
 
 * compute: the GraphItem's FLOPs scaled to the per-replica batch, divided by
-  a calibrated FLOP rate, plus a per-op overhead;
+  a calibrated FLOP rate, plus a per-op overhead; or the model's passes
+  measured on the cluster (`measured_compute`), scaled to the batch;
 * parameter servers: every replica pulls each dense shard and pushes its
   gradient (a sparse variable moves only the touched rows and their indices);
   traffic between a replica and a shard on its own node is free; local
@@ -66,6 +67,7 @@ from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import VariableInfo, optimizer_squares_gradient
 from autodist.ir.strategy import Strategy, is_gathered
 from autodist.proto import strategy_pb2
+from autodist.search.measured_compute import MeasuredCompute
 from autodist.search.memory import (REPLICA, MemoryModel, option_key, shard_sizes,
                                     sparse_updates_touch_rows_only)
 from autodist.search.space import NUM_COMPRESSORS, SearchSpace, lookups_per_example
@@ -264,6 +266,10 @@ class Simulator:
             again after `space.encode` added options — done automatically).
         calibration: Machine constants (default: `Calibration()`).
         batch_size: The global batch size (default: the space's).
+        measured_compute: A replica's forward and backward passes measured
+            on the cluster (`cluster_calibration.measure_compute`): used,
+            scaled to the per-replica batch, instead of the estimate from
+            FLOPs, rates and op costs (which then count no op runs).
 
     Attributes:
         memory: The memory model at this batch size (the space's when equal).
@@ -272,9 +278,11 @@ class Simulator:
     """
 
     def __init__(self, space: SearchSpace, calibration: Calibration | None = None,
-                 batch_size: int | None = None) -> None:
+                 batch_size: int | None = None,
+                 measured_compute: MeasuredCompute | None = None) -> None:
         self.space = space
         self.calibration = calibration or Calibration()
+        self.measured_compute = measured_compute
         spec = space.resource_spec
         self.replica_nodes = [spec.node_of(d) for d in spec.replica_devices]
         self.num_replicas = len(self.replica_nodes)
@@ -299,6 +307,9 @@ class Simulator:
         # The ops a replica's step pays `op_overhead_s` for (shared cores stretch them
         # only where calibrated, as `_compute_s` applies them).
         self.op_runs = len(gi.ops) * (sharing if self.calibration.host_cores > 0 else 1.0)
+        if measured_compute is not None:   # its ops, shared cores and all
+            self.compute_s = measured_compute.seconds_at(self.per_replica_batch)
+            self.op_runs = 0.0
         self.backward_s = self.compute_s * _backward_share(gi)
         self._ready = gradient_ready_fractions(gi)
         self.num_tasks = len(spec.nodes)

@@ -48,6 +48,7 @@ from autodist.search.features import FEATURE_NAMES, featurize
 from autodist.search.measure_callback import MeasureCallback, StrategyTrial, default_callbacks
 from autodist.search.memory import DoesNotFitError, format_bytes
 from autodist.search.measurement import Runner, checked_run
+from autodist.search.measured_compute import MeasuredCompute
 from autodist.search.predictor import Predictor
 from autodist.search.simulator import Calibration, Prediction, Simulator
 from autodist.search.space import SearchSpace, SpaceOptions
@@ -107,6 +108,8 @@ class Tuner:
         callbacks: Run after each measured round (default:
             `default_callbacks(progress)`: record in the database, refit the
             cost model, and with `progress` log).
+        measured_compute: The model's forward and backward passes measured
+            on the cluster, for the simulator (`Simulator`).
 
     Example:
         >>> runner = LocalRunner(model, spec)                  # doctest: +SKIP
@@ -121,11 +124,12 @@ class Tuner:
                  runner: Runner | None = None, search_budget: int = 4000,
                  algorithm: str = "auto", seed: int = 0, progress: bool = False,
                  callbacks: Sequence[MeasureCallback] | None = None,
-                 measured_search_model: Predictor | None = None) -> None:
+                 measured_search_model: Predictor | None = None,
+                 measured_compute: MeasuredCompute | None = None) -> None:
         self.graph_item = graph_item
         self.resource_spec = resource_spec
         self.space = SearchSpace(graph_item, resource_spec, space_options, batch_size)
-        self.simulator = Simulator(self.space, calibration, batch_size)
+        self.simulator = Simulator(self.space, calibration, batch_size, measured_compute)
         why = ("given as measured_search_model" if measured_search_model is not None
                else "the cost model orders them too")
         if isinstance(cost_model, DefaultCostModel):
@@ -396,6 +400,10 @@ class Tuner:
         lines = [f"predicted step time {base * 1e3:.3f} ms ({self.predictor}; simulator "
                  f"constants: {self.simulator.calibration.source})",
                  self._measured_search_line()]
+        measured = self.simulator.measured_compute
+        if measured is not None:
+            lines.append(f"compute: {measured.seconds * 1e3:.3f} ms per replica step at "
+                         f"{measured.examples:g} examples, {measured.source}")
         memory = self.simulator.memory
         if memory.constrained:
             columns = self.space.memory.strategy_columns(self.space.decode(candidate))

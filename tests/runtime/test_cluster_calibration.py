@@ -163,3 +163,26 @@ def test_optimize_names_a_missing_cached_calibration(cache):
     assert resolve_calibration(None, spec) is None
     cc.save_calibration(spec, CAL)
     assert resolve_calibration("cached", spec) == CAL
+
+
+def test_a_models_compute_is_measured_on_the_cluster_and_optimize_plans_with_it(
+        cache, monkeypatch):
+    """`measure_compute` on 2 workers (one launch), and optimize(calibration="cluster") passes
+    it to the simulator (the cluster calibration itself stubbed: the test above runs it)."""
+    from autodist import models
+    from autodist.search.measured_compute import MeasuredCompute
+
+    spec = autodist.ResourceSpec.local(workers=2)
+    model = models.mlp(input_dim=8, hidden=(8,))
+    measured = cc.measure_compute(model, spec, batch_size=16, steps=3)
+    assert measured.examples == 8 and 0 < measured.seconds < 1.0
+    assert measured.source.startswith("measured ") and "on 2 tasks" in measured.source
+    with pytest.raises(cc.CalibrationError, match="one example per replica.*batch_size=1"):
+        cc.measure_compute(model, spec, batch_size=1)
+    given = MeasuredCompute(0.002, 16, source="measured in the test")
+    monkeypatch.setattr(cc, "measure_compute", lambda *a, **k: given)
+    monkeypatch.setattr(cc, "calibrate_cluster", lambda *a, **k: CAL)
+    plan = autodist.optimize(model, spec, calibration="cluster")
+    assert "compute: 2.000 ms per replica step at 16 examples, measured in the test" in \
+        plan.explain()
+    assert "compute:" not in autodist.optimize(model, spec).explain()
