@@ -20,6 +20,7 @@ strategies (pairwise accuracy, top-1 slowdown). Tables go to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -30,7 +31,7 @@ import numpy as np
 from emulated_cluster import capped_spec, clear_lo, in_private_netns
 
 from autodist.bench.trials import Shape, read_records, rescore
-from autodist.runtime.cluster_calibration import calibrate_cluster
+from autodist.runtime.cluster_calibration import calibrate_cluster, measure_compute
 from autodist.search.metrics import pairwise_accuracy, top1_slowdown
 from autodist.search.simulator import Calibration
 
@@ -61,6 +62,8 @@ def main() -> int:
                         help="where the markdown tables go (the calibrations: .json beside it)")
     parser.add_argument("--reuse", action="store_true",
                         help="re-score with the calibrations of the last run's .json file")
+    parser.add_argument("--no-compute", action="store_true",
+                        help="do not measure each workload's compute on its cluster")
     args = parser.parse_args()
     saved = os.path.splitext(args.out)[0] + ".json"
     if not args.reuse and not in_private_netns():
@@ -93,8 +96,11 @@ def main() -> int:
             clear_lo()
         seconds[text] = time.perf_counter() - start
         print(f"[{text}] {seconds[text]:.1f} s: {calibrations[text]}", flush=True)
+    computes = {} if args.no_compute else _measured_computes(records, saved, args.reuse)
     with open(saved, "w", encoding="utf-8") as f:
-        json.dump({t: {"calibration": c.to_dict(), "seconds": seconds[t]}
+        json.dump({t: {"calibration": c.to_dict(), "seconds": seconds[t],
+                       "compute": {m: dataclasses.asdict(v) for m, v in computes.items()
+                                   if m.endswith("@" + t)}}
                    for t, c in calibrations.items()}, f, indent=1, sort_keys=True)
     # Captures now infer shapes at the estimate batch (more FLOPs counted: the
     # Transformer's attention, 38 -> 62 MFLOP); the variables are checked.
@@ -103,6 +109,14 @@ def main() -> int:
     base = [r.predicted_step_time_s for r in default]
     tuned = [r.predicted_step_time_s for r in calibrated]
     err_base, err_tuned = _errors(records, base), _errors(records, tuned)
+    columns = [("default", err_base), ("calibrated", err_tuned)]
+    rankings = [("default", _ranking(records, base)), ("calibrated", _ranking(records, tuned))]
+    if computes:
+        measured = rescore(records, lambda r: calibrations[r.extra["shape"]], same_flops=False,
+                           measured_compute_for=lambda r: computes[_workload(r)])
+        both = [r.predicted_step_time_s for r in measured]
+        columns.append(("calibrated + measured compute", _errors(records, both)))
+        rankings.append(("calibrated + measured compute", _ranking(records, both)))
 
     lines = [
         "# The simulator calibrated on the cluster",
@@ -119,25 +133,23 @@ def main() -> int:
         "",
         "## Prediction error",
         "",
-        "| trials | n | default | calibrated |",
-        "|---|---:|---:|---:|",
-        f"| all | {len(records)} | {np.median(err_base):.3f} | {np.median(err_tuned):.3f} |",
+        "| trials | n | " + " | ".join(name for name, _ in columns) + " |",
+        "|---|---:|" + "---:|" * len(columns),
+        f"| all | {len(records)} | "
+        + " | ".join(f"{np.median(e):.3f}" for _, e in columns) + " |",
     ]
     for label, key in (("shape", lambda r: r.extra["shape"]), ("model", lambda r: r.model_name)):
         for value in sorted({key(r) for r in records}):
             idx = [i for i, r in enumerate(records) if key(r) == value]
-            lines.append(f"| {label} {value} | {len(idx)} | {np.median(err_base[idx]):.3f} | "
-                         f"{np.median(err_tuned[idx]):.3f} |")
-    pa_base, top_base = _ranking(records, base)
-    pa_tuned, top_tuned = _ranking(records, tuned)
+            lines.append(f"| {label} {value} | {len(idx)} | "
+                         + " | ".join(f"{np.median(e[idx]):.3f}" for _, e in columns) + " |")
     lines += [
         "",
         "## Ranking (within each workload)",
         "",
         "| constants | pairwise accuracy | top-1 slowdown |",
         "|---|---:|---:|",
-        f"| default | {pa_base:.3f} | {top_base:.3f} |",
-        f"| calibrated | {pa_tuned:.3f} | {top_tuned:.3f} |",
+        *[f"| {name} | {pa:.3f} | {top:.3f} |" for name, (pa, top) in rankings],
         "",
         "## Calibrations",
         "",
@@ -152,6 +164,11 @@ def main() -> int:
                      f"{c.task_overhead_s * 1e3:.2f} | {c.hop_latency_s * 1e3:.2f} | "
                      f"{c.latency_s * 1e3:.2f} | {c.run_overhead_s * 1e3:.2f} | "
                      f"{c.byte_cost_s * 1e9:.2f} | {c.op_overhead_s * 1e6:.2f} |")
+    if computes:
+        lines += ["", "Measured compute (`cluster_calibration.measure_compute`: one replica's "
+                  "forward and backward passes, every replica at once, batch 64): "
+                  + ", ".join(f"{w} {c.seconds * 1e3:.2f} ms" for w, c in sorted(computes.items()))
+                  + "."]
     command = " ".join(["python benchmarks/calibrated_simulator.py", *sys.argv[1:]])
     lines += ["", f"Command: `{command}` on {platform.node() or 'this machine'} "
               f"({os.cpu_count()} cores), {time.strftime('%Y-%m-%d')}", ""]
@@ -160,6 +177,41 @@ def main() -> int:
     with open(args.out, "w", encoding="utf-8") as f:
         f.write(text)
     return 0
+
+
+def _workload(record) -> str:
+    return f"{record.model_name}@{record.extra['shape']}"
+
+
+def _measured_computes(records, saved: str, reuse: bool) -> dict:
+    """Each workload's compute measured on its emulated cluster (or the last run's)."""
+    import keras
+
+    from autodist import models
+    from autodist.ir.capture import capture
+    from autodist.search.measured_compute import MeasuredCompute
+
+    computes = {}
+    if reuse:
+        with open(saved, encoding="utf-8") as f:
+            for entry in json.load(f).values():
+                computes.update({w: MeasuredCompute(**v) for w, v in entry.get("compute",
+                                                                              {}).items()})
+    for workload in sorted({_workload(r) for r in records} - set(computes)):
+        record = next(r for r in records if _workload(r) == workload)
+        shape = Shape.parse(record.extra["shape"])
+        keras.backend.clear_session()
+        model = models.build(record.model_name, **record.extra.get("model_kwargs", {}))
+        clear_lo()
+        spec, _ = capped_spec(shape.workers, shape.ps, shape.mbit)
+        try:
+            computes[workload] = measure_compute(
+                model, spec, batch_size=int(record.graph_summary.get("batch_size", 64)),
+                graph_item=capture(model))
+        finally:
+            clear_lo()
+        print(f"[{workload}] compute {computes[workload].seconds * 1e3:.2f} ms", flush=True)
+    return computes
 
 
 if __name__ == "__main__":
