@@ -102,6 +102,20 @@ def test_a_plan_or_a_capture_older_than_the_trainable_flags_is_refused():
         autodist.distribute(model, plan.strategy, spec, graph_item=item)
 
 
+def test_a_capture_after_a_trainable_change_without_compile_is_refused():
+    """Keras' fit trains the compiled variables until compile is called again (it warns);
+    its optimizer, built by a fit for them, cannot update others."""
+    (base, model), _ = _frozen_pair()
+    model.optimizer.build(model.trainable_variables)   # as after a fit
+    base.trainable = True
+    with pytest.raises(autodist.CaptureError, match=(
+            r"optimizer was built for 2 variables, but 5 are trainable now: a layer's "
+            r"`trainable` changed since the model was compiled.*Call model.compile")):
+        autodist.capture(model)
+    _compile_again(model)
+    assert len(autodist.capture(model).variables) == 5
+
+
 # ------------------------------------------------------------ on clusters
 @pytest.mark.cluster
 def test_a_frozen_base_then_fine_tuning_train_as_keras():
