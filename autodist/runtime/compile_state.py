@@ -38,13 +38,14 @@ class CompileState:
     trainable variables are held by identity.
 
     Args:
-        model: The compiled Keras model, as it is captured.
+        model: The compiled Keras model, as it is captured (None, or no Keras model: a
+            plan of a GraphItem alone, where nothing can change).
     """
 
     def __init__(self, model: Any) -> None:
         self._tracker = getattr(model, "_loss_tracker", None)
         self._optimizer = getattr(model, "optimizer", None)
-        self._trainable = tuple(model.trainable_variables)
+        self._trainable = _trainable(model)
 
     def changes(self, model: Any) -> list[str]:
         """What differs in `model` now, in words (empty: nothing)."""
@@ -53,7 +54,7 @@ class CompileState:
                 getattr(model, "optimizer", None) is not self._optimizer:
             out.append("the model was compiled again (its optimizer, loss and metrics are "
                        "new)")
-        now = tuple(model.trainable_variables)
+        now = _trainable(model)
         if len(now) != len(self._trainable) or \
                 any(a is not b for a, b in zip(now, self._trainable)):
             was = {id(v) for v in self._trainable}
@@ -103,6 +104,10 @@ def check_capture_matches(model: Any, trainable_names: list[str]) -> None:
             f"trainable; {len(added)} not in the capture: {_some(added)}; {len(removed)} of "
             f"the capture not trainable now: {_some(removed)}): the model's trainable flags "
             f"changed since it was captured. {_AGAIN[0].upper()}{_AGAIN[1:]}")
+
+
+def _trainable(model: Any) -> tuple:
+    return tuple(getattr(model, "trainable_variables", None) or ())
 
 
 def _some(names: list[str], shown: int = 4) -> str:
