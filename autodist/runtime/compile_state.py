@@ -92,9 +92,12 @@ class CompileState:
 def check_capture_matches(model: Any, trainable_names: list[str]) -> None:
     """Raises ModelChangedError where a capture's trainable variables (`trainable_names`,
     capture's names) are not the model's now (a capture made before `trainable`
-    changed)."""
+    changed). A capture given to `distribute` is checked so; whether the model was
+    compiled again since cannot be told from a GraphItem (it may come from a file)."""
     from autodist.ir.capture import keras_variable_names
 
+    if not hasattr(model, "trainable_variables"):
+        return   # no Keras model: nothing to compare
     now = keras_variable_names(model)[0]
     if now != list(trainable_names):
         added = [n for n in now if n not in set(trainable_names)]
