@@ -10,6 +10,7 @@ from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
+from autodist.runtime.compile_state import CompileState
 from autodist.runtime.run import LAUNCH_MODES, DistributedRun
 
 if TYPE_CHECKING:  # pragma: no cover - types only
@@ -95,6 +96,7 @@ class Plan:
                  result, allow_exposed: bool = False, batch_size: int | None = None,
                  launch: str = "local", secret_file: str | None = None) -> None:
         self.model = model
+        self._compiled = CompileState(model)
         self.batch_size = batch_size
         self.allow_exposed = allow_exposed
         self.launch = launch
@@ -176,7 +178,13 @@ class Plan:
 
         Returns:
             The run's `History`.
+
+        Raises:
+            ModelChangedError: the model was compiled again, or its trainable
+                variables changed, since `optimize` captured it: call
+                `optimize(model)` again for a plan of the model as it is.
         """
+        self._compiled.check(self.model, "autodist.optimize")
         names = _run_option_names()
         run_options = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
         run_options.setdefault("allow_exposed", self.allow_exposed)

@@ -28,6 +28,7 @@ from autodist.runtime import (checkpoint, fit_input, keras_parity, recovery,
                               steps_per_execution, validation)
 from autodist.runtime.change_requests import ChangeRequests
 from autodist.runtime.cluster_jobs import ClusterJobs, discard
+from autodist.runtime.compile_state import CompileState, check_capture_matches
 from autodist.runtime.elastic import segments
 from autodist.runtime.history import History, read_results
 from autodist.runtime.history_events import PolicyAction, Recovery
@@ -114,7 +115,11 @@ class DistributedRun:
         self.keep_optimizer_state = keep_optimizer_state
 
         self.model = model
+        if graph_item is not None:
+            check_capture_matches(model, graph_item.variable_names)
         self.graph_item = graph_item or capture(model)
+        # The model's compile and trainable variables as captured: a fit refuses a change.
+        self._compiled = CompileState(model)
         self.strategy = strategy
         self.resource_spec = resource_spec
         strategy.validate(self.graph_item, resource_spec)
@@ -297,7 +302,14 @@ class DistributedRun:
         Returns:
             The History (a `keras.callbacks.History`, also set as
             `model.history`), with per-epoch logs and per-step losses and times.
+        Raises:
+            ModelChangedError: the model was compiled again, or its trainable
+                variables changed (`layer.trainable = ...`), since the run
+                captured it: the run would train the captured variables with
+                the captured optimizer. Call `autodist.optimize(model)` again
+                (`autodist.runtime.compile_state`).
         """
+        self._compiled.check(self.model, "this DistributedRun")
         options = FitOptions.from_arguments(arguments)
         not_resizable = options.check(self.strategy, self.graph_item, self.resource_spec,
                                       self.launch)

@@ -47,6 +47,7 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
         raise CaptureError(f"model {model.name!r} has no trainable variables")
     check_keras_losses(model)
     _check_keras_constraints(model, trainable)
+    _check_optimizer_built_for(model, trainable)
 
     build_keras_metrics(model, x_spec, y_spec)
     metric_variables = keras_metric_variables(model)
@@ -153,6 +154,24 @@ def _check_keras_train_step(model) -> None:
                     "gradients, optimizer) and cannot reproduce a custom one. Move the loss "
                     "into compute_loss (or add_loss) and keep Keras' train_step")
             return
+
+
+def _check_optimizer_built_for(model, trainable) -> None:
+    """An optimizer built (by a fit) for other variables than the trainable ones now: a
+    `trainable` flag changed without `compile` again, which Keras' fit ignores (it warns
+    and trains the compiled variables) and a capture cannot follow."""
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    known = getattr(optimizer, "_trainable_variables", None)
+    if not getattr(optimizer, "built", False) or known is None:
+        return
+    built_for = {id(v) for v in known}
+    if len(known) != len(trainable) or any(id(v) not in built_for for v in trainable):
+        raise CaptureError(
+            f"model {model.name!r}'s optimizer was built for {len(known)} variables, but "
+            f"{len(trainable)} are trainable now: a layer's `trainable` changed since the "
+            "model was compiled, which Keras' fit ignores until it is compiled again. Call "
+            "model.compile(...) again (a new optimizer, as keras-io's fine-tuning guide "
+            "does), then capture")
 
 
 def _check_keras_constraints(model, trainable) -> None:
