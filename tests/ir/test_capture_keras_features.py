@@ -189,6 +189,24 @@ def test_constraint_is_refused():
         capture(model)
 
 
+@pytest.mark.parametrize("make_layer", [
+    lambda: keras.layers.LSTM(4, stateful=True),
+    lambda: keras.layers.GRU(4, stateful=True),
+    lambda: keras.layers.SimpleRNN(4, stateful=True),
+    lambda: keras.layers.Bidirectional(keras.layers.LSTM(4, stateful=True)),
+], ids=["LSTM", "GRU", "SimpleRNN", "Bidirectional"])
+def test_a_stateful_rnn_is_refused_naming_the_layer(make_layer):
+    """Keras carries a stateful RNN's states from batch to batch per example position,
+    which replicas splitting the batch cannot: refused before tracing, naming the layer."""
+    inputs = keras.Input(batch_shape=(8, 5, 3))
+    layer = make_layer()
+    model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)))
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(CaptureError, match=f"stateful recurrent layer.*'{layer.name}' "
+                                           f"\\({type(layer).__name__}\\).*stateful=False"):
+        capture(model)
+
+
 def _mlp(optimizer):
     return autodist.models.mlp(input_dim=20, hidden=(64,), optimizer=optimizer)
 

@@ -110,3 +110,23 @@ def test_a_learning_rate_changed_inside_an_epoch_is_refused():
     with pytest.raises(autodist.AutodistError, match="in on_train_batch_end .*only between "
                                                      "epochs"):
         run.fit(x, y, batch_size=8, epochs=2, callbacks=[halve], verbose=0)
+
+
+def test_initial_epoch_numbers_the_epochs_and_reads_the_data_from_the_start_as_keras():
+    """fit(initial_epoch=2): a LearningRateScheduler by epoch sees epochs 2 and 3, and a
+    shuffled repeated dataset (a fresh one each, read as Keras reads it from the fit's
+    start) trains as Keras on parameter servers."""
+    x, y = _data(48)
+    schedule = [keras.callbacks.LearningRateScheduler(lambda epoch, rate: 0.1 / (1 + epoch))]
+
+    def dataset():
+        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(48, seed=1).batch(16).repeat()
+
+    model, reference = _pair(lambda: keras.optimizers.SGD(0.1, momentum=0.5))
+    run = two_worker_run(model, ps=1, builder=builders.PS)
+    kwargs = dict(epochs=4, initial_epoch=2, steps_per_epoch=2, verbose=0, callbacks=schedule)
+    history = run.fit(dataset(), **kwargs)
+    keras_history = reference.fit(dataset(), **kwargs)
+    assert history.epoch == keras_history.epoch == [2, 3]
+    np.testing.assert_allclose(history.history["learning_rate"], [0.1 / 3, 0.1 / 4], rtol=1e-6)
+    assert_trains_as_keras(model, reference, history, keras_history)

@@ -28,6 +28,7 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
         raise CaptureError(f"model {model.name!r} is not compiled: call "
                            "model.compile(optimizer=..., loss=...) before capture")
     _check_keras_train_step(model)
+    _check_keras_stateful_layers(model)
     x_spec = keras_input_spec(model, x)
     if not model.built and x is not None and not any(
             isinstance(v, tf.TensorSpec) for v in tf.nest.flatten(x)):
@@ -172,6 +173,23 @@ def _check_optimizer_built_for(model, trainable) -> None:
             "model was compiled, which Keras' fit ignores until it is compiled again. Call "
             "model.compile(...) again (a new optimizer, as keras-io's fine-tuning guide "
             "does), then capture")
+
+
+def _check_keras_stateful_layers(model) -> None:
+    """A stateful RNN (`stateful=True`) carries each row's final state into the same row
+    of the next batch on Keras' one device; replicas splitting the global batch would
+    each need exactly their rows' states, carried between steps: refused."""
+    flatten = getattr(model, "_flatten_layers", None)
+    stateful = sorted(f"{layer.name!r} ({type(layer).__name__})"
+                      for layer in (flatten(include_self=False) if flatten else [])
+                      if getattr(layer, "stateful", False) is True)
+    if stateful:
+        raise CaptureError(
+            f"model {model.name!r} has stateful recurrent layer(s) {', '.join(stateful)} "
+            "(stateful=True): Keras carries each example position's last state into the "
+            "next batch on one device, which replicas splitting the batch cannot reproduce. "
+            "Use stateful=False (each batch starts from zero states, or pass initial_state), "
+            "or train this model with Keras' fit on a single device")
 
 
 def _check_keras_constraints(model, trainable) -> None:
