@@ -3,6 +3,8 @@ distributed on 2 local workers (optionally with parameter servers) and the check
 weights and History against a single-device Keras reference."""
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 
 import autodist
@@ -29,3 +31,20 @@ def assert_trains_as_keras(model, reference, history, keras_history) -> None:
     for key, values in keras_history.history.items():
         np.testing.assert_allclose(history.history[key], values, rtol=HISTORY_RTOL,
                                    atol=HISTORY_ATOL, err_msg=key)
+
+
+def small_model_pair(optimizer: Callable[[], Any], **compile_options):
+    """A 4-3-1 tanh MLP compiled with mse and mae, and its single-device twin (same
+    weights, a fresh optimizer each from `optimizer`; `compile_options` to both)."""
+    import keras
+
+    def build():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer(), "mse", metrics=["mae"], **compile_options)
+        return model
+
+    keras.utils.set_random_seed(1)
+    model, reference = build(), build()
+    reference.set_weights(model.get_weights())
+    return model, reference

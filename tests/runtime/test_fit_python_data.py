@@ -13,19 +13,7 @@ import pytest
 import keras
 from autodist.ir.errors import AutodistError
 from autodist.search import builders
-from tests.keras_equal import assert_trains_as_keras, two_worker_run
-
-def _pair(optimizer):
-    def build():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
-                                  keras.layers.Dense(1)])
-        model.compile(optimizer(), "mse", metrics=["mae"])
-        return model
-
-    keras.utils.set_random_seed(1)
-    model, reference = build(), build()
-    reference.set_weights(model.get_weights())
-    return model, reference
+from tests.keras_equal import assert_trains_as_keras, small_model_pair, two_worker_run
 
 
 class Examples(keras.utils.PyDataset):
@@ -53,7 +41,7 @@ class Examples(keras.utils.PyDataset):
 def test_a_py_dataset_with_on_epoch_end_and_validation_trains_as_keras():
     """Two epochs, each pass shuffled by fit (its default) and reordered by on_epoch_end,
     validated on a PyDataset."""
-    model, reference = _pair(lambda: keras.optimizers.Adam(0.05))
+    model, reference = small_model_pair(lambda: keras.optimizers.Adam(0.05))
     run = two_worker_run(model)
     keras.utils.set_random_seed(7)
     history = run.fit(Examples(0), epochs=2, validation_data=Examples(1), verbose=0)
@@ -76,7 +64,7 @@ def test_an_endless_generator_with_steps_per_epoch_trains_as_keras():
             noise = rng.normal(scale=0.1, size=(16, 4))
             yield (x[rows] + noise).astype("float32"), y[rows], rng.random(16)
 
-    model, reference = _pair(lambda: keras.optimizers.SGD(0.1, momentum=0.9))
+    model, reference = small_model_pair(lambda: keras.optimizers.SGD(0.1, momentum=0.9))
     run = two_worker_run(model, ps=1, builder=builders.PS)
     history = run.fit(batches(3), epochs=3, steps_per_epoch=3, verbose=0)
     keras_history = reference.fit(batches(3), epochs=3, steps_per_epoch=3, verbose=0)
@@ -85,7 +73,7 @@ def test_an_endless_generator_with_steps_per_epoch_trains_as_keras():
 
 
 def test_what_keras_would_read_otherwise_is_refused_before_launch():
-    model, _ = _pair(lambda: keras.optimizers.SGD(0.1))
+    model, _ = small_model_pair(lambda: keras.optimizers.SGD(0.1))
     run = two_worker_run(model)
 
     def finite():

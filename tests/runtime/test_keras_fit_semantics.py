@@ -13,7 +13,7 @@ import tensorflow as tf
 import keras
 import autodist
 from autodist.search import builders
-from tests.keras_equal import assert_trains_as_keras, two_worker_run
+from tests.keras_equal import assert_trains_as_keras, small_model_pair, two_worker_run
 
 pytestmark = pytest.mark.cluster
 
@@ -25,19 +25,6 @@ def _data(n: int = 50):
     return rng.normal(size=(n, 4)), rng.normal(size=(n,))   # float64 and 1-D, as users have
 
 
-def _pair(optimizer):
-    """A model and its single-device twin (same weights, a fresh optimizer each)."""
-    def build():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
-                                  keras.layers.Dense(1)])
-        model.compile(optimizer(), "mse", metrics=["mae"])
-        return model
-
-    keras.utils.set_random_seed(1)
-    model, reference = build(), build()
-    reference.set_weights(model.get_weights())
-    return model, reference
-
 
 
 
@@ -47,7 +34,7 @@ def test_shuffle_by_default_in_keras_order_and_epochs_cut_by_steps_per_epoch():
     """With Keras' seed set, fit shuffles by default in Keras' own order; with
     steps_per_epoch one pass goes on across epochs (4 batches: epochs of 3, 1, 3)."""
     x, y = _data()
-    model, reference = _pair(lambda: keras.optimizers.SGD(0.1))
+    model, reference = small_model_pair(lambda: keras.optimizers.SGD(0.1))
     run = two_worker_run(model)
     keras.utils.set_random_seed(7)
     history = run.fit(x, y, batch_size=16, epochs=3, steps_per_epoch=3, verbose=0)
@@ -61,7 +48,7 @@ def test_shuffle_by_default_in_keras_order_and_epochs_cut_by_steps_per_epoch():
 
 def test_a_second_fit_goes_on_with_the_optimizers_state_and_the_models_learning_rate():
     x, y = _data(48)
-    model, reference = _pair(lambda: keras.optimizers.Adam(0.05))
+    model, reference = small_model_pair(lambda: keras.optimizers.Adam(0.05))
     run = two_worker_run(model, ps=1, builder=builders.PS)
     run.fit(x, y, batch_size=16, shuffle=False, verbose=0)
     reference.fit(x, y, batch_size=16, shuffle=False, verbose=0)
@@ -89,7 +76,7 @@ def test_learning_rates_set_by_callbacks_apply_from_the_next_epoch_on_a_dataset(
     the rate between epochs, as in Keras; a dataset's batch_size is ignored, as Keras does."""
     x, y = _data(48)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(12)
-    model, reference = _pair(lambda: keras.optimizers.SGD(0.1, momentum=0.5))
+    model, reference = small_model_pair(lambda: keras.optimizers.SGD(0.1, momentum=0.5))
     run = two_worker_run(model)
     history = run.fit(dataset, batch_size=32, epochs=4, callbacks=_callbacks(), verbose=0)
     keras_history = reference.fit(dataset, batch_size=32, epochs=4, callbacks=_callbacks(),
@@ -103,7 +90,7 @@ def test_learning_rates_set_by_callbacks_apply_from_the_next_epoch_on_a_dataset(
 
 def test_a_learning_rate_changed_inside_an_epoch_is_refused():
     x, y = _data(32)
-    model, _ = _pair(lambda: keras.optimizers.SGD(0.1))
+    model, _ = small_model_pair(lambda: keras.optimizers.SGD(0.1))
     run = two_worker_run(model)
     halve = keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: setattr(model.optimizer, "learning_rate", 0.05))
@@ -122,7 +109,7 @@ def test_initial_epoch_numbers_the_epochs_and_reads_the_data_from_the_start_as_k
     def dataset():
         return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(48, seed=1).batch(16).repeat()
 
-    model, reference = _pair(lambda: keras.optimizers.SGD(0.1, momentum=0.5))
+    model, reference = small_model_pair(lambda: keras.optimizers.SGD(0.1, momentum=0.5))
     run = two_worker_run(model, ps=1, builder=builders.PS)
     kwargs = dict(epochs=4, initial_epoch=2, steps_per_epoch=2, verbose=0, callbacks=schedule)
     history = run.fit(dataset(), **kwargs)

@@ -21,7 +21,7 @@ import keras
 import autodist
 from autodist.runtime import steps_per_execution
 from autodist.search import builders
-from tests.keras_equal import assert_trains_as_keras
+from tests.keras_equal import assert_trains_as_keras, small_model_pair
 
 
 
@@ -47,19 +47,6 @@ class Recorder(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self.events.append(("epoch_end", epoch, dict(logs or {})))
 
-
-def _pair(k: int):
-    def build():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
-                                  keras.layers.Dense(1)])
-        model.compile(keras.optimizers.SGD(0.1, momentum=0.5), "mse", metrics=["mae"],
-                      steps_per_execution=k)
-        return model
-
-    keras.utils.set_random_seed(1)
-    model, reference = build(), build()
-    reference.set_weights(model.get_weights())
-    return model, reference
 
 
 def _assert_same_events(got: list[tuple], want: list[tuple]) -> None:
@@ -93,7 +80,8 @@ def test_steps_per_execution_callbacks_history_and_weights_match_keras():
     validation. Same hooks (indices and logs), History, weights and update count."""
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(80, 4)), rng.normal(size=(80,))
-    model, reference = _pair(2)
+    model, reference = small_model_pair(lambda: keras.optimizers.SGD(0.1, momentum=0.5),
+                                        steps_per_execution=2)
     spec = autodist.ResourceSpec.local(workers=2, ps=1)
     item = autodist.capture(model)
     run = autodist.distribute(model, builders.PS().build(item, spec), spec, graph_item=item)
@@ -117,7 +105,8 @@ def test_a_dataset_of_unknown_length_with_steps_per_epoch_is_refused():
     naming steps_per_execution and what to do instead."""
     import tensorflow as tf
 
-    model, _ = _pair(3)
+    model, _ = small_model_pair(lambda: keras.optimizers.SGD(0.1, momentum=0.5),
+                                steps_per_execution=3)
     spec = autodist.ResourceSpec.local(workers=2)
     item = autodist.capture(model)
     run = autodist.distribute(model, builders.AllReduce().build(item, spec), spec,
