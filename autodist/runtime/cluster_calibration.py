@@ -274,8 +274,7 @@ def calibrate_cluster(spec: ResourceSpec, *, steps: int = 20, warmup_steps: int 
             measured[name] = float(np.median(times))
             log(f"{name}: {measured[name] * 1e3:.2f} ms")
             probes.append(probe_step(simulator, strategies[name], name, measured[name]))
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    source = f"measured {stamp} on {len(spec.nodes)} tasks ({spec.fingerprint[:12]})"
+    source = f"{_measured_now(spec)} ({spec.fingerprint[:12]})"
     report: dict[str, object] = {"probes_s": measured, "batch_size": batch}
     calibration, errors = fit_fixed_costs(base, probes, source=source)
     report.update(errors)
@@ -329,6 +328,11 @@ def measure_compute(model, spec: ResourceSpec, *, batch_size: int, graph_item=No
     rates = run.measure_throughput(x, y, batch_size=batch_size, steps=steps,
                                    timeout_s=timeout_s)
     examples = batch_size / replicas
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return MeasuredCompute(max(examples / rate for rate in rates.values()), examples,
-                           f"measured {stamp} on {len(spec.nodes)} tasks")
+                           _measured_now(spec))
+
+
+def _measured_now(spec: ResourceSpec) -> str:
+    """"measured <UTC time> on <n> tasks": the source of what was measured on `spec` now."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"measured {stamp} on {len(spec.nodes)} tasks"
