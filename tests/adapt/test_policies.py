@@ -10,6 +10,9 @@ Keras `fit` (within 2e-5).
 from __future__ import annotations
 
 import dataclasses
+import pathlib
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -132,20 +135,41 @@ def test_step_records_become_metrics_with_the_global_step(control):
 
 
 class _SlowWorkerAfter(policies.Policy):
-    """Test harness: from step `step` on, worker 1 runs `fraction` of the time."""
+    """Test harness: once the chief has logged `step` steps, worker 1 runs `fraction` of
+    the time.
+
+    The step count is read from the job's progress file, not from the driver's
+    `on_step_end`: the workers run ahead of the driver, and under load a slowdown started
+    by the driver's callbacks came after the last step (no drop, no re-plan)."""
 
     def __init__(self, job_dir, step, fraction):
         from autodist.bench.slowdown import Slowdown
 
         self.slowdown = Slowdown(job_dir, 1, fraction)
+        self.progress = pathlib.Path(job_dir) / "progress.jsonl"
         self.step, self.started = step, None
+        self._done = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
 
-    def on_step_end(self, metrics, control):
-        if self.started is None and metrics.step >= self.step:
-            self.started = metrics.step
-            self.slowdown.__enter__()
+    def _watch(self):
+        deadline = time.monotonic() + 300
+        while not self._done.is_set() and time.monotonic() < deadline:
+            try:
+                logged = self.progress.read_bytes().count(b"\n")
+            except OSError:
+                logged = 0
+            if logged >= self.step:
+                self.started = logged
+                self.slowdown.__enter__()
+                return
+            time.sleep(0.005)
+
+    def on_train_begin(self, control):
+        self._watcher.start()
 
     def on_train_end(self, control):
+        self._done.set()
+        self._watcher.join(timeout=5)
         if self.started is not None:
             self.slowdown.__exit__(None, None, None)
 
