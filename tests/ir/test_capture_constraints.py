@@ -174,3 +174,22 @@ def test_a_constraint_that_is_not_a_function_of_the_value_is_refused(constraint,
     with pytest.raises(CaptureError, match=f"(?s)the constraint {type(constraint).__name__} "
                                            f"of variable 'dense/kernel' .*{why}"):
         capture(model)
+
+
+def test_a_loss_functions_variable_keeps_its_constraint():
+    """A Keras (or tf.compat.v1) optimizer applies a tf.Variable's `constraint` after
+    its update: the capture of a loss function records it too."""
+    w = tf.Variable(tf.ones([4, 3]), name="w", constraint=keras.constraints.NonNeg())
+    b = tf.Variable(tf.zeros([3]), name="b")
+
+    @tf.function
+    def loss_fn(x):
+        return tf.reduce_mean(tf.square(tf.matmul(x, w) + b))
+
+    gi = capture(loss_fn, variables=[w, b], input_signature=[tf.TensorSpec([None, 4])],
+                 optimizer=keras.optimizers.SGD(0.1))
+    assert gi.variable("w").constraint.class_name == "NonNeg"
+    assert list(gi.variable("w").partitionable_axes) == []
+    assert not gi.variable("b").HasField("constraint")
+    value = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    np.testing.assert_array_equal(_traced(gi.variable("w"), value), np.maximum(value, 0))

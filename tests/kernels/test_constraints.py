@@ -21,17 +21,14 @@ from autodist.kernels.variables import VariableSpec, create_variables
 
 SHAPE = (6, 3)
 # As tests/kernels/test_optimizers.py: Adam's formula in another order of float operations.
+TOLERANCE = 1e-5
 
 
 class Shrink(keras.constraints.Constraint):
     """Not idempotent: applied on a skipped step, the weights would differ from Keras'."""
 
     def __call__(self, w):
-        return ops_center(w) * 0.9
-
-
-def ops_center(w):
-    return w - keras.ops.mean(w, axis=0, keepdims=True)
+        return (w - keras.ops.mean(w, axis=0, keepdims=True)) * 0.9
 
 
 def _keras(optimizer, constraint, initial, grads):
@@ -62,7 +59,8 @@ def _kernels(optimizer, constraint, initial, grads):
         finite, advance = None, []
         step = tf.compat.v1.placeholder_with_default(tf.constant(0, tf.int64), [])
         if info.HasField("loss_scale"):
-            program = Program(types.SimpleNamespace(optimizer=info), None, ("worker", 0), graph=graph)
+            program = Program(types.SimpleNamespace(optimizer=info), None, ("worker", 0),
+                              graph=graph)
             state = loss_scaling.create_state(program, "", shared=False)
             grad = _divide(feed, state.scale.read_value())
             finite = loss_scaling.all_finite([grad])
@@ -140,7 +138,7 @@ def test_the_constraint_follows_the_update_as_in_keras(optimizer, constraint, sp
     want = _keras(optimizer(), constraint(), initial, grads)
     got = _kernels(optimizer(), constraint(), initial, grads)
     for k, (w, g) in enumerate(zip(want, got)):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"step {k}")
+        np.testing.assert_allclose(g, w, rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"step {k}")
     assert not np.allclose(want[-1], _keras(optimizer(), None, initial, grads)[-1])
 
 
@@ -156,4 +154,4 @@ def test_a_step_the_loss_scale_skips_applies_no_constraint(sparse):
     got = _kernels(optimizer(), Shrink(), initial, grads)
     np.testing.assert_array_equal(want[1], want[0])   # skipped: not even the constraint
     for k, (w, g) in enumerate(zip(want, got)):
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"step {k}")
+        np.testing.assert_allclose(g, w, rtol=TOLERANCE, atol=TOLERANCE, err_msg=f"step {k}")
