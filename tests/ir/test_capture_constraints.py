@@ -193,3 +193,10 @@ def test_a_loss_functions_variable_keeps_its_constraint():
     assert not gi.variable("b").HasField("constraint")
     value = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
     np.testing.assert_array_equal(_traced(gi.variable("w"), value), np.maximum(value, 0))
+
+
+def test_the_summary_names_the_constraints_and_the_text_leaves_their_graphs_out(item):
+    assert "  constraints: dense/kernel MaxNorm, dense/bias NonNeg, " in item.summary()
+    text = item.to_text()
+    assert 'class_name: "UnitNorm"' in text and "graph_def" not in text
+    assert text.count("constraint {") == len(CONSTRAINTS)
