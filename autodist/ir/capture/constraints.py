@@ -19,9 +19,6 @@ from autodist.ir.errors import CaptureError
 from autodist.ir.graph_item import GraphItem
 from autodist.proto import graph_item_pb2
 
-# Ops of a traced constraint that are stateful yet do nothing per call: its argument.
-_HARMLESS_STATEFUL = frozenset({"Placeholder"})
-
 
 def attach_constraints(item: GraphItem, trainable: Sequence[Any], names: Sequence[str]) -> None:
     """Traces the constraint of every constrained trainable variable into `item`.
@@ -85,8 +82,7 @@ def trace_constraint(constraint, variable: str, dtype: tf.DType, shape: list[int
     if any(internal.dtype == tf.resource for _, internal in graph.captures):
         raise CaptureError(f"{where} reads a variable; its changes would not reach the "
                            "cluster. Make it a function of the variable's value only")
-    stateful = sorted({op.type for op in graph.get_operations()
-                       if op.op_def.is_stateful and op.type not in _HARMLESS_STATEFUL})
+    stateful = sorted({op.type for op in graph.get_operations() if op.op_def.is_stateful})
     if stateful:
         raise CaptureError(f"{where} has side effects or random draws ({', '.join(stateful)}) "
                            "that every task would repeat at each step. Make it a function "
