@@ -17,10 +17,10 @@ from typing import ContextManager, Protocol, Sequence
 
 import tensorflow as tf
 
+from autodist.ir.errors import StrategyError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.strategy import Strategy
 from autodist.kernels.loss_scaling import LossScaleState
-from autodist.ir.errors import StrategyError
 from autodist.kernels.optimizers import (ReducedGradient, Slots, apply_constraint, apply_update,
                                          clip_gradients, hyperparameter_tensors)
 from autodist.kernels.program import Program, Shard, StorageRole
