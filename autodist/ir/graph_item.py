@@ -286,8 +286,12 @@ class GraphItem:
             f"at batch {self._proto.estimate_batch_size}",
             "  inputs: " + ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}"
                                      for t in self._proto.inputs),
-            "",
         ]
+        constrained = [f"{v.name} {v.constraint.class_name}" for v in self._proto.variables
+                       if v.HasField("constraint")]
+        if constrained:
+            header.append("  constraints: " + ", ".join(constrained))
+        header.append("")
         return "\n".join(header + lines)
 
     def to_text(self, include_graph: bool = False) -> str:
@@ -297,6 +301,9 @@ class GraphItem:
         if not include_graph:
             proto.ClearField("graph_def")
             proto.ClearField("ops")
+            for v in proto.variables:
+                if v.HasField("constraint"):
+                    v.constraint.ClearField("graph_def")
         return text_format.MessageToString(proto)
 
     def __iter__(self) -> Iterator[VariableInfo]:

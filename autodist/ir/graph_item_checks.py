@@ -69,6 +69,14 @@ def check_graph_item(proto: graph_item_pb2.GraphItem, source: str = "the GraphIt
         if bad:
             _fail(source, f"{where}.partitionable_axes", list(var.partitionable_axes),
                   f"must be axes of its rank-{len(var.shape)} shape")
+        constraint = var.constraint
+        if var.HasField("constraint") and not (constraint.graph_def and constraint.value_tensor
+                                               and constraint.constrained_tensor):
+            _fail(source, f"{where}.constraint", constraint.class_name,
+                  "needs graph_def, value_tensor and constrained_tensor")
+        if var.HasField("constraint") and var.partitionable_axes:
+            _fail(source, f"{where}.partitionable_axes", list(var.partitionable_axes),
+                  "must be empty: its constraint reads the whole variable")
         gradient = var.gradient
         if gradient.dense and (gradient.values or gradient.indices):
             _fail(source, f"{where}.gradient", str(gradient), "is dense or sparse, not both")

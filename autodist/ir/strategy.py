@@ -787,6 +787,12 @@ class _Validator:
                                     f"{p.num_shards} shard(s)", variable=name,
                                     field="partitioner.shard_sizes", received=list(p.shard_sizes))
             return 1
+        if var.HasField("constraint"):
+            raise StrategyError(
+                f"variable {name!r} has a constraint ({var.constraint.class_name}), which "
+                "Keras applies to the whole variable after each update: it cannot be "
+                f"partitioned (partitioner.num_shards {p.num_shards}); keep it in one shard",
+                variable=name, field="partitioner.num_shards", received=p.num_shards)
         rank = len(var.shape)
         if not 0 <= p.axis < rank:
             raise StrategyError(

@@ -27,6 +27,11 @@ looked-up row, so a sparse gradient is clipped per replica before it is
 aggregated (`clip_occurrences`). A learning-rate schedule is evaluated at the
 update's step, the number of updates applied before it, as Keras evaluates
 `schedule(optimizer.iterations)` before incrementing it.
+
+A variable's constraint (`VariableInfo.constraint`, a traced graph) is assigned
+after its update (`apply_constraint`), as Keras' `Optimizer.apply` assigns
+`variable.constraint(variable)` after the step's updates; it is a function of the
+variable alone, so applying it right after that variable's update is the same.
 """
 from __future__ import annotations
 
@@ -154,6 +159,34 @@ def scheduled_learning_rate(schedule: graph_item_pb2.LearningRateSchedule,
         graph_def, input_map={schedule.step_tensor: tf.cast(step, tf.int64)},
         return_elements=[schedule.learning_rate_tensor], name="autodist/learning_rate")
     return rate
+
+
+def apply_constraint(constraint: graph_item_pb2.VariableConstraint, var, update: tf.Operation,
+                     finite: tf.Tensor | None = None) -> tf.Operation:
+    """Keras' `variable.assign(variable.constraint(variable))` once `update` has run.
+
+    Args:
+        constraint: The variable's captured constraint.
+        var: The whole variable (a copy of it, or its storage on a PS), as `apply_update`
+            takes it.
+        update: Its update; the constraint reads the updated value.
+        finite: Under dynamic loss scaling, whether the step's gradients are finite:
+            a skipped step assigns nothing, as Keras then calls no `apply`.
+
+    Returns:
+        The assignment, which runs after `update` (what waits for the update waits
+        for it).
+    """
+    from tensorflow.core.framework import graph_pb2
+
+    graph_def = graph_pb2.GraphDef()
+    graph_def.ParseFromString(constraint.graph_def)
+    target = var if finite is None else loss_scaling.Gated(var, finite)
+    with tf.device(var.device), tf.control_dependencies([update]):
+        [constrained] = tf.import_graph_def(
+            graph_def, input_map={constraint.value_tensor: var.read_value()},
+            return_elements=[constraint.constrained_tensor], name="autodist/constraint")
+        return target.assign(constrained, read_value=False)
 
 
 def uses_weight_decay(info: graph_item_pb2.OptimizerInfo, variable: str) -> bool:

@@ -17,11 +17,12 @@ from typing import ContextManager, Protocol, Sequence
 
 import tensorflow as tf
 
+from autodist.ir.errors import StrategyError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.strategy import Strategy
 from autodist.kernels.loss_scaling import LossScaleState
-from autodist.kernels.optimizers import (ReducedGradient, Slots, apply_update, clip_gradients,
-                                         hyperparameter_tensors)
+from autodist.kernels.optimizers import (ReducedGradient, Slots, apply_constraint, apply_update,
+                                         clip_gradients, hyperparameter_tensors)
 from autodist.kernels.program import Program, Shard, StorageRole
 from autodist.kernels.variables import StorageVariable, VariableSpec, create_variable
 
@@ -70,7 +71,8 @@ class OptimizerUpdates:
     """The optimizer's updates and gradient clipping for one task's step.
 
     The hyper-parameter tensors are built once per dtype and step tensor and
-    shared by every update that uses them.
+    shared by every update that uses them. A constrained variable's update is
+    followed by its constraint (`optimizers.apply_constraint`).
 
     Args:
         graph_item: The captured step (its optimizer).
@@ -87,6 +89,8 @@ class OptimizerUpdates:
         self.update_count = update_count
         self.learning_rate = learning_rate
         self._hyper_cache: dict[tuple[tf.DType, str], dict[str, tf.Tensor]] = {}
+        self._constrained = {v.name: v for v in graph_item.variables
+                             if v.HasField("constraint")}
 
     def apply(self, var, gradient: ReducedGradient, slots: Slots,
               step: tf.Tensor | None = None, finite: tf.Tensor | None = None) -> tf.Operation:
@@ -107,8 +111,20 @@ class OptimizerUpdates:
                 self._hyper_cache[key] = hyperparameter_tensors(
                     self.optimizer, dtype, self.hyperparameters, step,
                     None if self.learning_rate is None else self.learning_rate.read_value())
-        return apply_update(self.optimizer, var, gradient.grad, slots, step, gradient.square,
-                            self._hyper_cache[key], gradient.variable, finite=finite)
+        update = apply_update(self.optimizer, var, gradient.grad, slots, step,
+                              gradient.square, self._hyper_cache[key], gradient.variable,
+                              finite=finite)
+        info = self._constrained.get(gradient.variable)
+        if info is None:
+            return update
+        if var.shape.as_list() != list(info.shape):
+            # Validation keeps constrained variables whole; a shard cannot compute it.
+            raise StrategyError(
+                f"variable {info.name!r} has a constraint ({info.constraint.class_name}), a "
+                f"function of the whole variable, but is updated in shards of shape "
+                f"{var.shape.as_list()}", variable=info.name, field="partitioner",
+                received=var.shape.as_list())
+        return apply_constraint(info.constraint, var, update, finite)
 
     def clip(self, gradients: Sequence[ReducedGradient],
              occurrences: bool = False) -> list[ReducedGradient]:

@@ -180,15 +180,6 @@ def test_sum_reduction_is_refused():
         capture(model)
 
 
-def test_constraint_is_refused():
-    inputs = keras.Input((12,))
-    dense = keras.layers.Dense(2, kernel_constraint=keras.constraints.MaxNorm(1.0))
-    model = keras.Model(inputs, dense(inputs))
-    model.compile(optimizer="sgd", loss="mse")
-    with pytest.raises(CaptureError, match="kernel.* has a constraint \\(MaxNorm\\)"):
-        capture(model)
-
-
 @pytest.mark.parametrize("make_layer", [
     lambda: keras.layers.LSTM(4, stateful=True),
     lambda: keras.layers.GRU(4, stateful=True),

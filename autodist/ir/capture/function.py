@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from autodist.ir.capture.constraints import attach_constraints
 from autodist.ir.capture.keras_specs import spec_of
 from autodist.ir.capture.names import unique_names
 from autodist.ir.capture.optimizer import describe_optimizer
@@ -38,10 +39,13 @@ def capture_function(fn, variables, input_signature, optimizer, name, batch_size
     concrete = tf.function(step, autograph=True).get_concrete_function(*specs)
     names = unique_names([_variable_name(v) for v in variables])
     input_infos = [(s.name or f"input_{i}", "") for i, s in enumerate(specs)]
-    return from_concrete_function(
+    item = from_concrete_function(
         concrete, variables, names, [], [], input_infos,
         describe_optimizer(optimizer, variables, names),
         "function", name or getattr(python_fn, "__name__", "step"), batch_size)
+    # The optimizer applies a variable's `constraint` after its update, as in a model.
+    attach_constraints(item, variables, names)
+    return item
 
 
 def _tf_variable(v, index):

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from autodist.ir.capture.added_losses import (added_loss_terms, classify_added_losses,
                                               scaled_added_losses)
+from autodist.ir.capture.constraints import attach_constraints
 from autodist.ir.capture.example_runs import infer_draw_shapes
 from autodist.ir.capture.keras_loss import check_keras_losses, keras_compute_loss
 from autodist.ir.capture.keras_metrics import (build_keras_metrics, keras_metric_variables,
@@ -47,7 +48,6 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     if not trainable:
         raise CaptureError(f"model {model.name!r} has no trainable variables")
     check_keras_losses(model)
-    _check_keras_constraints(model, trainable)
     _check_optimizer_built_for(model, trainable)
 
     build_keras_metrics(model, x_spec, y_spec)
@@ -98,6 +98,8 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
         "keras", name or model.name, batch_size,
         metric_names=unique_names([v.path for v in metric_variables]),
         tables=_keras_lookup_tables(model))
+    # Keras applies them after each update: traced here, applied by every task.
+    attach_constraints(item, trainable, names)
     infer_draw_shapes(item, model)
     classify_added_losses(item, model)
     # Keras resolves jit_compile="auto" when compiling: True where XLA serves the model.
@@ -190,16 +192,6 @@ def _check_keras_stateful_layers(model) -> None:
             "next batch on one device, which replicas splitting the batch cannot reproduce. "
             "Use stateful=False (each batch starts from zero states, or pass initial_state), "
             "or train this model with Keras' fit on a single device")
-
-
-def _check_keras_constraints(model, trainable) -> None:
-    for v in trainable:
-        constraint = getattr(v, "constraint", None)
-        if constraint is not None:
-            raise CaptureError(
-                f"variable {v.path!r} of model {model.name!r} has a constraint "
-                f"({type(constraint).__name__}), which Keras applies after each update; the "
-                "distributed runtime does not apply constraints: remove it")
 
 
 def _keras_lookup_tables(model) -> list[tuple[str, Any]]:
