@@ -38,7 +38,7 @@ def weight_sums(graph_def, weights: Iterable[str]) -> list[graph_item_pb2.LossRe
         weights: The step's sample-weight inputs (node names).
     """
     nodes = {n.name: n for n in graph_def.node}
-    reads = _readers_of(graph_def, set(weights))
+    reads = readers_of(graph_def, set(weights))
     out = []
     for node in graph_def.node:
         if node.op != "DivNoNan" or not _COMPILE_LOSS.match(node.name):
@@ -56,7 +56,7 @@ def weight_sums(graph_def, weights: Iterable[str]) -> list[graph_item_pb2.LossRe
     return out
 
 
-def _readers_of(graph_def, sources: set[str]) -> set[str]:
+def readers_of(graph_def, sources: set[str]) -> set[str]:
     """The nodes that read any of `sources`, directly or through other nodes."""
     consumers: dict[str, list[str]] = {}
     for node in graph_def.node:

@@ -88,9 +88,11 @@ def record_loss_reductions(item: GraphItem, model, y_spec) -> None:
     graph_def = item.graph_def()
     names = {node.name for node in graph_def.node}
     found = []
+    # The scale must reach the loss: a loss class ignoring its weights reduces otherwise.
     for i, (loss, reduction) in enumerate(zip(losses, reductions)):
         scale = f"{loss_reductions.SUM_SCALE}_{i}"
-        if reduction == "sum" and scale in names:
+        if reduction == "sum" and scale in names and \
+                op_name(item.loss_tensor) in loss_reductions.readers_of(graph_def, {scale}):
             found.append(graph_item_pb2.LossReductionInfo(loss=_loss_name(loss),
                                                           reduction="sum", node=scale))
         elif reduction == "sum":
