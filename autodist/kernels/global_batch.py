@@ -55,8 +55,9 @@ def synced_batch_norms(graph_item: GraphItem, strategy: Strategy) -> list:
 def loss_divisors(graph_item: GraphItem) -> list[str]:
     """The losses' divisors that are sums over the batch (nodes): masked losses' counts
     of unmasked values, `mean_with_sample_weight` losses' sums of sample weights."""
-    return [m.count for m in graph_item.loss_masks] + \
+    names = [m.count for m in graph_item.loss_masks] + \
         [r.node for r in graph_item.loss_reductions if r.reduction == "mean_with_sample_weight"]
+    return list(dict.fromkeys(names))   # each rewritten once
 
 
 def synced_loss_divisors(graph_item: GraphItem, strategy: Strategy) -> list[str]:
