@@ -6,8 +6,9 @@ half of a batch with uneven sample weights; their losses and gradients weighted
 by their shares of the batch add up to Keras' own on the whole batch (the sum
 counted in full on each, the weights' sum summed over the replicas). With
 virtual nodes a sum is still one device's; a mean over the weights is each
-virtual node's own, said by a `ParityWarning`. Training on real clusters:
-`tests/runtime/test_loss_reductions_cluster.py`.
+virtual node's own, said by a `ParityWarning`. The whole step (all-reduce and
+SGD updates) trains as Keras' `train_on_batch` in this process too. Training on
+real clusters: `tests/runtime/test_loss_reductions_cluster.py`.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import tensorflow as tf
 import keras
 import autodist
 from autodist.ir.capture import capture
-from autodist.kernels import global_batch, partitioner, replicator
+from autodist.kernels import global_batch, partitioner, replicator, synchronizer
 from autodist.kernels.program import Program
 from autodist.runtime import keras_parity
 from autodist.search import builders
@@ -169,3 +170,59 @@ def test_mean_is_a_mean_over_the_batch_and_needs_nothing():
     got = _step(item, spec, builders.AllReduce().build(item, spec), data)
     for name, value in want.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_two_replicas_train_as_keras_train_on_batch():
+    """The whole step (replicas, sums, all-reduce, SGD updates) in this process: three
+    steps of batches of 12 (the halves' weights uneven) reach Keras' weights and losses."""
+    model, reference = _model(), _model()
+    item = capture(model)
+    spec = autodist.ResourceSpec.local(workers=1, cpu_replicas_per_worker=2)
+    strategy = builders.AllReduce().build(item, spec)
+    program = Program(item, spec, ("worker", 0))
+    partitioner.apply(program, strategy)
+    replicator.apply(program, strategy)
+    synchronizer.apply(program, strategy, synchronizer.SyncOptions(
+        is_chief=True, worker_tasks=1, task_index=0, timeout_s=10.0))
+    values = {v.name: w.numpy() for v, w in zip(item.variables, model.trainable_variables)}
+    with program.graph.as_default():
+        init = [v.initializer for v in program.storage.values()] + \
+            [program.outputs.step.initializer]
+        assigns = [var.assign(values[role.shard]) for name, var in program.storage.items()
+                   if (role := program.roles.get(name)) is not None and role.kind == "variable"]
+        reads = {role.shard: var.read_value().name for name, var in program.storage.items()
+                 if (role := program.roles.get(name)) is not None and role.kind == "variable"}
+    graph_def = program.graph.as_graph_def()
+    for node in graph_def.node:
+        node.device = node.device.replace("/job:worker/replica:0/task:0", "") \
+            .replace("/job:worker/task:0", "")
+    local = tf.Graph()
+    with local.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    batches = [_data() for _ in range(3)]
+    for step, data in enumerate(batches):
+        data["features"] += step
+    halves = np.array_split(np.arange(N), 2)
+    losses = []
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
+    with tf.compat.v1.Session(graph=local, config=config) as session:
+        session.run([op.name for op in init])
+        session.run([a.name for a in assigns])
+        for data in batches:
+            feed = {}
+            for replica, rows in zip(program.replicas, halves):
+                feed.update({replica.inputs[k].name: v[rows] for k, v in data.items()})
+                feed[program.outputs.scales[replica.index].name] = len(rows) / N
+                if replica.all_sizes is not None:
+                    feed[replica.all_sizes.name] = [len(h) for h in halves]
+            losses.append(session.run([program.outputs.weighted_loss.name,
+                                       program.outputs.train_op.name], feed)[0])
+        got = session.run(reads)
+    for data, loss in zip(batches, losses):
+        want = reference.train_on_batch(
+            data["features"], [data["y/reg"], data["y/cls"]],
+            sample_weight=[data["sample_weight/reg"], data["sample_weight/cls"]])
+        assert loss == pytest.approx(float(np.ravel(want)[0]), rel=1e-5)
+    for info, variable in zip(item.variables, reference.trainable_variables):
+        np.testing.assert_allclose(got[info.name], variable.numpy(), rtol=0, atol=2e-5,
+                                   err_msg=info.name)
