@@ -148,6 +148,11 @@ class GraphItem:
         return list(self._proto.loss_masks)
 
     @property
+    def loss_reductions(self) -> list[graph_item_pb2.LossReductionInfo]:
+        """The compiled losses reduced by a sum, or by a mean over the sample weights."""
+        return list(self._proto.loss_reductions)
+
+    @property
     def jit_compile(self) -> bool:
         """Whether the model's step is compiled with XLA (Keras' `jit_compile`)."""
         return self._proto.jit_compile

@@ -7,7 +7,7 @@ naming the field and the value received: unique names, known dtypes, shapes
 of non-negative dimensions whose sizes fit in memory arithmetic, byte sizes
 that agree with them, axes within the rank, a gradient that is dense or
 sparse (values and indices), finite non-negative op estimates, finite
-hyper-parameters and a positive estimate batch. It does not parse the
+hyper-parameters, a positive estimate batch and known loss reductions. It does not parse the
 GraphDef (that needs TensorFlow): the kernels name a missing node when they
 import it.
 """
@@ -88,6 +88,12 @@ def check_graph_item(proto: graph_item_pb2.GraphItem, source: str = "the GraphIt
         where = f"state_variables[{i}] ({short_repr(state.name, 80)})"
         _check_dtype(source, f"{where}.dtype", state.dtype)
         _check_shape(source, f"{where}.shape", state.shape)
+    for i, reduction in enumerate(proto.loss_reductions):
+        # The kernels rewrite these two kinds; another would train as a mean, silently.
+        if reduction.reduction not in ("sum", "mean_with_sample_weight") or \
+                not reduction.node:
+            _fail(source, f"loss_reductions[{i}]", (reduction.reduction, reduction.node),
+                  "needs reduction 'sum' or 'mean_with_sample_weight' and its node")
     for key, value in proto.optimizer.hyperparameters.items():
         if not math.isfinite(value):
             _fail(source, f"optimizer.hyperparameters[{short_repr(key, 40)}]", value,

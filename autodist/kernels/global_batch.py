@@ -6,10 +6,12 @@ replica imports is rewritten first:
 
 * random draws spanning the batch are drawn for the global batch and sliced
   (`random_draws`; any number of virtual nodes);
-* loss terms a layer adds (`add_loss`) that sum over examples count in full
-  on every virtual node (the loss is weighted by its share of the batch);
-* batch statistics and their gradients (`batch_norm`) and a masked loss's
-  count of unmasked values (`loss_masks`) are summed over the replicas of the
+* loss terms a layer adds (`add_loss`) that sum over examples, and compiled
+  losses reduced by a sum (`reduction="sum"`), count in full on every virtual
+  node (the loss is weighted by its share of the batch);
+* batch statistics and their gradients (`batch_norm`), a masked loss's
+  count of unmasked values and a `reduction="mean_with_sample_weight"` loss's
+  sum of sample weights (`loss_masks`) are summed over the replicas of the
   step (`replica_sums`) where the strategy has no virtual nodes of its own
   (`sums_batch_quantities`; virtual nodes of one replica run one after another
   and cannot share a sum, and a strategy with virtual nodes keeps each one's
@@ -50,15 +52,23 @@ def synced_batch_norms(graph_item: GraphItem, strategy: Strategy) -> list:
     return batch_norm.syncable(graph_item) if sums_batch_quantities(strategy) else []
 
 
-def synced_loss_masks(graph_item: GraphItem, strategy: Strategy) -> list:
-    """The masked losses whose counts the step sums over replicas."""
-    return list(graph_item.loss_masks) if sums_batch_quantities(strategy) else []
+def loss_divisors(graph_item: GraphItem) -> list[str]:
+    """The losses' divisors that are sums over the batch (nodes): masked losses' counts
+    of unmasked values, `mean_with_sample_weight` losses' sums of sample weights."""
+    names = [m.count for m in graph_item.loss_masks] + \
+        [r.node for r in graph_item.loss_reductions if r.reduction == "mean_with_sample_weight"]
+    return list(dict.fromkeys(names))   # each rewritten once
+
+
+def synced_loss_divisors(graph_item: GraphItem, strategy: Strategy) -> list[str]:
+    """The losses' divisors the step sums over replicas (`loss_divisors`)."""
+    return loss_divisors(graph_item) if sums_batch_quantities(strategy) else []
 
 
 def sums_over_replicas(graph_item: GraphItem, strategy: Strategy) -> bool:
     """Whether the step itself has collectives (besides the gradients')."""
     return bool(synced_batch_norms(graph_item, strategy) or
-                synced_loss_masks(graph_item, strategy))
+                synced_loss_divisors(graph_item, strategy))
 
 
 def rewrite(graph_def, graph_item: GraphItem, strategy: Strategy, *, version: int,
@@ -67,8 +77,9 @@ def rewrite(graph_def, graph_item: GraphItem, strategy: Strategy, *, version: in
     itself when none applies); it then reads `batch_share`'s inputs."""
     out = random_draws.for_global_batch(graph_def, graph_item.random_ops)
     norms = synced_batch_norms(graph_item, strategy)
-    masks = synced_loss_masks(graph_item, strategy)
-    sums = [t for t in graph_item.added_losses if t.kind == "sum"]
+    masks = synced_loss_divisors(graph_item, strategy)
+    sums = [t.scale for t in graph_item.added_losses if t.kind == "sum"] + \
+        [r.node for r in graph_item.loss_reductions if r.reduction == "sum"]
     if not (norms or masks or sums):
         return out
     if out is graph_def:
@@ -85,18 +96,19 @@ def rewrite(graph_def, graph_item: GraphItem, strategy: Strategy, *, version: in
     return out
 
 
-def _count_in_full(graph_def, terms) -> None:
-    """Feeds each added loss term that sums over examples the global batch's examples over
-    the virtual node's as its scale (`AddedLossInfo.scale`): after the loss's weighting by
-    its share of the batch, each virtual node's term (and its gradient) counts in full,
+def _count_in_full(graph_def, scales: list[str]) -> None:
+    """Feeds the scale of each sum over examples (an added loss term's,
+    `AddedLossInfo.scale`; a compiled loss's reduced by a sum, `LossReductionInfo.node`)
+    the global batch's examples over the virtual node's: after the loss's weighting by
+    its share of the batch, each virtual node's sum (and its gradient) counts in full,
     and they add up to one device's."""
     nodes = {node.name: node for node in graph_def.node}
-    for i, term in enumerate(terms):
-        scale = nodes[term.scale]
+    for i, name in enumerate(scales):
+        scale = nodes[name]
         dtype = tf.as_dtype(scale.attr["dtype"].type)
         prefix = f"autodist_added_loss_{i}"
         share = batch_share.global_share(graph_def, prefix, dtype)
         graph_edit.const(graph_def, f"{prefix}/one", 1.0, dtype)
         graph_edit.add(graph_def, f"{prefix}/inverse", "RealDiv", [f"{prefix}/one", share],
                        T=dtype)
-        graph_edit.redirect_tensor(graph_def, term.scale, f"{prefix}/inverse")
+        graph_edit.redirect_tensor(graph_def, name, f"{prefix}/inverse")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10graph_item.proto\x12\x08\x61utodist\"\xec\x04\n\tGraphItem\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x11\n\tgraph_def\x18\x02 \x01(\x0c\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12$\n\x06inputs\x18\x05 \x03(\x0b\x32\x14.autodist.TensorInfo\x12\x13\n\x0bloss_tensor\x18\x06 \x01(\t\x12)\n\tvariables\x18\x07 \x03(\x0b\x32\x16.autodist.VariableInfo\x12,\n\x0fstate_variables\x18\x08 \x03(\x0b\x32\x13.autodist.StateInfo\x12*\n\toptimizer\x18\t \x01(\x0b\x32\x17.autodist.OptimizerInfo\x12\x1d\n\x03ops\x18\n \x03(\x0b\x32\x10.autodist.OpInfo\x12\x1b\n\x13\x65stimate_batch_size\x18\x0b \x01(\x03\x12+\n\rmetric_states\x18\x0c \x03(\x0b\x32\x14.autodist.TensorInfo\x12*\n\nrandom_ops\x18\r \x03(\x0b\x32\x16.autodist.RandomOpInfo\x12,\n\x0b\x62\x61tch_norms\x18\x0e \x03(\x0b\x32\x17.autodist.BatchNormInfo\x12#\n\x06tables\x18\x0f \x03(\x0b\x32\x13.autodist.TableInfo\x12*\n\nloss_masks\x18\x10 \x03(\x0b\x32\x16.autodist.LossMaskInfo\x12\x13\n\x0bjit_compile\x18\x11 \x01(\x08\x12-\n\x0c\x61\x64\x64\x65\x64_losses\x18\x12 \x03(\x0b\x32\x17.autodist.AddedLossInfo\"K\n\rAddedLossInfo\x12\x0e\n\x06tensor\x18\x01 \x01(\t\x12\r\n\x05layer\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\r\n\x05scale\x18\x04 \x01(\t\"+\n\x0cLossMaskInfo\x12\r\n\x05\x63ount\x18\x01 \x01(\t\x12\x0c\n\x04loss\x18\x02 \x01(\t\"\x8c\x01\n\tTableInfo\x12\x13\n\x0bplaceholder\x18\x01 \x01(\t\x12\x11\n\tkey_dtype\x18\x02 \x01(\t\x12\x13\n\x0bvalue_dtype\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x01(\x0c\x12\x0e\n\x06values\x18\x05 \x01(\x0c\x12\x15\n\rdefault_value\x18\x06 \x01(\x0c\x12\r\n\x05layer\x18\x07 \x01(\t\"\xc4\x01\n\rBatchNormInfo\x12\r\n\x05layer\x18\x01 \x01(\t\x12\x0c\n\x04mean\x18\x02 \x01(\t\x12\x10\n\x08variance\x18\x03 \x01(\t\x12\x15\n\rmean_gradient\x18\x04 \x01(\t\x12\x15\n\rmean_upstream\x18\x05 \x01(\t\x12\x19\n\x11variance_gradient\x18\x06 \x01(\t\x12\x19\n\x11variance_upstream\x18\x07 \x01(\t\x12\x10\n\x08syncable\x18\x08 \x01(\x08\x12\x0e\n\x06reason\x18\t \x01(\t\"\x88\x01\n\x0cRandomOpInfo\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x13\n\x0bshape_input\x18\x02 \x01(\x05\x12\x12\n\nbatch_axis\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\r\n\x05layer\x18\x05 \x01(\t\x12\x14\n\x0creproducible\x18\x06 \x01(\x08\x12\x0e\n\x06reason\x18\x07 \x01(\t\"V\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06tensor\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0c\n\x04role\x18\x05 \x01(\t\"h\n\x0cGradientInfo\x12\r\n\x05\x64\x65nse\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x01(\t\x12\x0f\n\x07indices\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65nse_shape\x18\x04 \x01(\t\x12\x13\n\x0b\x66loat16_sum\x18\x05 \x01(\x08\"\x9a\x02\n\x0cVariableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bhandle_node\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x11\n\tbyte_size\x18\x05 \x01(\x03\x12\x17\n\x0fsparse_gradient\x18\x06 \x01(\x08\x12\x1a\n\x12partitionable_axes\x18\x07 \x03(\x05\x12\r\n\x05slots\x18\x08 \x03(\t\x12(\n\x08gradient\x18\t \x01(\x0b\x32\x16.autodist.GradientInfo\x12\x16\n\x0egradient_order\x18\n \x01(\x03\x12\x30\n\nconstraint\x18\x0b \x01(\x0b\x32\x1c.autodist.VariableConstraint\"m\n\x12VariableConstraint\x12\x12\n\nclass_name\x18\x01 \x01(\t\x12\x11\n\tgraph_def\x18\x02 \x01(\x0c\x12\x14\n\x0cvalue_tensor\x18\x03 \x01(\t\x12\x1a\n\x12\x63onstrained_tensor\x18\x04 \x01(\t\"s\n\tStateInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bhandle_node\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x11\n\tbyte_size\x18\x05 \x01(\x03\x12\x12\n\nupdate_ops\x18\x06 \x03(\t\"\xe2\x02\n\rOptimizerInfo\x12\x11\n\talgorithm\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x12\n\nclass_name\x18\x03 \x01(\t\x12\x45\n\x0fhyperparameters\x18\x04 \x03(\x0b\x32,.autodist.OptimizerInfo.HyperparametersEntry\x12\x13\n\x0b\x63onfig_json\x18\x05 \x01(\t\x12>\n\x16learning_rate_schedule\x18\x06 \x01(\x0b\x32\x1e.autodist.LearningRateSchedule\x12\x1d\n\x15weight_decay_excluded\x18\x07 \x03(\t\x12\'\n\nloss_scale\x18\x08 \x01(\x0b\x32\x13.autodist.LossScale\x1a\x36\n\x14HyperparametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"@\n\tLossScale\x12\x15\n\rinitial_scale\x18\x01 \x01(\x01\x12\x1c\n\x14\x64ynamic_growth_steps\x18\x02 \x01(\x03\"\x85\x01\n\x14LearningRateSchedule\x12\x12\n\nclass_name\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x11\n\tgraph_def\x18\x03 \x01(\x0c\x12\x13\n\x0bstep_tensor\x18\x04 \x01(\t\x12\x1c\n\x14learning_rate_tensor\x18\x05 \x01(\t\"X\n\x06OpInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\r\n\x05\x66lops\x18\x04 \x01(\x01\x12\x14\n\x0coutput_bytes\x18\x05 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10graph_item.proto\x12\x08\x61utodist\"\xa2\x05\n\tGraphItem\x12\x16\n\x0eschema_version\x18\x01 \x01(\r\x12\x11\n\tgraph_def\x18\x02 \x01(\x0c\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12$\n\x06inputs\x18\x05 \x03(\x0b\x32\x14.autodist.TensorInfo\x12\x13\n\x0bloss_tensor\x18\x06 \x01(\t\x12)\n\tvariables\x18\x07 \x03(\x0b\x32\x16.autodist.VariableInfo\x12,\n\x0fstate_variables\x18\x08 \x03(\x0b\x32\x13.autodist.StateInfo\x12*\n\toptimizer\x18\t \x01(\x0b\x32\x17.autodist.OptimizerInfo\x12\x1d\n\x03ops\x18\n \x03(\x0b\x32\x10.autodist.OpInfo\x12\x1b\n\x13\x65stimate_batch_size\x18\x0b \x01(\x03\x12+\n\rmetric_states\x18\x0c \x03(\x0b\x32\x14.autodist.TensorInfo\x12*\n\nrandom_ops\x18\r \x03(\x0b\x32\x16.autodist.RandomOpInfo\x12,\n\x0b\x62\x61tch_norms\x18\x0e \x03(\x0b\x32\x17.autodist.BatchNormInfo\x12#\n\x06tables\x18\x0f \x03(\x0b\x32\x13.autodist.TableInfo\x12*\n\nloss_masks\x18\x10 \x03(\x0b\x32\x16.autodist.LossMaskInfo\x12\x13\n\x0bjit_compile\x18\x11 \x01(\x08\x12-\n\x0c\x61\x64\x64\x65\x64_losses\x18\x12 \x03(\x0b\x32\x17.autodist.AddedLossInfo\x12\x34\n\x0floss_reductions\x18\x13 \x03(\x0b\x32\x1b.autodist.LossReductionInfo\"B\n\x11LossReductionInfo\x12\x0c\n\x04loss\x18\x01 \x01(\t\x12\x11\n\treduction\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\"K\n\rAddedLossInfo\x12\x0e\n\x06tensor\x18\x01 \x01(\t\x12\r\n\x05layer\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\r\n\x05scale\x18\x04 \x01(\t\"+\n\x0cLossMaskInfo\x12\r\n\x05\x63ount\x18\x01 \x01(\t\x12\x0c\n\x04loss\x18\x02 \x01(\t\"\x8c\x01\n\tTableInfo\x12\x13\n\x0bplaceholder\x18\x01 \x01(\t\x12\x11\n\tkey_dtype\x18\x02 \x01(\t\x12\x13\n\x0bvalue_dtype\x18\x03 \x01(\t\x12\x0c\n\x04keys\x18\x04 \x01(\x0c\x12\x0e\n\x06values\x18\x05 \x01(\x0c\x12\x15\n\rdefault_value\x18\x06 \x01(\x0c\x12\r\n\x05layer\x18\x07 \x01(\t\"\xc4\x01\n\rBatchNormInfo\x12\r\n\x05layer\x18\x01 \x01(\t\x12\x0c\n\x04mean\x18\x02 \x01(\t\x12\x10\n\x08variance\x18\x03 \x01(\t\x12\x15\n\rmean_gradient\x18\x04 \x01(\t\x12\x15\n\rmean_upstream\x18\x05 \x01(\t\x12\x19\n\x11variance_gradient\x18\x06 \x01(\t\x12\x19\n\x11variance_upstream\x18\x07 \x01(\t\x12\x10\n\x08syncable\x18\x08 \x01(\x08\x12\x0e\n\x06reason\x18\t \x01(\t\"\x88\x01\n\x0cRandomOpInfo\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x13\n\x0bshape_input\x18\x02 \x01(\x05\x12\x12\n\nbatch_axis\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\r\n\x05layer\x18\x05 \x01(\t\x12\x14\n\x0creproducible\x18\x06 \x01(\x08\x12\x0e\n\x06reason\x18\x07 \x01(\t\"V\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06tensor\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x0c\n\x04role\x18\x05 \x01(\t\"h\n\x0cGradientInfo\x12\r\n\x05\x64\x65nse\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x01(\t\x12\x0f\n\x07indices\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65nse_shape\x18\x04 \x01(\t\x12\x13\n\x0b\x66loat16_sum\x18\x05 \x01(\x08\"\x9a\x02\n\x0cVariableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bhandle_node\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x11\n\tbyte_size\x18\x05 \x01(\x03\x12\x17\n\x0fsparse_gradient\x18\x06 \x01(\x08\x12\x1a\n\x12partitionable_axes\x18\x07 \x03(\x05\x12\r\n\x05slots\x18\x08 \x03(\t\x12(\n\x08gradient\x18\t \x01(\x0b\x32\x16.autodist.GradientInfo\x12\x16\n\x0egradient_order\x18\n \x01(\x03\x12\x30\n\nconstraint\x18\x0b \x01(\x0b\x32\x1c.autodist.VariableConstraint\"m\n\x12VariableConstraint\x12\x12\n\nclass_name\x18\x01 \x01(\t\x12\x11\n\tgraph_def\x18\x02 \x01(\x0c\x12\x14\n\x0cvalue_tensor\x18\x03 \x01(\t\x12\x1a\n\x12\x63onstrained_tensor\x18\x04 \x01(\t\"s\n\tStateInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bhandle_node\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\r\n\x05shape\x18\x04 \x03(\x03\x12\x11\n\tbyte_size\x18\x05 \x01(\x03\x12\x12\n\nupdate_ops\x18\x06 \x03(\t\"\xe2\x02\n\rOptimizerInfo\x12\x11\n\talgorithm\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x12\n\nclass_name\x18\x03 \x01(\t\x12\x45\n\x0fhyperparameters\x18\x04 \x03(\x0b\x32,.autodist.OptimizerInfo.HyperparametersEntry\x12\x13\n\x0b\x63onfig_json\x18\x05 \x01(\t\x12>\n\x16learning_rate_schedule\x18\x06 \x01(\x0b\x32\x1e.autodist.LearningRateSchedule\x12\x1d\n\x15weight_decay_excluded\x18\x07 \x03(\t\x12\'\n\nloss_scale\x18\x08 \x01(\x0b\x32\x13.autodist.LossScale\x1a\x36\n\x14HyperparametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"@\n\tLossScale\x12\x15\n\rinitial_scale\x18\x01 \x01(\x01\x12\x1c\n\x14\x64ynamic_growth_steps\x18\x02 \x01(\x03\"\x85\x01\n\x14LearningRateSchedule\x12\x12\n\nclass_name\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x11\n\tgraph_def\x18\x03 \x01(\x0c\x12\x13\n\x0bstep_tensor\x18\x04 \x01(\t\x12\x1c\n\x14learning_rate_tensor\x18\x05 \x01(\t\"X\n\x06OpInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\r\n\x05\x66lops\x18\x04 \x01(\x01\x12\x14\n\x0coutput_bytes\x18\x05 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,35 +34,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPTIMIZERINFO_HYPERPARAMETERSENTRY']._loaded_options = None
   _globals['_OPTIMIZERINFO_HYPERPARAMETERSENTRY']._serialized_options = b'8\001'
   _globals['_GRAPHITEM']._serialized_start=31
-  _globals['_GRAPHITEM']._serialized_end=651
-  _globals['_ADDEDLOSSINFO']._serialized_start=653
-  _globals['_ADDEDLOSSINFO']._serialized_end=728
-  _globals['_LOSSMASKINFO']._serialized_start=730
-  _globals['_LOSSMASKINFO']._serialized_end=773
-  _globals['_TABLEINFO']._serialized_start=776
-  _globals['_TABLEINFO']._serialized_end=916
-  _globals['_BATCHNORMINFO']._serialized_start=919
-  _globals['_BATCHNORMINFO']._serialized_end=1115
-  _globals['_RANDOMOPINFO']._serialized_start=1118
-  _globals['_RANDOMOPINFO']._serialized_end=1254
-  _globals['_TENSORINFO']._serialized_start=1256
-  _globals['_TENSORINFO']._serialized_end=1342
-  _globals['_GRADIENTINFO']._serialized_start=1344
-  _globals['_GRADIENTINFO']._serialized_end=1448
-  _globals['_VARIABLEINFO']._serialized_start=1451
-  _globals['_VARIABLEINFO']._serialized_end=1733
-  _globals['_VARIABLECONSTRAINT']._serialized_start=1735
-  _globals['_VARIABLECONSTRAINT']._serialized_end=1844
-  _globals['_STATEINFO']._serialized_start=1846
-  _globals['_STATEINFO']._serialized_end=1961
-  _globals['_OPTIMIZERINFO']._serialized_start=1964
-  _globals['_OPTIMIZERINFO']._serialized_end=2318
-  _globals['_OPTIMIZERINFO_HYPERPARAMETERSENTRY']._serialized_start=2264
-  _globals['_OPTIMIZERINFO_HYPERPARAMETERSENTRY']._serialized_end=2318
-  _globals['_LOSSSCALE']._serialized_start=2320
-  _globals['_LOSSSCALE']._serialized_end=2384
-  _globals['_LEARNINGRATESCHEDULE']._serialized_start=2387
-  _globals['_LEARNINGRATESCHEDULE']._serialized_end=2520
-  _globals['_OPINFO']._serialized_start=2522
-  _globals['_OPINFO']._serialized_end=2610
+  _globals['_GRAPHITEM']._serialized_end=705
+  _globals['_LOSSREDUCTIONINFO']._serialized_start=707
+  _globals['_LOSSREDUCTIONINFO']._serialized_end=773
+  _globals['_ADDEDLOSSINFO']._serialized_start=775
+  _globals['_ADDEDLOSSINFO']._serialized_end=850
+  _globals['_LOSSMASKINFO']._serialized_start=852
+  _globals['_LOSSMASKINFO']._serialized_end=895
+  _globals['_TABLEINFO']._serialized_start=898
+  _globals['_TABLEINFO']._serialized_end=1038
+  _globals['_BATCHNORMINFO']._serialized_start=1041
+  _globals['_BATCHNORMINFO']._serialized_end=1237
+  _globals['_RANDOMOPINFO']._serialized_start=1240
+  _globals['_RANDOMOPINFO']._serialized_end=1376
+  _globals['_TENSORINFO']._serialized_start=1378
+  _globals['_TENSORINFO']._serialized_end=1464
+  _globals['_GRADIENTINFO']._serialized_start=1466
+  _globals['_GRADIENTINFO']._serialized_end=1570
+  _globals['_VARIABLEINFO']._serialized_start=1573
+  _globals['_VARIABLEINFO']._serialized_end=1855
+  _globals['_VARIABLECONSTRAINT']._serialized_start=1857
+  _globals['_VARIABLECONSTRAINT']._serialized_end=1966
+  _globals['_STATEINFO']._serialized_start=1968
+  _globals['_STATEINFO']._serialized_end=2083
+  _globals['_OPTIMIZERINFO']._serialized_start=2086
+  _globals['_OPTIMIZERINFO']._serialized_end=2440
+  _globals['_OPTIMIZERINFO_HYPERPARAMETERSENTRY']._serialized_start=2386
+  _globals['_OPTIMIZERINFO_HYPERPARAMETERSENTRY']._serialized_end=2440
+  _globals['_LOSSSCALE']._serialized_start=2442
+  _globals['_LOSSSCALE']._serialized_end=2506
+  _globals['_LEARNINGRATESCHEDULE']._serialized_start=2509
+  _globals['_LEARNINGRATESCHEDULE']._serialized_end=2642
+  _globals['_OPINFO']._serialized_start=2644
+  _globals['_OPINFO']._serialized_end=2732
 # @@protoc_insertion_point(module_scope)

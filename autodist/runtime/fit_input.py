@@ -392,9 +392,10 @@ def _check_steps_per_execution(dataset: Any, options: FitOptions,
 
 
 def check_weighted(weights: np.ndarray | None, context: InputContext) -> None:
-    """Sample weights need a step that takes them, and losses that average over the
-    batch (a replica's loss weighted by its share of the batch reproduces a mean
-    over the batch, not one over the weights' sum).
+    """Sample weights need a step that takes them; a loss dividing by their sum
+    (`reduction="mean_with_sample_weight"`) needs a capture that found that sum
+    (`GraphItem.loss_reductions`, which the run sums over replicas) unless the
+    weights are all equal (then every replica's mean is the batch's).
 
     Args:
         weights: The per-example weights, or None when not known before the
@@ -406,6 +407,8 @@ def check_weighted(weights: np.ndarray | None, context: InputContext) -> None:
         raise AutodistError(f"the capture of {graph_item.name!r} takes no sample "
                             "weights (a function or v1 graph, or an old capture): capture "
                             "the Keras model again")
+    if any(r.reduction == "mean_with_sample_weight" for r in graph_item.loss_reductions):
+        return
     losses = getattr(context.model, "loss", None)
     losses = list(losses.values()) if isinstance(losses, dict) else \
         list(losses) if isinstance(losses, (list, tuple)) else [losses]
@@ -414,10 +417,9 @@ def check_weighted(weights: np.ndarray | None, context: InputContext) -> None:
                 weights is None or not np.all(weights == weights[0])):
             raise AutodistError(
                 f"loss {getattr(loss, 'name', type(loss).__name__)!r} divides by the sum "
-                "of the sample weights (reduction='mean_with_sample_weight'), which a "
-                "data-parallel step does not reproduce with uneven weights (a dataset's "
-                "weights are not known before the run); use the default reduction "
-                "'sum_over_batch_size'")
+                "of the sample weights (reduction='mean_with_sample_weight'), but the "
+                f"capture of {graph_item.name!r} does not show that sum (made by an "
+                "earlier version): capture the model again")
 
 
 def check_batches(sizes: list[int], n: int, batch_size: int, strategy: Strategy) -> None:

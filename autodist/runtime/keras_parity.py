@@ -91,21 +91,31 @@ def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
 
 
 def _loss_masks(graph_item: GraphItem, strategy: Strategy) -> None:
-    """A masked loss divides by the batch's count of unmasked values: summed over
+    """A loss dividing by a sum over the batch (a masked loss's count of unmasked
+    values, a `mean_with_sample_weight` loss's sum of sample weights): summed over
     replicas where each runs one virtual node, else each virtual node's own."""
     from autodist.kernels import global_batch
 
-    if not graph_item.loss_masks or strategy.num_virtual_nodes <= 1 or \
-            global_batch.sums_batch_quantities(strategy):
+    if strategy.num_virtual_nodes <= 1 or global_batch.sums_batch_quantities(strategy):
         return
-    losses = sorted({m.loss for m in graph_item.loss_masks})
-    warnings.warn(
-        f"loss(es) {losses} of an output carrying a Keras mask divide by the count of "
-        f"unmasked values in the batch; with the strategy's {strategy.num_virtual_nodes} "
-        "virtual nodes each divides by its own count (the same on any hardware), so the run "
-        "differs from Keras fit when the counts differ. A strategy without virtual nodes, "
-        "or with_batch_norm('sync') with one virtual node per replica, gives Keras' numbers",
-        ParityWarning, stacklevel=3)
+    masked = sorted({m.loss for m in graph_item.loss_masks})
+    # The train step's losses (the per-output trackers' copies aside).
+    weighted = sorted({r.loss for r in graph_item.loss_reductions
+                       if r.reduction == "mean_with_sample_weight" and
+                       r.loss.startswith("compile_loss/")})
+    for losses, what, own in (
+            (masked, "of an output carrying a Keras mask divide by the count of unmasked "
+                     "values in the batch", "count"),
+            (weighted, "divide by the batch's sum of sample weights "
+                       "(reduction='mean_with_sample_weight')", "sum")):
+        if not losses:
+            continue
+        warnings.warn(
+            f"loss(es) {losses} {what}; with the strategy's {strategy.num_virtual_nodes} "
+            f"virtual nodes each divides by its own {own} (the same on any hardware), so "
+            "the run differs from Keras fit when they differ. A strategy without "
+            "virtual nodes, or with_batch_norm('sync') with one virtual node per replica, "
+            "gives Keras' numbers", ParityWarning, stacklevel=3)
 
 
 def _added_losses(graph_item: GraphItem, strategy: Strategy) -> None:

@@ -399,6 +399,8 @@ def test_a_graph_item_read_from_bytes_is_checked_field_by_field(mlp_item, tmp_pa
         (lambda p: setattr(p, "schema_version", 99), "newer than 1"),
         (lambda p: p.optimizer.hyperparameters.__setitem__("learning_rate", float("inf")),
          r"hyperparameters\['learning_rate'\] must be finite"),
+        (lambda p: p.loss_reductions.add(reduction="max", node="Sum"),
+         r"loss_reductions\[0\] needs reduction 'sum' or 'mean_with_sample_weight'"),
     ]
     for edit, message in cases:
         proto = type(mlp_item.proto)()

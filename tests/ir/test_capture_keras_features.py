@@ -172,11 +172,49 @@ def test_custom_train_step_is_refused():
         capture(model)
 
 
-def test_sum_reduction_is_refused():
+@pytest.mark.parametrize("reduction", [None, "none"])
+def test_unreduced_loss_is_refused(reduction):
+    """Keras' fit trains on the sum of unreduced values and reports their mean."""
     inputs = keras.Input((12,))
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
-    model.compile(optimizer="sgd", loss=keras.losses.MeanSquaredError(reduction="sum"))
-    with pytest.raises(CaptureError, match="reduction='sum'.*sum_over_batch_size"):
+    model.compile(optimizer="sgd", loss=keras.losses.MeanSquaredError(reduction=reduction))
+    with pytest.raises(CaptureError, match=f"reduction={reduction!r}.*reduction='sum'"):
+        capture(model)
+
+
+def test_a_loss_reduced_by_a_sum_as_a_metric_is_refused():
+    inputs = keras.Input((12,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer="sgd", loss="mse",
+                  metrics=[keras.losses.MeanSquaredError(reduction="sum")])
+    with pytest.raises(CaptureError, match="metric 'mean_squared_error'.*reduction='sum'"):
+        capture(model)
+
+
+def test_sum_and_mean_over_the_weights_are_found_and_the_mean_needs_nothing():
+    """Trained as Keras: `tests/kernels/test_loss_reductions.py`, on clusters
+    `tests/runtime/test_loss_reductions_cluster.py`."""
+    inputs = keras.Input((12,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    found = {}
+    for reduction in ("sum", "mean_with_sample_weight", "mean", "sum_over_batch_size"):
+        model.compile(optimizer="sgd", loss=keras.losses.MeanSquaredError(reduction=reduction))
+        found[reduction] = [(r.reduction, r.node) for r in capture(model).loss_reductions]
+    assert found == {"sum": [("sum", "autodist_loss_sum_scale_0")],
+                     "mean_with_sample_weight": [("mean_with_sample_weight",
+                                                  "compile_loss/mean_squared_error/Sum_1")],
+                     "mean": [], "sum_over_batch_size": []}
+
+
+def test_a_loss_reducing_otherwise_than_it_says_is_refused():
+    class OwnSum(keras.losses.Loss):
+        def __call__(self, y_true, y_pred, sample_weight=None):   # ignores the weights
+            return keras.ops.sum(keras.ops.square(y_true - y_pred))
+
+    inputs = keras.Input((12,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer="sgd", loss=OwnSum(reduction="sum", name="own_sum"))
+    with pytest.raises(CaptureError, match="'own_sum'.*does not weigh its values"):
         capture(model)
 
 

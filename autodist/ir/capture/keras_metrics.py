@@ -35,9 +35,23 @@ def build_keras_metrics(model, x_spec, y_spec) -> None:
                 "outside compile(metrics=...): a layer's or the model's own metric is updated "
                 "where the distributed step cannot gather it. Pass it to compile(metrics=...)")
     for metric in compiled.metrics if compiled is not None else []:
+        _check_not_a_summed_loss(metric, model.name)
         if not type(metric).__module__.startswith("keras.") and \
                 not isinstance(metric, (keras.metrics.Mean, keras.metrics.Sum)):
             _check_additive(metric, model.name)
+
+
+def _check_not_a_summed_loss(metric, model_name: str) -> None:
+    """A loss reduced by a sum passed as a metric (`compile(metrics=[keras.losses.X(
+    reduction="sum")])`): Keras averages each batch's sum over batches, a replica's
+    sum is its part's: refused."""
+    loss = getattr(metric, "_fn", None)   # a MeanMetricWrapper's function
+    if getattr(loss, "reduction", None) == "sum":
+        raise CaptureError(
+            f"metric {metric.name!r} of model {model_name!r} is a loss with "
+            "reduction='sum': Keras averages each batch's sum over the batches, and each "
+            "replica would report the sum of its own part of the batch. Use the loss with "
+            "the default reduction (or its keras.metrics counterpart) as the metric")
 
 
 def _check_additive(metric, model_name: str) -> None:
@@ -75,13 +89,16 @@ def _check_additive(metric, model_name: str) -> None:
 
 
 def metric_contributions(model, metric_variables, inputs, targets, predictions,
-                          sample_weight, loss) -> list:
+                          sample_weight, loss, loss_weights=None) -> list:
     """Each metric variable's contribution of the batch: the metrics updated from zero.
 
     What Keras' train step updates (the loss tracker, the per-output loss
     trackers of `compile(loss=...)`, the compiled metrics), in a stateless
-    scope where every metric variable starts at zero.
+    scope where every metric variable starts at zero. The per-output trackers
+    read `loss_weights` (the compiled loss's, `keras_loss.sum_scaled_weights`;
+    default `sample_weight`), as the loss does.
     """
+    loss_weights = sample_weight if loss_weights is None else loss_weights
     import keras
 
     zeros = [tf.zeros(v.shape, v.dtype) for v in metric_variables]
@@ -89,7 +106,7 @@ def metric_contributions(model, metric_variables, inputs, targets, predictions,
         compile_loss = model._compile_loss  # noqa: SLF001
         if compile_loss is not None and compile_loss.metrics:
             # Its per-output trackers.
-            compile_loss(targets, predictions, loss_weights_structure(model, sample_weight))
+            compile_loss(targets, predictions, loss_weights_structure(model, loss_weights))
         if model._loss_tracker is not None:  # noqa: SLF001
             model._loss_tracker.update_state(  # noqa: SLF001
                 loss, sample_weight=tf.shape(tf.nest.flatten(inputs)[0])[0])

@@ -10,7 +10,8 @@ from autodist.ir.capture.added_losses import (added_loss_terms, classify_added_l
                                               scaled_added_losses)
 from autodist.ir.capture.constraints import attach_constraints
 from autodist.ir.capture.example_runs import infer_draw_shapes
-from autodist.ir.capture.keras_loss import check_keras_losses, keras_compute_loss
+from autodist.ir.capture.keras_loss import (check_keras_losses, keras_compute_loss,
+                                           record_loss_reductions, sum_scaled_weights)
 from autodist.ir.capture.keras_metrics import (build_keras_metrics, keras_metric_variables,
                                                metric_contributions)
 from autodist.ir.capture.keras_specs import (keras_input_names, keras_input_spec,
@@ -64,15 +65,18 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
             else:
                 predictions = model(inputs)
             terms = added_loss_terms(model)
+            # A loss reducing by a sum reads its weights times a scale the runtime feeds.
+            loss_weights = sum_scaled_weights(model, y_spec, sample_weight)
             with scaled_added_losses(model, terms):
-                loss = keras_compute_loss(model, inputs, targets, predictions, sample_weight)
+                loss = keras_compute_loss(model, inputs, targets, predictions, loss_weights)
             # Keras tracks the loss, and differentiates it times the dynamic loss
             # scale (`LOSS_SCALE_INPUT`, 1 unless fed) under a LossScaleOptimizer.
             scaled = loss * tf.cast(tf.compat.v1.placeholder_with_default(
                 1.0, [], name=LOSS_SCALE_INPUT), loss.dtype) if loss_scaling else loss
         grads = _rows_per_example(tape.gradient(scaled, [v.value for v in trainable]), inputs)
         return (loss, grads, metric_contributions(model, metric_variables, inputs, targets,
-                                                   predictions, sample_weight, loss), terms)
+                                                   predictions, sample_weight, loss,
+                                                   loss_weights), terms)
 
     target_names = keras_target_names(model, y_spec)
     weight_spec = sample_weight_spec(model, x_spec, y_spec)
@@ -102,6 +106,7 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     attach_constraints(item, trainable, names)
     infer_draw_shapes(item, model)
     classify_added_losses(item, model)
+    record_loss_reductions(item, model, y_spec)
     # Keras resolves jit_compile="auto" when compiling: True where XLA serves the model.
     item.proto.jit_compile = getattr(model, "jit_compile", False) is True
     return item

@@ -78,7 +78,7 @@ def sample_weight_spec(model, x_spec, y_spec):
     """
     if y_spec is None:
         return None
-    losses = _losses_by_target(model, y_spec)
+    losses = losses_by_target(model, y_spec)
     try:
         outputs = model.compute_output_spec(tf.nest.map_structure(_symbolic, x_spec))
     except Exception:  # noqa: BLE001  # Keras raises many types here
@@ -93,7 +93,7 @@ def sample_weight_spec(model, x_spec, y_spec):
     return tf.nest.pack_sequence_as(y_spec, specs)
 
 
-def _losses_by_target(model, y_spec) -> list:
+def losses_by_target(model, y_spec) -> list:
     """The compiled loss of each target, in the flat order of `y_spec` (None: none)."""
     flat_y = tf.nest.flatten(y_spec)
     if isinstance(y_spec, tf.TensorSpec):

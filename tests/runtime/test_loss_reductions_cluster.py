@@ -1,0 +1,64 @@
+"""Losses reduced by a sum and by a mean over the sample weights train as Keras' fit on
+2 workers (all-reduce, and parameter servers).
+
+One model covers both: output "reg" with `MeanSquaredError(reduction="sum")`,
+output "cls" with `SparseCategoricalCrossentropy(reduction="mean_with_sample_weight")`,
+`loss_weights`, uneven sample weights (the first half of each batch weighs six times
+the second, which the other worker holds; some weigh 0) and a short last batch.
+Weighting each worker's loss by its share of the batch, as for a mean, halves the
+sum's gradient and divides by each worker's own weights (SGD shows both). The in-process
+checks of the step: `tests/kernels/test_loss_reductions.py`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import keras
+from autodist.search import builders
+from tests.keras_equal import assert_trains_as_keras, two_worker_run
+
+pytestmark = pytest.mark.cluster
+
+EXAMPLES, BATCH = 44, 16   # batches of 16, 16 and 12
+
+
+def _model():
+    inputs = keras.Input((4,), name="features")
+    h = keras.layers.Dense(5, activation="tanh")(inputs)
+    model = keras.Model(inputs, [keras.layers.Dense(2, name="reg")(h),
+                                 keras.layers.Dense(3, name="cls")(h)])
+    model.compile(keras.optimizers.SGD(0.02), loss=[
+        keras.losses.MeanSquaredError(reduction="sum"),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                   reduction="mean_with_sample_weight")],
+        loss_weights=[0.5, 2.0], metrics=[[], ["accuracy"]])
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(EXAMPLES, 4)).astype(np.float32)
+    y = [rng.normal(size=(EXAMPLES, 2)).astype(np.float32),
+         rng.integers(0, 3, size=EXAMPLES).astype(np.int32)]
+    first_half = (np.arange(EXAMPLES) % BATCH) < BATCH // 2
+    weights = [rng.uniform(0.5, 2.0, size=EXAMPLES).astype(np.float32),
+               np.where(first_half, 3.0, 0.5).astype(np.float32)]
+    weights[1][[1, 20]] = 0.0
+    return x, y, weights
+
+
+@pytest.mark.parametrize(("ps", "builder"), [(0, builders.AllReduce), (1, builders.PS)],
+                         ids=["all_reduce", "ps"])
+def test_sum_and_mean_with_sample_weight_train_as_keras(ps, builder):
+    x, y, weights = _data()
+    keras.utils.set_random_seed(0)
+    model, reference = _model(), _model()
+    reference.set_weights(model.get_weights())
+    run = two_worker_run(model, ps=ps, builder=builder)
+    history = run.fit(x, y, sample_weight=weights, batch_size=BATCH, epochs=2, shuffle=False,
+                      verbose=0)
+    keras_history = reference.fit(x, y, sample_weight=weights, batch_size=BATCH, epochs=2,
+                                  shuffle=False, verbose=0)
+    assert {"loss", "reg_loss", "cls_loss", "cls_accuracy"} <= set(keras_history.history)
+    assert_trains_as_keras(model, reference, history, keras_history)
