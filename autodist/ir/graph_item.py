@@ -327,6 +327,10 @@ CLIPPING_OPTIONS = ("clipnorm", "global_clipnorm", "clipvalue")
 # The scalar input of a captured step whose loss the optimizer scales dynamically
 # (`OptimizerInfo.loss_scale`): the step differentiates its loss times it (1 unless fed).
 LOSS_SCALE_INPUT = "autodist_loss_scale"
+# The scalar input of a captured Keras step that is its part of the global batch's
+# examples (1 unless fed): Keras' per-output loss trackers count each batch once,
+# so each replica's or virtual node's update of them counts this part of one.
+BATCH_PART_INPUT = "autodist_batch_part"
 
 
 def optimizer_squares_gradient(info: graph_item_pb2.OptimizerInfo) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from autodist.ir.graph_item import GraphItem
+from autodist.ir.graph_item import BATCH_PART_INPUT, GraphItem
 from autodist.ir.strategy import Strategy
 from autodist.kernels import batch_norm, batch_share, graph_edit, loss_masks, random_draws
 from autodist.kernels.replica_sums import ReplicaSums
@@ -80,13 +80,19 @@ def rewrite(graph_def, graph_item: GraphItem, strategy: Strategy, *, version: in
     masks = synced_loss_divisors(graph_item, strategy)
     sums = [t.scale for t in graph_item.added_losses if t.kind == "sum"] + \
         [r.node for r in graph_item.loss_reductions if r.reduction == "sum"]
-    if not (norms or masks or sums):
+    parts = [node.name for node in graph_def.node if node.name == BATCH_PART_INPUT]
+    if not (norms or masks or sums or parts):
         return out
     if out is graph_def:
         out = type(graph_def)()
         out.CopyFrom(graph_def)
     batch_share.add_inputs(out)
     _count_in_full(out, sums)
+    for name in parts:   # Keras' per-output loss trackers: a part of one batch each
+        nodes = {node.name: node for node in out.node}
+        share = batch_share.global_share(out, "autodist_batch_part_share",
+                                         tf.as_dtype(nodes[name].attr["dtype"].type))
+        graph_edit.redirect_tensor(out, name, share)
     if not (norms or masks):
         return out
     sums = ReplicaSums(out, group_size=len(strategy.replicas), version=version,

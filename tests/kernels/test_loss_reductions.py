@@ -66,8 +66,10 @@ def _values(item):
             for v in item.variables}
 
 
-def _step(item, spec, strategy, data, vn_sizes=None):
-    """Each local replica's loss and gradients times its share of the batch, summed."""
+def _step(item, spec, strategy, data, vn_sizes=None, parts=None):
+    """Each local replica's loss and gradients times its share of the batch, summed; and
+    under "metrics" the task's metric states (summed over its replicas). `parts`: the
+    replicas' examples (default: the batch split evenly)."""
     program = Program(item, spec, ("worker", 0))
     partitioner.apply(program, strategy)
     replicator.apply(program, strategy)
@@ -79,6 +81,7 @@ def _step(item, spec, strategy, data, vn_sizes=None):
         fetches = [{"loss": r.loss.name,
                     **{k: tf.convert_to_tensor(g).name for k, g in r.gradients.items()}}
                    for r in program.replicas]
+        metrics = [tf.convert_to_tensor(m).name for m in program.metric_states]
     graph_def = program.graph.as_graph_def()
     for node in graph_def.node:   # the task's devices as this process's
         node.device = node.device.replace("/job:worker/replica:0/task:0", "") \
@@ -86,7 +89,8 @@ def _step(item, spec, strategy, data, vn_sizes=None):
     local = tf.Graph()
     with local.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
-    parts = np.array_split(np.arange(N), len(program.replicas))
+    if parts is None:
+        parts = np.array_split(np.arange(N), len(program.replicas))
     feed = {}
     for replica, rows in zip(program.replicas, parts):
         feed.update({replica.inputs[name].name: value[rows] for name, value in data.items()})
@@ -98,9 +102,10 @@ def _step(item, spec, strategy, data, vn_sizes=None):
     with tf.compat.v1.Session(graph=local, config=config) as session:
         session.run(init.name)
         session.run([a.name for a in assigns])
-        out = session.run(fetches, feed)
+        out, states = session.run((fetches, metrics), feed)
     shares = [len(rows) / N for rows in parts]
-    return {name: sum(share * o[name] for share, o in zip(shares, out)) for name in out[0]}
+    summed = {name: sum(share * o[name] for share, o in zip(shares, out)) for name in out[0]}
+    return dict(summed, metrics=states)
 
 
 def _keras_step(model, item, data):
@@ -138,6 +143,35 @@ def test_replicas_compute_keras_loss_and_gradients(two_outputs, replicas):
     got = _step(item, spec, strategy, data)
     for name, value in want.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("parts", [[8, 4], [3, 9]])
+def test_per_output_loss_trackers_count_one_batch_on_uneven_replicas(two_outputs, parts):
+    """Keras' `<output>_loss` trackers count each batch of `fit` once (its traced batch
+    size is unknown), with the batch's loss: replicas holding 8 and 4 of its 12 examples
+    report together one count and the whole batch's loss (not the mean of theirs)."""
+    from autodist.ir.capture.keras_metrics import keras_metric_variables
+
+    model, item = two_outputs
+    data = _data()
+    spec = autodist.ResourceSpec.local(workers=1, cpu_replicas_per_worker=2)
+    rows = np.split(np.arange(N), np.cumsum(parts)[:-1])
+    got = _step(item, spec, builders.AllReduce().build(item, spec), data, parts=rows)
+    _keras_step(model, item, data)   # the same weights in the model
+    for metric in model.metrics:
+        metric.reset_state()
+    x = tf.constant(data["features"])
+    model.compute_loss(x, [tf.constant(data["y/reg"]), tf.constant(data["y/cls"])],
+                       model(x, training=True),
+                       [tf.constant(data["sample_weight/reg"]),
+                        tf.constant(data["sample_weight/cls"])], training=True)
+    index = {id(v): i for i, v in enumerate(keras_metric_variables(model))}
+    trackers = model._compile_loss.metrics
+    assert len(trackers) == 2
+    for tracker in trackers:
+        total, count = (got["metrics"][index[id(v)]] for v in (tracker.total, tracker.count))
+        assert count == pytest.approx(1.0, rel=1e-6), tracker.name
+        assert total == pytest.approx(float(tracker.result()), rel=1e-5), tracker.name
 
 
 def test_virtual_nodes_count_a_sum_in_full_and_said_for_the_weights_sum(two_outputs):

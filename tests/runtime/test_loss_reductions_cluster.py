@@ -4,7 +4,9 @@
 One model covers both: output "reg" with `MeanSquaredError(reduction="sum")`,
 output "cls" with `SparseCategoricalCrossentropy(reduction="mean_with_sample_weight")`,
 `loss_weights`, uneven sample weights (the first half of each batch weighs six times
-the second, which the other worker holds; some weigh 0) and a short last batch.
+the second, which the other worker holds; some weigh 0) and a short last batch that
+the workers split unevenly (Keras' `reg_loss` and `cls_loss` count each batch once, with
+its loss: the workers' 7 and 6 examples one count).
 Weighting each worker's loss by its share of the batch, as for a mean, halves the
 sum's gradient and divides by each worker's own weights (SGD shows both). The in-process
 checks of the step: `tests/kernels/test_loss_reductions.py`.
@@ -20,7 +22,7 @@ from tests.keras_equal import assert_trains_as_keras, two_worker_run
 
 pytestmark = pytest.mark.cluster
 
-EXAMPLES, BATCH = 44, 16   # batches of 16, 16 and 12
+EXAMPLES, BATCH = 45, 16   # batches of 16, 16 and 13 (the workers hold 7 and 6 of it)
 
 
 def _model():

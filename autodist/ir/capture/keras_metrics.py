@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from autodist.ir.capture.keras_loss import loss_weights_structure
 from autodist.ir.errors import CaptureError
+from autodist.ir.graph_item import BATCH_PART_INPUT
 
 
 def build_keras_metrics(model, x_spec, y_spec) -> None:
@@ -111,11 +112,33 @@ def metric_contributions(model, metric_variables, inputs, targets, predictions,
             model._loss_tracker.update_state(  # noqa: SLF001
                 loss, sample_weight=tf.shape(tf.nest.flatten(inputs)[0])[0])
         model.compute_metrics(inputs, targets, predictions, sample_weight=sample_weight)
-    states = []
+    values = {}
     for v, zero in zip(metric_variables, zeros):
         value = scope.get_current_value(v)
-        states.append(tf.identity(zero if value is None else value))
-    return states
+        values[id(v)] = zero if value is None else value
+    if compile_loss is not None:
+        _count_batches_once(compile_loss.metrics, values)
+    return [tf.identity(values[id(v)]) for v in metric_variables]
+
+
+def _count_batches_once(trackers, values: dict) -> None:
+    """Keras' per-output loss trackers (`<output>_loss`) count each batch once: their
+    weight is the batch dimension's static size, unknown in `fit`'s traced step (a
+    batch's loss is not weighted by its examples, unlike the `loss` tracker's). A
+    replica's or virtual node's update of them counts its part of the global batch
+    (`BATCH_PART_INPUT`) with the loss of its part, so the parts add up to one batch
+    with the batch's loss."""
+    part = None
+    for tracker in trackers:
+        total, count = getattr(tracker, "total", None), getattr(tracker, "count", None)
+        if total is None or count is None or id(total) not in values:
+            continue
+        if part is None:
+            part = tf.compat.v1.placeholder_with_default(1.0, [], name=BATCH_PART_INPUT)
+        counted = values[id(count)]
+        values[id(total)] = tf.math.divide_no_nan(
+            values[id(total)], tf.cast(counted, total.dtype)) * tf.cast(part, total.dtype)
+        values[id(count)] = tf.cast(part, count.dtype) + 0 * counted
 
 
 def keras_metric_variables(model) -> list:
