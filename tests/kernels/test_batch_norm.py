@@ -21,6 +21,7 @@ from autodist.kernels import global_batch, partitioner, replicator
 from autodist.kernels.program import Program
 from autodist.runtime import keras_parity
 from autodist.search import builders
+from tests.local_graph import local_graph
 
 
 def _cnn():
@@ -67,13 +68,7 @@ def _step(item, spec, strategy, x, y):
                    for r in program.replicas]
         states = {name: var.read_value().name for name, var in program.storage.items()
                   if program.roles[name].kind == "state"}
-    graph_def = program.graph.as_graph_def()
-    for node in graph_def.node:   # the task's devices as this process's
-        node.device = node.device.replace("/job:worker/replica:0/task:0", "") \
-            .replace("/job:worker/task:0", "")
-    local = tf.Graph()
-    with local.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
+    local = local_graph(program)
     halves = np.array_split(np.arange(len(y)), len(program.replicas))
     feed = {}
     for replica, rows in zip(program.replicas, halves):

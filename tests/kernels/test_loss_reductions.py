@@ -25,6 +25,7 @@ from autodist.kernels import global_batch, partitioner, replicator, synchronizer
 from autodist.kernels.program import Program
 from autodist.runtime import keras_parity
 from autodist.search import builders
+from tests.local_graph import local_graph
 
 N = 12
 
@@ -82,13 +83,7 @@ def _step(item, spec, strategy, data, vn_sizes=None, parts=None):
                     **{k: tf.convert_to_tensor(g).name for k, g in r.gradients.items()}}
                    for r in program.replicas]
         metrics = [tf.convert_to_tensor(m).name for m in program.metric_states]
-    graph_def = program.graph.as_graph_def()
-    for node in graph_def.node:   # the task's devices as this process's
-        node.device = node.device.replace("/job:worker/replica:0/task:0", "") \
-            .replace("/job:worker/task:0", "")
-    local = tf.Graph()
-    with local.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
+    local = local_graph(program)
     if parts is None:
         parts = np.array_split(np.arange(N), len(program.replicas))
     feed = {}
@@ -226,13 +221,7 @@ def test_two_replicas_train_as_keras_train_on_batch():
                    if (role := program.roles.get(name)) is not None and role.kind == "variable"]
         reads = {role.shard: var.read_value().name for name, var in program.storage.items()
                  if (role := program.roles.get(name)) is not None and role.kind == "variable"}
-    graph_def = program.graph.as_graph_def()
-    for node in graph_def.node:
-        node.device = node.device.replace("/job:worker/replica:0/task:0", "") \
-            .replace("/job:worker/task:0", "")
-    local = tf.Graph()
-    with local.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
+    local = local_graph(program)
     batches = [_data() for _ in range(3)]
     for step, data in enumerate(batches):
         data["features"] += step

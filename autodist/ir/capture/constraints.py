@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
-from autodist.ir.capture.graph_cleanup import inline_constant_captures
+from autodist.ir.capture import user_function
 from autodist.ir.errors import CaptureError
 from autodist.ir.graph_item import GraphItem
 from autodist.proto import graph_item_pb2
@@ -66,32 +66,23 @@ def trace_constraint(constraint, variable: str, dtype: tf.DType, shape: list[int
     """
     kind = type(constraint).__name__
     where = f"the constraint {kind} of variable {variable!r}"
-    try:
-        concrete = tf.function(lambda v: tf.convert_to_tensor(constraint(v), dtype),
-                               autograph=True).get_concrete_function(
-                                   tf.TensorSpec(shape, dtype, name="value"))
-    except Exception as e:  # whatever the user's constraint raises
-        raise CaptureError(f"{where} cannot be traced as a TensorFlow function of the "
-                           f"variable's value: {_short(e)}. Write it with keras.ops on its "
-                           "argument, or remove it") from e
+    concrete = user_function.trace(
+        lambda v: tf.convert_to_tensor(constraint(v), dtype),
+        tf.TensorSpec(shape, dtype, name="value"), where, "the variable's value",
+        hint=". Write it with keras.ops on its argument, or remove it")
     out = concrete.structured_outputs
     if out.shape.as_list() != shape:
         raise CaptureError(f"{where} returns shape {out.shape} for a variable of shape "
                            f"{shape}: Keras assigns its result to the variable")
     graph = concrete.graph
-    if any(internal.dtype == tf.resource for _, internal in graph.captures):
-        raise CaptureError(f"{where} reads a variable; its changes would not reach the "
-                           "cluster. Make it a function of the variable's value only")
     stateful = sorted({op.type for op in graph.get_operations() if op.op_def.is_stateful})
     if stateful:
         raise CaptureError(f"{where} has side effects or random draws ({', '.join(stateful)}) "
                            "that every task would repeat at each step. Make it a function "
                            "of the variable's value only")
     _check_against_constraint(constraint, concrete, where, dtype, shape, value)
-    graph_def = graph.as_graph_def()
-    inline_constant_captures(graph, graph_def, set())
     return graph_item_pb2.VariableConstraint(
-        class_name=kind, graph_def=graph_def.SerializeToString(deterministic=True),
+        class_name=kind, graph_def=user_function.serialized_graph(concrete),
         value_tensor=concrete.inputs[0].name, constrained_tensor=out.name)
 
 
@@ -109,7 +100,7 @@ def _check_against_constraint(constraint, concrete, where: str, dtype: tf.DType,
             want = np.asarray(tf.convert_to_tensor(constraint(given), dtype))
         except Exception as e:  # whatever the user's constraint raises
             raise CaptureError(f"{where} fails on a tensor of the variable's value: "
-                               f"{_short(e)}") from e
+                               f"{user_function.short_error(e)}") from e
         got = np.asarray(concrete(given))
         if not np.allclose(got, want, rtol=1e-6, atol=1e-7, equal_nan=True):
             raise CaptureError(f"{where} gives other values than its traced graph (largest "
@@ -117,7 +108,3 @@ def _check_against_constraint(constraint, concrete, where: str, dtype: tf.DType,
                                "on something other than the variable's value (Python state). "
                                "Make it a function of the value only")
 
-
-def _short(error: Exception, limit: int = 300) -> str:
-    text = f"{type(error).__name__}: {error}"
-    return text if len(text) <= limit else text[:limit] + " ..."

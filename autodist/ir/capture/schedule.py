@@ -8,7 +8,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from autodist.ir.capture.graph_cleanup import inline_constant_captures
+from autodist.ir.capture import user_function
 from autodist.ir.errors import CaptureError
 from autodist.proto import graph_item_pb2
 
@@ -26,23 +26,13 @@ def trace_schedule(schedule) -> graph_item_pb2.LearningRateSchedule:
     import keras
 
     name = type(schedule).__name__
-    try:
-        concrete = tf.function(lambda step: tf.convert_to_tensor(schedule(step)),
-                               autograph=True).get_concrete_function(
-                                   tf.TensorSpec([], tf.int64, name="step"))
-    except Exception as e:  # whatever the user's schedule raises
-        raise CaptureError(f"the learning-rate schedule {name} cannot be traced as a "
-                           f"TensorFlow function of the step: {_short(e)}") from e
+    concrete = user_function.trace(lambda step: tf.convert_to_tensor(schedule(step)),
+                                   tf.TensorSpec([], tf.int64, name="step"),
+                                   f"the learning-rate schedule {name}", "the step")
     rate = concrete.structured_outputs
     if rate.shape.rank != 0 or not rate.dtype.is_floating:
         raise CaptureError(f"the learning-rate schedule {name} must return a float scalar. "
                            f"Received: {rate.dtype.name} of shape {rate.shape}")
-    graph = concrete.graph
-    if any(internal.dtype == tf.resource for _, internal in graph.captures):
-        raise CaptureError(f"the learning-rate schedule {name} reads a variable; its changes "
-                           "would not reach the cluster. Make it a function of the step only")
-    graph_def = graph.as_graph_def()
-    inline_constant_captures(graph, graph_def, set())
     for step in _SCHEDULE_CHECK_STEPS:
         want = float(np.asarray(schedule(tf.constant(step, tf.int64))))
         got = float(concrete(tf.constant(step, tf.int64)))
@@ -57,10 +47,6 @@ def trace_schedule(schedule) -> graph_item_pb2.LearningRateSchedule:
         config = ""
     return graph_item_pb2.LearningRateSchedule(
         class_name=name, config_json=config,
-        graph_def=graph_def.SerializeToString(deterministic=True),
+        graph_def=user_function.serialized_graph(concrete),
         step_tensor=concrete.inputs[0].name, learning_rate_tensor=rate.name)
 
-
-def _short(error: Exception, limit: int = 300) -> str:
-    text = f"{type(error).__name__}: {error}"
-    return text if len(text) <= limit else text[:limit] + " ..."
