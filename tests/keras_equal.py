@@ -44,7 +44,33 @@ def small_model_pair(optimizer: Callable[[], Any], **compile_options):
         model.compile(optimizer(), "mse", metrics=["mae"], **compile_options)
         return model
 
-    keras.utils.set_random_seed(1)
+    return twin_models(build, seed=1)
+
+
+def twin_models(build: Callable[[], Any], seed: int):
+    """Two models from `build` after Keras' global seed is set to `seed`: the one to
+    distribute and its single-device reference, with the first's weights."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
     model, reference = build(), build()
     reference.set_weights(model.get_weights())
     return model, reference
+
+
+def sum_and_weighted_mean_model(learning_rate: float,
+                                cls_reduction: str = "mean_with_sample_weight", metrics=None):
+    """A two-output model (features (4,) -> "reg" (2,), "cls" 3 logits) whose "reg" loss
+    is reduced by a sum and whose "cls" loss by `cls_reduction`, with loss weights 0.5
+    and 2.0, compiled with SGD(`learning_rate`)."""
+    import keras
+
+    inputs = keras.Input((4,), name="features")
+    h = keras.layers.Dense(5, activation="tanh")(inputs)
+    model = keras.Model(inputs, [keras.layers.Dense(2, name="reg")(h),
+                                 keras.layers.Dense(3, name="cls")(h)])
+    model.compile(keras.optimizers.SGD(learning_rate), loss=[
+        keras.losses.MeanSquaredError(reduction="sum"),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=cls_reduction)],
+        loss_weights=[0.5, 2.0], metrics=metrics)
+    return model

@@ -80,19 +80,18 @@ def rewrite(graph_def, graph_item: GraphItem, strategy: Strategy, *, version: in
     masks = synced_loss_divisors(graph_item, strategy)
     sums = [t.scale for t in graph_item.added_losses if t.kind == "sum"] + \
         [r.node for r in graph_item.loss_reductions if r.reduction == "sum"]
-    parts = [node.name for node in graph_def.node if node.name == BATCH_PART_INPUT]
-    if not (norms or masks or sums or parts):
+    part = next((node for node in graph_def.node if node.name == BATCH_PART_INPUT), None)
+    if not (norms or masks or sums or part):
         return out
     if out is graph_def:
         out = type(graph_def)()
         out.CopyFrom(graph_def)
     batch_share.add_inputs(out)
     _count_in_full(out, sums)
-    for name in parts:   # Keras' per-output loss trackers: a part of one batch each
-        nodes = {node.name: node for node in out.node}
+    if part is not None:   # Keras' per-output loss trackers: a part of one batch each
         share = batch_share.global_share(out, "autodist_batch_part_share",
-                                         tf.as_dtype(nodes[name].attr["dtype"].type))
-        graph_edit.redirect_tensor(out, name, share)
+                                         tf.as_dtype(part.attr["dtype"].type))
+        graph_edit.redirect_tensor(out, BATCH_PART_INPUT, share)
     if not (norms or masks):
         return out
     sums = ReplicaSums(out, group_size=len(strategy.replicas), version=version,

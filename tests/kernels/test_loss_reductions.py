@@ -25,6 +25,7 @@ from autodist.kernels import global_batch, partitioner, replicator, synchronizer
 from autodist.kernels.program import Program
 from autodist.runtime import keras_parity
 from autodist.search import builders
+from tests.keras_equal import sum_and_weighted_mean_model
 from tests.local_graph import local_graph
 
 N = 12
@@ -32,15 +33,7 @@ N = 12
 
 def _model(cls_reduction: str = "mean_with_sample_weight"):
     keras.utils.set_random_seed(0)
-    inputs = keras.Input((4,), name="features")
-    h = keras.layers.Dense(5, activation="tanh")(inputs)
-    model = keras.Model(inputs, [keras.layers.Dense(2, name="reg")(h),
-                                 keras.layers.Dense(3, name="cls")(h)])
-    model.compile(keras.optimizers.SGD(0.1), loss=[
-        keras.losses.MeanSquaredError(reduction="sum"),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=cls_reduction)],
-        loss_weights=[0.5, 2.0])
-    return model
+    return sum_and_weighted_mean_model(0.1, cls_reduction)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 import keras
 from keras import ops
 from autodist.search import builders
-from tests.keras_equal import assert_trains_as_keras, two_worker_run
+from tests.keras_equal import assert_trains_as_keras, twin_models, two_worker_run
 
 pytestmark = pytest.mark.cluster
 
@@ -48,10 +48,7 @@ def _model() -> keras.Model:
 
 
 def _pair():
-    keras.utils.set_random_seed(5)
-    model, reference = _model(), _model()
-    reference.set_weights(model.get_weights())
-    return model, reference
+    return twin_models(_model, seed=5)
 
 
 def _data(n: int = 64):

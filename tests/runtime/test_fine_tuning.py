@@ -20,7 +20,7 @@ import autodist
 from autodist.runtime.compile_state import ModelChangedError
 from autodist.runtime.keras_parity import ParityWarning
 from autodist.search import builders
-from tests.keras_equal import assert_trains_as_keras, two_worker_run
+from tests.keras_equal import assert_trains_as_keras, twin_models, two_worker_run
 
 
 def _data(n: int = 64):
@@ -162,9 +162,7 @@ def test_a_frozen_batch_normalization_in_a_trainable_model_on_virtual_nodes():
         model.compile(keras.optimizers.SGD(0.05, momentum=0.9), "mse")
         return model
 
-    keras.utils.set_random_seed(5)
-    model, reference = build(), build()
-    reference.set_weights(model.get_weights())
+    model, reference = twin_models(build, seed=5)
     statistics = [w.copy() for w in model.get_layer("frozen_bn").get_weights()]
     spec = autodist.ResourceSpec.local(workers=2)
     item = autodist.capture(model)

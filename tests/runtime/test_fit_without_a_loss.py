@@ -20,7 +20,7 @@ import keras
 import autodist
 from autodist.search import builders
 from keras import layers, ops
-from tests.keras_equal import assert_trains_as_keras, two_worker_run
+from tests.keras_equal import assert_trains_as_keras, twin_models, two_worker_run
 from tests.zoo.models import LogisticEndpoint
 
 
@@ -36,9 +36,7 @@ def _endpoint_pair():
         model.compile(keras.optimizers.Adam(1e-2))
         return model
 
-    keras.utils.set_random_seed(0)
-    model, reference = build(), build()
-    reference.set_weights(model.get_weights())
+    model, reference = twin_models(build, seed=0)
     return model, reference
 
 
@@ -141,9 +139,7 @@ def test_a_model_without_a_loss_but_with_compiled_metrics_reads_y_for_them():
         model.compile(keras.optimizers.SGD(0.1), metrics=["mae"], weighted_metrics=["mse"])
         return model
 
-    keras.utils.set_random_seed(0)
-    model, reference = build(), build()
-    reference.set_weights(model.get_weights())
+    model, reference = twin_models(build, seed=0)
     rng = np.random.default_rng(5)
     x, y = rng.random((48, 4)).astype("float32"), rng.random((48, 2)).astype("float32")
     weights = 2.0 * rng.random(48)

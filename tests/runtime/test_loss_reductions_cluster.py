@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import keras
 from autodist.search import builders
-from tests.keras_equal import assert_trains_as_keras, two_worker_run
+from tests.keras_equal import (assert_trains_as_keras, sum_and_weighted_mean_model,
+                               twin_models, two_worker_run)
 
 pytestmark = pytest.mark.cluster
 
@@ -26,16 +26,7 @@ EXAMPLES, BATCH = 45, 16   # batches of 16, 16 and 13 (the workers hold 7 and 6 
 
 
 def _model():
-    inputs = keras.Input((4,), name="features")
-    h = keras.layers.Dense(5, activation="tanh")(inputs)
-    model = keras.Model(inputs, [keras.layers.Dense(2, name="reg")(h),
-                                 keras.layers.Dense(3, name="cls")(h)])
-    model.compile(keras.optimizers.SGD(0.02), loss=[
-        keras.losses.MeanSquaredError(reduction="sum"),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True,
-                                                   reduction="mean_with_sample_weight")],
-        loss_weights=[0.5, 2.0], metrics=[[], ["accuracy"]])
-    return model
+    return sum_and_weighted_mean_model(0.02, metrics=[[], ["accuracy"]])
 
 
 def _data():
@@ -54,9 +45,7 @@ def _data():
                          ids=["all_reduce", "ps"])
 def test_sum_and_mean_with_sample_weight_train_as_keras(ps, builder):
     x, y, weights = _data()
-    keras.utils.set_random_seed(0)
-    model, reference = _model(), _model()
-    reference.set_weights(model.get_weights())
+    model, reference = twin_models(_model, seed=0)
     run = two_worker_run(model, ps=ps, builder=builder)
     history = run.fit(x, y, sample_weight=weights, batch_size=BATCH, epochs=2, shuffle=False,
                       verbose=0)

@@ -138,7 +138,7 @@ def _count_batches_once(trackers, values: dict) -> None:
         counted = values[id(count)]
         values[id(total)] = tf.math.divide_no_nan(
             values[id(total)], tf.cast(counted, total.dtype)) * tf.cast(part, total.dtype)
-        values[id(count)] = tf.cast(part, count.dtype) + 0 * counted
+        values[id(count)] = tf.cast(part, count.dtype)
 
 
 def keras_metric_variables(model) -> list:
