@@ -86,12 +86,48 @@ def _rewrite(graph_def, node, info, index_type: tf.DType) -> None:
         T=index_type)
     add(graph_def, f"{prefix}/shape", "AddV2", [f"{prefix}/kept", f"{prefix}/spread"],
         T=index_type)
-    add(graph_def, f"{prefix}/first_row", "Mul", [f"{prefix}/per_example", f"{prefix}/first"],
-        T=index_type)
-    add(graph_def, f"{prefix}/begin", "Mul", [f"{prefix}/onehot", f"{prefix}/first_row"],
-        T=index_type)
     readers = graph_edit.readers(graph_def, node.name)
     node.input[info.shape_input] = f"{prefix}/shape"
-    add(graph_def, f"{prefix}/rows", "Slice", [node.name, f"{prefix}/begin", shape],
-        T=tf.as_dtype(node.attr["dtype"].type), Index=index_type)
-    graph_edit.redirect(readers, node.name, f"{prefix}/rows")
+    blocks = list(info.row_blocks) or [None]
+    rows = [_block_rows(graph_def, node, info, index_type, shape, k, blocks)
+            for k in range(len(blocks))]
+    if len(rows) > 1:
+        const(graph_def, f"{prefix}/batch_axis", info.batch_axis, tf.int32)
+        rows = [add(graph_def, f"{prefix}/rows", "ConcatV2", rows + [f"{prefix}/batch_axis"],
+                    N=len(rows), T=tf.as_dtype(node.attr["dtype"].type), Tidx=tf.int32)]
+    graph_edit.redirect(readers, node.name, rows[0])
+
+
+def _block_rows(graph_def, node, info, index_type: tf.DType, shape: str, k: int,
+                blocks: list[int | None]) -> str:
+    """The rows of the replica's examples in block `k` of the global draw (`shape`: the
+    replica's own draw shape; `blocks`: each block's rows per example, [None] for one
+    block of any number)."""
+    prefix = f"{node.name}/autodist_global"
+    add, const = graph_edit.add, graph_edit.const
+    if blocks == [None]:
+        # One block: the replica's rows start at its first example's.
+        per_example, start, size = f"{prefix}/per_example", None, shape
+        name = f"{prefix}/rows"
+    else:
+        # Block k starts after the global batch's rows of the blocks before it.
+        per_example = const(graph_def, f"{prefix}/block{k}/per_example", blocks[k], index_type)
+        start = add(graph_def, f"{prefix}/block{k}/start", "Mul",
+                    [const(graph_def, f"{prefix}/block{k}/rows_before", sum(blocks[:k]),
+                           index_type), f"{prefix}/examples"], T=index_type)
+        local_rows = add(graph_def, f"{prefix}/block{k}/local_rows", "Mul",
+                         [per_example, f"{prefix}/local"], T=index_type)
+        size = add(graph_def, f"{prefix}/block{k}/size", "AddV2", [
+            f"{prefix}/kept", add(graph_def, f"{prefix}/block{k}/spread", "Mul",
+                                  [f"{prefix}/onehot", local_rows], T=index_type)],
+            T=index_type)
+        name = f"{prefix}/block{k}/rows"
+    first_row = add(graph_def, f"{prefix}/block{k}/first_row", "Mul",
+                    [per_example, f"{prefix}/first"], T=index_type)
+    if start is not None:
+        first_row = add(graph_def, f"{prefix}/block{k}/begin_row", "AddV2",
+                        [start, first_row], T=index_type)
+    begin = add(graph_def, f"{prefix}/block{k}/begin", "Mul", [f"{prefix}/onehot", first_row],
+                T=index_type)
+    return add(graph_def, name, "Slice", [node.name, begin, size],
+               T=tf.as_dtype(node.attr["dtype"].type), Index=index_type)

@@ -61,7 +61,7 @@ def test_a_stateful_random_op_is_listed_as_not_reproducible():
     assert not op.reproducible and "stateful" in op.reason and "jitter" in op.layer
 
 
-def _run_step(graph_item, strategy, spec, x, y):
+def _run_step(graph_item, strategy, spec, x, y, input_name="sequence"):
     """Task 0's replica loss and gradients for one global batch, in this process."""
     program = Program(graph_item, spec, ("worker", 0))
     partitioner.apply(program, strategy)
@@ -83,7 +83,7 @@ def _run_step(graph_item, strategy, spec, x, y):
         tf.graph_util.import_graph_def(graph_def, name="")
     parts = batching.virtual_node_rows(np.arange(len(y)), strategy.num_virtual_nodes)
     mine = np.concatenate([parts[vn.index] for vn in replica.virtual_nodes])
-    feed = {replica.inputs["sequence"].name: x[mine], replica.inputs["y"].name: y[mine]}
+    feed = {replica.inputs[input_name].name: x[mine], replica.inputs["y"].name: y[mine]}
     if replica.all_sizes is not None:
         feed[replica.all_sizes.name] = [len(p) for p in parts]
     if replica.sizes is not None:
@@ -123,3 +123,68 @@ def test_without_the_rewrite_each_virtual_node_would_draw_its_own(noisy_item, mo
     monkeypatch.setattr(random_draws, "reproducible", lambda ops: [])
     four = _run_step(noisy_item, strategy.with_virtual_nodes(24, 4), spec, x, y)
     assert abs(four["loss"] - one["loss"]) > 1e-3
+
+
+def _two_views_model(time_major: bool = False):
+    """Dropout over two views of each example concatenated along the batch axis (rows
+    in two blocks), or over a sequence reshaped time-major (a block per timestep)."""
+    inputs = keras.Input((3, 4), name="x")
+    h = keras.layers.Dense(6)(inputs)
+    if time_major:
+        h = keras.layers.Lambda(lambda t: keras.ops.reshape(
+            keras.ops.transpose(t, (1, 0, 2)), (-1, 6)))(h)
+        h = keras.layers.Dropout(0.5, seed=3)(h)
+        h = keras.layers.Lambda(lambda t: keras.ops.transpose(
+            keras.ops.reshape(t, (3, -1, 6)), (1, 0, 2)))(h)
+    else:
+        h = keras.layers.Lambda(lambda t: keras.ops.concatenate([t, 2 * t], axis=0))(h)
+        h = keras.layers.Dropout(0.5, seed=3)(h)
+        h = keras.layers.Lambda(
+            lambda t: t[:keras.ops.shape(t)[0] // 2] * t[keras.ops.shape(t)[0] // 2:])(h)
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(h)))
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+@pytest.mark.parametrize("time_major, blocks", [(False, [1, 1]), (True, [1, 1, 1])])
+def test_capture_finds_draws_in_blocks_of_the_batch(time_major, blocks):
+    keras.utils.set_random_seed(0)
+    (op,) = capture(_two_views_model(time_major)).random_ops
+    assert op.reproducible and list(op.row_blocks) == blocks
+
+
+def test_a_draw_of_examples_and_timesteps_is_one_block(noisy_item):
+    assert all(not op.row_blocks for op in noisy_item.random_ops)
+
+
+def test_rows_in_no_block_order_are_not_reproducible():
+    inputs = keras.Input((4,), name="x")
+    h = keras.layers.Lambda(lambda t: keras.ops.flip(t, axis=0))(keras.layers.Dense(6)(inputs))
+    h = keras.layers.Lambda(lambda t: keras.ops.flip(t, axis=0))(keras.layers.Dropout(0.5)(h))
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
+    model.compile("sgd", "mse")
+    (op,) = capture(model).random_ops
+    assert not op.reproducible and "blocks" in op.reason
+
+
+@pytest.mark.parametrize("keep_blocks", [True, False])
+def test_virtual_nodes_draw_each_block_as_one_batch_does(keep_blocks):
+    """With the blocks, four virtual nodes compute one batch's gradients; read as one
+    block (the rewrite before), they do not."""
+    keras.utils.set_random_seed(0)
+    item = capture(_two_views_model())
+    if not keep_blocks:
+        for op in item.proto.random_ops:
+            del op.row_blocks[:]
+    spec = autodist.ResourceSpec.local(workers=1)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(22, 3, 4)).astype(np.float32)
+    y = rng.normal(size=(22, 1)).astype(np.float32)
+    strategy = builders.AllReduce().build(item, spec)
+    one = _run_step(item, strategy, spec, x, y, "x")
+    four = _run_step(item, strategy.with_virtual_nodes(24, 4), spec, x, y, "x")
+    if not keep_blocks:
+        assert abs(four["loss"] - one["loss"]) > 1e-3
+        return
+    for name in one:
+        np.testing.assert_allclose(four[name], one[name], rtol=0, atol=2e-6, err_msg=name)

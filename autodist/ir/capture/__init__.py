@@ -18,7 +18,8 @@ Modules: `dispatch` (the entry point), `keras_model`, `function` and
 `v1_graph` (one per source), `keras_specs`, `keras_loss`, `keras_metrics` and
 `added_losses` (a Keras model's parts), `traced_function`, `graph_cleanup`
 and `assemble` (a traced graph to a GraphItem), `example_runs` (the step run
-on random examples), `optimizer` and `schedule` (the optimizer as data),
+on random examples), `draw_rows` (which rows of a random draw are whose
+example), `optimizer` and `schedule` (the optimizer as data),
 `names`.
 """
 from autodist.ir.capture.added_losses import ADDED_LOSS_SCALE

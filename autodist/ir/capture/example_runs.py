@@ -2,7 +2,7 @@
 inference cannot tell (the batch axis of random draws) and added-loss kinds."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import tensorflow as tf
@@ -99,16 +99,32 @@ def _filled_tables(tables) -> dict[str, Any]:
 def run_terms(graph_def, handles, batch, draws, fetches, tables=()) -> list:
     """The step's `fetches` on one batch, its random draws fixed (see
     `classify_added_losses`)."""
+    return terms_runner(graph_def, handles, draws, fetches, tables)(batch)
+
+
+def terms_runner(graph_def, handles, draws, fetches, tables=()
+                 ) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
+    """`run_terms` for several batches of the same shapes, the step imported once."""
     fixed = _fixed_draws(graph_def, draws)
 
-    def run():
+    def run(batch):
         # Identities capture the eager handles into the function's graph.
         input_map = {name: tf.identity(handle) for name, handle in handles.items()}
-        input_map.update({name: tf.constant(value) for name, value in batch.items()})
+        input_map.update(batch)
         input_map.update(_filled_tables(tables))
         return tf.graph_util.import_graph_def(fixed, input_map=input_map,
                                               return_elements=fetches, name="terms")
-    return [np.asarray(v) for v in tf.function(run, autograph=False)()]
+    traced = tf.function(run, autograph=False)
+    concrete = []
+
+    def call(batch: dict[str, np.ndarray]) -> list[np.ndarray]:
+        tensors = {name: tf.constant(value) for name, value in batch.items()}
+        if not concrete:
+            # Traced here, not by a call: a capture after capture would have TensorFlow
+            # warn of frequent retracing (its count is kept per code object).
+            concrete.append(traced.get_concrete_function(tensors))
+        return [np.asarray(v) for v in concrete[0](tensors)]
+    return call
 
 
 def _fixed_draws(graph_def, draws):

@@ -9,6 +9,7 @@ import tensorflow as tf
 from autodist.ir.capture.added_losses import (added_loss_terms, classify_added_losses,
                                               scaled_added_losses)
 from autodist.ir.capture.constraints import attach_constraints
+from autodist.ir.capture.draw_rows import find_row_blocks
 from autodist.ir.capture.example_runs import infer_draw_shapes
 from autodist.ir.capture.keras_loss import (check_keras_losses, keras_compute_loss,
                                            record_loss_reductions, sum_scaled_weights)
@@ -105,6 +106,7 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     # Keras applies them after each update: traced here, applied by every task.
     attach_constraints(item, trainable, names)
     infer_draw_shapes(item, model)
+    find_row_blocks(item, model)
     classify_added_losses(item, model)
     record_loss_reductions(item, model, y_spec)
     # Keras resolves jit_compile="auto" when compiling: True where XLA serves the model.
