@@ -162,6 +162,37 @@ def test_per_output_loss_trackers_count_one_batch_on_uneven_replicas(two_outputs
         assert total == pytest.approx(float(tracker.result()), rel=1e-5), tracker.name
 
 
+@pytest.mark.parametrize("parts", [[8, 4], [3, 9]])
+def test_a_loss_as_a_metric_counts_one_batch_on_uneven_replicas(parts):
+    """A `keras.losses.Loss` instance passed as a metric is one value per batch that Keras
+    averages over batches: replicas holding 8 and 4 of the 12 examples report together
+    one count and the whole batch's value (not the mean of theirs); a per-example metric
+    ("mae") still counts the examples."""
+    from autodist.ir.capture.keras_metrics import keras_metric_variables
+
+    keras.utils.set_random_seed(0)
+    model = sum_and_weighted_mean_model(
+        0.1, metrics={"reg": [keras.losses.MeanAbsoluteError(name="reg_mae_loss"), "mae"]})
+    item = capture(model)
+    data = _data()
+    spec = autodist.ResourceSpec.local(workers=1, cpu_replicas_per_worker=2)
+    rows = np.split(np.arange(N), np.cumsum(parts)[:-1])
+    got = _step(item, spec, builders.AllReduce().build(item, spec), data, parts=rows)
+    _keras_step(model, item, data)   # the same weights in the model
+    for metric in model.metrics:
+        metric.reset_state()
+    x = tf.constant(data["features"])
+    model.compute_metrics(x, [tf.constant(data["y/reg"]), tf.constant(data["y/cls"])],
+                          model(x, training=True), sample_weight=None)
+    index = {id(v): i for i, v in enumerate(keras_metric_variables(model))}
+    by_name = {m.name: m for m in model._compile_metrics.metrics}
+    for name, count in (("reg_mae_loss", 1.0), ("mae", float(N))):
+        metric = by_name[name]
+        total, counted = (got["metrics"][index[id(v)]] for v in (metric.total, metric.count))
+        assert counted == pytest.approx(count, rel=1e-6), name
+        assert total / counted == pytest.approx(float(metric.result()), rel=1e-5), name
+
+
 def test_virtual_nodes_count_a_sum_in_full_and_said_for_the_weights_sum(two_outputs):
     model, item = two_outputs
     spec = autodist.ResourceSpec.local(workers=1)

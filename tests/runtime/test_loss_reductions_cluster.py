@@ -6,7 +6,8 @@ output "cls" with `SparseCategoricalCrossentropy(reduction="mean_with_sample_wei
 `loss_weights`, uneven sample weights (the first half of each batch weighs six times
 the second, which the other worker holds; some weigh 0) and a short last batch that
 the workers split unevenly (Keras' `reg_loss` and `cls_loss` count each batch once, with
-its loss: the workers' 7 and 6 examples one count).
+its loss: the workers' 7 and 6 examples one count; so does a loss instance passed as a
+metric, `reg_mae_loss`).
 Weighting each worker's loss by its share of the batch, as for a mean, halves the
 sum's gradient and divides by each worker's own weights (SGD shows both). The in-process
 checks of the step: `tests/kernels/test_loss_reductions.py`.
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+import keras
 
 from autodist.search import builders
 from tests.keras_equal import (assert_trains_as_keras, sum_and_weighted_mean_model,
@@ -26,7 +29,9 @@ EXAMPLES, BATCH = 45, 16   # batches of 16, 16 and 13 (the workers hold 7 and 6 
 
 
 def _model():
-    return sum_and_weighted_mean_model(0.02, metrics=[[], ["accuracy"]])
+    # A loss instance as a metric is one value per batch, counted once like the trackers.
+    return sum_and_weighted_mean_model(
+        0.02, metrics=[[keras.losses.MeanAbsoluteError(name="mae_loss")], ["accuracy"]])
 
 
 def _data():
@@ -51,5 +56,6 @@ def test_sum_and_mean_with_sample_weight_train_as_keras(ps, builder):
                       verbose=0)
     keras_history = reference.fit(x, y, sample_weight=weights, batch_size=BATCH, epochs=2,
                                   shuffle=False, verbose=0)
-    assert {"loss", "reg_loss", "cls_loss", "cls_accuracy"} <= set(keras_history.history)
+    assert {"loss", "reg_loss", "cls_loss", "cls_accuracy", "reg_mae_loss"} <= \
+        set(keras_history.history)
     assert_trains_as_keras(model, reference, history, keras_history)

@@ -116,15 +116,38 @@ def metric_contributions(model, metric_variables, inputs, targets, predictions,
     for v, zero in zip(metric_variables, zeros):
         value = scope.get_current_value(v)
         values[id(v)] = zero if value is None else value
-    if compile_loss is not None:
-        _count_batches_once(compile_loss.metrics, values)
+    trackers = list(compile_loss.metrics) if compile_loss is not None else []
+    compiled = model._compile_metrics  # noqa: SLF001
+    trackers += [metric for metric in (compiled.metrics if compiled is not None else [])
+                 if _counts_batches(metric, values)]
+    _count_batches_once(trackers, values)
     return [tf.identity(values[id(v)]) for v in metric_variables]
+
+
+def _counts_batches(metric, values: dict) -> bool:
+    """Whether a compiled metric's count grows by the same for any batch: a mean of one
+    value per batch (a `keras.losses.Loss` instance as a metric), not per example."""
+    count = getattr(metric, "count", None)
+    if count is None or getattr(metric, "total", None) is None or id(count) not in values:
+        return False
+    seen, pending = set(), [values[id(count)].op]
+    while pending:
+        op = pending.pop()
+        if op.name in seen:
+            continue
+        seen.add(op.name)
+        if op.type == "Placeholder":
+            return False   # it reads the batch
+        pending.extend(t.op for t in op.inputs)
+        pending.extend(op.control_inputs)
+    return True
 
 
 def _count_batches_once(trackers, values: dict) -> None:
     """Keras' per-output loss trackers (`<output>_loss`) count each batch once: their
     weight is the batch dimension's static size, unknown in `fit`'s traced step (a
-    batch's loss is not weighted by its examples, unlike the `loss` tracker's). A
+    batch's loss is not weighted by its examples, unlike the `loss` tracker's); so
+    does a loss instance passed as a metric (one value per batch). A
     replica's or virtual node's update of them counts its part of the global batch
     (`BATCH_PART_INPUT`) with the loss of its part, so the parts add up to one batch
     with the batch's loss."""
