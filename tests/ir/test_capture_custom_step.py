@@ -3,6 +3,8 @@ results) captured as they run, against Keras' own step; what is not taken is ref
 each naming what was found."""
 from __future__ import annotations
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -109,3 +111,153 @@ def test_a_step_unpacking_two_elements_takes_no_weights():
     item = capture(model)
     assert item.proto.custom_step.data == "x,y"
     assert [i.role for i in item.inputs] == ["x", "y"]
+
+
+def _loss_and_gradients(model, data):
+    x, y = data[:2]
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        loss = keras.ops.mean(keras.ops.square(y_pred - y))
+    return loss, y_pred, tape.gradient(loss, model.trainable_variables)
+
+
+def _tracked(model, loss):
+    model.tracker.update_state(loss)
+    return {"loss": model.tracker.result()}
+
+
+def _two_optimizers(model, data):
+    loss, _, grads = _loss_and_gradients(model, data)
+    variables = model.trainable_variables
+    model.optimizer.apply(grads[:1], variables[:1])
+    model.other_optimizer.apply(grads[1:], variables[1:])
+    return _tracked(model, loss)
+
+
+def _two_applies(model, data):
+    loss, _, grads = _loss_and_gradients(model, data)
+    model.optimizer.apply(grads, model.trainable_variables)
+    model.optimizer.apply(grads, model.trainable_variables)
+    return _tracked(model, loss)
+
+
+def _apply_under_cond(model, data):
+    loss, _, grads = _loss_and_gradients(model, data)
+
+    def update():
+        model.optimizer.apply(grads, model.trainable_variables)
+        return tf.constant(0)
+    tf.cond(loss > 1.0, update, lambda: tf.constant(0))
+    return _tracked(model, loss)
+
+
+def _assign_outside_apply(model, data):
+    loss, _, grads = _loss_and_gradients(model, data)
+    model.optimizer.apply(grads, model.trainable_variables)
+    kernel = model.trainable_variables[0]
+    kernel.assign(kernel * 0.5)
+    return _tracked(model, loss)
+
+
+def _state_from_batch(model, data):
+    loss, y_pred, grads = _loss_and_gradients(model, data)
+    model.optimizer.apply(grads, model.trainable_variables)
+    model.batch_mean.assign(keras.ops.mean(y_pred))
+    return _tracked(model, loss)
+
+
+def _shape_fixed_to_batch(model, data):
+    x, y = data[:2]
+    with tf.GradientTape() as tape:
+        y_pred = keras.ops.reshape(model(x, training=True), (8, 1))
+        loss = keras.ops.mean(keras.ops.square(y_pred - y))
+    model.optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                          model.trainable_variables)
+    return _tracked(model, loss)
+
+
+def _contrastive(model, data):
+    x = data[0]
+    with tf.GradientTape() as tape:
+        z = model(x, training=True)
+        logits = keras.ops.matmul(z, keras.ops.transpose(z))
+        loss = keras.ops.mean(keras.ops.logsumexp(logits, axis=1))
+    model.optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                          model.trainable_variables)
+    return _tracked(model, loss)
+
+
+def _reads_after_apply(model, data):
+    loss, _, grads = _loss_and_gradients(model, data)
+    model.optimizer.apply(grads, model.trainable_variables)
+    after = keras.ops.mean(keras.ops.square(model(data[0]) - data[1]))
+    return _tracked(model, after)
+
+
+def _raw_log(model, data):
+    loss, _, grads = _loss_and_gradients(model, data)
+    model.optimizer.apply(grads, model.trainable_variables)
+    return {"loss": loss}
+
+
+def _plain(model, data):
+    loss, _, grads = _loss_and_gradients(model, data)
+    model.optimizer.apply(grads, model.trainable_variables)
+    return _tracked(model, loss)
+
+
+def _custom_model(step, optimizer=None, regularizer=None):
+    """A Dense model whose train_step is `step(model, data)`, with a Mean tracker, a
+    second optimizer and a non-trainable variable for the steps to misuse."""
+    class Custom(keras.Model):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.tracker = keras.metrics.Mean(name="loss")
+            self.other_optimizer = keras.optimizers.SGD(0.1)
+            self.batch_mean = keras.Variable(0.0, trainable=False, name="batch_mean")
+
+        @property
+        def metrics(self):
+            return [self.tracker]
+
+        def train_step(self, data):
+            return step(self, data)
+
+    inputs = keras.Input((3,))
+    model = Custom(inputs, keras.layers.Dense(2, kernel_regularizer=regularizer)(inputs))
+    model.compile(optimizer=optimizer or keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+@pytest.mark.parametrize(("step", "options", "refused"), [
+    (_two_optimizers, {}, r"applies 2 update\(s\) per step \(sgd.*, sgd.*\).*several optimizers"),
+    (_two_applies, {}, r"fails after its optimizer's apply.*a second apply"),
+    (_apply_under_cond, {}, r"under control flow"),
+    (_assign_outside_apply, {}, r"assigns trained variable\(s\) \['dense.*/kernel'\] outside"),
+    (_state_from_batch, {}, r"assigns 'batch_mean' from the batch"),
+    (_shape_fixed_to_batch, {}, r"fails on part of a batch.*shape fixed to the global batch"),
+    (_contrastive, {}, r"the gradient of 'dense.*' on a batch of 7 examples is not that of "
+                       r"two parts.*couples the batch's examples"),
+    (_reads_after_apply, {}, r"reads 'dense.*' after the optimizer's apply"),
+    (_raw_log, {}, r"logs 'loss' from .*not only from its metrics' state"),
+    (_plain, {"optimizer": keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())},
+     r"LossScaleOptimizer"),
+    (_plain, {"regularizer": "l2"}, r"add losses \(add_loss, regularizers"),
+], ids=["two_optimizers", "two_applies", "apply_under_cond", "assign_outside_apply",
+        "state_from_batch", "shape_fixed_to_batch", "contrastive_loss", "reads_after_apply",
+        "raw_log", "loss_scaling", "added_losses"])
+def test_what_one_apply_cannot_describe_is_refused(step, options, refused):
+    model = _custom_model(step, **options)
+    with pytest.raises(CaptureError, match=r"train_step of model 'custom.*' \(in .*Custom\)"):
+        try:
+            capture(model, x=np.zeros((2, 3), np.float32), y=np.zeros((2, 2), np.float32))
+        except CaptureError as e:
+            assert re.search(refused, str(e), re.S), str(e)
+            raise
+
+
+def test_a_step_like_keras_own_is_taken():
+    """The refusals above are what they say: the same model with one plain apply."""
+    item = capture(_custom_model(_plain), x=np.zeros((2, 3), np.float32),
+                   y=np.zeros((2, 2), np.float32))
+    assert [log.name for log in item.proto.custom_step.logs] == ["loss"]

@@ -54,7 +54,7 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size) -> Grap
     Raises:
         CaptureError: what the step does that a distributed run cannot (named).
     """
-    label = f"model {model.name!r}'s train_step (in {step_class.__qualname__})"
+    label = f"the train_step of model {model.name!r} (in {step_class.__qualname__})"
     _check_supported(model, label)
     check_keras_stateful_layers(model)
     x_spec = keras_input_spec(model, x)
@@ -66,7 +66,8 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size) -> Grap
     weight_spec = _first_trace(model, x_spec, y_spec,
                                sample_weight_spec(model, x_spec, y_spec), label)
     trainable = list(model.trainable_variables)
-    _check_optimizer_variables(model, trainable, label)
+    if not trainable:
+        raise CaptureError(f"model {model.name!r} has no trainable variables")
     metric_variables = keras_metric_variables(model)
     names = unique_names([v.path for v in trainable])
     traced = _Traced()
@@ -78,6 +79,7 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size) -> Grap
     concrete = tf.function(step, autograph=False).get_concrete_function(x_spec, y_spec,
                                                                          weight_spec)
     traced.check(model, label)
+    _check_optimizer_variables(model, trainable, label)
     state = [v for v in model.variables if not v.trainable]
     target_names = keras_target_names(model, y_spec)
     input_infos = [(n, "x") for n in keras_input_names(model, x_spec)] + \
@@ -161,8 +163,6 @@ def _check_optimizer_variables(model, trainable: list, label: str) -> None:
     """The compiled optimizer was built (by the step's apply) for exactly the model's
     trainable variables: the run updates those, and maps the optimizer's slots by them."""
     known = getattr(model.optimizer, "_trainable_variables", None)
-    if not trainable:
-        raise CaptureError(f"model {model.name!r} has no trainable variables")
     if not getattr(model.optimizer, "built", False) or known is None:
         raise CaptureError(f"{label} never applies the compiled optimizer "
                            "(self.optimizer.apply / apply_gradients)")
@@ -223,6 +223,15 @@ def _recorded_step(model, args: tuple, trainable: list, metric_variables: list,
     try:
         with recording.scope() as scope:
             logs = model.train_step(data)
+    except Exception as e:  # noqa: BLE001  # the user's step raises anything
+        if not recording.applies:
+            raise
+        # Keras' own code trips over a variable read after the apply (a placeholder).
+        raise CaptureError(
+            f"{label} fails after its optimizer's apply ({type(e).__name__}: "
+            f"{str(e)[:200]}): it uses the updated variables again (a second apply, a "
+            f"forward pass after the update), which one apply per step cannot describe "
+            f"({_DESIGN}, steps 2-4); {_WITHOUT}") from e
     finally:
         for variable, flag in flags:
             variable.overwrite_with_gradient = flag
@@ -264,6 +273,7 @@ class _Recording:
         self.assigned: list[tuple[Any, Any]] = []
         self.after: list[tuple[Any, str]] = []
         self.graph = tf.compat.v1.get_default_graph()
+        self.conditional = False
 
     def scope(self):
         """A StatelessScope sorting its updates here; metric variables start at 0."""
@@ -286,6 +296,8 @@ class _Recording:
                 self.applies.append((optimizer, {}))
                 self.open = True
             self.applies[-1][1][id(variable)] = value
+            if tf.compat.v1.get_default_graph() is not self.graph:
+                self.conditional = True  # inside a tf.cond or loop body's graph
             after = tf.compat.v1.placeholder_with_default(
                 tf.zeros(variable.shape, variable.dtype), variable.shape,
                 name="autodist_after_apply")
@@ -333,10 +345,8 @@ class _Recording:
                 f"the compiled optimizer ({model.optimizer.name!r}) once: several optimizers "
                 f"or applies (GANs, CycleGAN) are not supported yet ({_DESIGN}, steps 2-3); "
                 f"{_WITHOUT}")
-        for value in self.applies[0][1].values():
-            graph = getattr(getattr(value, "values", value), "graph", None)
-            if graph is not self.graph:
-                raise CaptureError(
+        if self.conditional:
+            raise CaptureError(
                     f"{label} applies its update under control flow (tf.cond, a loop): "
                     "the run applies one update every step; apply it unconditionally, or "
                     f"{_WITHOUT}")
