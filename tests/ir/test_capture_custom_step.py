@@ -261,3 +261,36 @@ def test_a_step_like_keras_own_is_taken():
     item = capture(_custom_model(_plain), x=np.zeros((2, 3), np.float32),
                    y=np.zeros((2, 2), np.float32))
     assert [log.name for log in item.proto.custom_step.logs] == ["loss"]
+
+
+def test_a_custom_step_capture_round_trips_and_is_checked():
+    from autodist.ir.graph_item import GraphItem
+
+    item = capture(_custom_model(_plain), x=np.zeros((2, 3), np.float32),
+                   y=np.zeros((2, 2), np.float32))
+    again = GraphItem.deserialize(item.serialize())
+    assert again.proto.custom_step == item.proto.custom_step
+    del item.proto.custom_step.state_inputs[:]
+    with pytest.raises(CaptureError, match=r"custom_step.state_inputs needs one per metric"):
+        GraphItem.deserialize(item.serialize())
+
+
+def test_a_step_calling_keras_own_trains_as_keras_step():
+    """`super().train_step(data)`: Keras' own step, its loss tracker weighted by the
+    batch's examples, compiled metrics, the logs of `get_metrics_result`."""
+    class Own(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    def build():
+        inputs = keras.Input((5,))
+        model = Own(inputs, keras.layers.Dense(2)(inputs))
+        model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse", metrics=["mae"])
+        return model
+
+    model, reference = twin_models(build, seed=5)
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(8, 5)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
+    item = capture(model)
+    _assert_as_keras(item, model, reference,
+                     {"input_0": x, "y": y, "sample_weight": np.ones(8, "float32")}, (x, y))

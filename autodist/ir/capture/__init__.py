@@ -15,7 +15,8 @@ optimizer update is not traced: the optimizer is recorded as data
 (`OptimizerInfo`) and the kernels build its update where the strategy says.
 
 Modules: `dispatch` (the entry point), `keras_model`, `function` and
-`v1_graph` (one per source), `keras_specs`, `keras_loss`, `keras_metrics` and
+`v1_graph` (one per source; `keras_train_step` for a model's own `train_step`,
+with `step_logs` and `step_parts`), `keras_specs`, `keras_loss`, `keras_metrics` and
 `added_losses` (a Keras model's parts), `traced_function`, `graph_cleanup`
 and `assemble` (a traced graph to a GraphItem), `example_runs` (the step run
 on random examples), `draw_rows` (which rows of a random draw are whose

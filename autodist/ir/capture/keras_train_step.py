@@ -142,13 +142,13 @@ def _first_trace(model, x_spec, y_spec, weight_spec, label: str):
     try:
         trace(weight_spec)
         return weight_spec
-    except Exception as first:  # noqa: BLE001  # the user's step raises anything
+    except Exception as first:  # the user's step raises anything
         if weight_spec is None:
             raise CaptureError(f"{label} fails when traced ({type(first).__name__}: "
                                f"{first})") from first
         try:
             trace(None)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # whatever the step raises
             raise CaptureError(f"{label} fails when traced, with sample weights "
                                f"({type(first).__name__}: {first}) and without "
                                f"({type(e).__name__}: {e})") from e
@@ -223,7 +223,7 @@ def _recorded_step(model, args: tuple, trainable: list, metric_variables: list,
     try:
         with recording.scope() as scope:
             logs = model.train_step(data)
-    except Exception as e:  # noqa: BLE001  # the user's step raises anything
+    except Exception as e:  # the user's step raises anything
         if not recording.applies:
             raise
         # Keras' own code trips over a variable read after the apply (a placeholder).

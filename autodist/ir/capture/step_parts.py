@@ -55,7 +55,7 @@ def check_parts_add_up(item: GraphItem, model, label: str) -> None:
             values = run_terms(graph_def, model_variable_handles(item, model), batch,
                                item.random_ops, [t for _, t in named], item.tables)
             runs.append((share, values))
-    except Exception as e:  # noqa: BLE001  # whatever the user's step raises
+    except Exception as e:  # whatever the user's step raises
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CaptureError(
             f"{label} fails on part of a batch ({_WHOLE - _CUT} of {_WHOLE} examples: "
