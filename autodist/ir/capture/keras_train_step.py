@@ -39,7 +39,7 @@ from autodist.ir.graph_item import BATCH_PART_INPUT, GraphItem
 # Where the later steps (several optimizers, ordered phases, state after the update)
 # are described, for the refusals.
 _DESIGN = "docs/design_custom_train_step.md"
-# Keras' fit runs these steps: refused with a custom one, unlike `capture_keras`.
+# What the refusals offer instead.
 _WITHOUT = "train this model with Keras' fit on one device"
 
 
@@ -144,14 +144,17 @@ def _first_trace(model, x_spec, y_spec, weight_spec, label: str):
         return weight_spec
     except Exception as first:  # the user's step raises anything
         if weight_spec is None:
+            hint = "" if y_spec is not None else \
+                "; it was given x alone (no loss, no compiled metrics): if it reads " \
+                "targets, pass capture(model, x=..., y=example_targets)"
             raise CaptureError(f"{label} fails when traced ({type(first).__name__}: "
-                               f"{first})") from first
+                               f"{str(first)[:300]}){hint}") from first
         try:
             trace(None)
         except Exception as e:  # whatever the step raises
             raise CaptureError(f"{label} fails when traced, with sample weights "
-                               f"({type(first).__name__}: {first}) and without "
-                               f"({type(e).__name__}: {e})") from e
+                               f"({type(first).__name__}: {str(first)[:300]}) and without "
+                               f"({type(e).__name__}: {str(e)[:300]})") from e
         return None
 
 
@@ -307,7 +310,8 @@ class _Recording:
             # Apply's update count, after its name scope: the apply ends (one without
             # gradients is an apply too).
             if not self.open:
-                self.applies.append((None, {}))
+                self.applies.append((next(o for o in self._optimizers()
+                                          if variable is o.iterations), {}))
             self.open = False
         elif id(variable) in self.metric_ids:
             scope.state_mapping[id(variable)] = value
@@ -318,7 +322,7 @@ class _Recording:
             self.assigned.append((variable, value))
 
     def _optimizers(self) -> list:
-        return _optimizers_of(self.model) + [o for o, _ in self.applies if o is not None]
+        return _optimizers_of(self.model) + [o for o, _ in self.applies]
 
     def gradients(self, trainable: list) -> list:
         """Each trainable variable's gradient in the step's apply (None: not applied)."""
@@ -338,8 +342,7 @@ class _Recording:
             raise CaptureError(f"{label} applies no optimizer update "
                                "(self.optimizer.apply / apply_gradients)")
         if len(self.applies) > 1 or self.applies[0][0] is not model.optimizer:
-            found = ", ".join(getattr(o, "name", "an optimizer without gradients")
-                              for o, _ in self.applies)
+            found = ", ".join(o.name for o, _ in self.applies)
             raise CaptureError(
                 f"{label} applies {len(self.applies)} update(s) per step ({found}), not "
                 f"the compiled optimizer ({model.optimizer.name!r}) once: several optimizers "

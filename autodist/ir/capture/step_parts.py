@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autodist.ir.capture.example_runs import model_variable_handles, random_examples, run_terms
+from autodist.ir.capture.example_runs import model_variable_handles, random_examples, run_batches
 from autodist.ir.errors import CaptureError
 from autodist.ir.graph_item import BATCH_PART_INPUT, GraphItem
 
@@ -45,23 +45,24 @@ def check_parts_add_up(item: GraphItem, model, label: str) -> None:
     has_part = any(node.name == BATCH_PART_INPUT for node in graph_def.node)
     whole = random_examples(item, _WHOLE, seed=1)
     state = [(v, np.array(v.numpy())) for v in model.variables if not v.trainable]
-    runs = []
+    batches, shares = [], []
+    for rows in (slice(0, _WHOLE), slice(0, _CUT), slice(_CUT, _WHOLE)):
+        batch = {name: value[rows] for name, value in whole.items()}
+        shares.append((rows.stop - rows.start) / _WHOLE)
+        if has_part:
+            batch[f"{BATCH_PART_INPUT}:0"] = np.float32(shares[-1])
+        batches.append(batch)
     try:
-        for rows in (slice(0, _WHOLE), slice(0, _CUT), slice(_CUT, _WHOLE)):
-            batch = {name: value[rows] for name, value in whole.items()}
-            share = (rows.stop - rows.start) / _WHOLE
-            if has_part:
-                batch[f"{BATCH_PART_INPUT}:0"] = np.float32(share)
-            values = run_terms(graph_def, model_variable_handles(item, model), batch,
-                               item.random_ops, [t for _, t in named], item.tables)
-            runs.append((share, values))
+        runs = list(zip(shares, run_batches(
+            graph_def, model_variable_handles(item, model), batches, item.random_ops,
+            [t for _, t in named], item.tables)))
     except Exception as e:  # whatever the user's step raises
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CaptureError(
-            f"{label} fails on part of a batch ({_WHOLE - _CUT} of {_WHOLE} examples: "
-            f"{type(e).__name__}: {first[:300]}), as each replica runs it: a shape fixed to "
-            "the global batch size? Take the batch size from the data "
-            "(keras.ops.shape(x)[0]), or train with Keras' fit on one device") from e
+            f"{label} fails on batches of {_WHOLE}, {_CUT} and {_WHOLE - _CUT} examples "
+            f"({type(e).__name__}: {first[:300]}), as replicas running parts of the global "
+            "batch would: a shape fixed to the batch size? Take the batch size from the "
+            "data (keras.ops.shape(x)[0]), or train with Keras' fit on one device") from e
     finally:
         for variable, value in state:
             variable.assign(value)
