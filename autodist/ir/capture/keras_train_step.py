@@ -23,8 +23,8 @@ import tensorflow as tf
 from autodist.ir.capture.constraints import attach_constraints
 from autodist.ir.capture.example_runs import infer_draw_shapes
 from autodist.ir.capture.keras_metrics import keras_metric_variables
-from autodist.ir.capture.keras_model import (check_keras_stateful_layers, keras_lookup_tables,
-                                             rows_per_example)
+from autodist.ir.capture.keras_model import (check_compiled, check_keras_stateful_layers,
+                                             keras_lookup_tables, rows_per_example)
 from autodist.ir.capture.keras_specs import (build_model, keras_input_names, keras_input_spec,
                                              keras_target_names, keras_target_spec,
                                              sample_weight_name, sample_weight_spec)
@@ -55,6 +55,7 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size) -> Grap
         CaptureError: what the step does that a distributed run cannot (named).
     """
     label = f"the train_step of model {model.name!r} (in {step_class.__qualname__})"
+    check_compiled(model)
     _check_supported(model, label)
     check_keras_stateful_layers(model)
     x_spec = keras_input_spec(model, x)
