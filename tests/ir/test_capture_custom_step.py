@@ -235,7 +235,8 @@ def _custom_model(step, optimizer=None, regularizer=None):
     (_apply_under_cond, {}, r"under control flow"),
     (_assign_outside_apply, {}, r"assigns trained variable\(s\) \['dense.*/kernel'\] outside"),
     (_state_from_batch, {}, r"assigns 'batch_mean' from the batch"),
-    (_shape_fixed_to_batch, {}, r"fails on batches of 7, 3 and 4 examples.*shape fixed to the batch size"),
+    (_shape_fixed_to_batch, {},
+     r"fails on batches of 7, 3 and 4 examples.*shape fixed to the batch size"),
     (_contrastive, {}, r"the gradient of 'dense.*' on a batch of 7 examples is not that of "
                        r"two parts.*couples the batch's examples"),
     (_reads_after_apply, {}, r"reads 'dense.*' after the optimizer's apply"),

@@ -22,7 +22,9 @@ import tensorflow as tf
 
 from autodist.ir.capture.constraints import attach_constraints
 from autodist.ir.capture.example_runs import infer_draw_shapes
-from autodist.ir.capture.keras_metrics import keras_metric_variables
+from autodist.ir.capture.draw_rows import find_row_blocks
+from autodist.ir.capture.keras_metrics import (count_batches_once, counts_batches,
+                                               keras_metric_variables)
 from autodist.ir.capture.keras_model import (check_compiled, check_keras_stateful_layers,
                                              keras_lookup_tables, rows_per_example)
 from autodist.ir.capture.keras_specs import (build_model, keras_input_names, keras_input_spec,
@@ -34,7 +36,7 @@ from autodist.ir.capture.step_logs import flat_logs, logs_graph
 from autodist.ir.capture.step_parts import check_parts_add_up
 from autodist.ir.capture.traced_function import from_concrete_function
 from autodist.ir.errors import CaptureError
-from autodist.ir.graph_item import BATCH_PART_INPUT, GraphItem
+from autodist.ir.graph_item import GraphItem
 
 # Where the later steps (several optimizers, ordered phases, state after the update)
 # are described, for the refusals.
@@ -94,6 +96,7 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size) -> Grap
         tables=keras_lookup_tables(model))
     attach_constraints(item, trainable, names)
     infer_draw_shapes(item, model)
+    find_row_blocks(item, model)
     item.proto.jit_compile = getattr(model, "jit_compile", False) is True
     info = item.proto.custom_step
     info.step_class = step_class.__qualname__
@@ -244,7 +247,7 @@ def _recorded_step(model, args: tuple, trainable: list, metric_variables: list,
     traced.finals = [scope.get_current_value(v) for v in metric_variables]
     traced.logs = flat_logs(logs, label)
     gradients = rows_per_example(recording.gradients(trainable), inputs)
-    states = _count_parts_of_batches(model, metric_variables, traced.finals, traced.data_ops)
+    states = _count_parts_of_batches(model, metric_variables, traced.finals, recording.zeros)
     loss = next((t for key, t in traced.logs if key == "loss"), None)
     loss = tf.constant(0.0, name="no_loss") if loss is None else loss
     traced.outputs = [loss] + [g for g in tf.nest.flatten(gradients, expand_composites=True)
@@ -271,6 +274,7 @@ class _Recording:
         self.trained = {id(v) for v in trainable}
         self.metric_variables = metric_variables
         self.metric_ids = {id(v) for v in metric_variables}
+        self.zeros = [tf.zeros(v.shape, v.dtype) for v in metric_variables]
         self.applies: list[tuple[Any, dict[int, Any]]] = []
         self.open = False
         self.outside: list[str] = []
@@ -289,8 +293,7 @@ class _Recording:
             def add_update(self, update):
                 recording.sort(self, *update)
 
-        return RecordingScope(state_mapping=[(v, tf.zeros(v.shape, v.dtype))
-                                             for v in self.metric_variables])
+        return RecordingScope(state_mapping=list(zip(self.metric_variables, self.zeros)))
 
     def sort(self, scope, variable, value) -> None:
         """Records one assignment of the step."""
@@ -379,26 +382,18 @@ def _optimizers_of(model) -> list:
 
 
 def _count_parts_of_batches(model, metric_variables: list, finals: list,
-                            data_ops: set) -> list:
-    """The metric contributions; a Mean tracker that counts values per batch (its count
-    does not depend on the batch: `tracker.update_state(loss)`) counts a replica's part
-    of one (`BATCH_PART_INPUT`, its share of the global batch) with its total weighted
-    so, as Keras' per-output loss trackers do (`keras_metrics._count_batches_once`)."""
-    index = {id(v): k for k, v in enumerate(metric_variables)}
-    states = list(finals)
-    part = None
-    for metric in _all_metrics(model):
-        total, count = getattr(metric, "total", None), getattr(metric, "count", None)
-        if total is None or count is None or id(total) not in index or id(count) not in index:
-            continue
-        t, c = index[id(total)], index[id(count)]
-        if _reads(finals[c], data_ops) is not None:
-            continue  # it counts examples (or weights): parts add up
-        if part is None:
-            part = tf.compat.v1.placeholder_with_default(1.0, [], name=BATCH_PART_INPUT)
-        states[t] = finals[t] * tf.cast(part, finals[t].dtype)
-        states[c] = finals[c] * tf.cast(part, finals[c].dtype)
-    return [tf.identity(s) for s in states]
+                            zeros: list) -> list:
+    """The metric contributions, where a Mean tracker updated with one value per batch
+    (`tracker.update_state(loss)`: its count does not read the batch) counts a
+    replica's part of one batch with its part's value (`keras_metrics.count_batches_once`,
+    as Keras' per-output loss trackers); a tracker the step leaves alone stays zero."""
+    values = {id(v): final for v, final in zip(metric_variables, finals)}
+    untouched = {id(v) for v, final, zero in zip(metric_variables, finals, zeros)
+                 if final is zero}
+    count_batches_once([m for m in _all_metrics(model)
+                        if id(getattr(m, "count", None)) not in untouched and
+                        counts_batches(m, values)], values)
+    return [tf.identity(values[id(v)]) for v in metric_variables]
 
 
 def _all_metrics(model) -> list:
