@@ -107,3 +107,51 @@ def guide_model_3(optimizer=None):
     model.compile(optimizer=optimizer or keras.optimizers.Adam(0.01), loss="mse",
                   metrics=["mae"])
     return model
+
+
+def simsiam_model(optimizer=None):
+    """keras-io's SimSiam, small: an encoder with batch normalization (in training mode)
+    called on two views (fit's x and y, as a zip of two datasets gives them), a
+    predictor, the negative cosine similarity against the other view's stopped
+    encoding, a Mean tracker; SGD(0.05, momentum 0.9) unless `optimizer` is given."""
+    import keras
+    import tensorflow as tf
+    from keras import layers
+
+    def negative_cosine(p, z):
+        z = tf.stop_gradient(z)
+        p = tf.math.l2_normalize(p, axis=1)
+        z = tf.math.l2_normalize(z, axis=1)
+        return -tf.reduce_mean(tf.reduce_sum(p * z, axis=1))
+
+    class SimSiam(keras.Model):
+        def __init__(self, encoder, predictor, **kwargs):
+            super().__init__(**kwargs)
+            self.encoder, self.predictor = encoder, predictor
+            self.loss_tracker = keras.metrics.Mean(name="loss")
+
+        @property
+        def metrics(self):
+            return [self.loss_tracker]
+
+        def train_step(self, data):
+            ds_one, ds_two = data
+            with tf.GradientTape() as tape:
+                z1 = self.encoder(ds_one, training=True)
+                z2 = self.encoder(ds_two, training=True)
+                p1, p2 = self.predictor(z1), self.predictor(z2)
+                loss = negative_cosine(p1, z2) / 2 + negative_cosine(p2, z1) / 2
+            params = self.encoder.trainable_variables + self.predictor.trainable_variables
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, params), params))
+            self.loss_tracker.update_state(loss)
+            return {"loss": self.loss_tracker.result()}
+
+    inputs = keras.Input((6,))
+    h = layers.ReLU()(layers.BatchNormalization()(layers.Dense(8, use_bias=False)(inputs)))
+    encoder = keras.Model(inputs, layers.Dense(4)(h), name="encoder")
+    latent = keras.Input((4,))
+    predictor = keras.Model(latent, layers.Dense(4)(layers.Dense(3, activation="relu")(latent)),
+                            name="predictor")
+    model = SimSiam(encoder, predictor, name="simsiam")
+    model.compile(optimizer=optimizer or keras.optimizers.SGD(0.05, momentum=0.9))
+    return model

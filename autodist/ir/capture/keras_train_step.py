@@ -232,7 +232,8 @@ def _recorded_step(model, args: tuple, trainable: list, metric_variables: list,
             logs = model.train_step(data)
     except Exception as e:  # the user's step raises anything
         if not recording.applies:
-            raise
+            raise CaptureError(f"{label} fails when traced under the capture's recording "
+                               f"scope ({type(e).__name__}: {str(e)[:300]})") from e
         # Keras' own code trips over a variable read after the apply (a placeholder).
         raise CaptureError(
             f"{label} fails after its optimizer's apply ({type(e).__name__}: "
