@@ -220,6 +220,23 @@ def _plain(model, data):
     return _tracked(model, loss)
 
 
+def _added_sum(model, data):
+    """Keras' step with a term `add_loss`-ed by a layer: a sum over the batch's examples."""
+    x, y = data[:2]
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        loss = model.compute_loss(x=x, y=y, y_pred=y_pred)
+    model.optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                          model.trainable_variables)
+    return _tracked(model, loss)
+
+
+class _AddsSum(keras.layers.Layer):
+    def call(self, inputs):
+        self.add_loss(keras.ops.sum(keras.ops.square(inputs)))
+        return inputs
+
+
 def _custom_model(step, optimizer=None, regularizer=None):
     """A Dense model whose train_step is `step(model, data)`, with a Mean tracker, a
     second optimizer and a non-trainable variable for the steps to misuse."""
@@ -238,7 +255,8 @@ def _custom_model(step, optimizer=None, regularizer=None):
             return step(self, data)
 
     inputs = keras.Input((3,))
-    model = Custom(inputs, keras.layers.Dense(2, kernel_regularizer=regularizer)(inputs))
+    outputs = keras.layers.Dense(2, kernel_regularizer=regularizer)(inputs)
+    model = Custom(inputs, _AddsSum()(outputs) if step is _added_sum else outputs)
     model.compile(optimizer=optimizer or keras.optimizers.SGD(0.1), loss="mse")
     return model
 
@@ -257,10 +275,11 @@ def _custom_model(step, optimizer=None, regularizer=None):
     (_raw_log, {}, r"logs 'loss' from .*not only from its metrics' state"),
     (_plain, {"optimizer": keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())},
      r"LossScaleOptimizer"),
-    (_plain, {"regularizer": "l2"}, r"add losses \(add_loss, regularizers"),
+    (_added_sum, {}, r"the gradient of 'dense.*' on a batch of 7 examples is not that of "
+                     r"two parts.*reduces by a sum"),
 ], ids=["two_optimizers", "two_applies", "apply_under_cond", "assign_outside_apply",
         "state_from_batch", "shape_fixed_to_batch", "contrastive_loss", "reads_after_apply",
-        "raw_log", "loss_scaling", "added_losses"])
+        "raw_log", "loss_scaling", "added_sum_over_examples"])
 def test_what_one_apply_cannot_describe_is_refused(step, options, refused):
     model = _custom_model(step, **options)
     with pytest.raises(CaptureError, match=r"train_step of model 'custom.*' \(in .*Custom\)"):
@@ -306,6 +325,25 @@ def test_a_step_calling_keras_own_trains_as_keras_step():
     model, reference = twin_models(build, seed=5)
     rng = np.random.default_rng(2)
     x, y = rng.normal(size=(8, 5)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
+    item = capture(model)
+    _assert_as_keras(item, model, reference,
+                     {"input_0": x, "y": y, "sample_weight": np.ones(8, "float32")}, (x, y))
+
+
+def test_layers_added_losses_train_as_keras_step():
+    """A weight regularizer and an activity regularizer (Keras divides it by the batch
+    size: a mean over examples) in `compute_loss` add up over replicas as the loss."""
+    def build():
+        inputs = keras.Input((5,))
+        hidden = keras.layers.Dense(4, activation="tanh", kernel_regularizer="l2",
+                                    activity_regularizer="l1")(inputs)
+        model = type(guide_model_3())(inputs, keras.layers.Dense(1)(hidden))
+        model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse", metrics=["mae"])
+        return model
+
+    model, reference = twin_models(build, seed=8)
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(8, 5)).astype("float32"), rng.normal(size=(8, 1)).astype("float32")
     item = capture(model)
     _assert_as_keras(item, model, reference,
                      {"input_0": x, "y": y, "sample_weight": np.ones(8, "float32")}, (x, y))

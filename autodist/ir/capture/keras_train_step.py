@@ -107,6 +107,7 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size) -> Grap
     info.logs_graph_def = graph_def
     for key, tensor in traced.logs:
         info.logs.add(name=key, tensor=tensor.name, dtype="float32")
+    _check_added_losses(item, label, traced.added_losses)
     check_parts_add_up(item, model, label)
     return item
 
@@ -120,16 +121,24 @@ def _has_call(model) -> bool:
 
 
 def _check_supported(model, label: str) -> None:
-    """What a custom step may not have yet: dynamic loss scaling, layers' added losses."""
+    """What a custom step may not have yet: dynamic loss scaling."""
     if getattr(model.optimizer, "inner_optimizer", None) is not None:
         raise CaptureError(
             f"{label} runs under a LossScaleOptimizer ('mixed_float16'), which a captured "
             f"custom step does not scale yet; use 'mixed_bfloat16' or float32, or {_WITHOUT}")
-    if model.losses:
+
+
+def _check_added_losses(item: GraphItem, label: str, added: int) -> None:
+    """Layers' added losses (regularizers, `add_loss`) in the step: a weight regularizer
+    or a mean over examples adds up over replicas as the loss does, which the parts
+    check verifies; where it does not run (batch normalization, masked losses) they
+    are refused, since a sum over examples would count once per replica."""
+    if added and (item.batch_norms or item.loss_masks):
         raise CaptureError(
-            f"{label}: the model's layers add losses (add_loss, regularizers: "
-            f"{len(model.losses)}), which a captured custom step does not scale by each "
-            f"replica's part of the batch yet; remove them, or {_WITHOUT}")
+            f"{label}: the model's layers add {added} loss term(s) (add_loss, regularizers) "
+            "next to batch normalization or a masked loss, where the capture cannot check "
+            "that they add up over replicas (a sum over examples would not); remove them, "
+            f"or {_WITHOUT}")
 
 
 def _first_trace(model, x_spec, y_spec, weight_spec, label: str):
@@ -194,6 +203,7 @@ class _Traced:
     finals: list = dataclasses.field(default_factory=list)
     data_ops: set = dataclasses.field(default_factory=set)
     outputs: list = dataclasses.field(default_factory=list)
+    added_losses: int = 0
 
     def check(self, model, label: str) -> None:
         """Refuses what one apply per step cannot describe (see `_Recording`)."""
@@ -246,6 +256,8 @@ def _recorded_step(model, args: tuple, trainable: list, metric_variables: list,
     traced.recording = recording
     traced.data_ops = {t.op for t in tf.nest.flatten(args) if t is not None}
     traced.finals = [scope.get_current_value(v) for v in metric_variables]
+    traced.added_losses = len(scope.losses) + sum(
+        getattr(v, "regularizer", None) is not None for v in trainable)
     traced.logs = flat_logs(logs, label)
     gradients = rows_per_example(recording.gradients(trainable), inputs)
     states = _count_parts_of_batches(model, metric_variables, traced.finals, recording.zeros)
@@ -294,7 +306,18 @@ class _Recording:
             def add_update(self, update):
                 recording.sort(self, *update)
 
-        return RecordingScope(state_mapping=list(zip(self.metric_variables, self.zeros)))
+            def get_current_value(self, variable):
+                value = super().get_current_value(variable)
+                if value is None and id(variable) in recording.trained:
+                    # Keras' weight regularizers read every variable through the scope
+                    # (which maps all of them under JAX): a trained one reads itself.
+                    return variable._value  # noqa: SLF001  # the backend's variable
+                return value
+
+        # Layers' `add_loss` goes to the scope (else dropped under a StatelessScope), where
+        # the model's `losses` finds it, as outside one.
+        return RecordingScope(state_mapping=list(zip(self.metric_variables, self.zeros)),
+                              collect_losses=True)
 
     def sort(self, scope, variable, value) -> None:
         """Records one assignment of the step."""
