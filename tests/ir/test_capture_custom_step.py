@@ -73,6 +73,8 @@ def test_vae_trains_as_keras_step():
     assert [s.name for s in item.state_variables if s.update_ops] == \
         ["seed_generator/seed_generator_state"]
     assert [op.reproducible for op in item.random_ops] == [True]
+    phases = [op.phase for op in item.ops]
+    assert phases.count("backward") > phases.count("forward") > 0  # the tape's ops: backward
     _assert_as_keras(item, model, reference, {"input_0": x}, (x,))
 
 

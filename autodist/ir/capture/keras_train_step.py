@@ -94,6 +94,7 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size) -> Grap
         describe_optimizer(model.optimizer, trainable, names), "keras", name or model.name,
         batch_size, metric_names=unique_names([v.path for v in metric_variables]),
         tables=keras_lookup_tables(model))
+    _backward_phases(item)
     attach_constraints(item, trainable, names)
     infer_draw_shapes(item, model)
     find_row_blocks(item, model)
@@ -110,6 +111,17 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size) -> Grap
     _check_added_losses(item, label, traced.added_losses)
     check_parts_add_up(item, model, label)
     return item
+
+
+def _backward_phases(item: GraphItem) -> None:
+    """The op estimates' backward pass: from the tape's first gradient op on, as in the
+    standard capture (whose loss op ends the forward pass; here `loss_tensor` is a log,
+    computed after the apply)."""
+    ops = item.proto.ops
+    start = next((k for k, op in enumerate(ops) if op.name.startswith("gradient_tape/")), None)
+    for op in ops[start:] if start is not None else []:
+        if op.phase == "forward":
+            op.phase = "backward"
 
 
 def _has_call(model) -> bool:
