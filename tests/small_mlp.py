@@ -13,6 +13,18 @@ def mlp():
     return models.mlp(input_dim=20, hidden=(16,), optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
 
 
+def mlp_with_batch_norm():
+    """20 -> 16 -> batch normalization -> 10: with virtual nodes each one computes its
+    own statistics (and needs an example of every batch)."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((20,), name="features")
+    h = keras.layers.BatchNormalization()(keras.layers.Dense(16, activation="relu")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(10)(h))
+    model.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def data(examples: int):
     """Seeded inputs and integer targets for `mlp`."""
     rng = np.random.default_rng(0)

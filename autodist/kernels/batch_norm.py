@@ -26,7 +26,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from autodist.ir.graph_item import GraphItem
-from autodist.kernels import batch_share, graph_edit
+from autodist.kernels import graph_edit
 from autodist.kernels.replica_sums import ReplicaSums
 
 def syncable(graph_item: GraphItem) -> list:
@@ -45,42 +45,75 @@ def for_global_batch(graph_def, batch_norms: Sequence, sums: ReplicaSums) -> Non
     """
     nodes = {node.name: node for node in graph_def.node}
     for info in batch_norms:
-        _moment(graph_def, nodes[info.mean], sums)
-        _moment(graph_def, nodes[info.variance], sums)
+        mean_count = _moment(graph_def, nodes[info.mean], sums)
+        variance_count = _moment(graph_def, nodes[info.variance], sums)
         if not info.mean_gradient:   # it normalizes the model's input: no backward
             continue
-        _gradient(graph_def, nodes[info.mean_gradient], nodes[info.mean_upstream], sums)
+        _gradient(graph_def, nodes[info.mean_gradient], nodes[info.mean_upstream], sums,
+                  mean_count)
         _gradient(graph_def, nodes[info.variance_gradient], nodes[info.variance_upstream],
-                  sums)
+                  sums, variance_count)
 
 
-def _moment(graph_def, mean, sums: ReplicaSums) -> None:
-    """Mean(x, axes) in place -> (sum over replicas of Sum(x, axes)) / the global count."""
+def _moment(graph_def, mean, sums: ReplicaSums) -> tuple[str, tf.DType]:
+    """Mean(x, axes) in place -> (sum over replicas of Sum(x, axes)) / the global count
+    of reduced elements, both summed in one collective; returns the global count and
+    its dtype.
+
+    The count is summed, not scaled from the replica's own (its elements per example
+    times the global batch's examples), so that a replica without examples (a short
+    last batch split over more replicas) normalizes as the others do."""
     prefix = f"{mean.name}/autodist_sync"
     dtype = tf.as_dtype(mean.attr["T"].type)
-    local_sum = graph_edit.add(graph_def, f"{prefix}/local_sum", "Sum", list(mean.input[:2]),
-                               T=dtype, Tidx=tf.as_dtype(mean.attr["Tidx"].type),
-                               keep_dims=mean.attr["keep_dims"].b)
-    total = sums.sum(f"{prefix}/sum", local_sum, dtype)
-    # Elements reduced by this replica (its examples x the other reduced axes' sizes).
+    add, const = graph_edit.add, graph_edit.const
+    local_sum = add(graph_def, f"{prefix}/local_sum", "Sum", list(mean.input[:2]), T=dtype,
+                    Tidx=tf.as_dtype(mean.attr["Tidx"].type),
+                    keep_dims=mean.attr["keep_dims"].b)
+    # Elements reduced by this replica per output (its examples x the other axes' sizes).
     for name, of in (("size_in", mean.input[0]), ("size_out", local_sum)):
-        graph_edit.add(graph_def, f"{prefix}/{name}", "Size", [of], T=dtype, out_type=tf.int32)
-        graph_edit.add(graph_def, f"{prefix}/{name}_f", "Cast", [f"{prefix}/{name}"],
-                       SrcT=tf.int32, DstT=dtype, Truncate=False)
-    graph_edit.add(graph_def, f"{prefix}/count", "RealDiv",
-                   [f"{prefix}/size_in_f", f"{prefix}/size_out_f"], T=dtype)
-    count = batch_share.global_count(graph_def, prefix, f"{prefix}/count", dtype)
+        add(graph_def, f"{prefix}/{name}", "Size", [of], T=dtype, out_type=tf.int32)
+        add(graph_def, f"{prefix}/{name}_f", "Cast", [f"{prefix}/{name}"], SrcT=tf.int32,
+            DstT=dtype, Truncate=False)
+    add(graph_def, f"{prefix}/count", "RealDiv", [f"{prefix}/size_in_f", f"{prefix}/size_out_f"],
+        T=dtype)
+    const(graph_def, f"{prefix}/flat", [-1], tf.int32)
+    const(graph_def, f"{prefix}/one", [1], tf.int32)
+    const(graph_def, f"{prefix}/axis", 0, tf.int32)
+    add(graph_def, f"{prefix}/sum_flat", "Reshape", [local_sum, f"{prefix}/flat"], T=dtype,
+        Tshape=tf.int32)
+    add(graph_def, f"{prefix}/count_flat", "Reshape", [f"{prefix}/count", f"{prefix}/one"],
+        T=dtype, Tshape=tf.int32)
+    add(graph_def, f"{prefix}/packed", "ConcatV2",
+        [f"{prefix}/sum_flat", f"{prefix}/count_flat", f"{prefix}/axis"], N=2, T=dtype,
+        Tidx=tf.int32)
+    packed = sums.sum(f"{prefix}/sum", f"{prefix}/packed", dtype)
+    # Split: the sums (in the local sum's shape), then the count.
+    add(graph_def, f"{prefix}/size_out_1d", "Reshape", [f"{prefix}/size_out", f"{prefix}/one"],
+        T=tf.int32, Tshape=tf.int32)
+    const(graph_def, f"{prefix}/zero", [0], tf.int32)
+    add(graph_def, f"{prefix}/total_flat", "Slice",
+        [packed, f"{prefix}/zero", f"{prefix}/size_out_1d"], T=dtype, Index=tf.int32)
+    add(graph_def, f"{prefix}/shape", "Shape", [local_sum], T=dtype, out_type=tf.int32)
+    total = add(graph_def, f"{prefix}/total", "Reshape",
+                [f"{prefix}/total_flat", f"{prefix}/shape"], T=dtype, Tshape=tf.int32)
+    add(graph_def, f"{prefix}/count_1d", "Slice",
+        [packed, f"{prefix}/size_out_1d", f"{prefix}/one"], T=dtype, Index=tf.int32)
+    const(graph_def, f"{prefix}/scalar", [], tf.int32)
+    count = add(graph_def, f"{prefix}/global_count", "Reshape",
+                [f"{prefix}/count_1d", f"{prefix}/scalar"], T=dtype, Tshape=tf.int32)
     for attr in ("Tidx", "keep_dims"):
         del mean.attr[attr]
     mean.op = "RealDiv"
     del mean.input[:]
     mean.input.extend([total, count])
+    return count, dtype
 
 
-def _gradient(graph_def, div, reshape, sums: ReplicaSums) -> None:
-    """broadcast(g) / count -> broadcast(sum over replicas of g) / the global count."""
+def _gradient(graph_def, div, reshape, sums: ReplicaSums, count: tuple[str, tf.DType]) -> None:
+    """broadcast(g) / count -> broadcast(sum over replicas of g) / the global `count`."""
     prefix = f"{div.name}/autodist_sync"
     dtype = tf.as_dtype(div.attr["T"].type)
     upstream = reshape.input[0]
     reshape.input[0] = sums.sum(f"{prefix}/upstream_sum", upstream, dtype)
-    div.input[1] = batch_share.global_count(graph_def, prefix, div.input[1], dtype)
+    div.input[1] = graph_edit.add(graph_def, f"{prefix}/global_count", "Cast", [count[0]],
+                                  SrcT=count[1], DstT=dtype, Truncate=False)

@@ -29,18 +29,6 @@ def uses_inputs(graph_def) -> bool:
     return any(node.name == EXAMPLES for node in graph_def.node)
 
 
-def global_count(graph_def, prefix: str, local_count: str, dtype: tf.DType) -> str:
-    """A virtual node's count of something per example scaled to the global batch:
-    (count / its examples) x the global batch's examples, exact in floating point."""
-    for name, source in (("local", LOCAL), ("examples", EXAMPLES)):
-        graph_edit.add(graph_def, f"{prefix}/{name}", "Cast", [source], SrcT=tf.int32,
-                       DstT=dtype, Truncate=False)
-    graph_edit.add(graph_def, f"{prefix}/per_example", "RealDiv",
-                   [local_count, f"{prefix}/local"], T=dtype)
-    return graph_edit.add(graph_def, f"{prefix}/global_count", "Mul",
-                          [f"{prefix}/per_example", f"{prefix}/examples"], T=dtype)
-
-
 def global_share(graph_def, prefix: str, dtype: tf.DType) -> str:
     """The virtual node's share of the global batch's examples (local / examples)."""
     for name, source in (("local", LOCAL), ("examples", EXAMPLES)):

@@ -8,7 +8,8 @@ replica imports is rewritten first:
   (`random_draws`; any number of virtual nodes);
 * loss terms a layer adds (`add_loss`) that sum over examples, and compiled
   losses reduced by a sum (`reduction="sum"`), count in full on every virtual
-  node (the loss is weighted by its share of the batch);
+  node (the loss is weighted by its share of the batch); terms that are a mean
+  over examples are 0 on a virtual node without examples (not 0 / 0);
 * batch statistics and their gradients (`batch_norm`), a masked loss's
   count of unmasked values and a `reduction="mean_with_sample_weight"` loss's
   sum of sample weights (`loss_masks`) are summed over the replicas of the
@@ -52,6 +53,29 @@ def synced_batch_norms(graph_item: GraphItem, strategy: Strategy) -> list:
     return batch_norm.syncable(graph_item) if sums_batch_quantities(strategy) else []
 
 
+def layers_needing_examples(graph_item: GraphItem, strategy: Strategy) -> list[str]:
+    """The layers that cannot run on a virtual node without examples (a short last batch
+    split over more virtual nodes than it has examples): batch normalization computing
+    the virtual node's own statistics (a mean of no values). Everything else gives
+    such a virtual node a zero loss and zero gradients, as it gives one device the
+    batch's examples alone."""
+    if strategy.num_virtual_nodes <= 1:
+        return []
+    synced = {bn.layer for bn in synced_batch_norms(graph_item, strategy)}
+    return sorted({bn.layer for bn in graph_item.batch_norms if bn.layer not in synced})
+
+
+def smallest_batch(graph_item: GraphItem, strategy: Strategy) -> tuple[int, str]:
+    """The fewest examples a global batch may have, and why (for messages; see
+    `layers_needing_examples`)."""
+    layers = layers_needing_examples(graph_item, strategy)
+    if not layers:
+        return 1, "a batch needs an example"
+    return strategy.num_virtual_nodes, (
+        f"one for each of the {strategy.num_virtual_nodes} virtual nodes or replicas that "
+        f"split it: batch normalization layer(s) {layers} compute each one's own statistics")
+
+
 def loss_divisors(graph_item: GraphItem) -> list[str]:
     """The losses' divisors that are sums over the batch (nodes): masked losses' counts
     of unmasked values, `mean_with_sample_weight` losses' sums of sample weights."""
@@ -80,14 +104,16 @@ def rewrite(graph_def, graph_item: GraphItem, strategy: Strategy, *, version: in
     masks = synced_loss_divisors(graph_item, strategy)
     sums = [t.scale for t in graph_item.added_losses if t.kind == "sum"] + \
         [r.node for r in graph_item.loss_reductions if r.reduction == "sum"]
+    means = [t.tensor for t in graph_item.added_losses if t.kind == "mean"]
     part = next((node for node in graph_def.node if node.name == BATCH_PART_INPUT), None)
-    if not (norms or masks or sums or part):
+    if not (norms or masks or sums or means or part):
         return out
     if out is graph_def:
         out = type(graph_def)()
         out.CopyFrom(graph_def)
     batch_share.add_inputs(out)
     _count_in_full(out, sums)
+    _zero_without_examples(out, means)
     if part is not None:   # Keras' per-output loss trackers: a part of one batch each
         share = batch_share.global_share(out, "autodist_batch_part_share",
                                          tf.as_dtype(part.attr["dtype"].type))
@@ -114,6 +140,26 @@ def _count_in_full(graph_def, scales: list[str]) -> None:
         prefix = f"autodist_added_loss_{i}"
         share = batch_share.global_share(graph_def, prefix, dtype)
         graph_edit.const(graph_def, f"{prefix}/one", 1.0, dtype)
-        graph_edit.add(graph_def, f"{prefix}/inverse", "RealDiv", [f"{prefix}/one", share],
+        # 0 for a virtual node without examples (its sum is 0): no 0 x inf.
+        graph_edit.add(graph_def, f"{prefix}/inverse", "DivNoNan", [f"{prefix}/one", share],
                        T=dtype)
         graph_edit.redirect_tensor(graph_def, name, f"{prefix}/inverse")
+
+
+def _zero_without_examples(graph_def, terms: list[str]) -> None:
+    """Makes each added loss term that is a mean over examples (an activity regularizer's:
+    a sum over the batch's size) 0 on a virtual node without examples, where it is
+    0 / 0 (a short last batch split over more virtual nodes)."""
+    nodes = {node.name: node for node in graph_def.node}
+    for i, tensor in enumerate(terms):
+        attrs = nodes[tensor.partition(":")[0]].attr
+        dtype = tf.as_dtype(next(attrs[k].type for k in ("T", "DstT", "dtype") if k in attrs))
+        prefix = f"autodist_mean_term_{i}"
+        # Its readers first, then the nodes that read the term itself.
+        graph_edit.redirect_tensor(graph_def, tensor, f"{prefix}/term")
+        graph_edit.const(graph_def, f"{prefix}/zero", 0, tf.int32)
+        graph_edit.add(graph_def, f"{prefix}/has_examples", "Greater",
+                       [batch_share.LOCAL, f"{prefix}/zero"], T=tf.int32)
+        graph_edit.add(graph_def, f"{prefix}/zeros", "ZerosLike", [tensor], T=dtype)
+        graph_edit.add(graph_def, f"{prefix}/term", "SelectV2",
+                       [f"{prefix}/has_examples", tensor, f"{prefix}/zeros"], T=dtype)

@@ -76,9 +76,13 @@ def _rewrite(graph_def, node, info, index_type: tf.DType) -> None:
     add(graph_def, f"{prefix}/masked", "Mul", [shape, f"{prefix}/onehot"], T=index_type)
     add(graph_def, f"{prefix}/dim", "Sum", [f"{prefix}/masked", f"{prefix}/axis"],
         T=index_type, Tidx=tf.int32, keep_dims=False)
-    # Rows per example along the axis: 1 for examples, T for examples x timesteps.
-    add(graph_def, f"{prefix}/per_example", "FloorDiv", [f"{prefix}/dim", f"{prefix}/local"],
+    # Rows per example along the axis: 1 for examples, T for examples x timesteps. A
+    # replica without examples in a short last batch draws none (0 // 1).
+    const(graph_def, f"{prefix}/one", 1, index_type)
+    add(graph_def, f"{prefix}/some_local", "Maximum", [f"{prefix}/local", f"{prefix}/one"],
         T=index_type)
+    add(graph_def, f"{prefix}/per_example", "FloorDiv",
+        [f"{prefix}/dim", f"{prefix}/some_local"], T=index_type)
     add(graph_def, f"{prefix}/global_dim", "Mul",
         [f"{prefix}/per_example", f"{prefix}/examples"], T=index_type)
     add(graph_def, f"{prefix}/kept", "Mul", [shape, f"{prefix}/keep"], T=index_type)

@@ -18,6 +18,7 @@ from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.resource_spec import ResourceSpec
 from autodist.ir.strategy import Strategy
+from autodist.kernels import global_batch
 from autodist.launch.job import JobDir
 from autodist.runtime import follow
 from autodist.runtime.elastic import check_elastic, check_switch, members_for
@@ -128,11 +129,13 @@ class ChangeRequests:
                      batch_change=changes_batch)
         if changes_batch:
             last = self._num_examples % batch
-            if strategy.global_batch_size is None or 0 < last < strategy.num_virtual_nodes:
+            smallest, why = global_batch.smallest_batch(self.graph_item, strategy)
+            if strategy.global_batch_size is None or 0 < last < smallest:
                 raise AutodistError(
                     f"a new global batch ({batch}) needs a strategy with virtual nodes "
                     "(strategy.with_virtual_nodes(B, V)) whose last batch of an epoch "
-                    f"({self._num_examples} examples) holds at least V examples")
+                    f"({self._num_examples} examples) holds at least {smallest} examples "
+                    f"({why})")
         if self._not_resizable is None:
             check_elastic(strategy, self.spec)
         self._batch = batch

@@ -49,7 +49,8 @@ class DatasetStream:
         files: The job's dataset (graph and description).
         config: The run's config (epochs, steps_per_epoch, probe_steps, timeouts).
         graph_item: The model's capture (what each batch must hold).
-        num_virtual_nodes: The parts each global batch is split into.
+        smallest_batch: The fewest examples a batch may have, and why
+            (`global_batch.smallest_batch`).
         fixed_batch: The strategy's fixed global batch, or None.
         depth: Batches read ahead of the training loop.
         held_rows: A sharded dataset: the rows of each global batch
@@ -59,7 +60,7 @@ class DatasetStream:
     """
 
     def __init__(self, files: DatasetFiles, config: RunConfig, graph_item: GraphItem,
-                 num_virtual_nodes: int, fixed_batch: int | None, depth: int = 2,
+                 smallest_batch: tuple[int, str], fixed_batch: int | None, depth: int = 2,
                  held_rows: np.ndarray | None = None, task: int = 0) -> None:
         self.description = DatasetDescription.from_json(files.description)
         self._held_rows = held_rows
@@ -84,7 +85,7 @@ class DatasetStream:
         self.schedule = batching.EpochSchedule(0, epochs, requested, lambda step: fixed_batch or
                                                config.global_batch_size, self.lengths)
         self._infos = list(graph_item.model_inputs) + list(graph_item.target_inputs)
-        self._num_virtual_nodes = num_virtual_nodes
+        self._smallest_batch = smallest_batch
         self._fixed_batch = fixed_batch
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
@@ -207,11 +208,11 @@ class DatasetStream:
                 raise DatasetError(
                     f"step {index}: the dataset's batch gives {info.name!r} shape "
                     f"{list(array.shape)}; the model needs {size} examples of shape {expected}")
-        if held is None and size < self._num_virtual_nodes:
+        if held is None and size < self._smallest_batch[0]:
             raise DatasetError(
-                f"step {index}: the dataset's batch has {size} examples, fewer than the "
-                f"{self._num_virtual_nodes} virtual nodes or replicas that split it: drop the "
-                "short batch (batch(n, drop_remainder=True)) or batch more examples")
+                f"step {index}: the dataset's batch has {size} examples, fewer than "
+                f"{self._smallest_batch[0]} ({self._smallest_batch[1]}): drop the short batch "
+                "(batch(n, drop_remainder=True)) or batch more examples")
         if held is None and self._fixed_batch is not None and (
                 size > self._fixed_batch or size < self._fixed_batch and not last_of_pass):
             raise DatasetError(

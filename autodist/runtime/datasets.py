@@ -68,7 +68,7 @@ class StreamedDataset:
 
 
 def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epochs: int,
-            num_virtual_nodes: int, fixed_batch: int | None,
+            smallest_batch: tuple[int, str], fixed_batch: int | None,
             class_weight: Any = None,
             earlier_passes: Mapping[tuple[str, ...], int] | None = None,
             epoch_lengths: Sequence[int] | None = None) -> StreamedDataset:
@@ -83,7 +83,8 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
         graph_item: The model's capture.
         steps_per_epoch: fit's steps_per_epoch (None: every batch).
         epochs: Epochs the job runs.
-        num_virtual_nodes: The parts each global batch is split into.
+        smallest_batch: The fewest examples a batch may have, and why
+            (`global_batch.smallest_batch`).
         fixed_batch: The strategy's fixed global batch, or None.
         class_weight: fit's class_weight (weights made from y, as Keras).
         earlier_passes: Passes earlier fits started on each dataset, by its
@@ -139,7 +140,7 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
             "or change steps_per_epoch")
     _warn_on_step_count(plan, graph_item, batches)
     static = flat.element_spec[0].shape[0] if flat.element_spec[0].shape.rank else None
-    _check_batch_sizes(static, smallest, largest, num_virtual_nodes, fixed_batch)
+    _check_batch_sizes(static, smallest, largest, smallest_batch, fixed_batch)
     return StreamedDataset(graph, dataclasses.replace(description, batches=batches,
                                                       cardinality_known=known,
                                                       passes_before=passes_before,
@@ -195,15 +196,15 @@ def _warn_on_step_count(plan: list[batching.DatasetEpoch], graph_item: GraphItem
 
 
 def _check_batch_sizes(static: int | None, smallest: int | None, largest: int | None,
-                       num_virtual_nodes: int, fixed_batch: int | None) -> None:
+                       needed: tuple[int, str], fixed_batch: int | None) -> None:
     """What can be known of the batches before the run (the workers check each one)."""
     smallest = static if static is not None else smallest
     largest = static if static is not None else largest
-    if smallest is not None and smallest < num_virtual_nodes:
+    if smallest is not None and smallest < needed[0]:
         raise DatasetError(
-            f"the dataset has a batch of {smallest} examples, fewer than the "
-            f"{num_virtual_nodes} virtual nodes or replicas that split each batch: drop the "
-            "short batch (batch(n, drop_remainder=True)) or batch more examples")
+            f"the dataset has a batch of {smallest} examples, fewer than {needed[0]} "
+            f"({needed[1]}): drop the short batch (batch(n, drop_remainder=True)) or batch "
+            "more examples")
     if fixed_batch is not None and largest is not None and largest != fixed_batch:
         raise DatasetError(
             f"the strategy fixes the global batch at {fixed_batch} examples; the dataset's "

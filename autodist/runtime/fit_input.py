@@ -19,6 +19,7 @@ import numpy as np
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.strategy import Strategy
+from autodist.kernels import global_batch
 from autodist.launch.job import DatasetFiles
 from autodist.runtime import (batching, datasets, keras_data, python_data,
                               sharded_input, steps_per_execution, targets)
@@ -117,7 +118,7 @@ class ArrayInput:
         n = len(packed)
         steps = batching.steps_per_epoch(n, batch)
         check_batches([len(batching.batch_rows(np.arange(n), s, batch)) for s in range(steps)],
-                      n, batch, context.strategy)
+                      n, batch, context)
         lengths = [e.steps for e in batching.EpochSchedule(
             n, options.job_epochs, options.steps_per_epoch, lambda step: batch).array_epochs()]
         if options.steps_per_epoch and min(lengths) < options.steps_per_epoch:
@@ -142,8 +143,7 @@ class ArrayInput:
         batch checked)."""
         inputs, packed, batch = _arrays(x, y, batch_size, None, None, context)
         n = len(packed)
-        check_batches([len(batching.batch_rows(np.arange(n), 0, batch))], n, batch,
-                      context.strategy)
+        check_batches([len(batching.batch_rows(np.arange(n), 0, batch))], n, batch, context)
         return JobData(inputs, packed), batch
 
     def after_fit(self, epochs_run: int) -> None:
@@ -180,7 +180,8 @@ class StreamedInput:
         self._steps_per_epoch = options.steps_per_epoch
         self._streamed = datasets.prepare(
             read, context.graph_item, steps_per_epoch=options.steps_per_epoch,
-            epochs=options.job_epochs, num_virtual_nodes=strategy.num_virtual_nodes,
+            epochs=options.job_epochs,
+            smallest_batch=global_batch.smallest_batch(context.graph_item, strategy),
             fixed_batch=strategy.global_batch_size,
             class_weight=options.class_weight if targets else None,   # Keras ignores it
             earlier_passes=context.dataset_passes, epoch_lengths=epoch_lengths)
@@ -214,21 +215,22 @@ class PythonInput(StreamedInput):
         read = python_data.read_like_keras(x, epochs=options.job_epochs,
                                            steps_per_epoch=options.steps_per_epoch,
                                            shuffle=options.shuffle)
-        _check_python_batches(read.batches.batch_sizes(), what, context.strategy)
+        _check_python_batches(read.batches.batch_sizes(), what, context)
         super().__init__(read.batches.to_dataset(), None, options, context,
                          epoch_lengths=read.epoch_lengths)
 
 
-def _check_python_batches(sizes: list[int], what: str, strategy: Strategy) -> None:
-    """Every batch holds an example per virtual node (or replica), and, when the strategy
-    fixes the global batch, that many examples (the workers' one-pass reading allows no
-    short batch but the last)."""
+def _check_python_batches(sizes: list[int], what: str, context: InputContext) -> None:
+    """Every batch holds the examples the step needs (`global_batch.smallest_batch`),
+    and, when the strategy fixes the global batch, that many examples (the workers'
+    one-pass reading allows no short batch but the last)."""
+    strategy = context.strategy
     smallest = min(sizes)
-    if smallest < strategy.num_virtual_nodes:
+    needed, why = global_batch.smallest_batch(context.graph_item, strategy)
+    if smallest < needed:
         raise AutodistError(
             f"the {what} gave a batch of {smallest} examples (step {sizes.index(smallest)}), "
-            f"fewer than the {strategy.num_virtual_nodes} virtual nodes or replicas that "
-            "split each batch: give every batch at least that many examples")
+            f"fewer than {needed} ({why}): give every batch at least that many examples")
     fixed = strategy.global_batch_size
     other = next((i for i, size in enumerate(sizes[:-1]) if size != fixed), None) \
         if fixed is not None else None
@@ -422,11 +424,14 @@ def check_weighted(weights: np.ndarray | None, context: InputContext) -> None:
                 "earlier version): capture the model again")
 
 
-def check_batches(sizes: list[int], n: int, batch_size: int, strategy: Strategy) -> None:
-    """Every batch must hold at least one example per virtual node (or replica)."""
-    if min(sizes) < strategy.num_virtual_nodes:
+def check_batches(sizes: list[int], n: int, batch_size: int, context: InputContext) -> None:
+    """Every batch must hold the examples the step needs (`global_batch.smallest_batch`):
+    one, or one per virtual node where batch normalization computes each one's own
+    statistics."""
+    smallest, why = global_batch.smallest_batch(context.graph_item, context.strategy)
+    if min(sizes) < smallest:
         raise AutodistError(
             f"the last batch of an epoch has {min(sizes)} examples ({n} examples, batch "
-            f"{batch_size}), fewer than the {strategy.num_virtual_nodes} "
-            "virtual nodes or replicas that split it; drop the remainder "
-            "(steps_per_epoch) or change the number of examples")
+            f"{batch_size}), fewer than {smallest} ({why}); drop the remainder "
+            "(steps_per_epoch), change the number of examples, or synchronize batch "
+            "normalization (one virtual node per replica)")

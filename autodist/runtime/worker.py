@@ -29,6 +29,7 @@ import tensorflow as tf
 from autodist.ir.atomic import atomic_write
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.strategy import Strategy
+from autodist.kernels import global_batch
 from autodist.kernels.program import Program
 from autodist.kernels.variables import StorageVariable
 from autodist.launch import mailbox
@@ -472,7 +473,8 @@ def open_step_data(job: JobDir, config: RunConfig, graph_item: GraphItem, strate
     if files.shard_graphs:
         held = sharded_input.task_rows(strategy, config.global_batch_size,
                                        job.resource_spec().num_worker_tasks)[task]
-    return DatasetStream(files, config, graph_item, strategy.num_virtual_nodes,
+    return DatasetStream(files, config, graph_item,
+                         global_batch.smallest_batch(graph_item, strategy),
                          strategy.global_batch_size, held_rows=held, task=task)
 
 

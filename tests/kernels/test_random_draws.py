@@ -186,5 +186,5 @@ def test_virtual_nodes_draw_each_block_as_one_batch_does(keep_blocks):
     if not keep_blocks:
         assert abs(four["loss"] - one["loss"]) > 1e-3
         return
-    for name in one:
-        np.testing.assert_allclose(four[name], one[name], rtol=0, atol=2e-6, err_msg=name)
+    for name in one:   # a product of the two views: gradients up to ~60
+        np.testing.assert_allclose(four[name], one[name], rtol=1e-6, atol=2e-6, err_msg=name)

@@ -25,6 +25,8 @@ from autodist.runtime.datasets import DatasetError, is_dataset
 
 TOLERANCE = 2e-5
 
+ONE = (1, "a batch needs an example")   # global_batch.smallest_batch without BN
+
 
 @pytest.fixture(scope="module")
 def mlp_8():
@@ -71,7 +73,7 @@ def _keras_reads(dataset, steps_per_epoch, epochs):
 def _stream_reads(streamed, graph_item, steps_per_epoch, epochs):
     stream = DatasetStream(DatasetFiles(streamed.graph, streamed.description.to_json()),
                            RunConfig(global_batch_size=0, epochs=epochs,
-                                     steps_per_epoch=steps_per_epoch), graph_item, 1, None)
+                                     steps_per_epoch=steps_per_epoch), graph_item, ONE, None)
     try:
         starts = stream.schedule.starts()
         return [[stream.batch(i).targets.tolist() for i in range(starts[e], starts[e + 1])]
@@ -89,7 +91,7 @@ def test_workers_read_the_batches_keras_fit_reads(mlp_8, known, steps):
     _, graph_item = mlp_8
     dataset = _indexed(known=known)
     streamed = datasets.prepare(dataset, graph_item, steps_per_epoch=steps, epochs=4,
-                                num_virtual_nodes=1, fixed_batch=None)
+                                smallest_batch=ONE, fixed_batch=None)
     assert streamed.description.batches == 3 and streamed.description.cardinality_known == known
     assert _stream_reads(streamed, graph_item, steps, 4) == _keras_reads(dataset, steps, 4)
 
@@ -105,12 +107,12 @@ def test_after_fit_the_dataset_reshuffles_anew_as_after_keras_fit(mlp_8, known, 
         warnings.simplefilter("ignore")
         model.fit(theirs, epochs=3, steps_per_epoch=steps, verbose=0, shuffle=False)
     streamed = datasets.prepare(ours, mlp_8[1], steps_per_epoch=steps, epochs=3,
-                                num_virtual_nodes=1, fixed_batch=None)
+                                smallest_batch=ONE, fixed_batch=None)
     assert streamed.seed_generators and streamed.description.passes_before == 0
     passes = datasets.start_passes_like_keras(ours, streamed, steps, 3)
     # The run's second fit: its workers start the first fit's passes unread.
     second = datasets.prepare(ours, mlp_8[1], steps_per_epoch=steps, epochs=2,
-                              num_virtual_nodes=1, fixed_batch=None,
+                              smallest_batch=ONE, fixed_batch=None,
                               earlier_passes={streamed.seed_generators: passes})
     assert second.description.passes_before == passes
     assert _stream_reads(second, mlp_8[1], steps, 2) == _keras_reads(theirs, steps, 2)
@@ -165,8 +167,8 @@ def test_an_unknown_length_running_out_at_an_epoch_end_is_refused(mlp_8):
     with pytest.raises(DatasetError, match=r"runs out exactly at the end of epoch 0.*"
                                            r"assert_cardinality\(3\)"):
         datasets.prepare(dataset, mlp_8[1], steps_per_epoch=3, epochs=3,
-                         num_virtual_nodes=1, fixed_batch=None)
-    datasets.prepare(dataset, mlp_8[1], steps_per_epoch=3, epochs=1, num_virtual_nodes=1,
+                         smallest_batch=ONE, fixed_batch=None)
+    datasets.prepare(dataset, mlp_8[1], steps_per_epoch=3, epochs=1, smallest_batch=ONE,
                      fixed_batch=None)   # the empty epoch is not reached
 
 
@@ -188,14 +190,14 @@ def test_a_step_counting_optimizer_is_warned_when_keras_would_run_out(mlp_8):
     adam = autodist.capture(model)
     with pytest.warns(UserWarning, match=r"count one optimizer iteration more.*"
                                          r"assert_cardinality\(3\)"):
-        datasets.prepare(dataset, adam, steps_per_epoch=None, epochs=2, num_virtual_nodes=1,
+        datasets.prepare(dataset, adam, steps_per_epoch=None, epochs=2, smallest_batch=ONE,
                          fixed_batch=None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # none: a known length, or an optimizer without a count
         datasets.prepare(_indexed(known=True), adam, steps_per_epoch=None, epochs=2,
-                         num_virtual_nodes=1, fixed_batch=None)
+                         smallest_batch=ONE, fixed_batch=None)
         datasets.prepare(dataset, mlp_8[1], steps_per_epoch=None, epochs=2,
-                         num_virtual_nodes=1, fixed_batch=None)
+                         smallest_batch=ONE, fixed_batch=None)
 
 
 def test_a_global_seed_makes_a_shuffle_without_seed_reproducible(mlp_8):
@@ -206,7 +208,7 @@ def test_a_global_seed_makes_a_shuffle_without_seed_reproducible(mlp_8):
     finally:
         tf.random.set_seed(None)   # later tests build unseeded shuffles
     streamed = datasets.prepare(dataset, mlp_8[1], steps_per_epoch=None, epochs=2,
-                                num_virtual_nodes=1, fixed_batch=None)
+                                smallest_batch=ONE, fixed_batch=None)
     assert _stream_reads(streamed, mlp_8[1], None, 2) == _keras_reads(dataset, None, 2)
 
 
@@ -217,11 +219,11 @@ def test_elements_are_flattened_and_cast_for_the_model(mlp_8):
     w = np.arange(70, dtype="float64")[:, None]
     dataset = tf.data.Dataset.from_tensor_slices(({"features": x}, y.astype("int64"), w))
     streamed = datasets.prepare(dataset.batch(32), mlp_8[1], steps_per_epoch=None, epochs=1,
-                                num_virtual_nodes=1, fixed_batch=None)
+                                smallest_batch=ONE, fixed_batch=None)
     d = streamed.description
     assert d.dtypes == ("float32", "int32", "float32") and d.weighted and d.num_inputs == 1
     stream = DatasetStream(DatasetFiles(streamed.graph, d.to_json()),
-                           RunConfig(global_batch_size=0), mlp_8[1], 1, None)
+                           RunConfig(global_batch_size=0), mlp_8[1], ONE, None)
     last = [stream.batch(i) for i in range(3)][-1]
     stream.close()
     assert last.size == 6
@@ -230,10 +232,10 @@ def test_elements_are_flattened_and_cast_for_the_model(mlp_8):
     np.testing.assert_array_equal(last.targets["w"], np.arange(64, 70))
 
     weighted = datasets.prepare(tf.data.Dataset.from_tensor_slices((x, y)).batch(70),
-                                mlp_8[1], steps_per_epoch=None, epochs=1, num_virtual_nodes=1,
+                                mlp_8[1], steps_per_epoch=None, epochs=1, smallest_batch=ONE,
                                 fixed_batch=None, class_weight={0: 0.5, 2: 3.0})
     stream = DatasetStream(DatasetFiles(weighted.graph, weighted.description.to_json()),
-                           RunConfig(global_batch_size=0), mlp_8[1], 1, None)
+                           RunConfig(global_batch_size=0), mlp_8[1], ONE, None)
     batch = stream.batch(0)
     stream.close()
     np.testing.assert_array_equal(batch.targets["w"],
@@ -270,7 +272,7 @@ def _generator_dataset(x, y):
     (lambda d: d.batch(32).cache("/tmp/autodist-test-cache"), DatasetGraphError,
      r"cache writes files \(CacheDatasetV2 with a filename\)"),
     (lambda d: d.filter(lambda x, y: True).batch(32), DatasetError,
-     "has a batch of 6 examples, fewer than the 8 virtual nodes"),
+     "has a batch of 6 examples, fewer than 8 \\(one for each of the 8 virtual nodes"),
     (lambda d: d.batch(16, drop_remainder=True), DatasetError,
      "fixes the global batch at 32 examples; the dataset's batches have 16"),
 ])
@@ -280,7 +282,8 @@ def test_datasets_fit_cannot_read_as_keras_are_named(mlp_8, make, error, message
     fixed = 32 if "fixes" in message else None
     with pytest.raises(error, match=message):
         datasets.prepare(dataset, mlp_8[1], steps_per_epoch=None, epochs=1,
-                         num_virtual_nodes=8, fixed_batch=fixed)
+                         smallest_batch=(8, "one for each of the 8 virtual nodes"),
+                         fixed_batch=fixed)
 
 
 def test_fit_refuses_before_launch(mlp_8):
@@ -455,16 +458,20 @@ def test_tfrecord_files_with_a_map_train_as_keras_fit(tmp_path):
 @pytest.mark.cluster
 def test_a_short_batch_found_while_reading_fails_at_its_step():
     """An infinite dataset is not counted: a batch smaller than the virtual nodes (35
-    examples in batches of 16: the third has 3, for 4 virtual nodes) fails the run at
-    that step, naming it."""
-    model = models.mlp(input_dim=8, hidden=(16,), classes=3)
+    examples in batches of 16: the third has 3, for 4 virtual nodes) where each computes
+    its own batch statistics fails the run at that step, naming it."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,), name="features")
+    h = keras.layers.BatchNormalization()(keras.layers.Dense(16, activation="relu")(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(3)(h))
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x, y = _data(35)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
     spec = autodist.ResourceSpec.local(workers=2)
     strategy = autodist.builders.AllReduce().build(autodist.capture(model), spec)
     run = autodist.distribute(model, strategy.with_virtual_nodes(16, 4), spec)
     with pytest.raises(autodist.AutodistError, match="step 2: the dataset's batch has 3 "
-                                                     "examples, fewer than the 4 virtual nodes"):
+                                                     "examples, fewer than 4 .one for each"):
         run.fit(ds, epochs=1, steps_per_epoch=4, verbose=0, shuffle=False)
 
 
