@@ -349,3 +349,19 @@ def test_layers_added_losses_train_as_keras_step():
     item = capture(model)
     _assert_as_keras(item, model, reference,
                      {"input_0": x, "y": y, "sample_weight": np.ones(8, "float32")}, (x, y))
+
+
+def test_every_part_of_a_batch_needs_an_example():
+    """A custom step's means over a part without examples are 0 / 0: a short last batch
+    needs an example per replica or virtual node (the standard step's needs one)."""
+    import autodist
+    from autodist.kernels import global_batch
+    from autodist.search import builders
+
+    item = capture(_custom_model(_plain), x=np.zeros((2, 3), np.float32),
+                   y=np.zeros((2, 2), np.float32))
+    spec = autodist.ResourceSpec.local(workers=2)
+    strategy = builders.AllReduce().build(item, spec)
+    assert global_batch.smallest_batch(item, strategy)[0] == 2
+    needed, why = global_batch.smallest_batch(item, strategy.with_virtual_nodes(16, 4))
+    assert needed == 4 and "own train_step (_custom_model.<locals>.Custom)" in why
