@@ -365,3 +365,21 @@ def test_every_part_of_a_batch_needs_an_example():
     assert global_batch.smallest_batch(item, strategy)[0] == 2
     needed, why = global_batch.smallest_batch(item, strategy.with_virtual_nodes(16, 4))
     assert needed == 4 and "own train_step (_custom_model.<locals>.Custom)" in why
+
+
+def test_apply_records_the_gradient_before_clipping_and_decay():
+    """Pins Keras' order: `overwrite_with_gradient` assigns the gradient before the
+    optimizer's clipping and weight decay (which the kernels then apply as Keras does)."""
+    plain, clipped = twin_models(lambda: guide_model_3(keras.optimizers.SGD(
+        LR, clipnorm=1e-3, weight_decay=0.1)), seed=9)
+    plain.compile(optimizer=keras.optimizers.SGD(LR), loss="mse", metrics=["mae"])
+    rng = np.random.default_rng(5)
+    feeds = {"input_0": rng.normal(size=(8, 5)).astype("float32"),
+             "y": rng.normal(size=(8, 1)).astype("float32"),
+             "sample_weight": np.ones(8, "float32")}
+    got = [list(_run_captured(capture(model), model, feeds)[0].values())
+           for model in (plain, clipped)]
+    for grad, same in zip(*got):
+        assert np.abs(grad).max() > 1e-2
+        np.testing.assert_array_equal(same, grad)
+    assert capture(clipped).optimizer.hyperparameters["clipnorm"] == pytest.approx(1e-3)
