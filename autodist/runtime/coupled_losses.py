@@ -1,0 +1,129 @@
+"""Compiled losses that couple the examples of a batch, found on random values.
+
+A replica computes the compiled loss on its part of the global batch and is
+weighted by its share, which equals Keras' loss on the whole batch when the
+loss is a mean of per-example values (Keras' default reductions) or a sum of
+them (`reduction="sum"`, counted in full). A loss that compares the batch's
+examples with each other (keras-io's supervised contrastive loss: a softmax
+over every pair of the batch) is neither: each replica would compare only its
+own examples, and train something else than Keras. Such a loss is found by
+evaluating it, eagerly, on random predictions and targets of one batch and of
+its two halves.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+# Examples in the random batch (split into two halves of equal size).
+_BATCH = 8
+# A per-example loss's value on the batch equals its halves' mean (or sum) to float32
+# rounding; a coupled one differs by far more.
+_RTOL = 1e-4
+_ATOL = 1e-6
+
+
+def coupled_losses(model: Any, graph_item: Any) -> list[str]:
+    """The compiled losses of `model` whose value on a batch is neither the mean nor the
+    sum of their values on its two halves ("name (class)"), seen on random values.
+
+    Only a functional or Sequential model is checked (its outputs' shapes are known);
+    a loss that fails on random values, or gives a value that is not finite, is
+    left alone (nothing can be told from it).
+    """
+    compile_loss = getattr(model, "_compile_loss", None)
+    flat = getattr(compile_loss, "_flat_losses", None) or []
+    try:
+        outputs = list(model.outputs)
+        output_names = list(model.output_names)
+    except (AttributeError, TypeError, ValueError):  # a subclassed model has no outputs
+        return []
+    targets = _targets_by_output(graph_item, output_names)
+    if targets is None:
+        return []
+    rng = np.random.default_rng(0)
+    found = []
+    for entry in flat:
+        index = _output_index(tuple(entry.path), output_names)
+        if index is None or index >= len(outputs) or targets[index] is None:
+            continue
+        y_true = _random_targets(rng, list(targets[index].shape), targets[index].dtype)
+        y_pred = _random_predictions(rng, outputs[index].shape)
+        if y_true is None or y_pred is None:
+            continue
+        values = _loss_values(entry.loss, y_true, y_pred)
+        if values is not None and not _adds_up(*values):
+            loss = entry.loss
+            inner = getattr(loss, "fn", None)
+            what = getattr(inner, "__name__", None) or type(loss).__name__
+            name = getattr(loss, "name", None) or what
+            found.append(name if name == what else f"{name} ({what})")
+    return found
+
+
+def _targets_by_output(graph_item: Any, output_names: list[str]) -> list | None:
+    """The step's target input of each output (None where it has none), or None when
+    they do not pair up."""
+    from autodist.ir.capture.keras_specs import target_name
+
+    targets = graph_item.target_inputs
+    if len(output_names) == 1:
+        return targets if len(targets) == 1 else None
+    by_name = {info.name: info for info in targets}
+    return [by_name.get(target_name(name), by_name.get(f"y/output_{i}"))
+            for i, name in enumerate(output_names)]
+
+
+def _output_index(path: tuple, output_names: list[str]) -> int | None:
+    """The flat output a compiled loss's path (in Keras' y_pred structure) names."""
+    if not path:
+        return 0
+    key = path[0]
+    if isinstance(key, int):
+        return key
+    return output_names.index(key) if key in output_names else None
+
+
+def _shape(rng_shape: list[int | None]) -> list[int]:
+    """The batch's shape: `_BATCH` examples, other unknown dimensions of length 3."""
+    return [_BATCH] + [3 if d is None or d < 0 else int(d) for d in rng_shape[1:]]
+
+
+def _random_targets(rng: np.random.Generator, shape: list[int], dtype: str):
+    """Targets a loss accepts: floats in (0, 1) (probabilities, regression values),
+    integers 0 (a valid class id); None for other dtypes."""
+    if dtype.startswith("float") or dtype in ("half", "bfloat16"):
+        return rng.uniform(0.05, 0.95, _shape(shape)).astype("float32")
+    if dtype.startswith(("int", "uint")) or dtype == "bool":
+        return np.zeros(_shape(shape), dtype="int32")
+    return None
+
+
+def _random_predictions(rng: np.random.Generator, shape) -> np.ndarray | None:
+    """Predictions in (0, 1): valid probabilities and logits alike."""
+    try:
+        dims = list(shape)
+    except TypeError:
+        return None
+    return rng.uniform(0.05, 0.95, _shape(dims)).astype("float32")
+
+
+def _loss_values(loss: Any, y_true: np.ndarray, y_pred: np.ndarray
+                 ) -> tuple[float, float, float] | None:
+    """The loss on the batch and on each half, or None where it cannot be evaluated."""
+    half = _BATCH // 2
+    try:
+        values = tuple(float(np.asarray(loss(y_true[part], y_pred[part])))
+                       for part in (slice(None), slice(0, half), slice(half, None)))
+    except Exception:  # noqa: BLE001  # a loss that does not take random values
+        return None
+    return values if all(math.isfinite(v) for v in values) else None
+
+
+def _adds_up(whole: float, first: float, second: float) -> bool:
+    """Whether the batch's value is its halves' mean (a mean reduction) or their sum."""
+    scale = max(abs(whole), abs(first), abs(second))
+    return any(abs(whole - want) <= _ATOL + _RTOL * scale
+               for want in ((first + second) / 2.0, first + second))
