@@ -121,3 +121,28 @@ def test_several_outputs_each_loss_is_checked_against_its_own_target() -> None:
     model.compile("adam", loss={"zeta": keras.losses.SparseCategoricalCrossentropy(
         from_logits=True), "alpha": "mse"})
     assert coupled_losses(model, capture(model, x=x, y=y)) == []
+
+
+class _SqueezingLoss(SupervisedContrastiveLoss):
+    """keras-io's squeeze of the labels, without an axis (unknown rank for any batch)."""
+
+    def __call__(self, labels, feature_vectors, sample_weight=None):
+        labels = ops.expand_dims(ops.cast(ops.squeeze(labels), "float32"), -1)
+        return ops.mean(ops.sum(labels * 0.0, axis=1)) + ops.mean(feature_vectors)
+
+
+@pytest.mark.parametrize("fitted_first", [False, True], ids=["fresh", "after-keras-fit"])
+def test_a_loss_needing_a_static_batch_size_is_a_capture_error_naming_the_fix(
+        fitted_first: bool) -> None:
+    """Keras' fit traces with the first batch's size and trains such a loss; the capture
+    traces for any size: a CaptureError naming the op's fix, not TensorFlow's ValueError
+    (raised by Keras' symbolic build, or by the trace once Keras built the model)."""
+    from autodist.ir.errors import CaptureError
+
+    model, x, y = _contrastive_model()
+    model.compile("adam", loss=_SqueezingLoss())
+    if fitted_first:
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    with pytest.raises(CaptureError, match=r"batches of any size.*ops\.squeeze\(labels, "
+                                           r"axis=-1\)"):
+        capture(model, x=x, y=y)
