@@ -29,17 +29,16 @@ def coupled_losses(model: Any, graph_item: Any) -> list[str]:
     """The compiled losses of `model` whose value on a batch is neither the mean nor the
     sum of their values on its two halves ("name (class)"), seen on random values.
 
-    Only a functional or Sequential model is checked (its outputs' shapes are known);
-    a loss that fails on random values, or gives a value that is not finite, is
-    left alone (nothing can be told from it).
+    The outputs' shapes are a functional or Sequential model's, or inferred for a
+    subclassed model of one input; a loss that fails on random values, or gives a
+    value that is not finite, is left alone (nothing can be told from it).
     """
     compile_loss = getattr(model, "_compile_loss", None)
     flat = getattr(compile_loss, "_flat_losses", None) or []
-    try:
-        outputs = list(model.outputs)
-        output_names = list(model.output_names)
-    except (AttributeError, TypeError, ValueError):  # a subclassed model has no outputs
+    outputs = _output_specs(model, graph_item)
+    if not flat or not outputs:
         return []
+    output_names = list(getattr(model, "output_names", None) or [""] * len(outputs))
     targets = _targets_by_output(graph_item, output_names)
     if targets is None:
         return []
@@ -61,6 +60,27 @@ def coupled_losses(model: Any, graph_item: Any) -> list[str]:
             name = getattr(loss, "name", None) or what
             found.append(name if name == what else f"{name} ({what})")
     return found
+
+
+def _output_specs(model: Any, graph_item: Any) -> list:
+    """The model's outputs (KerasTensors): a functional or Sequential model's, or a
+    subclassed model's of one input inferred from the capture's input spec; [] if
+    unknown."""
+    outputs = getattr(model, "outputs", None)
+    if outputs:
+        return list(outputs)
+    inputs = graph_item.model_inputs
+    if len(inputs) != 1:
+        return []
+    import keras
+
+    info = inputs[0]
+    try:
+        out = model.compute_output_spec(keras.KerasTensor(
+            [None if d < 0 else d for d in info.shape], dtype=info.dtype))
+    except Exception:  # noqa: BLE001  # Keras raises many types here
+        return []
+    return [out] if isinstance(out, keras.KerasTensor) else []
 
 
 def _targets_by_output(graph_item: Any, output_names: list[str]) -> list | None:
@@ -93,11 +113,11 @@ def _shape(rng_shape: list[int | None]) -> list[int]:
 
 def _random_targets(rng: np.random.Generator, shape: list[int], dtype: str):
     """Targets a loss accepts: floats in (0, 1) (probabilities, regression values),
-    integers 0 (a valid class id); None for other dtypes."""
+    integers 0 or 1 (class ids, one-hot values); None for other dtypes."""
     if dtype.startswith("float") or dtype in ("half", "bfloat16"):
         return rng.uniform(0.05, 0.95, _shape(shape)).astype("float32")
     if dtype.startswith(("int", "uint")) or dtype == "bool":
-        return np.zeros(_shape(shape), dtype="int32")
+        return rng.integers(0, 2, _shape(shape)).astype("int32")
     return None
 
 

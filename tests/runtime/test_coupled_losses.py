@@ -48,7 +48,7 @@ def _contrastive_model() -> tuple[keras.Model, np.ndarray, np.ndarray]:
     keras.utils.set_random_seed(0)
     inputs, h = _encoder()
     model = keras.Model(inputs, layers.Dense(8, name="projection")(h))
-    model.compile("adam", loss=SupervisedContrastiveLoss())
+    model.compile("adam", loss=SupervisedContrastiveLoss(name="supcon"))
     rng = np.random.default_rng(0)
     return model, rng.normal(size=(16, 6)), rng.integers(0, 3, (16, 1))
 
@@ -62,10 +62,9 @@ def _strategy(item, virtual_nodes: int | None = None):
 def test_a_loss_over_the_batchs_pairs_is_refused_before_launch_naming_it() -> None:
     model, x, y = _contrastive_model()
     item = capture(model, x=x, y=y)
-    assert coupled_losses(model, item) == [
-        "supervised_contrastive_loss (SupervisedContrastiveLoss)"]
+    assert coupled_losses(model, item) == ["supcon (SupervisedContrastiveLoss)"]
     for strategy in (_strategy(item), _strategy(item, virtual_nodes=4)):
-        with pytest.raises(AutodistError, match=r"supervised_contrastive_loss.*neither a mean "
+        with pytest.raises(AutodistError, match=r"supcon.*neither a mean "
                                                 r"nor a sum.*one device"):
             keras_parity.check(model, item, strategy)
 
@@ -146,3 +145,33 @@ def test_a_loss_needing_a_static_batch_size_is_a_capture_error_naming_the_fix(
     with pytest.raises(CaptureError, match=r"batches of any size.*ops\.squeeze\(labels, "
                                            r"axis=-1\)"):
         capture(model, x=x, y=y)
+
+
+class Projection(keras.Model):
+    """A subclassed encoder (a name Keras can scope: no leading underscore)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = layers.Dense(4, activation="tanh")
+        self.out = layers.Dense(8)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+
+@pytest.mark.parametrize("kind", ["sequential", "subclassed"])
+def test_sequential_and_subclassed_models_are_checked_too(kind: str) -> None:
+    """A Sequential model has outputs but no output names; a subclassed one neither (its
+    output inferred from the capture's input spec)."""
+    keras.utils.set_random_seed(0)
+    if kind == "sequential":
+        model = keras.Sequential([keras.Input((6,)), layers.Dense(4, activation="tanh"),
+                                  layers.Dense(8)])
+    else:
+        model = Projection()
+        model(keras.Input((6,)))
+    model.compile("adam", loss=SupervisedContrastiveLoss(name="supcon"))
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(16, 6)), rng.integers(0, 3, (16, 1))
+    item = capture(model, x=x, y=y)
+    assert coupled_losses(model, item) == ["supcon (SupervisedContrastiveLoss)"]

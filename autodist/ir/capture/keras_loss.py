@@ -64,8 +64,9 @@ def traced_step_error(model, error: Exception) -> CaptureError:
         f"the train step of model {model.name!r} (its outputs and compiled loss) failed "
         "when traced for batches of any size (the capture's batch dimension is unknown; "
         f"Keras' fit traces with the first batch's size): {type(error).__name__}: {text}. "
-        "An op whose result depends on a static batch size, such as ops.squeeze without "
-        "an axis (its rank is then unknown), fails so: give it the axis "
+        "Where the error is about shapes, an op whose result depends on a static batch "
+        "size, such as ops.squeeze without an axis (its rank is then unknown), fails "
+        "so: give it the axis "
         "(ops.squeeze(labels, axis=-1)). A loss whose targets differ in shape from the "
         "model's output needs example targets too: capture(model, x=..., y=...)")
 
