@@ -1,4 +1,5 @@
-"""Compiled losses that couple the examples of a batch, found on random values.
+"""What couples the examples of a batch, found on random values: compiled losses and
+layers that a replica holding part of the batch cannot compute as Keras does.
 
 A replica computes the compiled loss on its part of the global batch and is
 weighted by its share, which equals Keras' loss on the whole batch when the
@@ -8,7 +9,12 @@ examples with each other (keras-io's supervised contrastive loss: a softmax
 over every pair of the batch) is neither: each replica would compare only its
 own examples, and train something else than Keras. Such a loss is found by
 evaluating it, eagerly, on random predictions and targets of one batch and of
-its two halves.
+its two halves. The same holds for the model itself: its outputs in inference
+mode for one half of a random batch, alone and within the batch, differ where
+a layer mixes examples (keras-io's Switch Transformer routes each token to an
+expert with a capacity counted over the whole batch). Batch normalization in
+training mode, masked losses' counts and random draws are made global by the
+runtime; they are not looked at here.
 """
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ _BATCH = 8
 # rounding; a coupled one differs by far more.
 _RTOL = 1e-4
 _ATOL = 1e-6
+# Outputs (activations of any scale) agree to float32 rounding in another batching.
+_OUTPUT_ATOL = 1e-5
 
 
 def coupled_losses(model: Any, graph_item: Any) -> list[str]:
@@ -106,9 +114,9 @@ def _output_index(path: tuple, output_names: list[str]) -> int | None:
     return output_names.index(key) if key in output_names else None
 
 
-def _shape(rng_shape: list[int | None]) -> list[int]:
+def _shape(dims: list[int | None]) -> list[int]:
     """The batch's shape: `_BATCH` examples, other unknown dimensions of length 3."""
-    return [_BATCH] + [3 if d is None or d < 0 else int(d) for d in rng_shape[1:]]
+    return [_BATCH] + [3 if d is None or d < 0 else int(d) for d in dims[1:]]
 
 
 def _random_targets(rng: np.random.Generator, shape: list[int], dtype: str):
@@ -147,3 +155,62 @@ def _adds_up(whole: float, first: float, second: float) -> bool:
     scale = max(abs(whole), abs(first), abs(second))
     return any(abs(whole - want) <= _ATOL + _RTOL * scale
                for want in ((first + second) / 2.0, first + second))
+
+
+def coupled_outputs(model: Any) -> bool:
+    """Whether the model's outputs for half of a random batch, in inference mode, differ
+    from its outputs for that half alone: a layer mixes the batch's examples.
+
+    A functional or Sequential model only (its inputs' structure is known); one that
+    fails on random inputs, or whose outputs change from call to call (a layer drawing
+    random numbers in inference mode), is left alone. The model's non-trainable state
+    (the seed generators such a layer advances) is put back after.
+    """
+    import keras
+
+    try:
+        structure = model.input
+    except (AttributeError, ValueError):  # a subclassed model has no input structure
+        return False
+    rng = np.random.default_rng(1)
+    batch = keras.tree.map_structure(lambda t: _random_inputs(rng, t), structure)
+    half = _BATCH // 2
+    parts = [keras.tree.map_structure(lambda a, s=s: a[s], batch)
+             for s in (slice(None), slice(0, half), slice(half, None))]
+    state = [(v, np.array(v.numpy())) for v in model.variables if not v.trainable]
+    try:
+        # The whole batch twice: a layer drawing random numbers without a `training`
+        # gate (a VAE's Sampling) gives other outputs each call, and nothing can be told.
+        whole, again, first, second = ([np.asarray(o) for o in
+                                        keras.tree.flatten(model(part, training=False))]
+                                       for part in parts[:1] + parts)
+    except Exception:  # noqa: BLE001  # a model that does not take random inputs
+        return False
+    finally:
+        for variable, value in state:
+            variable.assign(value)
+    if not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(whole, again)):
+        return False
+    for out, a, b in zip(whole, first, second):
+        if out.shape[:1] != (_BATCH,) or not np.issubdtype(out.dtype, np.number) or \
+                not np.all(np.isfinite(out)):
+            continue   # not one row per example (or nothing to compare)
+        # float16 outputs (mixed precision) round differently in another batching.
+        rtol, atol = (1e-2, 1e-3) if out.dtype.itemsize < 4 and \
+            np.issubdtype(out.dtype, np.floating) else (_RTOL, _OUTPUT_ATOL)
+        if not (np.allclose(out[:half], a, rtol=rtol, atol=atol) and
+                np.allclose(out[half:], b, rtol=rtol, atol=atol)):
+            return True
+    return False
+
+
+def _random_inputs(rng: np.random.Generator, spec) -> np.ndarray:
+    """Random values for a model input (a KerasTensor): normal floats, 0/1 integers,
+    "" or "a" strings, so that the examples differ."""
+    shape = _shape(list(spec.shape))
+    dtype = str(spec.dtype)
+    if dtype == "string":
+        return rng.choice(np.array([b"", b"a"], dtype=object), shape)
+    if dtype.startswith(("int", "uint")) or dtype == "bool":
+        return rng.integers(0, 2, shape).astype(dtype)
+    return rng.normal(size=shape).astype(dtype)

@@ -18,7 +18,7 @@ from keras import layers, ops
 from autodist.ir.capture import capture
 from autodist.ir.errors import AutodistError
 from autodist.runtime import keras_parity
-from autodist.runtime.coupled_losses import coupled_losses
+from autodist.runtime.coupled_examples import coupled_losses, coupled_outputs
 from autodist.search import builders
 import autodist
 
@@ -175,3 +175,69 @@ def test_sequential_and_subclassed_models_are_checked_too(kind: str) -> None:
     x, y = rng.normal(size=(16, 6)), rng.integers(0, 3, (16, 1))
     item = capture(model, x=x, y=y)
     assert coupled_losses(model, item) == ["supcon (SupervisedContrastiveLoss)"]
+
+
+class BatchCentering(layers.Layer):
+    """Subtracts the batch's mean: each example's output depends on the others."""
+
+    def call(self, x):
+        return x - ops.mean(x, axis=0, keepdims=True)
+
+
+class CapacityRouter(layers.Layer):
+    """keras-io's Switch Transformer router, in short: each example goes to its top expert
+    while the expert has room, counted over the batch (a cumulative sum along it)."""
+
+    def __init__(self, experts: int, capacity: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.route = layers.Dense(experts)
+        self.experts, self.capacity = experts, capacity
+
+    def call(self, x):
+        probs = ops.softmax(self.route(x), axis=-1)
+        mask = ops.one_hot(ops.argmax(probs, axis=-1), self.experts)
+        position = ops.cumsum(mask, axis=0) * mask
+        kept = mask * ops.cast(position <= self.capacity, "float32")
+        return x * ops.sum(probs * kept, axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("make", [BatchCentering, lambda: CapacityRouter(3, 2)],
+                         ids=["batch-mean", "capacity-router"])
+def test_a_layer_mixing_the_batchs_examples_is_refused_before_launch(make) -> None:
+    keras.utils.set_random_seed(0)
+    inputs, h = _encoder()
+    model = keras.Model(inputs, layers.Dense(1)(make()(h)))
+    model.compile("adam", "mse")
+    item = capture(model)
+    assert coupled_outputs(model)
+    with pytest.raises(AutodistError, match=r"depend on the other examples of its batch.*"
+                                            r"one device"):
+        keras_parity.check(model, item, _strategy(item))
+
+
+class Sampling(layers.Layer):
+    """keras-io's VAE sampling: a draw in every call, in inference mode too."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.seed_generator = keras.random.SeedGenerator(1337)
+
+    def call(self, x):
+        return x + keras.random.normal(ops.shape(x), seed=self.seed_generator)
+
+
+def test_per_example_layers_and_their_state_are_left_as_they_are() -> None:
+    """Batch normalization (inference mode), masks, a random layer without a training gate
+    (nothing can be told: left alone; its seed generator put back): no refusal, the
+    model's variables unchanged."""
+    keras.utils.set_random_seed(0)
+    ids = keras.Input((None,), dtype="int32", name="ids")
+    h = layers.Embedding(5, 4, mask_zero=True)(ids)
+    h = layers.GRU(4)(h)
+    h = layers.BatchNormalization()(h)
+    h = Sampling()(h)
+    model = keras.Model(ids, layers.Dense(1)(h))
+    model.compile("adam", "mse")
+    before = [np.array(v.numpy()) for v in model.variables]
+    assert not coupled_outputs(model)
+    assert all(np.array_equal(a, np.asarray(v.numpy())) for a, v in zip(before, model.variables))
