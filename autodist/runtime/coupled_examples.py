@@ -161,16 +161,15 @@ def coupled_outputs(model: Any) -> bool:
     """Whether the model's outputs for half of a random batch, in inference mode, differ
     from its outputs for that half alone: a layer mixes the batch's examples.
 
-    A functional or Sequential model only (its inputs' structure is known); one that
-    fails on random inputs, or whose outputs change from call to call (a layer drawing
+    A functional or Sequential model, or a subclassed one built by a call on
+    `keras.Input` (its inputs' structure is known); one that fails on random inputs, or whose outputs change from call to call (a layer drawing
     random numbers in inference mode), is left alone. The model's non-trainable state
     (the seed generators such a layer advances) is put back after.
     """
     import keras
 
-    try:
-        structure = model.input
-    except (AttributeError, ValueError):  # a subclassed model has no input structure
+    structure = _input_structure(model)
+    if structure is None:
         return False
     rng = np.random.default_rng(1)
     batch = keras.tree.map_structure(lambda t: _random_inputs(rng, t), structure)
@@ -202,6 +201,19 @@ def coupled_outputs(model: Any) -> bool:
                 np.allclose(out[half:], b, rtol=rtol, atol=atol)):
             return True
     return False
+
+
+def _input_structure(model: Any):
+    """The model's inputs (KerasTensors) in the structure it is called with, or None:
+    a functional model's `input`, a Sequential model's one input, a subclassed model's
+    input when it was built by a call on `keras.Input`."""
+    try:
+        return model.input
+    except (AttributeError, ValueError):  # a Sequential model built from keras.Input
+        inputs = getattr(model, "inputs", None)
+    if not inputs:
+        return None
+    return inputs[0] if len(inputs) == 1 else list(inputs)
 
 
 def _random_inputs(rng: np.random.Generator, spec) -> np.ndarray:

@@ -201,12 +201,16 @@ class CapacityRouter(layers.Layer):
         return x * ops.sum(probs * kept, axis=-1, keepdims=True)
 
 
-@pytest.mark.parametrize("make", [BatchCentering, lambda: CapacityRouter(3, 2)],
+@pytest.mark.parametrize("kind", ["functional", "sequential"])
+@pytest.mark.parametrize("make", [BatchCentering, lambda: CapacityRouter(2, 2)],
                          ids=["batch-mean", "capacity-router"])
-def test_a_layer_mixing_the_batchs_examples_is_refused_before_launch(make) -> None:
+def test_a_layer_mixing_the_batchs_examples_is_refused_before_launch(make, kind: str) -> None:
     keras.utils.set_random_seed(0)
-    inputs, h = _encoder()
-    model = keras.Model(inputs, layers.Dense(1)(make()(h)))
+    if kind == "functional":
+        inputs, h = _encoder()
+        model = keras.Model(inputs, layers.Dense(1)(make()(h)))
+    else:   # no `input` structure, its `inputs` instead
+        model = keras.Sequential([keras.Input((6,)), layers.Dense(4), make(), layers.Dense(1)])
     model.compile("adam", "mse")
     item = capture(model)
     assert coupled_outputs(model)
