@@ -162,9 +162,10 @@ def coupled_outputs(model: Any) -> bool:
     from its outputs for that half alone: a layer mixes the batch's examples.
 
     A functional or Sequential model, or a subclassed one built by a call on
-    `keras.Input` (its inputs' structure is known); one that fails on random inputs, or whose outputs change from call to call (a layer drawing
-    random numbers in inference mode), is left alone. The model's non-trainable state
-    (the seed generators such a layer advances) is put back after.
+    `keras.Input` (its inputs' structure is known); one that fails on random inputs,
+    or whose outputs change from call to call (a layer drawing random numbers in
+    inference mode), is left alone. The model's non-trainable state (the seed
+    generators such a layer advances) is put back after.
     """
     import keras
 
