@@ -53,6 +53,10 @@ def synced_batch_norms(graph_item: GraphItem, strategy: Strategy) -> list:
     return batch_norm.syncable(graph_item) if sums_batch_quantities(strategy) else []
 
 
+# `smallest_batch` where a part of a batch may have no examples.
+ANY_BATCH = (1, "a batch needs an example")
+
+
 def layers_needing_examples(graph_item: GraphItem, strategy: Strategy) -> list[str]:
     """The layers that cannot run on a virtual node without examples (a short last batch
     split over more virtual nodes than it has examples): batch normalization computing
@@ -77,7 +81,7 @@ def smallest_batch(graph_item: GraphItem, strategy: Strategy) -> tuple[int, str]
             f"({graph_item.proto.custom_step.step_class}) computes its losses and metrics "
             "over each one's examples")
     if not layers:
-        return 1, "a batch needs an example"
+        return ANY_BATCH
     return strategy.num_virtual_nodes, (
         f"one for each of the {strategy.num_virtual_nodes} virtual nodes or replicas that "
         f"split it: batch normalization layer(s) {layers} compute each one's own statistics")

@@ -13,7 +13,10 @@ each worker reading (and preprocessing) the whole dataset.
 The driver reads the data only to count the batches of a dataset whose
 cardinality is unknown (a `filter`, or TFRecord files): one pass through
 the input pipeline, holding nothing (give the length with
-`dataset.apply(tf.data.experimental.assert_cardinality(n))` to skip it).
+`dataset.apply(tf.data.experimental.assert_cardinality(n))` to skip it);
+and, for a dataset that reshuffles each pass, the first batch of a new pass,
+to find how many passes were started on it before the fit (`adapt` of a
+preprocessing layer reads it once per feature), which Keras' fit goes on from.
 """
 from __future__ import annotations
 
@@ -54,6 +57,8 @@ class StreamedDataset:
             so (`batch(n, drop_remainder=True)`), else None.
         seed_generators: The names of the dataset's seed generators (a
             reshuffling `shuffle`), which each pass advances.
+        probed: A pass was started on the user's dataset to find where its
+            seed generators stand (the fit's first pass).
     """
 
     graph: bytes
@@ -61,6 +66,7 @@ class StreamedDataset:
     epochs: list[batching.DatasetEpoch]
     batch_size: int | None
     seed_generators: tuple[str, ...] = ()
+    probed: bool = False
 
     @property
     def epoch_steps(self) -> list[int]:
@@ -124,7 +130,8 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
     if batches == 0:
         raise DatasetError("the dataset is empty")
     generators = dataset_graph.seed_generators(graph)
-    passes_before = (earlier_passes or {}).get(generators, 0) if generators else 0
+    passes_before = _passes_started_before(flat, graph, (earlier_passes or {}).get(
+        generators, 0)) if generators else 0
     if epoch_lengths is not None and (not known or sum(epoch_lengths) != batches):
         raise DatasetError(f"epochs of {list(epoch_lengths)[:8]} steps need a dataset of "
                            f"{sum(epoch_lengths)} batches; this one has {cardinality}")
@@ -146,7 +153,48 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
                                                       passes_before=passes_before,
                                                       epoch_lengths=None if epoch_lengths
                                                       is None else tuple(epoch_lengths)),
-                           plan, static, generators)
+                           plan, static, generators, probed=bool(generators))
+
+
+# How many passes over a dataset, at most, may have been started before a fit beyond
+# those the run knows of (a preprocessing layer's `adapt` reads it once per feature:
+# keras-io's FeatureSpace example adapts 6 features and a cross in 12).
+MAX_UNKNOWN_PASSES = 64
+
+
+def _passes_started_before(flat, graph: bytes, known: int) -> int:
+    """The passes over `flat`'s reshuffling seed generators started before this fit.
+
+    Each pass draws a new shuffle order from the generators, and Keras' fit goes on
+    from where they stand: after the run's earlier fits (`known`), but also after
+    anything that read the dataset outside them (`adapt` of a preprocessing layer on
+    the training dataset, a loop over it). A new pass over `flat` is read up to its
+    first batch and matched with the passes of the dataset rebuilt from `graph` (its
+    own generators, from the start); that pass counts as the fit's first
+    (`start_passes_like_keras` starts one fewer).
+
+    Raises:
+        DatasetError: no pass among the next `MAX_UNKNOWN_PASSES` matches.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    def first_batch(dataset) -> list:
+        return [np.asarray(t) for t in tf.nest.flatten(next(iter(dataset)))]
+
+    probe = first_batch(flat)
+    rebuilt = dataset_graph.restore(graph, flat.element_spec)
+    for _ in range(known):
+        iter(rebuilt)   # a pass started without reading (as start_passes_like_keras)
+    for k in range(known, known + MAX_UNKNOWN_PASSES):
+        if all(np.array_equal(a, b) for a, b in zip(first_batch(rebuilt), probe)):
+            return k
+    raise DatasetError(
+        f"the dataset's shuffle reshuffles each pass (reshuffle_each_iteration=True), and "
+        f"its next pass is none of passes {known}..{known + MAX_UNKNOWN_PASSES - 1} of its "
+        "seeds: it was read more often before this fit (or its shuffle's seed changed), "
+        "so the workers cannot draw the orders Keras' fit would. Adapt preprocessing "
+        "layers on the dataset before shuffle(), or rebuild the dataset before fit")
 
 
 def start_passes_like_keras(dataset, streamed: StreamedDataset, steps_per_epoch: int | None,
@@ -163,7 +211,7 @@ def start_passes_like_keras(dataset, streamed: StreamedDataset, steps_per_epoch:
         return 0
     d = streamed.description
     passes = batching.dataset_passes(d.batches, d.cardinality_known, steps_per_epoch, epochs)
-    for _ in range(passes):
+    for _ in range(passes - 1 if streamed.probed else passes):   # the probe started one
         iter(dataset)
     return passes
 

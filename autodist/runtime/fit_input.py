@@ -54,8 +54,9 @@ class InputContext:
         graph_item: The model's capture.
         strategy: The strategy (its fixed global batch and virtual nodes).
         num_worker_tasks: Worker tasks of the cluster.
-        dataset_passes: Passes earlier fits of this run started on each
-            dataset (by its seed generators' names); updated after a fit.
+        dataset_passes: Where each dataset's seed generators stood after the
+            run's last fit on it (passes started, by the generators' names):
+            where the next fit's search for them begins; updated after a fit.
     """
 
     model: Any
@@ -195,9 +196,9 @@ class StreamedInput:
     def after_fit(self, epochs_run: int) -> None:
         # As after Keras' fit, a later fit reshuffles anew.
         key = self._streamed.seed_generators
-        passes = self._context.dataset_passes
-        passes[key] = passes.get(key, 0) + datasets.start_passes_like_keras(
-            self._dataset, self._streamed, self._steps_per_epoch, epochs_run)
+        self._context.dataset_passes[key] = self._streamed.description.passes_before + \
+            datasets.start_passes_like_keras(self._dataset, self._streamed,
+                                             self._steps_per_epoch, epochs_run)
 
 
 class PythonInput(StreamedInput):

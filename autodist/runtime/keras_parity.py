@@ -30,6 +30,7 @@ def check(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
     _batch_norms(model, graph_item, strategy)
     _loss_masks(graph_item, strategy)
     _added_losses(graph_item, strategy)
+    _coupled_examples(model, graph_item, strategy)
     _loss_scaling(graph_item, strategy)
 
 
@@ -133,6 +134,37 @@ def _added_losses(graph_item: GraphItem, strategy: Strategy) -> None:
             "own part of the batch, so the run may differ from Keras fit. A mean over "
             "examples (keras.ops.mean) or a sum (keras.ops.sum) of per-example values "
             "trains as Keras does", ParityWarning, stacklevel=3)
+
+
+def _coupled_examples(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
+    """A compiled loss comparing the batch's examples with each other (a contrastive
+    loss over every pair of the batch), or a layer mixing them (a router with a
+    capacity per batch), would be computed by each replica or virtual node on its own
+    part: refused, as it would train something else."""
+    from autodist.runtime.coupled_examples import coupled_losses, coupled_outputs
+
+    if strategy.num_virtual_nodes <= 1:
+        return
+    parts = f"each of the strategy's {strategy.num_virtual_nodes} replicas or virtual " \
+        "nodes would compute it on its own part of the batch only, and train something " \
+        "else than Keras fit"
+    coupled = coupled_losses(model, graph_item)
+    if coupled:
+        raise AutodistError(
+            f"compiled loss(es) {coupled} of {graph_item.name!r} are neither a mean nor a "
+            "sum of per-example values (seen on random values: the loss of a batch is not "
+            "that of its two halves), e.g. a contrastive loss comparing every pair of "
+            f"examples in the batch: {parts}. Train this model with Keras' fit on one "
+            "device, or write the loss over pairs that each example holds (as a siamese "
+            "model's two inputs)")
+    if coupled_outputs(model):
+        raise AutodistError(
+            f"the outputs of {graph_item.name!r} for an example depend on the other "
+            "examples of its batch (seen in inference mode on random inputs: half a "
+            "batch gives other outputs alone than within the batch), e.g. a mixture of "
+            "experts whose capacity is counted over the batch, or a custom layer reducing "
+            f"over the batch axis: {parts}. Train this model with Keras' fit on one "
+            "device, or make each example's output its own (a capacity per example)")
 
 
 def _loss_scaling(graph_item: GraphItem, strategy: Strategy) -> None:

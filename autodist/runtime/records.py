@@ -617,8 +617,9 @@ class DatasetDescription:
         batches: Batches in one pass over the dataset (None: infinite).
         cardinality_known: Whether the dataset's cardinality says so (else
             the driver counted them), which changes how Keras reads it.
-        passes_before: Passes earlier fits of the run started on the dataset
-            (each drew its shuffles' seeds): the workers start as many unread.
+        passes_before: Passes started on the dataset before this fit (each
+            drew its shuffles' seeds: the run's earlier fits, an `adapt` on
+            it, found in the driver): the workers start as many unread.
         epoch_lengths: The steps of each epoch, read in turn from one pass,
             when the dataset's elements are already the run's batches in order
             (a generator or PyDataset read in the driver); None: the epochs

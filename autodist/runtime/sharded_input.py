@@ -35,6 +35,7 @@ import numpy as np
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.strategy import Strategy
+from autodist.kernels import global_batch
 from autodist.runtime import batching, datasets
 from autodist.runtime.datasets import DatasetError
 from autodist.runtime.elastic import replica_task
@@ -188,7 +189,8 @@ def prepare(sharded: ShardedDataset, graph_item: GraphItem, strategy: Strategy,
         _check_batch_size(dataset, shard)
         try:
             streamed = datasets.prepare(dataset, graph_item, steps_per_epoch=steps_per_epoch,
-                                        epochs=epochs, num_virtual_nodes=1,
+                                        epochs=epochs,
+                                        smallest_batch=global_batch.ANY_BATCH,
                                         fixed_batch=shard.batch_size,
                                         class_weight=class_weight)
         except DatasetError as e:

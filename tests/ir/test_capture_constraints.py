@@ -195,6 +195,22 @@ def test_a_loss_functions_variable_keeps_its_constraint():
     np.testing.assert_array_equal(_traced(gi.variable("w"), value), np.maximum(value, 0))
 
 
+def test_a_v1_graphs_variable_keeps_its_constraint():
+    """A tf.compat.v1.train optimizer assigns a variable's `constraint` after its update
+    (its `apply_gradients`): the capture of a v1 graph records it (it was dropped)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf.compat.v1.get_variable("w", [4, 3], use_resource=True,
+                                      constraint=lambda v: tf.clip_by_value(v, -0.1, 0.1))
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    gi = capture(loss, optimizer=optimizer)
+    assert list(gi.variable("w").partitionable_axes) == []
+    value = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    np.testing.assert_array_equal(_traced(gi.variable("w"), value), np.clip(value, -0.1, 0.1))
+
+
 def test_the_summary_names_the_constraints_and_the_text_leaves_their_graphs_out(item):
     assert "  constraints: dense/kernel MaxNorm, dense/bias NonNeg, " in item.summary()
     text = item.to_text()

@@ -477,3 +477,39 @@ def test_a_model_without_any_loss_is_refused():
     model.compile(optimizer="sgd")
     with pytest.raises(CaptureError, match="without a loss and none of its layers adds one"):
         capture(model)
+
+
+_MODULE_SEEDS = keras.random.SeedGenerator(1337)
+
+
+class _DropPath(keras.layers.Layer):
+    """keras-io's drop path (examples/vision/shiftvit.py, cct.py variants): a
+    per-example keep draw from `keras.random.uniform` without a seed, or with a
+    module-level SeedGenerator (an attribute of the layer would be tracked)."""
+
+    def __init__(self, module_seeds: bool, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.module_seeds = module_seeds
+
+    def call(self, x, training=None):
+        if training:
+            shape = (keras.ops.shape(x)[0],) + (1,) * (len(x.shape) - 1)
+            seed = _MODULE_SEEDS if self.module_seeds else None
+            keep = keras.ops.floor(0.8 + keras.random.uniform(shape, 0, 1, seed=seed))
+            return x / 0.8 * keep
+        return x
+
+
+@pytest.mark.parametrize("module_seeds", [False, True], ids=["global", "module-level"])
+def test_a_draw_from_a_seed_generator_outside_the_model_is_refused_naming_the_fix(
+        module_seeds: bool) -> None:
+    """Keras' fit trains it (the global or module-level SeedGenerator's state advances in
+    Keras' process); the capture names the layer's own SeedGenerator as the fix instead
+    of a bare "reads a resource"."""
+    inputs = keras.Input((4,))
+    outputs = keras.layers.Dense(1)(_DropPath(module_seeds)(keras.layers.Dense(8)(inputs)))
+    model = keras.Model(inputs, outputs)
+    model.compile("sgd", "mse")
+    with pytest.raises(CaptureError, match=r"drop_path.*self\.seed_generator = "
+                                           r"keras\.random\.SeedGenerator"):
+        capture(model)

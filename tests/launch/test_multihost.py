@@ -292,12 +292,15 @@ def test_served_workers_read_a_tfrecord_dataset_at_the_same_paths(tmp_path, monk
             example = tf.io.parse_single_example(record, spec_)
             return example["x"], example["y"]
 
-        ds = tf.data.TFRecordDataset([path]).map(parse)
-        ds = ds.apply(tf.data.experimental.assert_cardinality(48))
-        ds = ds.shuffle(48, seed=3).batch(16)
+        def dataset():
+            ds = tf.data.TFRecordDataset([path]).map(parse)
+            ds = ds.apply(tf.data.experimental.assert_cardinality(48))
+            return ds.shuffle(48, seed=3).batch(16)
+
         model = models.mlp(input_dim=8, hidden=(16,), classes=3, optimizer="adam")
         reference = models.single_device_twin(model)
-        reference.fit(ds, epochs=2, verbose=0, shuffle=False)
+        # A fresh dataset each: after Keras' fit on one, a fit on it reads the next orders.
+        reference.fit(dataset(), epochs=2, verbose=0, shuffle=False)
 
         monkeypatch.setenv("TF_CONFIG", _tf_config(cluster, "worker", 0))
         spec = autodist.ResourceSpec.from_tf_config()
@@ -305,7 +308,7 @@ def test_served_workers_read_a_tfrecord_dataset_at_the_same_paths(tmp_path, monk
         strategy = builders.AllReduce().build(graph_item, spec)
         run = autodist.distribute(model, strategy, spec, graph_item=graph_item, launch="remote",
                                   job_dir=str(tmp_path / "chief"))
-        history = run.fit(ds, epochs=2, verbose=0, shuffle=False)
+        history = run.fit(dataset(), epochs=2, verbose=0, shuffle=False)
 
         assert len(history.step_losses) == 6
         for got, want in zip(model.get_weights(), reference.get_weights()):

@@ -2,9 +2,10 @@
 
 Each builder in `ZOO` seeds Keras, builds and compiles a scaled-down version
 of one keras-io example (tiny vocabularies, widths 4-16, one or two layers,
-64-160 synthetic examples from `numpy.random.default_rng`) and returns a
+48-160 synthetic examples from `numpy.random.default_rng`) and returns a
 `ZooCase`: the model, `x` and `y` exactly as a user hands them to `fit`
-(dicts by input name, strings, 1-D targets, int64/float64/uint8 arrays), and
+(dicts by input name, strings, 1-D targets, int64/float64/uint8 arrays, a
+`tf.data.Dataset` of batches with `y` None), and
 the `fit` keyword arguments. `keras_reference` trains an independent twin
 (the same builder, called again) with single-device Keras `fit`: the numbers
 a distributed run must reproduce.
@@ -27,7 +28,7 @@ FEATURES = frozenset({
     "preprocessing", "random", "batchnorm", "jit", "mixed_precision", "add_loss",
     "regularizers", "masking", "rnn", "multi_output", "subclassed", "shuffle",
     "sample_weight", "class_weight", "validation", "explicit_mask", "no_targets",
-    "soft_labels", "conv_rnn",
+    "soft_labels", "conv_rnn", "dataset",
 })
 
 
@@ -1103,13 +1104,317 @@ def mixup_separable() -> ZooCase:
                    model, x, y, _fit_kwargs(batch_size=16))
 
 
+def oxford_pets_unet() -> ZooCase:
+    """U-Net-like segmentation: a class per pixel, upsampled by transposed convolutions.
+
+    Follows examples/vision/oxford_pets_image_segmentation.py: a strided Conv2D
+    stem, a downsampling block (SeparableConv2D, BatchNormalization,
+    MaxPooling2D and a strided 1x1 residual), upsampling blocks
+    (Conv2DTranspose, BatchNormalization, UpSampling2D and an upsampled 1x1
+    residual), a per-pixel softmax over 3 classes; uint8 masks (N, H, W, 1)
+    with sparse categorical cross-entropy, training and validation as
+    `tf.data.Dataset`s of (image, mask) batches. The images are in [0, 1]
+    (the example feeds 0-255: its first batch statistics, ~1e3, agree to
+    float32's relative 1e-7, more than the zoo's absolute 1e-5).
+    """
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(47)
+    n, size, num_classes = 48, 16, 3
+    masks = np.zeros((n, size, size, 1), dtype="uint8")   # 0 background, 1 pet, 2 outline
+    images = rng.random((n, size, size, 3)).astype("float32") * 0.3
+    for i, (row, col) in enumerate(rng.integers(2, 9, (n, 2))):
+        masks[i, row - 1:row + 7, col - 1:col + 7, 0] = 2
+        masks[i, row:row + 6, col:col + 6, 0] = 1
+        images[i, row:row + 6, col:col + 6, i % 3] += 0.6
+    inputs = keras.Input(shape=(size, size, 3))
+    # Convolutions feeding BatchNormalization without a bias (it cancels it).
+    h = layers.Conv2D(8, 3, strides=2, padding="same", use_bias=False)(inputs)
+    h = layers.Activation("relu")(layers.BatchNormalization()(h))
+    previous = h
+    for _ in range(2):
+        h = layers.Activation("relu")(h)
+        h = layers.SeparableConv2D(8, 3, padding="same", use_bias=False)(h)
+        h = layers.BatchNormalization()(h)
+    h = layers.MaxPooling2D(3, strides=2, padding="same")(h)
+    h = layers.add([h, layers.Conv2D(8, 1, strides=2, padding="same")(previous)])
+    previous = h
+    for filters in (8, 4):
+        for _ in range(2):
+            h = layers.Activation("relu")(h)
+            h = layers.Conv2DTranspose(filters, 3, padding="same", use_bias=False)(h)
+            h = layers.BatchNormalization()(h)
+        h = layers.UpSampling2D(2)(h)
+        residual = layers.Conv2D(filters, 1, padding="same")(layers.UpSampling2D(2)(previous))
+        h = layers.add([h, residual])
+        previous = h
+    outputs = layers.Conv2D(num_classes, 3, activation="softmax", padding="same")(h)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="sparse_categorical_crossentropy")
+    train = tf.data.Dataset.from_tensor_slices((images[:40], masks[:40])).batch(8)
+    validation = tf.data.Dataset.from_tensor_slices((images[40:], masks[40:])).batch(8)
+    return ZooCase("oxford_pets_unet", "examples/vision/oxford_pets_image_segmentation.py",
+                   ("dataset", "batchnorm", "time_targets", "dtypes", "validation"),
+                   model, train, None, _fit_kwargs(batch_size=8, validation_data=validation))
+
+
+class StochasticDepth(layers.Layer):
+    """Drops a residual branch for whole examples in training (keras.random, its own seed)."""
+
+    def __init__(self, drop_prob: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.drop_prob = drop_prob
+        self.seed_generator = keras.random.SeedGenerator(1337)
+
+    def call(self, x, training=None):
+        if training:
+            keep_prob = 1 - self.drop_prob
+            shape = (ops.shape(x)[0],) + (1,) * (len(x.shape) - 1)
+            random_tensor = keep_prob + keras.random.uniform(shape, 0, 1,
+                                                             seed=self.seed_generator)
+            return (x / keep_prob) * ops.floor(random_tensor)
+        return x
+
+
+class CCTTokenizer(layers.Layer):
+    """Convolutions and poolings whose feature map's positions become the tokens."""
+
+    def __init__(self, channels: tuple[int, ...] = (8, 8), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.conv_model = keras.Sequential()
+        for width in channels:
+            self.conv_model.add(layers.Conv2D(width, 3, 1, padding="valid", use_bias=False,
+                                              activation="relu", kernel_initializer="he_normal"))
+            self.conv_model.add(layers.ZeroPadding2D(1))
+            self.conv_model.add(layers.MaxPooling2D(3, 2, "same"))
+
+    def call(self, images):
+        outputs = self.conv_model(images)
+        return ops.reshape(outputs, (-1, ops.shape(outputs)[1] * ops.shape(outputs)[2],
+                                     ops.shape(outputs)[-1]))
+
+
+class SequencePooling(layers.Layer):
+    """A softmax-weighted mean of the tokens (CCT's attention pooling)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.attention = layers.Dense(1, name="attention_logits")
+
+    def call(self, x):
+        weights = ops.transpose(ops.softmax(self.attention(x), axis=1), axes=(0, 2, 1))
+        return ops.squeeze(ops.matmul(weights, x), -2)
+
+
+def cct_stochastic_depth() -> ZooCase:
+    """Compact Convolutional Transformer: a custom random layer with a `training` argument.
+
+    Follows examples/vision/cct.py: uint8 images, Rescaling, RandomCrop (to
+    the image's size, as the example) and RandomFlip, a convolutional
+    tokenizer, a position embedding, transformer layers whose residual
+    branches go through StochasticDepth (`keras.random.uniform` of shape
+    (batch, 1, 1) from its own SeedGenerator when `training`), attention
+    pooling over the tokens, one-hot labels with label smoothing, AdamW,
+    top-k accuracy and `validation_split`.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(53)
+    n, size, num_classes, dim = 80, 8, 4, 8
+    labels = rng.integers(0, num_classes, (n, 1))
+    x = rng.integers(0, 120, (n, size, size, 3)).astype("uint8")
+    x[:, :, :, 0] += (labels[:, 0] * 40).astype("uint8")[:, None, None]
+    y = keras.utils.to_categorical(labels, num_classes)
+    augmentation = keras.Sequential([layers.Rescaling(1.0 / 255), layers.RandomCrop(size, size),
+                                     layers.RandomFlip("horizontal")], name="data_augmentation")
+    inputs = layers.Input((size, size, 3))
+    encoded = CCTTokenizer()(augmentation(inputs))
+    length = encoded.shape[1]
+    encoded = encoded + layers.Embedding(length, dim)(ops.arange(0, length, 1))
+    for rate in np.linspace(0, 0.3, 2):
+        x1 = layers.LayerNormalization(epsilon=1e-5)(encoded)
+        attention = layers.MultiHeadAttention(num_heads=2, key_dim=dim, dropout=0.1)(x1, x1)
+        x2 = layers.Add()([StochasticDepth(float(rate))(attention), encoded])
+        x3 = _mlp(layers.LayerNormalization(epsilon=1e-5)(x2), (dim, dim), 0.1)
+        encoded = layers.Add()([StochasticDepth(float(rate))(x3), x2])
+    representation = layers.LayerNormalization(epsilon=1e-5)(encoded)
+    logits = layers.Dense(num_classes)(SequencePooling()(representation))
+    model = keras.Model(inputs, logits)
+    model.compile(optimizer=keras.optimizers.AdamW(learning_rate=0.001, weight_decay=0.0001),
+                  loss=keras.losses.CategoricalCrossentropy(from_logits=True,
+                                                            label_smoothing=0.1),
+                  metrics=[keras.metrics.CategoricalAccuracy(name="accuracy"),
+                           keras.metrics.TopKCategoricalAccuracy(3, name="top-3-accuracy")])
+    # The pooling logits' bias, as an attention key's, shifts every token's logit alike.
+    return ZooCase("cct_stochastic_depth", "examples/vision/cct.py",
+                   ("random", "subclassed", "dtypes", "soft_labels", "validation"),
+                   model, x, y, _fit_kwargs(batch_size=16, validation_split=0.1),
+                   zero_gradient=("key/bias", "attention_logits/bias"))
+
+
+def _mbconv(h, filters: int, expand: int, drop_rate: float, name: str):
+    """EfficientNet's inverted residual block with squeeze-and-excitation."""
+    inputs, width = h, h.shape[-1] * expand
+    h = layers.Conv2D(width, 1, padding="same", use_bias=False, name=f"{name}expand_conv")(h)
+    h = layers.Activation("swish")(layers.BatchNormalization(name=f"{name}expand_bn")(h))
+    h = layers.DepthwiseConv2D(3, padding="same", use_bias=False, name=f"{name}dwconv")(h)
+    h = layers.Activation("swish")(layers.BatchNormalization(name=f"{name}bn")(h))
+    se = layers.Reshape((1, 1, width))(layers.GlobalAveragePooling2D(name=f"{name}se_squeeze")(h))
+    se = layers.Conv2D(max(1, width // 4), 1, activation="swish", name=f"{name}se_reduce")(se)
+    se = layers.Conv2D(width, 1, activation="sigmoid", name=f"{name}se_expand")(se)
+    h = layers.multiply([h, se])
+    h = layers.Conv2D(filters, 1, padding="same", use_bias=False, name=f"{name}project_conv")(h)
+    h = layers.BatchNormalization(name=f"{name}project_bn")(h)
+    # Drop connect: one draw per example (noise_shape), as keras.applications' EfficientNet.
+    h = layers.Dropout(drop_rate, noise_shape=(None, 1, 1, 1), name=f"{name}drop")(h)
+    return layers.add([h, inputs])
+
+
+def efficientnet_se() -> ZooCase:
+    """EfficientNet-style classifier trained from scratch with augmentation in the model.
+
+    Follows examples/vision/image_classification_efficientnet_fine_tuning.py
+    ("training from scratch"): RandomRotation, RandomTranslation, RandomFlip
+    and RandomContrast, then keras.applications' EfficientNet scaled down to
+    a stem and two MBConv blocks (Rescaling and a fixed Normalization, 1x1
+    expansion, DepthwiseConv2D, BatchNormalization, swish, squeeze-and-
+    excitation, drop connect as `Dropout(noise_shape=(None, 1, 1, 1))`), top
+    dropout, one-hot labels.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(67)
+    n, size, num_classes = 64, 12, 3
+    labels = rng.integers(0, num_classes, n)
+    x = rng.integers(0, 200, (n, size, size, 3)).astype("float32")
+    x[np.arange(n), 2:10, 2:10, labels] += 55.0
+    y = keras.utils.to_categorical(labels, num_classes)
+    inputs = keras.Input((size, size, 3))
+    h = inputs
+    for layer in (layers.RandomRotation(factor=0.15),
+                  layers.RandomTranslation(height_factor=0.1, width_factor=0.1),
+                  layers.RandomFlip(), layers.RandomContrast(factor=0.1)):
+        h = layer(h)
+    h = layers.Rescaling(1.0 / 255.0)(h)
+    h = layers.Normalization(mean=[0.485, 0.456, 0.406],
+                             variance=[0.229 ** 2, 0.224 ** 2, 0.225 ** 2])(h)
+    h = layers.Conv2D(8, 3, strides=2, padding="same", use_bias=False, name="stem_conv")(h)
+    h = layers.Activation("swish")(layers.BatchNormalization(name="stem_bn")(h))
+    h = _mbconv(h, 8, 1, 0.2, "block1a_")
+    h = _mbconv(h, 8, 2, 0.2, "block2a_")
+    h = layers.Dropout(0.2, name="top_dropout")(layers.GlobalAveragePooling2D(name="avg_pool")(h))
+    outputs = layers.Dense(num_classes, activation="softmax", name="pred")(h)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss="categorical_crossentropy", metrics=["accuracy"])
+    return ZooCase("efficientnet_se",
+                   "examples/vision/image_classification_efficientnet_fine_tuning.py",
+                   ("random", "batchnorm", "preprocessing"),
+                   model, x, y, _fit_kwargs(batch_size=16))
+
+
+class TemporalSoftmax(layers.Layer):
+    """A softmax over the timesteps its input's mask keeps."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, inputs, mask=None):
+        broadcast_float_mask = ops.expand_dims(ops.cast(mask, "float32"), -1)
+        inputs_exp = ops.exp(inputs) * broadcast_float_mask
+        inputs_sum = ops.sum(inputs_exp * broadcast_float_mask, axis=1, keepdims=True)
+        return inputs_exp / inputs_sum
+
+
+def masking_and_padding() -> ZooCase:
+    """Masks made, carried and consumed: Embedding(mask_zero=True), Masking, a custom layer.
+
+    Follows guides/understanding_masking_and_padding.py: zero-padded ids of
+    any length through Embedding(mask_zero=True) into a GRU (here with
+    `return_state=True`), its TemporalSoftmax (a custom layer reading the
+    mask) weighting the GRU's outputs, GlobalAveragePooling1D over the
+    unmasked steps, and a Masking layer on zero-padded float readings into an
+    LSTM; dict inputs by name, 1-D targets.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(61)
+    n, maxlen, vocab, steps = 80, 10, 20, 6
+    ids = _padded(rng, n, maxlen, vocab)
+    readings = rng.normal(size=(n, steps, 3)).astype("float32")
+    readings[np.arange(steps)[None, :] >= rng.integers(2, steps + 1, n)[:, None]] = 0.0
+    y = ((ids == 3).any(axis=1) | (readings[:, 0, 0] > 1.0)).astype("float32")
+    ids_input = keras.Input((None,), dtype="int32", name="ids")
+    readings_input = keras.Input((steps, 3), name="readings")
+    embedded = layers.Embedding(vocab, 8, mask_zero=True)(ids_input)
+    sequence, state = layers.GRU(8, return_sequences=True, return_state=True)(embedded)
+    weights = TemporalSoftmax()(layers.Dense(1)(sequence))
+    attended = ops.sum(weights * sequence, axis=1)
+    pooled = layers.GlobalAveragePooling1D()(sequence)
+    read = layers.LSTM(4)(layers.Masking(mask_value=0.0)(readings_input))
+    outputs = layers.Dense(1, activation="sigmoid")(
+        layers.concatenate([attended, pooled, state, read]))
+    model = keras.Model({"ids": ids_input, "readings": readings_input}, outputs)
+    model.compile("adam", "binary_crossentropy", metrics=["accuracy"])
+    return ZooCase("masking_and_padding", "guides/understanding_masking_and_padding.py",
+                   ("masking", "rnn", "dict_inputs", "variable_length", "1d_targets"),
+                   model, {"ids": ids, "readings": readings}, y, _fit_kwargs(batch_size=16))
+
+
+def feature_space_heart() -> ZooCase:
+    """Heart-disease classifier on a dataset encoded by a FeatureSpace adapted on it.
+
+    Follows examples/structured_data/structured_data_classification_with_feature_space.py:
+    a `tf.data.Dataset` of (dict of columns, label), shuffled (here with a
+    seed: unseeded, autodist refuses it), batched; a FeatureSpace (integer
+    and string categoricals, a discretized and normalized floats, a feature
+    cross, concatenated) adapted on that dataset (12 passes over it before
+    fit), then mapped over it with `num_parallel_calls=AUTOTUNE` and
+    prefetched; the training model takes the encoded features: Dense,
+    Dropout(0.5), a sigmoid.
+    """
+    import tensorflow as tf
+    from keras.utils import FeatureSpace
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(71)
+    n = 96
+    columns = {"sex": rng.integers(0, 2, n), "cp": rng.integers(0, 5, n),
+               "thal": rng.choice(np.array(["fixed", "normal", "reversible"], dtype=object), n),
+               "age": rng.integers(29, 78, n), "chol": rng.normal(245.0, 50.0, n),
+               "oldpeak": rng.uniform(0.0, 4.0, n)}
+    labels = ((columns["age"] > 55) ^ (rng.random(n) < 0.2)).astype("int64")
+    feature_space = FeatureSpace(
+        features={"sex": FeatureSpace.integer_categorical(num_oov_indices=0),
+                  "cp": FeatureSpace.integer_categorical(num_oov_indices=0),
+                  "thal": FeatureSpace.string_categorical(num_oov_indices=0),
+                  "age": FeatureSpace.float_discretized(num_bins=4),
+                  "chol": FeatureSpace.float_normalized(),
+                  "oldpeak": FeatureSpace.float_normalized()},
+        crosses=[FeatureSpace.cross(feature_names=("sex", "age"), crossing_dim=8)],
+        output_mode="concat")
+    train_ds = tf.data.Dataset.from_tensor_slices((dict(columns), labels))
+    train_ds = train_ds.shuffle(buffer_size=n, seed=1).batch(16)
+    feature_space.adapt(train_ds.map(lambda x, _: x))
+    preprocessed = train_ds.map(lambda x, y: (feature_space(x), y),
+                                num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    encoded_features = feature_space.get_encoded_features()
+    h = layers.Dropout(0.5)(layers.Dense(8, activation="relu")(encoded_features))
+    predictions = layers.Dense(1, activation="sigmoid")(h)
+    model = keras.Model(inputs=encoded_features, outputs=predictions)
+    model.compile(optimizer="adam", loss="binary_crossentropy", metrics=["accuracy"])
+    return ZooCase("feature_space_heart",
+                   "examples/structured_data/structured_data_classification_with_feature_space.py",
+                   ("dataset", "preprocessing", "random", "1d_targets"),
+                   model, preprocessed, None, _fit_kwargs(batch_size=16))
+
+
 ZOO: dict[str, Callable[[], ZooCase]] = {builder.__name__: builder for builder in (
     heart_disease, census_deep_cross, movielens_recommender, text_cnn_strings,
     imdb_bidirectional_lstm, imdb_masked_lstm, ticket_triage, char_gpt, lstm_seq2seq,
     ecg_fcn, anomaly_autoencoder, weather_lstm, mnist_convnet, augmented_xception,
     vision_transformer, transformer_text_mixed, fraud_class_weight, digits_sample_weight,
     nmt_transformer, siamese_contrastive, video_gru_masked, next_frame_conv_lstm,
-    endpoint_layer, mixup_separable)}
+    endpoint_layer, mixup_separable, oxford_pets_unet, cct_stochastic_depth, efficientnet_se,
+    masking_and_padding, feature_space_heart)}
 
 
 def variable_values(model: keras.Model) -> list[np.ndarray]:

@@ -50,8 +50,8 @@ NOT_ON_CLUSTERS_IN_CI = frozenset({"video_gru_masked", "mixup_separable"})
 # masked-loss counts per virtual node: only the warning is checked there). The test
 # checks this list against each case's capture.
 PER_VIRTUAL_NODE = frozenset({"augmented_xception", "census_deep_cross", "ecg_fcn",
-                              "next_frame_conv_lstm", "nmt_transformer",
-                              "siamese_contrastive"})
+                              "efficientnet_se", "next_frame_conv_lstm", "nmt_transformer",
+                              "oxford_pets_unet", "siamese_contrastive"})
 
 
 def _cluster_runs() -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ import keras
 from tests.zoo.models import (EPOCHS, FEATURES, ZOO, ZooCase, assert_same_variables,
                               keras_reference)
 
-MIN_CASES = 24
+MIN_CASES = 29
 
 
 @pytest.fixture(scope="module")

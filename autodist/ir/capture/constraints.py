@@ -39,10 +39,19 @@ def attach_constraints(item: GraphItem, trainable: Sequence[Any], names: Sequenc
         info = item.variable(name)
         info.constraint.CopyFrom(trace_constraint(
             constraint, name, tf.as_dtype(info.dtype), list(info.shape),
-            np.asarray(variable)))
+            _eager_value(variable)))
         # The constraint reads the whole variable (a norm over an axis, a clip of the
         # kernel): a shard alone cannot compute it.
         del info.partitionable_axes[:]
+
+
+def _eager_value(variable) -> np.ndarray | None:
+    """The variable's value, or None for a variable of a `tf.compat.v1` graph (its value
+    lives in a session)."""
+    try:
+        return np.asarray(variable)
+    except (NotImplementedError, TypeError):   # not eager; or read outside its graph
+        return None
 
 
 def trace_constraint(constraint, variable: str, dtype: tf.DType, shape: list[int],

@@ -43,6 +43,15 @@ def drop_foreign_state(graph, graph_def, variable_handles: set[str], outputs) ->
     needed = _data_ancestors(graph_def, [t.op.name for t in _flat_tensors(outputs)])
     reached = sorted(needed & foreign)
     if reached:
+        if _seeds_random_draws(graph_def, reached[0], consumers, needed):
+            raise CaptureError(
+                f"the step draws random numbers from a seed generator that is not one of "
+                f"the model's variables ({reached[0]!r}): keras.random called without a "
+                "seed uses Keras' global SeedGenerator, and a SeedGenerator made outside "
+                "the layer (a module-level one) is not tracked by the model either: the "
+                "run cannot carry their state to the workers. Give the layer its own, "
+                "self.seed_generator = keras.random.SeedGenerator(seed) in __init__, and "
+                "pass seed=self.seed_generator")
         raise CaptureError(f"the loss or a gradient reads {reached[0]!r}, a resource that is "
                            "not one of the model's variables; only variables may be read")
     kept = [n for n in graph_def.node if n.name not in dropped]
@@ -53,6 +62,23 @@ def drop_foreign_state(graph, graph_def, variable_handles: set[str], outputs) ->
     del graph_def.node[:]
     graph_def.node.extend(kept)
     return dropped
+
+
+def _seeds_random_draws(graph_def, resource: str, consumers: dict[str, list[str]],
+                        needed: set[str]) -> bool:
+    """Whether what the step reads from `resource` seeds a stateless random draw (a
+    Keras SeedGenerator's state: its read, a few casts and slices, then the draw)."""
+    ops = {n.name: n.op for n in graph_def.node}
+    seen, stack = set(), [resource]
+    while stack:
+        name = stack.pop()
+        if name in seen or (name != resource and name not in needed):
+            continue
+        seen.add(name)
+        if ops.get(name, "").startswith("StatelessRandom"):
+            return True
+        stack.extend(consumers.get(name, []))
+    return False
 
 
 def _flat_tensors(values) -> list:

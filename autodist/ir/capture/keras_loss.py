@@ -34,13 +34,41 @@ def loss_weights_structure(model, sample_weight):
 
 
 def keras_compute_loss(model, inputs, targets, predictions, sample_weight=None):
-    """The loss as Keras' train step computes it (a `compute_loss` override included)."""
+    """The loss as Keras' train step computes it (a `compute_loss` override included).
+
+    Raises:
+        CaptureError: the loss fails on a batch of unknown size (`traced_step_error`).
+    """
     sample_weight = loss_weights_structure(model, sample_weight)
-    if hasattr(model, "_compute_loss"):  # handles overrides without a `training` argument
-        return model._compute_loss(x=inputs, y=targets, y_pred=predictions,  # noqa: SLF001
-                                   sample_weight=sample_weight, training=True)
-    return model.compute_loss(x=inputs, y=targets, y_pred=predictions,
-                              sample_weight=sample_weight, training=True)
+    try:
+        if hasattr(model, "_compute_loss"):  # handles overrides without a `training` argument
+            return model._compute_loss(x=inputs, y=targets, y_pred=predictions,  # noqa: SLF001
+                                       sample_weight=sample_weight, training=True)
+        return model.compute_loss(x=inputs, y=targets, y_pred=predictions,
+                                  sample_weight=sample_weight, training=True)
+    except (ValueError, TypeError) as e:
+        raise traced_step_error(model, e) from e
+
+
+def traced_step_error(model, error: Exception) -> CaptureError:
+    """The error for a train step (outputs and compiled loss) that fails when traced for
+    batches of any size.
+
+    Keras' fit traces its step with the first batch's static size, so a loss whose
+    ops need it (keras-io's supervised contrastive loss squeezes its (N, 1) labels
+    with `ops.squeeze(labels)`, of unknown rank when N is unknown) trains there while
+    batches keep that size; the capture traces one step for every batch size.
+    """
+    text = str(error).strip().rstrip(".")
+    return CaptureError(
+        f"the train step of model {model.name!r} (its outputs and compiled loss) failed "
+        "when traced for batches of any size (the capture's batch dimension is unknown; "
+        f"Keras' fit traces with the first batch's size): {type(error).__name__}: {text}. "
+        "Where the error is about shapes, an op whose result depends on a static batch "
+        "size, such as ops.squeeze without an axis (its rank is then unknown), fails "
+        "so: give it the axis "
+        "(ops.squeeze(labels, axis=-1)). A loss whose targets differ in shape from the "
+        "model's output needs example targets too: capture(model, x=..., y=...)")
 
 
 def check_keras_losses(model) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from autodist.ir.capture.keras_loss import loss_weights_structure
+from autodist.ir.capture.keras_loss import loss_weights_structure, traced_step_error
 from autodist.ir.errors import CaptureError
 from autodist.ir.graph_item import BATCH_PART_INPUT
 
@@ -26,7 +26,10 @@ def build_keras_metrics(model, x_spec, y_spec) -> None:
     # The compiled loss makes its per-output trackers when built: build it (and the
     # metrics) now, so the trace does not create metric state the capture never lists.
     if any(part is not None and not part.built for part in (compiled, compile_loss)):
-        model._symbolic_build(data_batch=(x_spec, y_spec))  # noqa: SLF001
+        try:
+            model._symbolic_build(data_batch=(x_spec, y_spec))  # noqa: SLF001
+        except (ValueError, TypeError) as e:
+            raise traced_step_error(model, e) from e
     known = [model._loss_tracker, compiled]  # noqa: SLF001
     known += list(compile_loss.metrics) if compile_loss is not None else []
     for metric in model.metrics:

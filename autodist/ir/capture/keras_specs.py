@@ -219,7 +219,7 @@ def keras_target_names(model, y_spec) -> list[str]:
         flat = tf.nest.flatten(y_spec)
         names = keras_output_names(model, len(flat)) if len(flat) == len(y_spec) else \
             [f"output_{i}" for i in range(len(flat))]
-    return unique_names([f"y/{_clean(n)}" for n in names])
+    return unique_names([target_name(n) for n in names])
 
 
 def _symbolic(spec: tf.TensorSpec):
@@ -253,6 +253,11 @@ def spec_of(value) -> tf.TensorSpec:
 def _batch_free(shape) -> list[int | None]:
     dims = list(shape)
     return [None] + [None if d is None else int(d) for d in dims[1:]]
+
+
+def target_name(output_name: str) -> str:
+    """The step's target input of a model output named `output_name` (of several)."""
+    return f"y/{_clean(output_name)}"
 
 
 def _clean(name: str) -> str:

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from autodist.ir.capture.assemble import (TracedVariable, assemble, proto_shape, state_info,
                                           state_update_ops)
+from autodist.ir.capture.constraints import attach_constraints
 from autodist.ir.capture.names import unique_names
 from autodist.ir.capture.optimizer import describe_optimizer
 from autodist.ir.errors import CaptureError
@@ -50,5 +51,8 @@ def capture_v1(loss, optimizer, variables, name, batch_size) -> GraphItem:
             states.append(state_info(v.op.name, v.op.name, v.dtype.base_dtype,
                                       list(v.shape), updates))
     optimizer_info = describe_optimizer(optimizer, var_list)
-    return assemble(graph, graph.as_graph_def(), "v1_graph", name or "v1_graph", inputs, loss,
-                     traced, states, optimizer_info, batch_size)
+    item = assemble(graph, graph.as_graph_def(), "v1_graph", name or "v1_graph", inputs, loss,
+                    traced, states, optimizer_info, batch_size)
+    # A tf.compat.v1.train optimizer assigns a variable's `constraint` after its update.
+    attach_constraints(item, var_list, names)
+    return item
