@@ -70,8 +70,8 @@ def test_vae_trains_as_keras_step():
     info = item.proto.custom_step
     assert info.step_class.endswith("VAE") and info.data == "x"
     assert [log.name for log in info.logs] == ["kl_loss", "loss", "reconstruction_loss"]
-    assert [s.name for s in item.state_variables if s.update_ops] == \
-        ["seed_generator/seed_generator_state"]
+    (assigned,) = [s.name for s in item.state_variables if s.update_ops]
+    assert assigned.endswith("/seed_generator_state")  # the Sampling layer's draws
     assert [op.reproducible for op in item.random_ops] == [True]
     phases = [op.phase for op in item.ops]
     assert phases.count("backward") > phases.count("forward") > 0  # the tape's ops: backward
