@@ -88,15 +88,9 @@ class MetricLogs:
 
     def _step_logs(self, states: list) -> dict[str, Any]:
         """The custom step's logs of the metrics' `states` (its logs graph imported)."""
-        from tensorflow.core.framework import graph_pb2
+        from autodist.ir.capture import import_step_logs
 
-        graph_def = graph_pb2.GraphDef()
-        graph_def.ParseFromString(self._custom.logs_graph_def)
-        values = tf.graph_util.import_graph_def(
-            graph_def, input_map={f"{name}:0": state for name, state in
-                                  zip(self._custom.state_inputs, states)},
-            return_elements=[log.tensor for log in self._custom.logs], name="step_logs")
-        return {log.name: value for log, value in zip(self._custom.logs, values)}
+        return import_step_logs(self._custom, states)
 
     def _assign_and_read(self, states: list) -> dict[str, Any]:
         for variable, state in zip(self.variables, states):

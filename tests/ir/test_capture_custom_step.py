@@ -216,6 +216,13 @@ def _raw_log(model, data):
     return {"loss": loss}
 
 
+def _doubled_log(model, data):
+    loss, _, grads = _loss_and_gradients(model, data)
+    model.optimizer.apply(grads, model.trainable_variables)
+    model.tracker.update_state(loss)
+    return {"loss": 2 * model.tracker.result()}
+
+
 def _plain(model, data):
     loss, _, grads = _loss_and_gradients(model, data)
     model.optimizer.apply(grads, model.trainable_variables)
@@ -275,13 +282,14 @@ def _custom_model(step, optimizer=None, regularizer=None):
                        r"two parts.*couples the batch's examples"),
     (_reads_after_apply, {}, r"reads 'dense.*' after the optimizer's apply"),
     (_raw_log, {}, r"logs 'loss' from .*not only from its metrics' state"),
+    (_doubled_log, {}, r"logs 'loss' as .* where the metric 'loss' gives .*each epoch's end"),
     (_plain, {"optimizer": keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())},
      r"LossScaleOptimizer"),
     (_added_sum, {}, r"the gradient of 'dense.*' on a batch of 7 examples is not that of "
                      r"two parts.*reduces by a sum"),
 ], ids=["two_optimizers", "two_applies", "apply_under_cond", "assign_outside_apply",
         "state_from_batch", "shape_fixed_to_batch", "contrastive_loss", "reads_after_apply",
-        "raw_log", "loss_scaling", "added_sum_over_examples"])
+        "raw_log", "log_named_as_a_metric", "loss_scaling", "added_sum_over_examples"])
 def test_what_one_apply_cannot_describe_is_refused(step, options, refused):
     model = _custom_model(step, **options)
     with pytest.raises(CaptureError, match=r"train_step of model 'custom.*' \(in .*Custom\)"):

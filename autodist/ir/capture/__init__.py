@@ -28,10 +28,12 @@ from autodist.ir.capture.dispatch import DEFAULT_ESTIMATE_BATCH_SIZE, capture
 from autodist.ir.capture.keras_metrics import keras_metric_variables
 from autodist.ir.capture.names import keras_variable_names, unique_names
 from autodist.ir.capture.optimizer import describe_optimizer, slot_names
+from autodist.ir.capture.step_logs import import_step_logs
 
 # The names tests import from before the split into a package.
 _optimizer_info = describe_optimizer
 _slot_names = slot_names
 
 __all__ = ["ADDED_LOSS_SCALE", "DEFAULT_ESTIMATE_BATCH_SIZE", "capture", "describe_optimizer",
-           "keras_metric_variables", "keras_variable_names", "slot_names", "unique_names"]
+           "import_step_logs", "keras_metric_variables", "keras_variable_names", "slot_names",
+           "unique_names"]

@@ -32,7 +32,7 @@ from autodist.ir.capture.keras_specs import (build_model, keras_input_names, ker
                                              sample_weight_name, sample_weight_spec)
 from autodist.ir.capture.names import unique_names
 from autodist.ir.capture.optimizer import describe_optimizer
-from autodist.ir.capture.step_logs import flat_logs, logs_graph
+from autodist.ir.capture.step_logs import check_epoch_logs, flat_logs, logs_graph
 from autodist.ir.capture.step_parts import check_parts_add_up
 from autodist.ir.capture.traced_function import from_concrete_function
 from autodist.ir.errors import CaptureError
@@ -108,6 +108,7 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size) -> Grap
     info.logs_graph_def = graph_def
     for key, tensor in traced.logs:
         info.logs.add(name=key, tensor=tensor.name, dtype="float32")
+    check_epoch_logs(model, info, metric_variables, traced.keys, label)
     _check_added_losses(item, label, traced.added_losses)
     check_parts_add_up(item, model, label)
     return item
@@ -216,6 +217,7 @@ class _Traced:
     data_ops: set = dataclasses.field(default_factory=set)
     outputs: list = dataclasses.field(default_factory=list)
     added_losses: int = 0
+    keys: set = dataclasses.field(default_factory=set)   # the logs' own, not flattened
 
     def check(self, model, label: str) -> None:
         """Refuses what one apply per step cannot describe (see `_Recording`)."""
@@ -271,6 +273,7 @@ def _recorded_step(model, args: tuple, trainable: list, metric_variables: list,
     traced.added_losses = len(scope.losses) + sum(
         getattr(v, "regularizer", None) is not None for v in trainable)
     traced.logs = flat_logs(logs, label)
+    traced.keys = set(logs)
     gradients = rows_per_example(recording.gradients(trainable), inputs)
     states = _count_parts_of_batches(model, metric_variables, traced.finals, recording.zeros)
     loss = next((t for key, t in traced.logs if key == "loss"), None)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from autodist.ir.device_names import input_op, op_name
 from autodist.ir.errors import CaptureError
+from autodist.proto import graph_item_pb2
 
 # Ops a log may not read: the batch, variables, anything stateful.
 _FORBIDDEN = frozenset({"Placeholder", "PlaceholderWithDefault", "ReadVariableOp",
@@ -104,3 +106,50 @@ def logs_graph(graph_def, logs: Sequence[tuple[str, str]], states: Sequence[Any]
         del copy.input[:]
         copy.input.extend(i for i in node.input if not i.startswith("^"))
     return out.SerializeToString(deterministic=True), [t.op.name for t in states]
+
+
+def import_step_logs(info: graph_item_pb2.CustomStepInfo, states: Sequence[Any]) -> dict:
+    """The logs of `info` (a custom step's) for the metrics' `states`, as tensors: its
+    logs graph imported (in the current graph or traced function)."""
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(info.logs_graph_def)
+    values = tf.graph_util.import_graph_def(
+        graph_def, input_map={f"{name}:0": tf.convert_to_tensor(state)
+                              for name, state in zip(info.state_inputs, states)},
+        return_elements=[log.tensor for log in info.logs], name="step_logs")
+    return {log.name: value for log, value in zip(info.logs, values)}
+
+
+def check_epoch_logs(model, info: graph_item_pb2.CustomStepInfo, metric_variables: list,
+                     keys: set, label: str) -> None:
+    """Keras' fit ends an epoch with the metrics' results (`get_metrics_result`) instead
+    of the step's last logs when their keys are the same (`_get_metrics_result_or_logs`);
+    the run logs what the step returns throughout, so there the two must agree.
+
+    Raises:
+        CaptureError: a log under a metric's name that is not its result (seen on
+            random states of the metrics).
+    """
+    rng = np.random.default_rng(2)
+    states = [rng.uniform(1.0, 2.0, size=v.shape).astype(v.dtype) for v in metric_variables]
+    saved = [np.array(v.numpy()) for v in metric_variables]
+    try:
+        for variable, state in zip(metric_variables, states):
+            variable.assign(state)
+        results = {k: float(np.asarray(v)) for k, v in model.get_metrics_result().items()}
+    finally:
+        for variable, value in zip(metric_variables, saved):
+            variable.assign(value)
+    if set(keys) != set(results):
+        return  # Keras keeps the step's logs, as the run does
+    logs = tf.function(lambda: import_step_logs(info, states), autograph=False) \
+        .get_concrete_function()()
+    for key, result in results.items():
+        value = float(np.asarray(logs[key]))
+        if not np.isclose(value, result, rtol=1e-5, atol=1e-7):
+            raise CaptureError(
+                f"{label} logs {key!r} as {value:.6g} where the metric {key!r} gives "
+                f"{result:.6g} (on random metric states): Keras' fit shows the metrics' "
+                "results at each epoch's end when the logs have the metrics' names, and the "
+                "step's logs after each batch, which the run cannot both give. Log the "
+                "metrics' results (m.result()), or log other names")
