@@ -94,6 +94,8 @@ def check_graph_item(proto: graph_item_pb2.GraphItem, source: str = "the GraphIt
                 not reduction.node:
             _fail(source, f"loss_reductions[{i}]", (reduction.reduction, reduction.node),
                   "needs reduction 'sum' or 'mean_with_sample_weight' and its node")
+    if proto.HasField("custom_step"):
+        _check_custom_step(proto, source)
     for key, value in proto.optimizer.hyperparameters.items():
         if not math.isfinite(value):
             _fail(source, f"optimizer.hyperparameters[{short_repr(key, 40)}]", value,
@@ -105,6 +107,21 @@ def check_graph_item(proto: graph_item_pb2.GraphItem, source: str = "the GraphIt
                   (op.phase, op.flops, op.output_bytes),
                   f"needs a phase of {list(PHASES)}, finite FLOPs in [0, 1e24] and output "
                   f"bytes in [0, 2^50]")
+
+
+def _check_custom_step(proto: graph_item_pb2.GraphItem, source: str) -> None:
+    """A custom step's logs: a function of every metric state, its keys unique."""
+    step = proto.custom_step
+    if step.data not in ("x", "x,y", "x,y,sample_weight"):
+        _fail(source, "custom_step.data", step.data,
+              "must be 'x', 'x,y' or 'x,y,sample_weight'")
+    if len(step.state_inputs) != len(proto.metric_states) or \
+            (step.logs and not step.logs_graph_def):
+        _fail(source, "custom_step.state_inputs", len(step.state_inputs),
+              f"needs one per metric state ({len(proto.metric_states)}) and the logs' graph")
+    keys = [log.name for log in step.logs]
+    if len(set(keys)) != len(keys) or not all(log.tensor for log in step.logs):
+        _fail(source, "custom_step.logs", keys, "must be unique keys, each with its tensor")
 
 
 def _check_dtype(source: str, field: str, dtype: str) -> None:

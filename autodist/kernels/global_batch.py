@@ -73,6 +73,13 @@ def smallest_batch(graph_item: GraphItem, strategy: Strategy) -> tuple[int, str]
     """The fewest examples a global batch may have, and why (for messages; see
     `layers_needing_examples`)."""
     layers = layers_needing_examples(graph_item, strategy)
+    if graph_item.proto.HasField("custom_step") and strategy.num_virtual_nodes > 1:
+        # Its means over a part's examples are 0 / 0 on a part without any.
+        return strategy.num_virtual_nodes, (
+            f"one for each of the {strategy.num_virtual_nodes} virtual nodes or replicas "
+            f"that split it: the model's own train_step "
+            f"({graph_item.proto.custom_step.step_class}) computes its losses and metrics "
+            "over each one's examples")
     if not layers:
         return ANY_BATCH
     return strategy.num_virtual_nodes, (

@@ -100,6 +100,8 @@ def read_results(history: History, job: JobDir, epochs: int, spec: ResourceSpec,
         epoch_losses.append(float(np.average(losses[starts[e]:end],
                                              weights=examples[starts[e]:end])))
     history.history["loss"] = epoch_losses
+    if getattr(metric_logs, "complete", False) and "loss" not in metric_logs.keys:
+        del history.history["loss"]  # a custom step's logs, without a loss
     if metric_logs is not None:
         for e in range(ran):
             states: tuple = ()

@@ -245,6 +245,8 @@ class Progress:
 
     def _epoch_logs(self) -> dict[str, float]:
         logs = {"loss": self._sum / max(self._count, 1)}
+        if getattr(self.metric_logs, "complete", False):  # a custom step's own logs
+            return self.metric_logs(self._metric_states)
         if self.metric_logs is not None:
             logs.update(self.metric_logs(self._metric_states))
         return logs

@@ -7,6 +7,8 @@ import tensorflow as tf
 
 from autodist.ir.capture.function import capture_function
 from autodist.ir.capture.keras_model import capture_keras
+from autodist.ir.capture.keras_specs import custom_train_step_class
+from autodist.ir.capture.keras_train_step import capture_custom_step
 from autodist.ir.capture.v1_graph import capture_v1
 from autodist.ir.errors import CaptureError
 from autodist.ir.graph_item import GraphItem
@@ -53,6 +55,9 @@ def capture(target: Any, *, x: Any = None, y: Any = None,
         if variables is not None or input_signature is not None or optimizer is not None:
             raise CaptureError("a Keras model takes its variables, inputs and optimizer from "
                                "the model and its compile(); pass x=/y= examples instead")
+        custom = custom_train_step_class(target)
+        if custom is not None:  # the user's own step, as it runs
+            return capture_custom_step(target, custom, x, y, name, estimate_batch_size)
         return capture_keras(target, x, y, name, estimate_batch_size)
     if isinstance(target, tf.Tensor):
         if tf.is_symbolic_tensor(target) and not isinstance(target.graph, _func_graph_type()):

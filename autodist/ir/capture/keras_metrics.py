@@ -122,12 +122,12 @@ def metric_contributions(model, metric_variables, inputs, targets, predictions,
     trackers = list(compile_loss.metrics) if compile_loss is not None else []
     compiled = model._compile_metrics  # noqa: SLF001
     trackers += [metric for metric in (compiled.metrics if compiled is not None else [])
-                 if _counts_batches(metric, values)]
-    _count_batches_once(trackers, values)
+                 if counts_batches(metric, values)]
+    count_batches_once(trackers, values)
     return [tf.identity(values[id(v)]) for v in metric_variables]
 
 
-def _counts_batches(metric, values: dict) -> bool:
+def counts_batches(metric, values: dict) -> bool:
     """Whether a compiled metric's count grows by the same for any batch: a mean of one
     value per batch (a `keras.losses.Loss` instance as a metric), not per example."""
     count = getattr(metric, "count", None)
@@ -146,7 +146,7 @@ def _counts_batches(metric, values: dict) -> bool:
     return True
 
 
-def _count_batches_once(trackers, values: dict) -> None:
+def count_batches_once(trackers, values: dict) -> None:
     """Keras' per-output loss trackers (`<output>_loss`) count each batch once: their
     weight is the batch dimension's static size, unknown in `fit`'s traced step (a
     batch's loss is not weighted by its examples, unlike the `loss` tracker's); so

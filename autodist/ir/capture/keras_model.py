@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from autodist.ir.capture.added_losses import (added_loss_terms, classify_added_losses,
@@ -15,9 +14,10 @@ from autodist.ir.capture.keras_loss import (check_keras_losses, keras_compute_lo
                                            record_loss_reductions, sum_scaled_weights)
 from autodist.ir.capture.keras_metrics import (build_keras_metrics, keras_metric_variables,
                                                metric_contributions)
-from autodist.ir.capture.keras_specs import (keras_input_names, keras_input_spec,
+from autodist.ir.capture.keras_specs import (build_model, custom_train_step_class,
+                                             keras_input_names, keras_input_spec,
                                              keras_target_names, keras_target_spec,
-                                             sample_weight_name, sample_weight_spec, spec_of)
+                                             sample_weight_name, sample_weight_spec)
 from autodist.ir.capture.names import unique_names
 from autodist.ir.capture.optimizer import describe_optimizer
 from autodist.ir.capture.traced_function import from_concrete_function
@@ -27,20 +27,14 @@ from autodist.ir.graph_item import LOSS_SCALE_INPUT, GraphItem
 
 def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     """A compiled Keras model's step (see `capture`)."""
-    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
-        raise CaptureError(f"model {model.name!r} is not compiled: call "
-                           "model.compile(optimizer=..., loss=...) before capture")
-    _check_keras_train_step(model)
-    _check_keras_stateful_layers(model)
+    check_compiled(model)
+    custom = custom_train_step_class(model)
+    if custom is not None:
+        raise CaptureError(f"model {model.name!r} overrides train_step (in "
+                           f"{custom.__qualname__}): capture it with autodist.capture")
+    check_keras_stateful_layers(model)
     x_spec = keras_input_spec(model, x)
-    if not model.built and x is not None and not any(
-            isinstance(v, tf.TensorSpec) for v in tf.nest.flatten(x)):
-        # As Keras' fit does: build the model by calling it on the example batch.
-        model(tf.nest.map_structure(lambda v: tf.convert_to_tensor(
-            np.asarray(v)[:1], spec_of(v).dtype), x))
-    if not model.built:
-        raise CaptureError(f"model {model.name!r} is not built: call it on a batch, or pass "
-                           "capture(model, x=example_batch)")
+    build_model(model, x, x_spec)
     # Compiled without a loss, Keras' step computes only the terms the layers add
     # (`add_loss`); it reads the targets only for compiled metrics, else the step takes none.
     reads_targets = model.loss is not None or \
@@ -50,7 +44,7 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     if not trainable:
         raise CaptureError(f"model {model.name!r} has no trainable variables")
     check_keras_losses(model)
-    _check_optimizer_built_for(model, trainable)
+    check_optimizer_built_for(model, trainable)
 
     build_keras_metrics(model, x_spec, y_spec)
     metric_variables = keras_metric_variables(model)
@@ -74,7 +68,7 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
             # scale (`LOSS_SCALE_INPUT`, 1 unless fed) under a LossScaleOptimizer.
             scaled = loss * tf.cast(tf.compat.v1.placeholder_with_default(
                 1.0, [], name=LOSS_SCALE_INPUT), loss.dtype) if loss_scaling else loss
-        grads = _rows_per_example(tape.gradient(scaled, [v.value for v in trainable]), inputs)
+        grads = rows_per_example(tape.gradient(scaled, [v.value for v in trainable]), inputs)
         return (loss, grads, metric_contributions(model, metric_variables, inputs, targets,
                                                    predictions, sample_weight, loss,
                                                    loss_weights), terms)
@@ -102,7 +96,7 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
         input_infos, optimizer_info,
         "keras", name or model.name, batch_size,
         metric_names=unique_names([v.path for v in metric_variables]),
-        tables=_keras_lookup_tables(model))
+        tables=keras_lookup_tables(model))
     # Keras applies them after each update: traced here, applied by every task.
     attach_constraints(item, trainable, names)
     infer_draw_shapes(item, model)
@@ -114,7 +108,7 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     return item
 
 
-def _rows_per_example(gradients: list, inputs) -> list:
+def rows_per_example(gradients: list, inputs) -> list:
     """Sparse gradients whose rows are lookups of the examples, as they are; the others
     (rows looked up at indices that do not depend on the batch, e.g. a position
     embedding's `arange`, each row summed over the batch) as dense tensors.
@@ -153,20 +147,14 @@ def _reads_any(tensor, sources: set) -> bool:
     return False
 
 
-def _check_keras_train_step(model) -> None:
-    """A `train_step` of the user's own is not the step capture traces: refuse it."""
-    for klass in type(model).__mro__:
-        if "train_step" in vars(klass):
-            if not klass.__module__.startswith("keras."):
-                raise CaptureError(
-                    f"model {model.name!r} overrides train_step (in {klass.__qualname__}); "
-                    "autodist captures Keras' standard step (forward pass, compute_loss, "
-                    "gradients, optimizer) and cannot reproduce a custom one. Move the loss "
-                    "into compute_loss (or add_loss) and keep Keras' train_step")
-            return
+def check_compiled(model) -> None:
+    """Refuses a model that is not compiled (no optimizer to rebuild)."""
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise CaptureError(f"model {model.name!r} is not compiled: call "
+                           "model.compile(optimizer=..., loss=...) before capture")
 
 
-def _check_optimizer_built_for(model, trainable) -> None:
+def check_optimizer_built_for(model, trainable) -> None:
     """An optimizer built (by a fit) for other variables than the trainable ones now: a
     `trainable` flag changed without `compile` again, which Keras' fit ignores (it warns
     and trains the compiled variables) and a capture cannot follow."""
@@ -184,7 +172,7 @@ def _check_optimizer_built_for(model, trainable) -> None:
             "does), then capture")
 
 
-def _check_keras_stateful_layers(model) -> None:
+def check_keras_stateful_layers(model) -> None:
     """A stateful RNN (`stateful=True`) carries each row's final state into the same row
     of the next batch on Keras' one device; replicas splitting the global batch would
     each need exactly their rows' states, carried between steps: refused."""
@@ -201,7 +189,7 @@ def _check_keras_stateful_layers(model) -> None:
             "or train this model with Keras' fit on a single device")
 
 
-def _keras_lookup_tables(model) -> list[tuple[str, Any]]:
+def keras_lookup_tables(model) -> list[tuple[str, Any]]:
     """(layer name, table) of every lookup table the model's layers hold (StringLookup,
     IntegerLookup, TextVectorization's)."""
     out, seen = [], set()

@@ -12,6 +12,29 @@ from autodist.ir.device_names import op_name
 from autodist.ir.errors import CaptureError
 
 
+def custom_train_step_class(model) -> type | None:
+    """The class of `model` whose `train_step` overrides Keras' own, or None."""
+    for klass in type(model).__mro__:
+        if "train_step" in vars(klass):
+            return None if klass.__module__.startswith("keras.") else klass
+    return None
+
+
+def build_model(model, x, x_spec) -> None:
+    """Builds `model` as Keras' fit does, by calling it on the example batch `x`.
+
+    Raises:
+        CaptureError: the model is not built and no example batch says how.
+    """
+    if not model.built and x is not None and not any(
+            isinstance(v, tf.TensorSpec) for v in tf.nest.flatten(x)):
+        model(tf.nest.map_structure(lambda v: tf.convert_to_tensor(
+            np.asarray(v)[:1], spec_of(v).dtype), x))
+    if not model.built:
+        raise CaptureError(f"model {model.name!r} is not built: call it on a batch, or pass "
+                           "capture(model, x=example_batch)")
+
+
 def keras_input_spec(model, x):
     """The step's input specs, in the structure the model is called with.
 
