@@ -133,14 +133,12 @@ def test_replicas_compute_keras_loss_and_gradients(two_outputs, replicas):
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("parts", [[8, 4], [3, 9]])
-def test_per_output_loss_trackers_count_one_batch_on_uneven_replicas(two_outputs, parts):
-    """Keras' `<output>_loss` trackers count each batch of `fit` once (its traced batch
-    size is unknown), with the batch's loss: replicas holding 8 and 4 of its 12 examples
-    report together one count and the whole batch's loss (not the mean of theirs)."""
+def _metric_states_on_parts(model, item, parts, keras_update):
+    """The metric states of 2 replicas holding `parts` of the batch (summed), by metric
+    variable; `keras_update(x, y, y_pred)` then updates the model's metrics from zero
+    on the whole batch with the same weights."""
     from autodist.ir.capture.keras_metrics import keras_metric_variables
 
-    model, item = two_outputs
     data = _data()
     spec = autodist.ResourceSpec.local(workers=1, cpu_replicas_per_worker=2)
     rows = np.split(np.arange(N), np.cumsum(parts)[:-1])
@@ -149,17 +147,27 @@ def test_per_output_loss_trackers_count_one_batch_on_uneven_replicas(two_outputs
     for metric in model.metrics:
         metric.reset_state()
     x = tf.constant(data["features"])
-    model.compute_loss(x, [tf.constant(data["y/reg"]), tf.constant(data["y/cls"])],
-                       model(x, training=True),
-                       [tf.constant(data["sample_weight/reg"]),
-                        tf.constant(data["sample_weight/cls"])], training=True)
+    keras_update(x, [tf.constant(data["y/reg"]), tf.constant(data["y/cls"])],
+                 model(x, training=True))
     index = {id(v): i for i, v in enumerate(keras_metric_variables(model))}
+    return lambda variable: got["metrics"][index[id(variable)]]
+
+
+@pytest.mark.parametrize("parts", [[8, 4], [3, 9]])
+def test_per_output_loss_trackers_count_one_batch_on_uneven_replicas(two_outputs, parts):
+    """Keras' `<output>_loss` trackers count each batch of `fit` once (its traced batch
+    size is unknown), with the batch's loss: replicas holding 8 and 4 of its 12 examples
+    report together one count and the whole batch's loss (not the mean of theirs)."""
+    model, item = two_outputs
+    weights = [tf.constant(_data()[f"sample_weight/{k}"]) for k in ("reg", "cls")]
+    state = _metric_states_on_parts(model, item, parts, lambda x, y, p: model.compute_loss(
+        x, y, p, weights, training=True))
     trackers = model._compile_loss.metrics
     assert len(trackers) == 2
     for tracker in trackers:
-        total, count = (got["metrics"][index[id(v)]] for v in (tracker.total, tracker.count))
-        assert count == pytest.approx(1.0, rel=1e-6), tracker.name
-        assert total == pytest.approx(float(tracker.result()), rel=1e-5), tracker.name
+        assert state(tracker.count) == pytest.approx(1.0, rel=1e-6), tracker.name
+        assert state(tracker.total) == pytest.approx(float(tracker.result()), rel=1e-5), \
+            tracker.name
 
 
 @pytest.mark.parametrize("parts", [[8, 4], [3, 9]])
@@ -168,29 +176,17 @@ def test_a_loss_as_a_metric_counts_one_batch_on_uneven_replicas(parts):
     averages over batches: replicas holding 8 and 4 of the 12 examples report together
     one count and the whole batch's value (not the mean of theirs); a per-example metric
     ("mae") still counts the examples."""
-    from autodist.ir.capture.keras_metrics import keras_metric_variables
-
     keras.utils.set_random_seed(0)
     model = sum_and_weighted_mean_model(
         0.1, metrics={"reg": [keras.losses.MeanAbsoluteError(name="reg_mae_loss"), "mae"]})
-    item = capture(model)
-    data = _data()
-    spec = autodist.ResourceSpec.local(workers=1, cpu_replicas_per_worker=2)
-    rows = np.split(np.arange(N), np.cumsum(parts)[:-1])
-    got = _step(item, spec, builders.AllReduce().build(item, spec), data, parts=rows)
-    _keras_step(model, item, data)   # the same weights in the model
-    for metric in model.metrics:
-        metric.reset_state()
-    x = tf.constant(data["features"])
-    model.compute_metrics(x, [tf.constant(data["y/reg"]), tf.constant(data["y/cls"])],
-                          model(x, training=True), sample_weight=None)
-    index = {id(v): i for i, v in enumerate(keras_metric_variables(model))}
+    state = _metric_states_on_parts(model, capture(model), parts, lambda x, y, p: (
+        model.compute_metrics(x, y, p, sample_weight=None)))
     by_name = {m.name: m for m in model._compile_metrics.metrics}
     for name, count in (("reg_mae_loss", 1.0), ("mae", float(N))):
         metric = by_name[name]
-        total, counted = (got["metrics"][index[id(v)]] for v in (metric.total, metric.count))
-        assert counted == pytest.approx(count, rel=1e-6), name
-        assert total / counted == pytest.approx(float(metric.result()), rel=1e-5), name
+        assert state(metric.count) == pytest.approx(count, rel=1e-6), name
+        assert state(metric.total) / state(metric.count) == \
+            pytest.approx(float(metric.result()), rel=1e-5), name
 
 
 def test_virtual_nodes_count_a_sum_in_full_and_said_for_the_weights_sum(two_outputs):
