@@ -577,6 +577,21 @@ def mnist_convnet() -> ZooCase:
                    model, x, y, _fit_kwargs())
 
 
+def _xception_entry(h):
+    """The keras-io Xception-style entry: a strided convolution, then two separable
+    convolutions with batch normalization (no biases: it cancels them) in a residual
+    block that halves the resolution."""
+    h = layers.Conv2D(8, 3, strides=2, padding="same", use_bias=False)(h)
+    h = layers.Activation("relu")(layers.BatchNormalization()(h))
+    previous = h
+    for _ in range(2):
+        h = layers.Activation("relu")(h)
+        h = layers.SeparableConv2D(8, 3, padding="same", use_bias=False)(h)
+        h = layers.BatchNormalization()(h)
+    h = layers.MaxPooling2D(3, strides=2, padding="same")(h)
+    return layers.add([h, layers.Conv2D(8, 1, strides=2, padding="same")(previous)])
+
+
 def augmented_xception() -> ZooCase:
     """Small Xception-style binary image classifier with augmentation inside the model.
 
@@ -596,17 +611,7 @@ def augmented_xception() -> ZooCase:
     for layer in augmentation:
         h = layer(h)
     h = layers.Rescaling(1.0 / 255)(h)
-    # Convolutions feeding BatchNormalization without a bias (it cancels it).
-    h = layers.Conv2D(8, 3, strides=2, padding="same", use_bias=False)(h)
-    h = layers.BatchNormalization()(h)
-    h = layers.Activation("relu")(h)
-    previous = h
-    for _ in range(2):
-        h = layers.Activation("relu")(h)
-        h = layers.SeparableConv2D(8, 3, padding="same", use_bias=False)(h)
-        h = layers.BatchNormalization()(h)
-    h = layers.MaxPooling2D(3, strides=2, padding="same")(h)
-    h = layers.add([h, layers.Conv2D(8, 1, strides=2, padding="same")(previous)])
+    h = _xception_entry(h)
     h = layers.GlobalAveragePooling2D()(h)
     h = layers.Dropout(0.25)(h)
     outputs = layers.Dense(1, activation=None)(h)
@@ -1129,16 +1134,7 @@ def oxford_pets_unet() -> ZooCase:
         masks[i, row:row + 6, col:col + 6, 0] = 1
         images[i, row:row + 6, col:col + 6, i % 3] += 0.6
     inputs = keras.Input(shape=(size, size, 3))
-    # Convolutions feeding BatchNormalization without a bias (it cancels it).
-    h = layers.Conv2D(8, 3, strides=2, padding="same", use_bias=False)(inputs)
-    h = layers.Activation("relu")(layers.BatchNormalization()(h))
-    previous = h
-    for _ in range(2):
-        h = layers.Activation("relu")(h)
-        h = layers.SeparableConv2D(8, 3, padding="same", use_bias=False)(h)
-        h = layers.BatchNormalization()(h)
-    h = layers.MaxPooling2D(3, strides=2, padding="same")(h)
-    h = layers.add([h, layers.Conv2D(8, 1, strides=2, padding="same")(previous)])
+    h = _xception_entry(inputs)
     previous = h
     for filters in (8, 4):
         for _ in range(2):
