@@ -46,6 +46,17 @@ def _keras_step(model, *data) -> tuple[list, object]:
     return [(b - v.numpy()) / LR for b, v in zip(before, model.trainable_variables)], history
 
 
+def _assert_model_as_keras(build, seed: int, data_seed: int, outputs: int) -> None:
+    """`_assert_as_keras` for a model of 5 inputs and `outputs` outputs from `build` (and
+    its twin), on 8 random examples without sample weights."""
+    model, reference = twin_models(build, seed=seed)
+    rng = np.random.default_rng(data_seed)
+    x = rng.normal(size=(8, 5)).astype("float32")
+    y = rng.normal(size=(8, outputs)).astype("float32")
+    _assert_as_keras(capture(model), model, reference,
+                     {"input_0": x, "y": y, "sample_weight": np.ones(8, "float32")}, (x, y))
+
+
 def _assert_as_keras(item, model, reference, feeds, data) -> None:
     grads, contributions = _run_captured(item, model, feeds)
     expected, history = _keras_step(reference, *data)
@@ -332,12 +343,7 @@ def test_a_step_calling_keras_own_trains_as_keras_step():
         model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse", metrics=["mae"])
         return model
 
-    model, reference = twin_models(build, seed=5)
-    rng = np.random.default_rng(2)
-    x, y = rng.normal(size=(8, 5)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
-    item = capture(model)
-    _assert_as_keras(item, model, reference,
-                     {"input_0": x, "y": y, "sample_weight": np.ones(8, "float32")}, (x, y))
+    _assert_model_as_keras(build, seed=5, data_seed=2, outputs=2)
 
 
 def test_layers_added_losses_train_as_keras_step():
@@ -351,12 +357,7 @@ def test_layers_added_losses_train_as_keras_step():
         model.compile(optimizer=keras.optimizers.SGD(LR), loss="mse", metrics=["mae"])
         return model
 
-    model, reference = twin_models(build, seed=8)
-    rng = np.random.default_rng(4)
-    x, y = rng.normal(size=(8, 5)).astype("float32"), rng.normal(size=(8, 1)).astype("float32")
-    item = capture(model)
-    _assert_as_keras(item, model, reference,
-                     {"input_0": x, "y": y, "sample_weight": np.ones(8, "float32")}, (x, y))
+    _assert_model_as_keras(build, seed=8, data_seed=4, outputs=1)
 
 
 def test_every_part_of_a_batch_needs_an_example():

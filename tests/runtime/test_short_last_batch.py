@@ -31,9 +31,9 @@ class _MeanPenalty(keras.layers.Layer):
 
 
 def _model(batch_norm: bool):
-    """Dropout, an activity regularizer (a loss term summed over the examples), a loss
-    term that is a mean over them and, synchronized over the replicas, batch
-    normalization."""
+    """Dropout, an activity regularizer (Keras divides it by the batch size with
+    divide_no_nan), a loss term that is a mean over the examples (0 / 0 on none) and,
+    synchronized over the replicas, batch normalization."""
     inputs = keras.Input((4,), name="features")
     h = keras.layers.Dense(8, activation="relu", activity_regularizer="l2")(inputs)
     h = _MeanPenalty()(h)
