@@ -153,6 +153,21 @@ def test_capture_finds_draws_in_blocks_of_the_batch(time_major, blocks):
     assert op.reproducible and list(op.row_blocks) == blocks
 
 
+def test_the_order_of_rows_is_found_for_string_inputs_from_the_vocabulary():
+    """Strings are probed with words of the model's vocabulary (unknown strings all map
+    to one id, which would leave the order undetermined)."""
+    inputs = keras.Input((2,), dtype="string", name="words")
+    h = keras.layers.Embedding(6, 3)(keras.layers.StringLookup(
+        vocabulary=["red", "green", "blue"])(inputs))
+    h = keras.layers.Lambda(lambda t: keras.ops.concatenate([t, t], axis=0))(h)
+    h = keras.layers.Dropout(0.5, seed=1)(h)
+    h = keras.layers.Lambda(lambda t: t[:keras.ops.shape(t)[0] // 2])(h)
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(h)))
+    model.compile("sgd", "mse")
+    (op,) = capture(model).random_ops
+    assert op.reproducible and list(op.row_blocks) == [1, 1]
+
+
 def test_a_draw_of_examples_and_timesteps_is_one_block(noisy_item):
     assert all(not op.row_blocks for op in noisy_item.random_ops)
 

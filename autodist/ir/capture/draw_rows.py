@@ -12,11 +12,13 @@ a time-major reshape gives one block per timestep.
 Found by running the step on random examples: the tensor whose shape the
 draw takes, computed on a batch and again with one example changed at a
 time; a row belongs to the example whose change moves it most (the others'
-move it only through batch statistics). Rows that no example moves (inputs
-whose random values all map to the same thing, such as unknown strings) leave
-the order undetermined and the draw is read as one block, as shape inference
-alone would. Rows in no block order (a shuffle, a reversal) make the draw
-unreproducible, with the reason.
+move it only through batch statistics). Ids take two values (1 and 2, else 0
+and 1), strings two words of the model's vocabularies. Rows that no example
+moves (inputs that all map to the same thing) leave the order undetermined
+and the draw is read as one block, as shape inference alone would (rightly
+where the draw's shape comes from an input-independent tensor, such as an
+RNN's initial state). Rows in no block order (a shuffle, a reversal) make the
+draw unreproducible, with the reason.
 """
 from __future__ import annotations
 
@@ -49,16 +51,27 @@ def find_row_blocks(item: GraphItem, model) -> None:
     fetches = [sources[op.node] for op in ops] + \
         [_tensor_name(nodes[op.node].input[op.shape_input]) for op in ops]
     state = [(v, np.array(v.numpy())) for v in model.variables if not v.trainable]
+    outputs = None
     try:
         run = terms_runner(graph_def, model_variable_handles(item, model),
                            list(item.random_ops), fetches, item.tables)
-        base = _probe_examples(item, np.random.default_rng(1))
-        outputs = [run(batch) for batch in [base] + _each_example_changed(item, base)]
-    except Exception:  # noqa: BLE001  # examples that do not suit the model: nothing learned
+        # Ids 1 and 2 first (0 is often padding, masked away); 0 and 1 where 2 is too many.
+        for ids in ((1, 2), (0, 1)):
+            values = _probe_values(item, ids)
+            base = _probe_examples(item, values, np.random.default_rng(1))
+            try:
+                outputs = [run(batch) for batch in
+                           [base] + _each_example_changed(item, base, values)]
+                break
+            except Exception:  # noqa: BLE001  # ids the model does not take
+                continue
+    except Exception:  # noqa: BLE001  # a step that cannot run in the driver
         return
     finally:
         for variable, value in state:
             variable.assign(value)
+    if outputs is None:   # examples that do not suit the model: nothing learned
+        return
     for k, op in enumerate(ops):
         rows = int(outputs[0][len(ops) + k][op.batch_axis])
         blocks = _blocks(_owners([out[k] for out in outputs], rows, op.batch_axis))
@@ -92,28 +105,58 @@ def _shape_source(nodes, shape_input: str) -> str | None:
     return None
 
 
-def _probe_examples(item: GraphItem, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """`EXAMPLES` random examples: normal floats, ids 0 or 1, strings "" or "a", unit
-    sample weights; unknown dimensions of length 3."""
+def _probe_values(item: GraphItem, ids: tuple[int, int]) -> dict[str, tuple]:
+    """The two values each input's elements take (an example changed takes the other):
+    `ids` for integers, two words of the model's vocabularies for strings (unknown
+    strings all look the same), None for floats (normal values)."""
+    words = _vocabulary_words(item)[:2]
+    strings = tuple(words) if len(words) == 2 else (b"", b"a")
+    out = {}
+    for info in item.inputs:
+        dtype = tf.as_dtype(info.dtype)
+        out[info.tensor] = strings if dtype == tf.string else \
+            None if dtype.is_floating or info.role == "sample_weight" else ids
+    return out
+
+
+def _vocabulary_words(item: GraphItem) -> list[bytes]:
+    """String keys of the captured lookup tables (StringLookup, TextVectorization)."""
+    from tensorflow.core.framework import tensor_pb2
+
+    words = []
+    for table in item.tables:
+        if tf.as_dtype(table.key_dtype) != tf.string:
+            continue
+        proto = tensor_pb2.TensorProto()
+        proto.ParseFromString(table.keys)
+        words += [w for w in tf.make_ndarray(proto).ravel().tolist() if w and w not in words]
+    return words
+
+
+def _probe_examples(item: GraphItem, values: dict[str, tuple],
+                    rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """`EXAMPLES` random examples: normal floats, each other element one of its input's
+    two `values`, unit sample weights; unknown dimensions of length 3."""
     out = {}
     for info in item.inputs:
         shape = [EXAMPLES] + [3 if d < 0 else d for d in info.shape[1:]]
         dtype = tf.as_dtype(info.dtype)
+        pair = values[info.tensor]
         if info.role == "sample_weight":
             out[info.tensor] = np.ones(shape, dtype.as_numpy_dtype)
-        elif dtype == tf.string:
-            out[info.tensor] = np.where(rng.random(shape) < 0.5, b"", b"a").astype(object)
-        elif dtype.is_floating:
+        elif pair is None:
             out[info.tensor] = rng.normal(size=shape).astype(dtype.as_numpy_dtype)
         else:
-            out[info.tensor] = rng.integers(0, 2, size=shape).astype(dtype.as_numpy_dtype)
+            chosen = np.where(rng.random(shape) < 0.5, 0, 1)
+            out[info.tensor] = np.asarray(pair, dtype=object if dtype == tf.string else
+                                          dtype.as_numpy_dtype)[chosen]
     return out
 
 
-def _each_example_changed(item: GraphItem, base: dict[str, np.ndarray]
-                          ) -> list[dict[str, np.ndarray]]:
+def _each_example_changed(item: GraphItem, base: dict[str, np.ndarray],
+                          values: dict[str, tuple]) -> list[dict[str, np.ndarray]]:
     """One batch per example: `base` with that example's inputs (not its sample
-    weights) changed everywhere."""
+    weights) changed everywhere (the other of two values; a float moved by over 1)."""
     roles = {info.tensor: info.role for info in item.inputs}
     out = []
     for example in range(EXAMPLES):
@@ -121,13 +164,11 @@ def _each_example_changed(item: GraphItem, base: dict[str, np.ndarray]
         for name, value in batch.items():
             if roles[name] == "sample_weight":
                 continue
-            row = value[example]
-            if value.dtype == object:
-                value[example] = np.where(row == b"", b"a", b"").astype(object)
-            elif np.issubdtype(value.dtype, np.floating):
+            row, pair = value[example], values[name]
+            if pair is None:
                 value[example] = row + 1.0 + np.abs(row)
             else:
-                value[example] = 1 - row
+                value[example] = np.where(row == pair[0], pair[1], pair[0]).astype(value.dtype)
         out.append(batch)
     return out
 
