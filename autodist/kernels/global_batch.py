@@ -72,7 +72,6 @@ def layers_needing_examples(graph_item: GraphItem, strategy: Strategy) -> list[s
 def smallest_batch(graph_item: GraphItem, strategy: Strategy) -> tuple[int, str]:
     """The fewest examples a global batch may have, and why (for messages; see
     `layers_needing_examples`)."""
-    layers = layers_needing_examples(graph_item, strategy)
     if graph_item.proto.HasField("custom_step") and strategy.num_virtual_nodes > 1:
         # Its means over a part's examples are 0 / 0 on a part without any.
         return strategy.num_virtual_nodes, (
@@ -80,6 +79,7 @@ def smallest_batch(graph_item: GraphItem, strategy: Strategy) -> tuple[int, str]
             f"that split it: the model's own train_step "
             f"({graph_item.proto.custom_step.step_class}) computes its losses and metrics "
             "over each one's examples")
+    layers = layers_needing_examples(graph_item, strategy)
     if not layers:
         return ANY_BATCH
     return strategy.num_virtual_nodes, (
@@ -158,9 +158,10 @@ def _count_in_full(graph_def, scales: list[str]) -> None:
 
 
 def _zero_without_examples(graph_def, terms: list[str]) -> None:
-    """Makes each added loss term that is a mean over examples (an activity regularizer's:
-    a sum over the batch's size) 0 on a virtual node without examples, where it is
-    0 / 0 (a short last batch split over more virtual nodes)."""
+    """Makes each added loss term that is a mean over examples 0 on a virtual node without
+    examples (a short last batch split over more virtual nodes), where a custom
+    `add_loss(ops.mean(...))` is 0 / 0 (Keras' activity regularizers divide with
+    `divide_no_nan` already)."""
     nodes = {node.name: node for node in graph_def.node}
     for i, tensor in enumerate(terms):
         attrs = nodes[tensor.partition(":")[0]].attr

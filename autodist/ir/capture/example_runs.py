@@ -106,15 +106,8 @@ def terms_runner(graph_def, handles, draws, fetches, tables=()
                  ) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
     """`run_terms` for several batches of the same shapes, the step imported once."""
     fixed = _fixed_draws(graph_def, draws)
-
-    def run(batch):
-        # Identities capture the eager handles into the function's graph.
-        input_map = {name: tf.identity(handle) for name, handle in handles.items()}
-        input_map.update(batch)
-        input_map.update(_filled_tables(tables))
-        return tf.graph_util.import_graph_def(fixed, input_map=input_map,
-                                              return_elements=fetches, name="terms")
-    traced = tf.function(run, autograph=False)
+    traced = tf.function(lambda batch: _import_step(fixed, handles, batch, tables, fetches,
+                                                    "terms"), autograph=False)
     concrete = []
 
     def call(batch: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -133,19 +126,24 @@ def run_batches(graph_def, handles, batches, draws, fetches, tables=()) -> list[
     fixed = _fixed_draws(graph_def, draws)
 
     def run():
-        out = []
-        for k, batch in enumerate(batches):
-            # Identities capture the eager handles into the function's graph.
-            input_map = {name: tf.identity(handle) for name, handle in handles.items()}
-            input_map.update({name: tf.constant(value) for name, value in batch.items()})
-            input_map.update(_filled_tables(tables))
-            out.append(tf.graph_util.import_graph_def(fixed, input_map=input_map,
-                                                      return_elements=fetches,
-                                                      name=f"terms_{k}"))
-        return out
+        return [_import_step(fixed, handles, {name: tf.constant(value)
+                                              for name, value in batch.items()},
+                             tables, fetches, f"terms_{k}")
+                for k, batch in enumerate(batches)]
     # Traced, then called: a call would count towards TensorFlow's retracing warning.
     concrete = tf.function(run, autograph=False).get_concrete_function()
     return [[np.asarray(v) for v in values] for values in concrete()]
+
+
+def _import_step(fixed, handles, batch: dict, tables, fetches, name: str) -> list:
+    """`fixed` imported into the function being traced, fed `batch` (tensors), the
+    model's variable `handles` and filled copies of its lookup `tables`."""
+    # Identities capture the eager handles into the function's graph.
+    input_map = {tensor: tf.identity(handle) for tensor, handle in handles.items()}
+    input_map.update(batch)
+    input_map.update(_filled_tables(tables))
+    return tf.graph_util.import_graph_def(fixed, input_map=input_map, return_elements=fetches,
+                                          name=name)
 
 
 def _fixed_draws(graph_def, draws):
