@@ -11,6 +11,18 @@ global batch 64, synthetic data), in each of `--rounds` rounds, in alternating o
   * MultiWorkerMirroredStrategy, custom loop, 2 processes
     (`autodist.bench.mwms`: its timed loop runs the step and nothing else)
                                                       vs autodist, 2 workers (AllReduce)
+  * the same MWMS with the threads per process autodist gives two tasks
+    sharing a host (`autodist.launch.server.intra_op_threads`): the
+    runtimes compared alone                           vs autodist, 2 workers
+  * with `--compare-threads`: autodist, 2 workers, each with TensorFlow's
+    default threads (TF_NUM_INTRAOP_THREADS = every core: the runtime before
+    tasks sharing a host split its cores)             vs autodist, 2 workers
+  * with `--bound-mbit M` (as root: `tc` caps the tasks' ports on `lo`):
+    autodist, 2 workers, each task's link capped at M Mbit/s, against its
+    lower bound: one replica's forward and backward passes measured on the
+    cluster (`cluster_calibration.measure_compute`, every replica at once)
+    plus the ring all-reduce's bytes per task (2 (n-1)/n of the gradients)
+    at M Mbit/s, nothing overlapped and no latency
 
 Each measurement is the median step time of one launch after its warm-up
 (the first 20% of steps). A round's ratio is baseline / autodist (> 1:
@@ -64,16 +76,52 @@ def autodist_step_time(name: str, workers: int, steps: int, batch: int) -> float
     return float(np.median(history.step_times[len(history.step_times) // 5:]))
 
 
-def mwms_step_time(name: str, steps: int, batch: int) -> float:
+def autodist_default_threads_step_time(name: str, steps: int, batch: int) -> float:
+    """2 workers whose ops each take every core (the workers inherit the variable)."""
+    os.environ["TF_NUM_INTRAOP_THREADS"] = str(os.cpu_count() or 1)
+    try:
+        return autodist_step_time(name, 2, steps, batch)
+    finally:
+        del os.environ["TF_NUM_INTRAOP_THREADS"]
+
+
+def capped_step_and_bound(name: str, steps: int, batch: int, mbit: float) -> tuple[float, float]:
+    """2 workers with links capped at `mbit`: (median step time, lower bound), seconds."""
+    import autodist
+    from autodist import models
+    from autodist.bench import capped_links
+    from autodist.runtime.cluster_calibration import measure_compute
+
+    model = models.build(name, seed=0)
+    graph_item = autodist.capture(model)
+    compute = measure_compute(model, autodist.ResourceSpec.local(workers=2), batch_size=batch,
+                              graph_item=graph_item)
+    gradient_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    bound = compute.seconds + 2 * (2 - 1) / 2 * gradient_bytes * 8 / (mbit * 1e6)
+    spec, _ = capped_links.capped_spec(2, 0, mbit)
+    try:
+        x, y = models.synthetic_data(model, steps * batch)
+        strategy = autodist.builders.AllReduce().build(graph_item, spec)
+        history = autodist.distribute(model, strategy, spec, graph_item=graph_item).fit(
+            x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+    finally:
+        capped_links.clear_lo()
+    return float(np.median(history.step_times[len(history.step_times) // 5:])), bound
+
+
+def mwms_step_time(name: str, steps: int, batch: int, same_threads: bool = False) -> float:
     from autodist.bench.mwms import measure_mwms
+    from autodist.launch.server import intra_op_threads
 
     ports = []
     for _ in range(2):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
+    threads = intra_op_threads({"worker": [f"localhost:{p}" for p in ports]}, "worker", 0) \
+        if same_threads else None
     times = measure_mwms(name, {}, ports, steps=steps - steps // 5, warmup=steps // 5,
-                         batch_size=batch, timeout_s=600.0)
+                         batch_size=batch, timeout_s=600.0, intra_op_threads=threads)
     return float(np.median(times))
 
 
@@ -89,14 +137,36 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--compare-threads", action="store_true",
+                        help="also autodist's 2 workers with TensorFlow's default threads")
+    parser.add_argument("--bound-mbit", type=float, default=None,
+                        help="also autodist's 2 workers capped at this many Mbit/s per task "
+                             "against their lower bound (root, private network namespace)")
     args = parser.parse_args()
     names = args.models.split(",")
     measures = {
         "keras": lambda n: keras_step_time(n, args.steps, args.batch),
         "autodist_1": lambda n: autodist_step_time(n, 1, args.steps, args.batch),
         "mwms": lambda n: mwms_step_time(n, args.steps, args.batch),
+        "mwms_threads": lambda n: mwms_step_time(n, args.steps, args.batch, same_threads=True),
         "autodist_2": lambda n: autodist_step_time(n, 2, args.steps, args.batch),
     }
+    rows = [("keras", "autodist_1", "1 worker vs plain Keras fit"),
+            ("mwms", "autodist_2", "2 workers AllReduce vs MultiWorkerMirroredStrategy"),
+            ("mwms_threads", "autodist_2", "2 workers AllReduce vs MWMS with autodist's "
+                                           "threads per task")]
+    if args.compare_threads:
+        measures["autodist_2_tf_threads"] = \
+            lambda n: autodist_default_threads_step_time(n, args.steps, args.batch)
+        rows.append(("autodist_2_tf_threads", "autodist_2",
+                     "2 workers: TensorFlow's default threads per task vs autodist's"))
+    bounds: dict[str, list[float]] = {}
+    if args.bound_mbit:
+        def capped(n: str) -> float:
+            step, bound = capped_step_and_bound(n, args.steps, args.batch, args.bound_mbit)
+            bounds.setdefault(n, []).append(bound)
+            return step
+        measures["autodist_2_capped"] = capped
     got: dict[tuple[str, str], list[float]] = {}
     for r in range(args.rounds):
         order = list(measures) if r % 2 == 0 else list(reversed(measures))
@@ -113,12 +183,20 @@ def main() -> int:
           "baseline / autodist |")
     print("|---|---|---:|---:|---:|")
     for name in names:
-        for base, ours, label in (("keras", "autodist_1", "1 worker vs plain Keras fit"),
-                                  ("mwms", "autodist_2",
-                                   "2 workers AllReduce vs MultiWorkerMirroredStrategy")):
+        for base, ours, label in rows:
             ratios = [b / o for b, o in zip(got[(name, base)], got[(name, ours)])]
             print(f"| {name} | {label} | {_spread(got[(name, base)], 1e3)} | "
                   f"{_spread(got[(name, ours)], 1e3)} | {_spread(ratios)} |")
+    if bounds:
+        print(f"\n2 workers, each task's link capped at {args.bound_mbit:g} Mbit/s, against the "
+              "lower bound (one replica's passes measured on the cluster + the ring's bytes "
+              "per task at the cap)\n")
+        print("| model | lower bound ms | autodist ms/step | autodist / lower bound |")
+        print("|---|---:|---:|---:|")
+        for name in names:
+            steps_ = got[(name, "autodist_2_capped")]
+            print(f"| {name} | {_spread(bounds[name], 1e3)} | {_spread(steps_, 1e3)} | "
+                  f"{_spread([t / b for t, b in zip(steps_, bounds[name])])} |")
     return 0
 
 

@@ -7,7 +7,10 @@ and worker 0 prints its step times as JSON. The loss is scaled by
 1/replicas and the Keras optimizer all-reduces (sums) the gradients itself
 (Keras 3 `_all_reduce_sum_gradients`): one all-reduce per step, the global
 mean gradient, as a user of MWMS would write it. Its timed loop does nothing
-else (no reduce of the loss, no host copy).
+else (no reduce of the loss, no host copy). `intra_op_threads` gives each
+worker the thread count autodist gives a task sharing its host
+(`autodist.launch.server.intra_op_threads`), for a comparison of the runtimes
+alone; by default MWMS runs with TensorFlow's threads, as its users run it.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from autodist.ir.errors import AutodistError, InvalidArgumentError
 
 def measure_mwms(model_name: str, model_kwargs: dict[str, Any], ports: Sequence[int], *,
                  steps: int, warmup: int, batch_size: int, timeout_s: float = 300.0,
-                 seed: int = 0) -> list[float]:
+                 seed: int = 0, intra_op_threads: int | None = None) -> list[float]:
     """Step times (seconds, after warm-up) of worker 0 of an MWMS custom loop.
 
     Args:
@@ -34,6 +37,8 @@ def measure_mwms(model_name: str, model_kwargs: dict[str, Any], ports: Sequence[
         batch_size: Global batch (split evenly across the workers).
         timeout_s: Bound on the whole run.
         seed: Seeds the model and the data.
+        intra_op_threads: Threads for one op in each worker; None:
+            TensorFlow's default (every core).
 
     Raises:
         RuntimeError: A worker failed or timed out (its stderr tail included).
@@ -44,7 +49,8 @@ def measure_mwms(model_name: str, model_kwargs: dict[str, Any], ports: Sequence[
                                    f"MWMS workers")
     cluster = {"worker": [f"localhost:{p}" for p in ports]}
     config = json.dumps({"model": model_name, "kwargs": model_kwargs, "steps": steps,
-                         "warmup": warmup, "batch_size": batch_size, "seed": seed})
+                         "warmup": warmup, "batch_size": batch_size, "seed": seed,
+                         "intra_op_threads": intra_op_threads})
     procs = []
     try:
         for index in range(len(ports)):
@@ -78,6 +84,8 @@ def _worker(config: dict[str, Any]) -> int:
 
     from autodist import models
 
+    if config.get("intra_op_threads"):
+        tf.config.threading.set_intra_op_parallelism_threads(int(config["intra_op_threads"]))
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     replicas = strategy.num_replicas_in_sync
     batch = int(config["batch_size"])

@@ -13,12 +13,52 @@ from autodist.launch.errors import DeviceSetupError
 COLLECTIVE_LEADER = "/job:worker/replica:0/task:0"
 
 
-def server_config(devices: TaskDevices | None = None) -> tf.compat.v1.ConfigProto:
+def intra_op_threads(cluster: dict[str, list[str]], job: str, task: int,
+                     cores: int | None = None) -> int | None:
+    """Threads for one op of task `job:task` where other tasks share its host, else None.
+
+    TensorFlow gives each process's ops as many threads as the host has
+    cores, so tasks sharing a host oversubscribe it (two workers on 2 cores:
+    4 busy threads during the backward passes, and the collective's transfer
+    threads wait for a core). Each task gets its share of the cores instead,
+    at least one. Tasks share a host where their addresses name the same
+    host (every loopback name is one host). ``TF_NUM_INTRAOP_THREADS``, where
+    set, is TensorFlow's and the user's choice: None.
+
+    Args:
+        cluster: {job: ["host:port", ...]}.
+        job: This task's job.
+        task: Its index.
+        cores: This host's usable cores (default: the process's CPU affinity).
+    """
+    if os.environ.get("TF_NUM_INTRAOP_THREADS"):
+        return None
+    own = _host(cluster[job][task])
+    sharing = sum(_host(address) == own for addresses in cluster.values()
+                  for address in addresses)
+    if sharing <= 1:
+        return None
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
+    return max(1, cores // sharing)
+
+
+def _host(address: str) -> str:
+    """The host of "host:port" ("[v6]:port" too), every loopback name as one."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return "localhost" if host in ("localhost", "::1") or host.startswith("127.") else host
+
+
+def server_config(devices: TaskDevices | None = None,
+                  threads: int | None = None) -> tf.compat.v1.ConfigProto:
     """Config of a task's server (set before the job is known), and of sessions.
 
     Args:
         devices: The task's devices; None: one CPU (what a session config
             needs: devices are the server's).
+        threads: Threads for one op (`intra_op_threads`); None: TensorFlow's
+            default (every core).
 
     The server creates its devices from this config: ``device_count`` gives
     it logical CPU devices for CPU replicas (`tf.config.
@@ -30,6 +70,8 @@ def server_config(devices: TaskDevices | None = None) -> tf.compat.v1.ConfigProt
     if devices is not None and devices.cpus > 1:
         config.device_count["CPU"] = devices.cpus
     config.gpu_options.allow_growth = True
+    if threads is not None:
+        config.intra_op_parallelism_threads = threads
     return config
 
 
@@ -60,9 +102,10 @@ def start_server(cluster: dict[str, list[str]], job: str, task: int,
     """
     if devices is not None:
         check_gpus(devices, f"task {job}:{task}")
+    config = server_config(devices, intra_op_threads(cluster, job, task))
     try:
         return tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=task,
-                                    config=server_config(devices), start=True)
+                                    config=config, start=True)
     except (tf.errors.UnknownError, tf.errors.InternalError) as e:
         # gRPC reports a taken port as "Could not start gRPC server".
         message = str(e).lower()

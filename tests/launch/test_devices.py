@@ -56,6 +56,22 @@ def test_server_config_makes_logical_cpus():
     assert "CPU" not in server_config().device_count
 
 
+def test_tasks_sharing_a_host_split_its_cores(monkeypatch):
+    from autodist.launch.server import intra_op_threads, server_config  # imports TensorFlow
+
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    local = {"worker": ["localhost:1", "127.0.0.1:2"], "ps": ["[::1]:3"]}
+    assert [intra_op_threads(local, "worker", t, cores=8) for t in (0, 1)] == [2, 2]
+    assert intra_op_threads(local, "ps", 0, cores=2) == 1   # at least one
+    hosts = {"worker": ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.2:2"]}
+    assert intra_op_threads(hosts, "worker", 0, cores=8) is None   # alone: TF's default
+    assert intra_op_threads(hosts, "worker", 2, cores=8) == 4
+    assert server_config(threads=3).intra_op_parallelism_threads == 3
+    assert server_config().intra_op_parallelism_threads == 0
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "5")   # the user's choice stands
+    assert intra_op_threads(local, "worker", 0, cores=8) is None
+
+
 def test_a_task_without_its_gpus_fails_before_its_server_starts():
     import tensorflow as tf
 
