@@ -40,6 +40,7 @@ def _task(args: argparse.Namespace) -> int:
 
     import autodist
     from autodist import models
+    from autodist.launch.server import intra_op_threads
     from autodist.runtime import worker
 
     ports = [int(p) for p in args.ports.split(",")]
@@ -48,9 +49,11 @@ def _task(args: argparse.Namespace) -> int:
     item = autodist.capture(model)
     spec = autodist.ResourceSpec.local(workers=len(ports))
     strategy = getattr(autodist.builders, args.builder)().build(item, spec)
+    cluster = {"worker": [f"localhost:{p}" for p in ports]}
+    threads = intra_op_threads(cluster, "worker", args.task)  # as a launched task has
     server = tf.distribute.Server(
-        tf.train.ClusterSpec({"worker": [f"localhost:{p}" for p in ports]}),
-        job_name="worker", task_index=args.task, config=worker.server_config(), start=True)
+        tf.train.ClusterSpec(cluster), job_name="worker", task_index=args.task,
+        config=worker.server_config(threads=threads), start=True)
     program = worker.build_program(item, strategy, spec, args.task, 60.0)
     session = tf.compat.v1.Session(server.target, graph=program.graph,
                                    config=worker.session_config(strategy, args.task,

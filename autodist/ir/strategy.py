@@ -551,6 +551,30 @@ def is_gathered(sync: AllReduceSynchronizer, sparse_gradient: bool) -> bool:
                                              AllReduceSynchronizer.ALL_GATHER)
 
 
+# Largest sum over replicas (bytes per replica, times the other replicas) that
+# gathers every replica's tensor and adds them (`sums_by_gathering`).
+# TensorFlow 2.21's collectives between task processes cost ~0.5-0.8 ms an
+# exchange on 2 shared cores, more than a few hundred KB take to move
+# (two tasks: 16 KB 1.15 ms gathered vs 1.7 ms in a ring, 256 KB 1.5 vs 1.9,
+# 1 MB no gain; four: 64 KB 3.4-3.7 vs 5.3-5.6 ms, 1 MB 14 vs 9.4).
+GATHER_SUM_MAX_BYTES = 256 * 1024
+
+
+def sums_by_gathering(elements: int, element_size: int, replicas: int) -> bool:
+    """Whether a sum over `replicas` of `elements` each is gathered and added.
+
+    A ring all-reduce takes 2 (W-1) exchanges in turn and moves 2 (W-1)/W
+    of the tensor per replica; gathering takes W-1 exchanges and moves W-1
+    tensors. Where the fixed cost of an exchange outweighs the bytes (small
+    tensors, few replicas), the gather wins; under one element per replica
+    the ring's chunks are empty and it exchanges less. The sum is in replica
+    order on every replica (the same on each, whatever the arrival order); at
+    two replicas it is the ring's sum exactly (a + b).
+    """
+    return replicas >= 2 and elements >= replicas and \
+        elements * element_size * (replicas - 1) <= GATHER_SUM_MAX_BYTES
+
+
 class _Validator:
     """Checks one strategy; each check raises StrategyError on the first fault."""
 

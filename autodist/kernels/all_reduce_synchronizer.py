@@ -32,7 +32,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from autodist.ir.graph_item import optimizer_squares_gradient
-from autodist.ir.strategy import is_gathered
+from autodist.ir.strategy import is_gathered, sums_by_gathering
 from autodist.kernels import loss_scaling
 from autodist.kernels.optimizers import ReducedGradient, Slots
 from autodist.kernels.program import Program, Replica, Shard, StorageRole
@@ -181,8 +181,11 @@ def reduce_gradients(program: Program, replica: Replica, shards: list[Shard],
             continue
         residuals = error_feedback_residuals(program, replica, places) \
             if sync.compressor == ARSync.FP16_ERROR_FEEDBACK else None
-        flat = tf.concat([tf.reshape(p, shape_constant([-1])) for p in parts], axis=0)
         sizes = [tf.TensorShape(s.shape).num_elements() for s, _ in places]
+        # Each part to its shard's size (not -1): the buffer's static shape, which
+        # `_collective_reduce` reads, holds where a gradient's shape is dynamic.
+        flat = tf.concat([tf.reshape(p, shape_constant([n])) for p, n in zip(parts, sizes)],
+                         axis=0)
         reduced.append((places, sizes, residuals is not None,
                         _reduce(flat, tf.constant(keys[("group", group)]), config, sync,
                                 residuals, sizes)))
@@ -218,6 +221,11 @@ def collective_sum(tensor, key, config: CollectiveConfig, hint: str = "ring"):
 def _collective_reduce(tensor, key, config: CollectiveConfig, hint: str):
     if config.group_size == 1:
         return tf.identity(tensor)  # one replica: nothing to reduce
+    if hint == "ring" and tensor.shape.is_fully_defined() and sums_by_gathering(
+            tensor.shape.num_elements(), tensor.dtype.size, config.group_size):
+        # Every replica's tensor in one exchange, summed in replica order.
+        gathered = _collective_gather(tf.reshape(tensor, [1, -1]), key, config, hint)
+        return tf.reshape(tf.reduce_sum(gathered, axis=0), tensor.shape)
     return tf.raw_ops.CollectiveReduceV2(
         input=tensor, group_size=tf.constant(config.group_size),
         group_key=tf.constant(config.group_key), instance_key=key, ordering_token=[],

@@ -65,7 +65,7 @@ import numpy as np
 
 from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import VariableInfo, optimizer_squares_gradient
-from autodist.ir.strategy import Strategy, is_gathered
+from autodist.ir.strategy import GATHER_SUM_MAX_BYTES, Strategy, is_gathered
 from autodist.proto import strategy_pb2
 from autodist.search.measured_compute import MeasuredCompute
 from autodist.search.memory import (REPLICA, MemoryModel, option_key, shard_sizes,
@@ -523,8 +523,9 @@ class Simulator:
 
         Returns:
             (bytes in, bytes out), each of shape (V, nodes): PS pulls and
-            pushes, and the ring traffic of the variable's all-reduce and
-            all-gather on every node that runs replicas. Summed over the
+            pushes, and the traffic of the variable's all-reduce (ring, or
+            gathered where its group is small) and all-gather on every node
+            that runs replicas. Summed over the
             variables they are the node bytes `predict` adds up.
         """
         self._compile()
@@ -535,7 +536,9 @@ class Simulator:
         w = self.num_replicas
         collective = np.zeros(v)
         if w > 1:
-            collective = (2 * (w - 1) / w * rows[:, c["groups"]].sum(axis=1)
+            by_group = rows[:, c["groups"]]
+            wire_factor, _ = _group_collectives(by_group.sum(axis=0)[None, :], w)
+            collective = ((by_group * wire_factor).sum(axis=1)
                           + (w - 1) * rows[:, c["ag_payload"]])
         ring = collective[:, None] * (self.replicas_on > 0)[None, :]
         return rows[:, c["in"]] + ring, rows[:, c["out"]] + ring
@@ -553,7 +556,8 @@ class Simulator:
         node_in = sums[:, c["in"]].copy()
         node_out = sums[:, c["out"]].copy()
         groups = sums[:, c["groups"]]
-        ar_wire = 2 * (w - 1) / w * groups.sum(axis=1) if w > 1 else np.zeros(len(sums))
+        wire_factor, group_hops = _group_collectives(groups, w)
+        ar_wire = (wire_factor * groups).sum(axis=1)
         ag_wire = (w - 1) * sums[:, c["ag_payload"]]
         collective = (ar_wire + ag_wire)[:, None] * has_replicas[None, :]
         node_in += collective
@@ -576,8 +580,7 @@ class Simulator:
         bandwidth_s = overlap * overlapped_s + (1 - overlap) * phased_s
         non_empty_groups = (groups > 0).sum(axis=1)
         all_gathers = (sums[:, c["gathers"]] > 0).sum(axis=1)
-        collective_hops = 0 if w == 1 else (2 * (w - 1) * non_empty_groups
-                                            + (w - 1) * all_gathers)
+        collective_hops = 0 if w == 1 else (group_hops.sum(axis=1) + (w - 1) * all_gathers)
         ps_messages = sums[:, c["msgs"]].max(axis=1)
         latency_s = cal.latency_s * ps_messages + cal.hop_latency_s * collective_hops
         # Asynchronous PS applies every replica's update, not one per step.
@@ -639,17 +642,36 @@ class Simulator:
             return np.zeros(len(groups))
         has_replicas = self.replicas_on > 0
         link = self.bandwidth[has_replicas].min()
-        transfer = 2 * (w - 1) / w * groups / link
-        fixed = 2 * (w - 1) * self.calibration.hop_latency_s
+        wire_factor, group_hops = _group_collectives(groups, w)
+        transfer = wire_factor * groups / link
+        fixed = group_hops * self.calibration.hop_latency_s
         count = (groups > 0).sum(axis=1)
         start = np.where(groups > 0, ready, 0.0) * self.backward_s
         # Transfers of the groups ready no earlier than group k, for every k.
         later = (start[:, None, :] >= start[:, :, None]) * transfer[:, None, :]
         finish = (start + later.sum(axis=2)).max(axis=1)
-        exposed = np.maximum(np.maximum(finish - self.backward_s, 0.0) + fixed,
-                             fixed * count)
-        charged = transfer.sum(axis=1) + fixed * count
+        last = fixed.max(axis=1)
+        exposed = np.maximum(np.maximum(finish - self.backward_s, 0.0) + last,
+                             fixed.sum(axis=1))
+        charged = transfer.sum(axis=1) + fixed.sum(axis=1)
         return np.where(count > 0, np.maximum(charged - exposed, 0.0), 0.0)
+
+
+def _group_collectives(groups: np.ndarray, replicas: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per fused group (N, G): bytes on the wire per byte of the group, and exchanges.
+
+    A ring all-reduce moves 2 (W-1)/W of the group in 2 (W-1) exchanges; a
+    small group is gathered and added instead (`ir.strategy.sums_by_gathering`,
+    as the kernel does): W-1 group sizes in W-1 exchanges. One float32 element
+    per replica at least (fewer makes the ring's chunks empty).
+    """
+    w = replicas
+    if w <= 1:
+        return np.zeros_like(groups, dtype=float), np.zeros_like(groups, dtype=float)
+    small = (groups >= 4 * w) & (groups * (w - 1) <= GATHER_SUM_MAX_BYTES)
+    wire = np.where(small, float(w - 1), 2 * (w - 1) / w)
+    hops = np.where(groups > 0, np.where(small, float(w - 1), 2.0 * (w - 1)), 0.0)
+    return wire, hops
 
 
 def gradient_ready_fractions(graph_item) -> dict[str, float]:

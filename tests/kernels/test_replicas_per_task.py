@@ -61,22 +61,23 @@ def test_a_task_builds_its_replicas_on_its_devices(ncf_item):
 
 @pytest.mark.parametrize("task_index", [0, 1])
 def test_collectives_span_every_replica_of_every_task(ncf_item, task_index):
-    # AllReduce: dense gradients reduced in groups, sparse ones all-gathered.
+    # AllReduce: dense gradients summed in groups (this small one gathered and added,
+    # `sums_by_gathering`), sparse ones all-gathered.
     program = _program(ncf_item, builders.AllReduce(), task_index)
     ops = [op for op in program.graph.get_operations() if op.type in COLLECTIVES]
-    assert {op.type for op in ops} == COLLECTIVES
+    assert {op.type for op in ops} == {"CollectiveGatherV2"}
     assert {_const(op.inputs[1]) for op in ops} == {4}   # group_size: 2 tasks x 2 replicas
     assert len({_const(op.inputs[2]) for op in ops}) == 1  # one group key
     devices = [f"/job:worker/task:{task_index}/device:CPU:{c}" for c in (0, 1)]
     # A dense group's instance key (a constant) once per local replica.
-    reduce_keys: dict[int, list[str]] = {}
+    dense_keys: dict[int, list[str]] = {}
     for op in ops:
-        if op.type == "CollectiveReduceV2":
-            reduce_keys.setdefault(_const(op.inputs[3]), []).append(op.device)
-    assert reduce_keys and all(sorted(d) == devices for d in reduce_keys.values())
-    # All-gathers (keys that change per step): as many on each replica.
-    gathers = [op.device for op in ops if op.type == "CollectiveGatherV2"]
-    assert gathers.count(devices[0]) == gathers.count(devices[1]) == len(gathers) // 2
+        if op.inputs[3].op.type == "Const":
+            dense_keys.setdefault(_const(op.inputs[3]), []).append(op.device)
+    assert dense_keys and all(sorted(d) == devices for d in dense_keys.values())
+    # All-gathers of rows (keys that change per step): as many on each replica.
+    rows = [op.device for op in ops if op.inputs[3].op.type != "Const"]
+    assert rows and rows.count(devices[0]) == rows.count(devices[1]) == len(rows) // 2
 
 
 def test_the_chief_takes_every_replicas_gradient(ncf_item):

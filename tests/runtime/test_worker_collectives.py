@@ -19,14 +19,21 @@ _COLLECTIVES = {"CollectiveReduceV2", "CollectiveGatherV2", "CollectiveReduce"}
 
 
 def test_an_elastic_workers_collectives_take_the_programs_timeout_none():
-    """ncf (dense all-reduce, sparse all-gathers) with virtual nodes, elastic (the
-    version tag's V1 collective): every collective of worker 1's program has
+    """ncf (a small dense group gathered and summed, sparse all-gathers) and the MLP
+    (its one large group ring-reduced) with virtual nodes, elastic (the version
+    tag's V1 collective): every collective of worker 1's program has
     timeout_seconds 0 when built with 0, and the given bound otherwise."""
-    item = capture(models.embedding_model(num_users=13, num_items=29, dim=4))
     spec = autodist.ResourceSpec.local(workers=2)
-    strategy = builders.AllReduce().build(item, spec).with_virtual_nodes(32, 4)
+    items = [capture(models.embedding_model(num_users=13, num_items=29, dim=4)),
+             capture(models.build("mlp", seed=0))]
     for timeout_s in (0.0, 7.0):
-        program = build_program(item, strategy, spec, 1, timeout_s, elastic=True, atomic=True)
-        collectives = [op for op in program.graph.get_operations() if op.type in _COLLECTIVES]
-        assert {op.type for op in collectives} == _COLLECTIVES
-        assert {op.get_attr("timeout_seconds") for op in collectives} == {timeout_s}
+        types = set()
+        for item in items:
+            strategy = builders.AllReduce().build(item, spec).with_virtual_nodes(32, 4)
+            program = build_program(item, strategy, spec, 1, timeout_s, elastic=True,
+                                    atomic=True)
+            collectives = [op for op in program.graph.get_operations()
+                           if op.type in _COLLECTIVES]
+            types |= {op.type for op in collectives}
+            assert {op.get_attr("timeout_seconds") for op in collectives} == {timeout_s}
+        assert types == _COLLECTIVES

@@ -102,8 +102,9 @@ def test_probe_all_reduce_fuses_the_dense_gradients_into_the_groups_asked_for():
         sparse = [c for c in strategy.proto.variables if c.var_name == "embedding"][0]
         assert sparse.shards[0].all_reduce.group == groups
         hops.append(sim.predict_strategy(strategy).parts["collective_hops"][0])
-    # A ring all-reduce of W replicas: 2(W - 1) hops per group, plus the all-gather's W - 1.
-    assert hops == [4 + 2, 8 + 2, 12 + 2]
+    # The workload's groups are small: each gathered and added in W - 1 hops (a ring
+    # would take 2(W - 1)), plus the embedding's all-gather's W - 1.
+    assert hops == [2 + 2, 4 + 2, 6 + 2]
     for bad in (0, 7):
         with pytest.raises(InvalidArgumentError, match="groups must be in \\[1, 6\\]"):
             all_reduce_in_groups(gi, spec, bad)
