@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from autodist.ir.resource_spec import TaskDevices
 from autodist.launch.errors import DeviceSetupError
+from autodist.launch.local import is_loopback
 
 # Collectives across processes need a group leader on every server and session.
 COLLECTIVE_LEADER = "/job:worker/replica:0/task:0"
@@ -46,8 +47,8 @@ def intra_op_threads(cluster: dict[str, list[str]], job: str, task: int,
 
 def _host(address: str) -> str:
     """The host of "host:port" ("[v6]:port" too), every loopback name as one."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    return "localhost" if host in ("localhost", "::1") or host.startswith("127.") else host
+    host = address.rsplit(":", 1)[0]
+    return "localhost" if is_loopback(host) else host
 
 
 def server_config(devices: TaskDevices | None = None,
