@@ -21,7 +21,7 @@ normalization"), which `keras_parity` says before launch.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import tensorflow as tf
 
@@ -34,7 +34,8 @@ def syncable(graph_item: GraphItem) -> list:
     return [bn for bn in graph_item.batch_norms if bn.syncable]
 
 
-def for_global_batch(graph_def, batch_norms: Sequence, sums: ReplicaSums) -> None:
+def for_global_batch(graph_def, batch_norms: Sequence, sums: ReplicaSums,
+                     output_bytes: Mapping[str, int] | None = None) -> None:
     """Rewrites `graph_def` (in place) so its batch statistics and their gradients are
     summed over replicas.
 
@@ -42,20 +43,30 @@ def for_global_batch(graph_def, batch_norms: Sequence, sums: ReplicaSums) -> Non
         graph_def: The step, with `batch_share.add_inputs`.
         batch_norms: The capture's syncable `BatchNormInfo`s.
         sums: Where the sums over replicas are added.
+        output_bytes: The capture's op output bytes by node (`OpInfo`): the
+            statistics' sizes (per channel: the same at any batch), so small
+            sums are gathered; without it every sum is a ring all-reduce.
     """
     nodes = {node.name: node for node in graph_def.node}
+    output_bytes = output_bytes or {}
     for info in batch_norms:
-        mean_count = _moment(graph_def, nodes[info.mean], sums)
-        variance_count = _moment(graph_def, nodes[info.variance], sums)
+        mean_count = _moment(graph_def, nodes[info.mean], sums, output_bytes.get(info.mean))
+        variance_count = _moment(graph_def, nodes[info.variance], sums,
+                                 output_bytes.get(info.variance))
         if not info.mean_gradient:   # it normalizes the model's input: no backward
             continue
         _gradient(graph_def, nodes[info.mean_gradient], nodes[info.mean_upstream], sums,
-                  mean_count)
+                  mean_count, output_bytes.get(info.mean_upstream))
         _gradient(graph_def, nodes[info.variance_gradient], nodes[info.variance_upstream],
-                  sums, variance_count)
+                  sums, variance_count, output_bytes.get(info.variance_upstream))
 
 
-def _moment(graph_def, mean, sums: ReplicaSums) -> tuple[str, tf.DType]:
+def _elements(size_bytes: int | None, dtype: tf.DType, extra: int = 0) -> int | None:
+    return None if not size_bytes else size_bytes // dtype.size + extra
+
+
+def _moment(graph_def, mean, sums: ReplicaSums,
+            size_bytes: int | None = None) -> tuple[str, tf.DType]:
     """Mean(x, axes) in place -> (sum over replicas of Sum(x, axes)) / the global count
     of reduced elements, both summed in one collective; returns the global count and
     its dtype.
@@ -86,7 +97,8 @@ def _moment(graph_def, mean, sums: ReplicaSums) -> tuple[str, tf.DType]:
     add(graph_def, f"{prefix}/packed", "ConcatV2",
         [f"{prefix}/sum_flat", f"{prefix}/count_flat", f"{prefix}/axis"], N=2, T=dtype,
         Tidx=tf.int32)
-    packed = sums.sum(f"{prefix}/sum", f"{prefix}/packed", dtype)
+    packed = sums.sum(f"{prefix}/sum", f"{prefix}/packed", dtype,
+                      _elements(size_bytes, dtype, extra=1))
     # Split: the sums (in the local sum's shape), then the count.
     add(graph_def, f"{prefix}/size_out_1d", "Reshape", [f"{prefix}/size_out", f"{prefix}/one"],
         T=tf.int32, Tshape=tf.int32)
@@ -109,11 +121,13 @@ def _moment(graph_def, mean, sums: ReplicaSums) -> tuple[str, tf.DType]:
     return count, dtype
 
 
-def _gradient(graph_def, div, reshape, sums: ReplicaSums, count: tuple[str, tf.DType]) -> None:
+def _gradient(graph_def, div, reshape, sums: ReplicaSums, count: tuple[str, tf.DType],
+              size_bytes: int | None = None) -> None:
     """broadcast(g) / count -> broadcast(sum over replicas of g) / the global `count`."""
     prefix = f"{div.name}/autodist_sync"
     dtype = tf.as_dtype(div.attr["T"].type)
     upstream = reshape.input[0]
-    reshape.input[0] = sums.sum(f"{prefix}/upstream_sum", upstream, dtype)
+    reshape.input[0] = sums.sum(f"{prefix}/upstream_sum", upstream, dtype,
+                                _elements(size_bytes, dtype))
     div.input[1] = graph_edit.add(graph_def, f"{prefix}/global_count", "Cast", [count[0]],
                                   SrcT=count[1], DstT=dtype, Truncate=False)

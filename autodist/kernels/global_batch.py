@@ -133,7 +133,8 @@ def rewrite(graph_def, graph_item: GraphItem, strategy: Strategy, *, version: in
         return out
     sums = ReplicaSums(out, group_size=len(strategy.replicas), version=version,
                        timeout_s=timeout_s, hint=hint)
-    batch_norm.for_global_batch(out, norms, sums)
+    batch_norm.for_global_batch(out, norms, sums,
+                                {op.name: op.output_bytes for op in graph_item.ops})
     loss_masks.for_global_batch(out, masks, sums)
     return out
 

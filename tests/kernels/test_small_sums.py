@@ -2,7 +2,8 @@
 
 `ir.strategy.sums_by_gathering` decides; the all-reduce synchronizer builds
 the gather where it says so, and the simulator prices what the kernel
-builds. At two replicas the gathered sum is the ring's exactly (a + b);
+builds; the step's own sums over replicas (batch statistics) are gathered
+where small too. At two replicas the gathered sum is the ring's exactly (a + b);
 every builder's Keras equality with it is checked on real clusters (ncf
 under AllReduce, whose dense group is small, in
 tests/runtime/test_distributed_training.py).
@@ -20,6 +21,8 @@ from autodist.ir.strategy import GATHER_SUM_MAX_BYTES, sums_by_gathering
 from autodist.kernels import partitioner, replicator, synchronizer
 from autodist.kernels.all_reduce_synchronizer import CollectiveConfig, collective_sum
 from autodist.kernels.program import Program
+from autodist.kernels.replica_sums import ReplicaSums
+from autodist.runtime.worker_session import build_program
 from autodist.search import builders
 from autodist.search.simulator import Simulator
 from autodist.search.space import SearchSpace
@@ -97,3 +100,25 @@ def test_at_two_replicas_the_gathered_sum_is_the_rings_exactly():
     for g, r in zip(got_gathered, got_ring):
         np.testing.assert_array_equal(g, r)
         np.testing.assert_array_equal(g, values[0] + values[1])
+
+
+def test_small_sums_inside_the_step_are_gathered_where_their_size_is_known():
+    graph_def = tf.compat.v1.GraphDef()
+    sums = ReplicaSums(graph_def, group_size=2, version=0, timeout_s=5.0)
+    cases = {"known": 17, "large": 10**6, "unknown": None}
+    for name, elements in cases.items():
+        sums.sum(name, "x", tf.float32, elements)
+    ops = {name: {n.op for n in graph_def.node if n.name.startswith(name)} for name in cases}
+    assert {"CollectiveGatherV2", "Sum"} <= ops["known"]
+    assert "CollectiveReduceV2" in ops["large"] and "CollectiveReduceV2" in ops["unknown"]
+
+
+def test_a_cnns_batch_statistics_are_summed_by_gathering():
+    # 3 layers x (mean, variance and their gradients), 16 channels each; the numbers
+    # (two replicas = one device) in tests/kernels/test_batch_norm.py.
+    item = capture(models.build("cnn", seed=0))
+    spec = autodist.ResourceSpec.local(workers=2)
+    program = build_program(item, builders.AllReduce().build(item, spec), spec, 0, 30.0)
+    sums = [op for op in program.graph.get_operations()
+            if op.type.startswith("Collective") and "autodist_sync" in op.name]
+    assert len(sums) == 12 and {op.type for op in sums} == {"CollectiveGatherV2"}
