@@ -16,15 +16,17 @@ COLLECTIVE_LEADER = "/job:worker/replica:0/task:0"
 
 def intra_op_threads(cluster: dict[str, list[str]], job: str, task: int,
                      cores: int | None = None) -> int | None:
-    """Threads for one op of task `job:task` where other tasks share its host, else None.
+    """Threads for one op of task `job:task` where several workers share its host, else None.
 
     TensorFlow gives each process's ops as many threads as the host has
-    cores, so tasks sharing a host oversubscribe it (two workers on 2 cores:
+    cores, so workers sharing a host oversubscribe it (two workers on 2 cores:
     4 busy threads during the backward passes, and the collective's transfer
-    threads wait for a core). Each task gets its share of the cores instead,
-    at least one. Tasks share a host where their addresses name the same
-    host (every loopback name is one host). ``TF_NUM_INTRAOP_THREADS``, where
-    set, is TensorFlow's and the user's choice: None.
+    threads wait for a core). Each task on such a host gets the cores over
+    the workers there, at least one. Parameter servers do not count (they
+    compute little: a worker beside one keeps every core). Tasks share a
+    host where their addresses name the same host (every loopback name is
+    one host). ``TF_NUM_INTRAOP_THREADS``, where set, is TensorFlow's and the
+    user's choice: None.
 
     Args:
         cluster: {job: ["host:port", ...]}.
@@ -35,14 +37,13 @@ def intra_op_threads(cluster: dict[str, list[str]], job: str, task: int,
     if os.environ.get("TF_NUM_INTRAOP_THREADS"):
         return None
     own = _host(cluster[job][task])
-    sharing = sum(_host(address) == own for addresses in cluster.values()
-                  for address in addresses)
-    if sharing <= 1:
+    workers = sum(_host(address) == own for address in cluster.get("worker", ()))
+    if workers <= 1:
         return None
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else (os.cpu_count() or 1)
-    return max(1, cores // sharing)
+    return max(1, cores // workers)
 
 
 def _host(address: str) -> str:

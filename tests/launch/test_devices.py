@@ -60,11 +60,14 @@ def test_tasks_sharing_a_host_split_its_cores(monkeypatch):
     from autodist.launch.server import intra_op_threads, server_config  # imports TensorFlow
 
     monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
-    local = {"worker": ["localhost:1", "127.0.0.1:2"], "ps": ["[::1]:3"]}
-    assert [intra_op_threads(local, "worker", t, cores=8) for t in (0, 1)] == [2, 2]
+    local = {"worker": ["localhost:1", "127.0.0.1:2", "localhost:3"], "ps": ["[::1]:4"]}
+    assert [intra_op_threads(local, "worker", t, cores=6) for t in (0, 1, 2)] == [2, 2, 2]
+    assert intra_op_threads(local, "ps", 0, cores=6) == 2
     assert intra_op_threads(local, "ps", 0, cores=2) == 1   # at least one
-    hosts = {"worker": ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.2:2"]}
-    assert intra_op_threads(hosts, "worker", 0, cores=8) is None   # alone: TF's default
+    hosts = {"worker": ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.2:2"], "ps": ["10.0.0.1:2"]}
+    # Alone on its host, or beside a PS only: TensorFlow's default (every core).
+    assert intra_op_threads(hosts, "worker", 0, cores=8) is None
+    assert intra_op_threads(hosts, "ps", 0, cores=8) is None
     assert intra_op_threads(hosts, "worker", 2, cores=8) == 4
     assert server_config(threads=3).intra_op_parallelism_threads == 3
     assert server_config().intra_op_parallelism_threads == 0
