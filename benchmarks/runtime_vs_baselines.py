@@ -62,13 +62,14 @@ def keras_step_time(name: str, steps: int, batch: int) -> float:
     return float(np.median(times[len(times) // 5:]))
 
 
-def autodist_step_time(name: str, workers: int, steps: int, batch: int) -> float:
+def autodist_step_time(name: str, workers: int, steps: int, batch: int, spec=None) -> float:
+    """Median step time of `workers` local workers (or of `spec`'s cluster), AllReduce."""
     import autodist
     from autodist import models
 
     model = models.build(name, seed=0)
     x, y = models.synthetic_data(model, steps * batch)
-    spec = autodist.ResourceSpec.local(workers=workers)
+    spec = spec or autodist.ResourceSpec.local(workers=workers)
     graph_item = autodist.capture(model)
     strategy = autodist.builders.AllReduce().build(graph_item, spec)
     history = autodist.distribute(model, strategy, spec, graph_item=graph_item).fit(
@@ -93,20 +94,14 @@ def capped_step_and_bound(name: str, steps: int, batch: int, mbit: float) -> tup
     from autodist.runtime.cluster_calibration import measure_compute
 
     model = models.build(name, seed=0)
-    graph_item = autodist.capture(model)
-    compute = measure_compute(model, autodist.ResourceSpec.local(workers=2), batch_size=batch,
-                              graph_item=graph_item)
+    compute = measure_compute(model, autodist.ResourceSpec.local(workers=2), batch_size=batch)
     gradient_bytes = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
     bound = compute.seconds + 2 * (2 - 1) / 2 * gradient_bytes * 8 / (mbit * 1e6)
     spec, _ = capped_links.capped_spec(2, 0, mbit)
     try:
-        x, y = models.synthetic_data(model, steps * batch)
-        strategy = autodist.builders.AllReduce().build(graph_item, spec)
-        history = autodist.distribute(model, strategy, spec, graph_item=graph_item).fit(
-            x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False)
+        return autodist_step_time(name, 2, steps, batch, spec=spec), bound
     finally:
         capped_links.clear_lo()
-    return float(np.median(history.step_times[len(history.step_times) // 5:])), bound
 
 
 def mwms_step_time(name: str, steps: int, batch: int, same_threads: bool = False) -> float:

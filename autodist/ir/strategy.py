@@ -560,8 +560,8 @@ def is_gathered(sync: AllReduceSynchronizer, sparse_gradient: bool) -> bool:
 GATHER_SUM_MAX_BYTES = 256 * 1024
 
 
-def sums_by_gathering(elements: int, element_size: int, replicas: int) -> bool:
-    """Whether a sum over `replicas` of `elements` each is gathered and added.
+def sums_by_gathering(byte_size, replicas: int, element_size: int = 4):
+    """Whether a sum over `replicas` of `byte_size` bytes each is gathered and added.
 
     A ring all-reduce takes 2 (W-1) exchanges in turn and moves 2 (W-1)/W
     of the tensor per replica; gathering takes W-1 exchanges and moves W-1
@@ -570,9 +570,16 @@ def sums_by_gathering(elements: int, element_size: int, replicas: int) -> bool:
     the ring's chunks are empty and it exchanges less. The sum is in replica
     order on every replica (the same on each, whatever the arrival order); at
     two replicas it is the ring's sum exactly (a + b).
+
+    Args:
+        byte_size: The tensor's bytes per replica: an int (the kernels), or
+            an array of them (the simulator's fused groups): the answer has
+            its shape.
+        replicas: Replicas in the sum.
+        element_size: Bytes of one element.
     """
-    return replicas >= 2 and elements >= replicas and \
-        elements * element_size * (replicas - 1) <= GATHER_SUM_MAX_BYTES
+    return (replicas >= 2) & (byte_size >= replicas * element_size) & \
+        (byte_size * (replicas - 1) <= GATHER_SUM_MAX_BYTES)
 
 
 class _Validator:

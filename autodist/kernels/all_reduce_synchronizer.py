@@ -222,7 +222,8 @@ def _collective_reduce(tensor, key, config: CollectiveConfig, hint: str):
     if config.group_size == 1:
         return tf.identity(tensor)  # one replica: nothing to reduce
     if hint == "ring" and tensor.shape.is_fully_defined() and sums_by_gathering(
-            tensor.shape.num_elements(), tensor.dtype.size, config.group_size):
+            tensor.shape.num_elements() * tensor.dtype.size, config.group_size,
+            tensor.dtype.size):
         # Every replica's tensor in one exchange, summed in replica order.
         gathered = _collective_gather(tf.reshape(tensor, [1, -1]), key, config, hint)
         return tf.reshape(tf.reduce_sum(gathered, axis=0), tensor.shape)

@@ -61,7 +61,7 @@ class ReplicaSums:
         instance = graph_edit.const(self.graph_def, f"{name}/instance_key", self.count,
                                     tf.int32)
         if self.hint == "ring" and elements is not None and \
-                sums_by_gathering(elements, dtype.size, self.group_size):
+                sums_by_gathering(elements * dtype.size, self.group_size, dtype.size):
             axis = graph_edit.const(self.graph_def, f"{name}/axis", 0, tf.int32)
             one = graph_edit.add(self.graph_def, f"{name}/one", "ExpandDims", [tensor, axis],
                                  T=dtype, Tdim=tf.int32)

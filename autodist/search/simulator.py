@@ -65,7 +65,7 @@ import numpy as np
 
 from autodist.ir.errors import InvalidArgumentError
 from autodist.ir.graph_item import VariableInfo, optimizer_squares_gradient
-from autodist.ir.strategy import GATHER_SUM_MAX_BYTES, Strategy, is_gathered
+from autodist.ir.strategy import Strategy, is_gathered, sums_by_gathering
 from autodist.proto import strategy_pb2
 from autodist.search.measured_compute import MeasuredCompute
 from autodist.search.memory import (REPLICA, MemoryModel, option_key, shard_sizes,
@@ -662,13 +662,13 @@ def _group_collectives(groups: np.ndarray, replicas: int) -> tuple[np.ndarray, n
 
     A ring all-reduce moves 2 (W-1)/W of the group in 2 (W-1) exchanges; a
     small group is gathered and added instead (`ir.strategy.sums_by_gathering`,
-    as the kernel does): W-1 group sizes in W-1 exchanges. One float32 element
-    per replica at least (fewer makes the ring's chunks empty).
+    as the kernel decides it, with float32 elements): W-1 group sizes in W-1
+    exchanges.
     """
     w = replicas
     if w <= 1:
         return np.zeros_like(groups, dtype=float), np.zeros_like(groups, dtype=float)
-    small = (groups >= 4 * w) & (groups * (w - 1) <= GATHER_SUM_MAX_BYTES)
+    small = sums_by_gathering(groups, w)
     wire = np.where(small, float(w - 1), 2 * (w - 1) / w)
     hops = np.where(groups > 0, np.where(small, float(w - 1), 2.0 * (w - 1)), 0.0)
     return wire, hops

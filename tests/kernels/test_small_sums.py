@@ -29,12 +29,16 @@ from autodist.search.space import SearchSpace
 
 
 def test_the_rule_gathers_small_tensors_of_few_replicas():
-    assert sums_by_gathering(1000, 4, 2)
-    assert sums_by_gathering(GATHER_SUM_MAX_BYTES // 4, 4, 2)
-    assert not sums_by_gathering(GATHER_SUM_MAX_BYTES // 4 + 1, 4, 2)
-    assert sums_by_gathering(1000, 4, 4) and not sums_by_gathering(30_000, 4, 4)
-    assert not sums_by_gathering(3, 4, 4)     # fewer elements than replicas: the ring
-    assert not sums_by_gathering(1000, 4, 1)  # one replica: nothing to sum
+    assert sums_by_gathering(4000, 2)
+    assert sums_by_gathering(GATHER_SUM_MAX_BYTES, 2)
+    assert not sums_by_gathering(GATHER_SUM_MAX_BYTES + 4, 2)
+    assert sums_by_gathering(4000, 4) and not sums_by_gathering(120_000, 4)
+    assert not sums_by_gathering(12, 4)     # fewer elements than replicas: the ring
+    assert not sums_by_gathering(6, 4, element_size=2)
+    assert not sums_by_gathering(4000, 1)   # one replica: nothing to sum
+    # The simulator asks for many fused groups at once.
+    np.testing.assert_array_equal(sums_by_gathering(np.array([0, 4000, 10**6]), 2),
+                                  [False, True, False])
 
 
 def _program(graph_item, spec) -> Program:
