@@ -5,8 +5,9 @@ Run inside a private network namespace as root (it shapes `lo` with `tc`):
     unshare -n bash -c 'ip link set lo up && AUTODIST_PRIVATE_NETNS=1 \\
         python benchmarks/calibrated_simulator.py'
 
-For every cluster shape of the trial data set (`benchmarks/data/trials.jsonl`,
-shapes "<workers>x<ps>@<Mbit/s>"), it builds the emulated cluster the trials
+For every cluster shape of the trial data set (by default
+`benchmarks/data/trials_runtime_2026_12_07.jsonl`, measured on today's
+runtime; shapes "<workers>x<ps>@<Mbit/s>"), it builds the emulated cluster the trials
 ran on (`emulated_cluster.py`: local tasks, each link capped), calibrates the
 simulator on it (`autodist.runtime.cluster_calibration.calibrate_cluster`:
 rates in-process, fixed costs from probe steps on the cluster; nothing from
@@ -53,7 +54,7 @@ def _ranking(records, predicted) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--database", default="benchmarks/data/trials.jsonl",
+    parser.add_argument("--database", default="benchmarks/data/trials_runtime_2026_12_07.jsonl",
                         help="the trial data set (JSON Lines)")
     parser.add_argument("--shapes", default="",
                         help="comma-separated shapes to calibrate (default: the data set's)")

@@ -49,7 +49,7 @@ from autodist.runtime.local_runner import chunks
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 DEFAULT_SHAPES = "2x1@100,2x2@1000,3x1@10000"
-DEFAULT_DATABASE = "benchmarks/data/trials.jsonl"
+DEFAULT_DATABASE = "benchmarks/data/trials_runtime_2026_12_07.jsonl"
 
 
 def main() -> int:

@@ -65,7 +65,7 @@ from autodist.bench.trials import Rows, read_records, rescore
 from autodist.search.metrics import SIGNIFICANT
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_DATABASE = "benchmarks/data/trials.jsonl"
+DEFAULT_DATABASE = "benchmarks/data/trials_runtime_2026_12_07.jsonl"
 DEFAULT_OUT = "autodist/search/data/cost_model.txt"
 DEFAULT_MEASURED_OUT = "autodist/search/data/measured_search_model.txt"
 DEFAULT_REPORT = "benchmarks/results/cost_model.md"
