@@ -22,7 +22,12 @@ cheap ops against one without), the costs are the non-negative
 least-squares fit of the measured step times minus the rate terms, each
 probe weighted by its measured time (relative errors). With six unknowns
 the non-negative fit enumerates the subsets of free costs (64) and keeps the
-best; a cost a probe set cannot separate keeps its base value.
+best; a cost a probe set cannot separate keeps its base value. A message
+(a collective hop, a PS message) is never free: where the best fit sets its
+cost to zero, the probes could not tell it from the others (with 6-9 tasks
+sharing 2 cores the cost per task absorbed the PS messages, and strategies
+holding tables on PS were then predicted cheaper than measured), so it keeps
+its base value and the other costs are fitted again around it.
 """
 from __future__ import annotations
 
@@ -43,6 +48,9 @@ from autodist.search.simulator import Calibration, Simulator
 # The fitted fixed costs, as Calibration fields.
 FITTED = ("task_overhead_s", "collective_latency_s", "latency_s", "run_overhead_s",
           "byte_cost_s", "op_overhead_s")
+# Indices in FITTED of the costs of a message, never fitted to zero (below _ZERO_S).
+_MESSAGES = (1, 2)
+_ZERO_S = 1e-9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,23 +151,11 @@ def fit_fixed_costs(base: Calibration, probes: Sequence[ProbeStep],
     # others' intercept unless it is the only constant one (the tasks).
     varies = np.ptp(counts, axis=0) > 0
     free = [j for j in range(len(FITTED)) if varies[j] or j == 0]
-    fixed = [j for j in range(len(FITTED)) if j not in free]
-    target = measured - rates - counts[:, fixed] @ base_costs[fixed]
-    weight = 1.0 / measured
-    costs = base_costs.copy()
-    # The empty subset: every free cost 0 (measured no slower than the rates).
-    best = (float(np.sum((target * weight) ** 2)), (), np.zeros(0))
-    for size in range(len(free), 0, -1):
-        for subset in itertools.combinations(free, size):
-            columns = counts[:, subset] * weight[:, None]
-            solution, *_ = np.linalg.lstsq(columns, target * weight, rcond=None)
-            if (solution < 0).any():
-                continue
-            residual = float(np.sum((columns @ solution - target * weight) ** 2))
-            if residual < best[0] - 1e-15:
-                best = (residual, subset, solution)
-    costs[free] = 0.0
-    costs[list(best[1])] = best[2]
+    costs = _nonnegative_fit(counts, measured, rates, base_costs, free)
+    unseparated = [j for j in _MESSAGES if j in free and costs[j] < _ZERO_S]
+    if unseparated:
+        free = [j for j in free if j not in unseparated]
+        costs = _nonnegative_fit(counts, measured, rates, base_costs, free)
     fitted = dataclasses.replace(
         base, task_overhead_s=float(costs[0]), collective_latency_s=float(costs[1]),
         latency_s=float(costs[2]), run_overhead_s=float(costs[3]),
@@ -171,3 +167,27 @@ def fit_fixed_costs(base: Calibration, probes: Sequence[ProbeStep],
         "base_median_abs_log_error": float(np.median(np.abs(np.log(measured
                                                                    / base_predicted)))),
     }
+
+
+def _nonnegative_fit(counts: np.ndarray, measured: np.ndarray, rates: np.ndarray,
+                     base_costs: np.ndarray, free: list[int]) -> np.ndarray:
+    """Every cost: the `free` ones fitted (non-negative least squares of the relative
+    errors), the others at their base values."""
+    fixed = [j for j in range(len(base_costs)) if j not in free]
+    target = measured - rates - counts[:, fixed] @ base_costs[fixed]
+    weight = 1.0 / measured
+    # The empty subset: every free cost 0 (measured no slower than the rates).
+    best = (float(np.sum((target * weight) ** 2)), (), np.zeros(0))
+    for size in range(len(free), 0, -1):
+        for subset in itertools.combinations(free, size):
+            columns = counts[:, subset] * weight[:, None]
+            solution, *_ = np.linalg.lstsq(columns, target * weight, rcond=None)
+            if (solution < 0).any():
+                continue
+            residual = float(np.sum((columns @ solution - target * weight) ** 2))
+            if residual < best[0] - 1e-15:
+                best = (residual, subset, solution)
+    costs = base_costs.copy()
+    costs[free] = 0.0
+    costs[list(best[1])] = best[2]
+    return costs
