@@ -48,7 +48,8 @@ from autodist.runtime.local_runner import chunks
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-DEFAULT_SHAPES = "2x1@100,2x2@1000,3x1@10000"
+# The default data set's shapes and strategies per workload (a seed adds that many more).
+DEFAULT_SHAPES = "2x1@100,2x2@1000,3x1@10000,4x2@1000,6x3@1000"
 DEFAULT_DATABASE = "benchmarks/data/trials_runtime_2026_12_07.jsonl"
 
 
@@ -59,7 +60,7 @@ def main() -> int:
                         help=f"comma-separated, from {sorted(BENCH_MODELS)}")
     parser.add_argument("--shapes", default=DEFAULT_SHAPES,
                         help="comma-separated '<workers>x<ps>@<Mbit/s>'")
-    parser.add_argument("--strategies", type=int, default=40,
+    parser.add_argument("--strategies", type=int, default=12,
                         help="strategies per workload (builders included)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per strategy")
     parser.add_argument("--repeats", type=int, default=1,
@@ -67,7 +68,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2,
                         help="untimed steps after each switch (>= 2)")
     parser.add_argument("--batch-size", type=int, default=64, help="global batch")
-    parser.add_argument("--per-launch", type=int, default=20,
+    parser.add_argument("--per-launch", type=int, default=12,
                         help="strategies measured in one cluster launch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--database", default=DEFAULT_DATABASE)

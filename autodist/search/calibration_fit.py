@@ -48,8 +48,8 @@ from autodist.search.simulator import Calibration, Simulator
 # The fitted fixed costs, as Calibration fields.
 FITTED = ("task_overhead_s", "collective_latency_s", "latency_s", "run_overhead_s",
           "byte_cost_s", "op_overhead_s")
-# Indices in FITTED of the costs of a message, never fitted to zero (below _ZERO_S).
-_MESSAGES = (1, 2)
+# The costs of a message (their indices in FITTED), never fitted to zero (below _ZERO_S).
+_MESSAGES = (FITTED.index("collective_latency_s"), FITTED.index("latency_s"))
 _ZERO_S = 1e-9
 
 
