@@ -1403,6 +1403,45 @@ def feature_space_heart() -> ZooCase:
                    model, preprocessed, None, _fit_kwargs(batch_size=16))
 
 
+def addition_rnn() -> ZooCase:
+    """Sequence-to-sequence addition: one-hot questions in, one-hot answers out, as bools.
+
+    Follows examples/nlp/addition_rnn.py: questions like "12+345 " and their
+    sums as one-hot *boolean* arrays (x (N, T, chars), y (N, digits + 1,
+    chars), `dtype=bool` as the example builds them), an encoder LSTM given
+    `input_shape`, RepeatVector, a decoder LSTM returning sequences and a
+    softmax Dense over the characters; categorical cross-entropy on the bool
+    targets, Adam, accuracy, and a held-out `validation_data`.
+    """
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(29)
+    chars, digits = "0123456789+ ", 2
+    maxlen = 2 * digits + 1
+    table = {c: i for i, c in enumerate(chars)}
+
+    def one_hot(texts: list[str], length: int) -> np.ndarray:
+        out = np.zeros((len(texts), length, len(chars)), dtype=bool)
+        for i, text in enumerate(texts):
+            for t, c in enumerate(text):
+                out[i, t, table[c]] = True
+        return out
+
+    a, b = rng.integers(0, 10 ** digits, 72), rng.integers(0, 10 ** digits, 72)
+    questions = [f"{p}+{q}".ljust(maxlen)[::-1] for p, q in zip(a, b)]  # reversed, as there
+    answers = [str(p + q).ljust(digits + 1) for p, q in zip(a, b)]
+    x, y = one_hot(questions, maxlen), one_hot(answers, digits + 1)
+    model = keras.Sequential([
+        layers.LSTM(8, input_shape=(maxlen, len(chars))),
+        layers.RepeatVector(digits + 1),
+        layers.LSTM(8, return_sequences=True),
+        layers.Dense(len(chars), activation="softmax"),
+    ])
+    model.compile(loss="categorical_crossentropy", optimizer="adam", metrics=["accuracy"])
+    return ZooCase("addition_rnn", "examples/nlp/addition_rnn.py",
+                   ("rnn", "dtypes", "time_targets", "validation"),
+                   model, x[:64], y[:64], _fit_kwargs(validation_data=(x[64:], y[64:])))
+
+
 ZOO: dict[str, Callable[[], ZooCase]] = {builder.__name__: builder for builder in (
     heart_disease, census_deep_cross, movielens_recommender, text_cnn_strings,
     imdb_bidirectional_lstm, imdb_masked_lstm, ticket_triage, char_gpt, lstm_seq2seq,
@@ -1410,7 +1449,7 @@ ZOO: dict[str, Callable[[], ZooCase]] = {builder.__name__: builder for builder i
     vision_transformer, transformer_text_mixed, fraud_class_weight, digits_sample_weight,
     nmt_transformer, siamese_contrastive, video_gru_masked, next_frame_conv_lstm,
     endpoint_layer, mixup_separable, oxford_pets_unet, cct_stochastic_depth, efficientnet_se,
-    masking_and_padding, feature_space_heart)}
+    masking_and_padding, feature_space_heart, addition_rnn)}
 
 
 def variable_values(model: keras.Model) -> list[np.ndarray]:
