@@ -1406,7 +1406,7 @@ def feature_space_heart() -> ZooCase:
 def addition_rnn() -> ZooCase:
     """Sequence-to-sequence addition: one-hot questions in, one-hot answers out, as bools.
 
-    Follows examples/nlp/addition_rnn.py: questions like "12+345 " and their
+    Follows examples/nlp/addition_rnn.py: questions like "12+34" and their
     sums as one-hot *boolean* arrays (x (N, T, chars), y (N, digits + 1,
     chars), `dtype=bool` as the example builds them), an encoder LSTM given
     `input_shape`, RepeatVector, a decoder LSTM returning sequences and a
