@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import tensorflow as tf
 
 from autodist.ir.batch_shapes import graph_at_batch
 from autodist.proto import graph_item_pb2
@@ -47,9 +48,15 @@ _UNREPRODUCIBLE = {
     "StatelessMultinomial": "a draw whose shape comes from each replica's own data",
     "StatelessShuffle": "a shuffle of each replica's own rows",
 }
-_FIXED_LENGTH = 7   # any length for a dimension that is unknown but not the batch's
+# Stand-ins for an input's unknown dimension other than the batch's (a variable
+# length), tried in turn: a stack of convolutions and poolings shrinks a short one
+# below zero and the step does not import (pretrained_word_embeddings's three
+# Conv1D(5) and two MaxPooling1D(5) need 149). Primes: never a trial batch's multiple.
+_STAND_IN_LENGTHS = (7, 61, 257, 1031, 4099)
 TRIAL_BATCHES = (3, 5)
-UNINFERRED = "its shape could not be inferred"
+UNINFERRED = ("its shape could not be inferred from the inputs' shapes (the step did not "
+              "import with stand-ins for their unknown dimensions, or the shape depends on "
+              "values)")
 
 
 def analyze(graph_def, inputs,
@@ -66,9 +73,8 @@ def analyze(graph_def, inputs,
     candidates = [n for n in graph_def.node if n.op in _SHAPED or n.op in _UNREPRODUCIBLE]
     if not candidates:
         return []
-    shapes = [_shapes_at(graph_def, inputs, b, [n for n in candidates if n.op in _SHAPED],
-                         handles or {})
-              for b in TRIAL_BATCHES]
+    shaped = [n for n in candidates if n.op in _SHAPED]
+    shapes = _shapes_at_trial_batches(graph_def, inputs, shaped, handles or {})
     out = []
     for node in candidates:
         layer = _layer(node.name)
@@ -106,12 +112,21 @@ def set_batch_axis(info, small: Sequence[int], large: Sequence[int]):
     return info
 
 
-def _shapes_at(graph_def, inputs, batch: int, nodes,
-               handles: Mapping[str, tuple[str, Sequence[int]]]) -> dict[str, list[int] | None]:
-    """The shape each node draws with `batch` examples (None: not inferred)."""
-    graph = graph_at_batch(graph_def, inputs, batch, handles, length=_FIXED_LENGTH)
-    if graph is None:
-        return {}
+def _shapes_at_trial_batches(graph_def, inputs, nodes,
+                             handles: Mapping[str, tuple[str, Sequence[int]]]
+                             ) -> list[dict[str, list[int] | None]]:
+    """The shape each node draws at each of `TRIAL_BATCHES` (empty where the step did not
+    import), with the first stand-in length at which it imports at both."""
+    for length in _STAND_IN_LENGTHS:
+        graphs = [graph_at_batch(graph_def, inputs, b, handles, length=length)
+                  for b in TRIAL_BATCHES]
+        if all(g is not None for g in graphs):
+            return [_shapes_in(g, nodes) for g in graphs]
+    return [{} for _ in TRIAL_BATCHES]
+
+
+def _shapes_in(graph: tf.Graph, nodes) -> dict[str, list[int] | None]:
+    """The shape each node draws in `graph` (None: not inferred)."""
     out = {}
     for node in nodes:
         # The draw's shape as TensorFlow's shape inference reads it from the shape input.

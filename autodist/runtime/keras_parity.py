@@ -216,7 +216,9 @@ def _random_ops(graph_item: GraphItem, strategy: Strategy) -> None:
         f"layer(s) {layers} draw random numbers that a run on {strategy.num_virtual_nodes} "
         f"replicas or virtual nodes cannot draw as one device does ({'; '.join(reasons)}): "
         "their draws, and so the trained weights, will differ from Keras fit. Keras' own "
-        "random layers (Dropout, GaussianNoise, the augmentation layers) are drawn exactly; "
-        "use keras.random functions with a keras.random.SeedGenerator in custom layers",
+        "random layers (Dropout, GaussianNoise, the augmentation layers) are drawn exactly "
+        "where their shapes follow from the inputs' shapes (give an input of unknown length "
+        "a fixed one, keras.Input((T, ...)), where it is not found); use keras.random "
+        "functions with a keras.random.SeedGenerator in custom layers",
         ParityWarning, stacklevel=3)
 

@@ -107,6 +107,40 @@ def test_virtual_nodes_draw_what_one_batch_draws(noisy_item):
         np.testing.assert_allclose(four[name], one[name], rtol=0, atol=2e-6, err_msg=name)
 
 
+def _long_kernel_model():
+    """keras-io's pretrained_word_embeddings in small: ids of any length, convolutions and
+    poolings that need more timesteps than a short stand-in length has, then Dropout."""
+    inputs = keras.Input((None,), dtype="int32", name="ids")
+    h = keras.layers.Embedding(30, 4)(inputs)
+    h = keras.layers.Conv1D(4, 5, activation="relu")(h)
+    h = keras.layers.MaxPooling1D(5)(h)
+    h = keras.layers.Conv1D(4, 8, activation="relu")(h)
+    h = keras.layers.GlobalMaxPooling1D()(h)
+    h = keras.layers.Dropout(0.5)(h)
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+def test_a_draw_after_convolutions_over_a_variable_length_is_drawn_for_the_batch():
+    """The capture infers the draw's shape with a stand-in length long enough for the
+    convolutions (a length of 7 left the step unimportable, the draw "uninferred" and
+    drawn per replica: weights 2e-2 off Keras'), and virtual nodes draw as one batch."""
+    keras.utils.set_random_seed(0)
+    item = capture(_long_kernel_model())
+    (op,) = item.random_ops
+    assert (op.reproducible, op.batch_axis, op.reason) == (True, 0, "")
+    spec = autodist.ResourceSpec.local(workers=1)
+    rng = np.random.default_rng(0)
+    x = rng.integers(1, 30, size=(12, 60)).astype(np.int32)
+    y = rng.normal(size=(12, 1)).astype(np.float32)
+    strategy = builders.AllReduce().build(item, spec)
+    one = _run_step(item, strategy, spec, x, y, input_name="ids")
+    four = _run_step(item, strategy.with_virtual_nodes(12, 4), spec, x, y, input_name="ids")
+    for name in one:
+        np.testing.assert_allclose(four[name], one[name], rtol=0, atol=2e-6, err_msg=name)
+
+
 def test_the_rewrite_leaves_a_step_without_random_ops_as_it_is(mlp_item):
     graph_def = mlp_item.graph_def()
     assert random_draws.for_global_batch(graph_def, mlp_item.random_ops) is graph_def

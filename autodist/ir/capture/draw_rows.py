@@ -32,6 +32,9 @@ from autodist.ir.graph_item import GraphItem
 
 EXAMPLES = 4   # examples in the probing batch
 _SEARCH_DEPTH = 8   # ops between a draw's shape input and the `Shape` it comes from
+# Lengths for the inputs' unknown dimensions, tried in turn (convolutions and
+# poolings over a short sequence leave nothing to run on).
+_PROBE_LENGTHS = (3, 61, 257)
 UNORDERED = "its rows along the batch axis are not in blocks of the examples in batch order"
 
 
@@ -56,14 +59,15 @@ def find_row_blocks(item: GraphItem, model) -> None:
         run = terms_runner(graph_def, model_variable_handles(item, model),
                            list(item.random_ops), fetches, item.tables)
         # Ids 1 and 2 first (0 is often padding, masked away); 0 and 1 where 2 is too many.
-        for ids in ((1, 2), (0, 1)):
+        attempts = [(ids, length) for length in _PROBE_LENGTHS for ids in ((1, 2), (0, 1))]
+        for ids, length in attempts:
             values = _probe_values(item, ids)
-            base = _probe_examples(item, values, np.random.default_rng(1))
+            base = _probe_examples(item, values, np.random.default_rng(1), length)
             try:
                 outputs = [run(batch) for batch in
                            [base] + _each_example_changed(item, base, values)]
                 break
-            except Exception:  # noqa: BLE001  # ids the model does not take
+            except Exception:  # noqa: BLE001  # ids or a length the model does not take
                 continue
     except Exception:  # noqa: BLE001  # a step that cannot run in the driver
         return
@@ -133,13 +137,13 @@ def _vocabulary_words(item: GraphItem) -> list[bytes]:
     return words
 
 
-def _probe_examples(item: GraphItem, values: dict[str, tuple],
-                    rng: np.random.Generator) -> dict[str, np.ndarray]:
+def _probe_examples(item: GraphItem, values: dict[str, tuple], rng: np.random.Generator,
+                    length: int) -> dict[str, np.ndarray]:
     """`EXAMPLES` random examples: normal floats, each other element one of its input's
-    two `values`, unit sample weights; unknown dimensions of length 3."""
+    two `values`, unit sample weights; unknown dimensions of `length`."""
     out = {}
     for info in item.inputs:
-        shape = [EXAMPLES] + [3 if d < 0 else d for d in info.shape[1:]]
+        shape = [EXAMPLES] + [length if d < 0 else d for d in info.shape[1:]]
         dtype = tf.as_dtype(info.dtype)
         pair = values[info.tensor]
         if info.role == "sample_weight":
