@@ -252,6 +252,19 @@ def test_serialization_round_trip(tmp_path, ncf_item):
         GraphItem.load(bad)
 
 
+def test_a_sequential_model_without_input_needs_an_example():
+    """keras-io's multi_label_classification: a Sequential without keras.Input, which
+    Keras' fit builds on the first batch; the error says how to pass one."""
+    model = keras.Sequential([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(2)])
+    model.compile("adam", "binary_crossentropy")
+    with pytest.raises(CaptureError, match=r"a Sequential model without keras.Input.*"
+                                           r"optimize\(model, spec, x=\.\.\., y=\.\.\.\)"):
+        capture(model)
+    x = np.ones((2, 3), np.float32)
+    gi = capture(model, x=x, y=np.ones((2, 2), np.float32))
+    assert [list(v.shape) for v in gi.variables] == [[3, 4], [4], [4, 2], [2]]
+
+
 def test_subclassed_model_needs_build_or_example():
     class Tiny(keras.Model):
         def __init__(self):

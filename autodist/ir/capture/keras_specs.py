@@ -60,8 +60,12 @@ def keras_input_spec(model, x):
                                name=_input_name(getattr(t, "name", None), i))
                  for i, t in enumerate(inputs)]
         return specs[0] if len(specs) == 1 else specs
-    raise CaptureError(f"cannot infer the input shape of model {model.name!r} "
-                       "(a subclassed model): pass capture(model, x=example_batch)")
+    kind = "a Sequential model without keras.Input" if type(model).__name__ == "Sequential" \
+        else "a subclassed model"
+    raise CaptureError(f"cannot infer the input shape of model {model.name!r} ({kind}, "
+                       "not built on data yet; Keras' fit builds it on the first batch): "
+                       "pass an example batch, optimize(model, spec, x=..., y=...) or "
+                       "capture(model, x=..., y=...), or give the model a keras.Input")
 
 
 # What Keras names an `Input` the user did not name.
