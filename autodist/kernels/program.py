@@ -165,6 +165,12 @@ class SyncOutputs:
             initialized to the captured rate, that the worker sets: the
             model's rate at the start, a callback's between epochs); None for
             a schedule or a rate the strategy fixes.
+        run_outs: An int64 placeholder (default 0) that every run of a step
+            is fed: the iterations Keras' fit counted beyond the updates
+            applied, one per epoch that ended with its step finding the
+            data's end (`autodist.runtime.run_outs`); the optimizer's update
+            count is `step` plus it. None under loss scaling (which counts
+            finite steps).
     """
 
     train_op: Any
@@ -177,6 +183,7 @@ class SyncOutputs:
     asynchronous: bool
     refresh: Any
     learning_rate: Any = None
+    run_outs: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -150,6 +150,7 @@ class StepStart:
         scales: Replica index -> its share of the global batch (fed).
         weighted_losses: Each replica's loss times its share.
         learning_rate: The task's learning-rate variable, or None.
+        run_outs: The fed count of Keras' extra iterations (`SyncOutputs.run_outs`).
     """
 
     program: Program
@@ -163,6 +164,7 @@ class StepStart:
     scales: dict[int, tf.Tensor]
     weighted_losses: list[tf.Tensor]
     learning_rate: StorageVariable | None
+    run_outs: tf.Tensor | None = None
 
 
 @dataclasses.dataclass

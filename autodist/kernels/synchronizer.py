@@ -103,11 +103,19 @@ def _start_step(program: Program, strategy: Strategy, options: SyncOptions,
     loss_scale = loss_scaling.state_of(program)
     if loss_scale is not None:
         _check_loss_scaling(shards)
-    # Updates applied before this step's (under loss scaling, finite steps only).
-    update_count = step_value if loss_scale is None else loss_scale.updates.read_value()
+    # Updates applied before this step's (under loss scaling, finite steps only), plus
+    # the iterations Keras counts when a step finds the data's end (fed).
+    run_outs = None
+    if loss_scale is None:
+        with tf.device(first_device):
+            run_outs = tf.compat.v1.placeholder_with_default(
+                tf.constant(0, tf.int64), [], name="autodist/run_outs")
+    update_count = step_value + run_outs if loss_scale is None else \
+        loss_scale.updates.read_value()
     start = StepStart(program, strategy, options, step, step_value, loss_scale,
                       OptimizerUpdates(program.graph_item, strategy, update_count, learning_rate),
-                      gradients={}, scales={}, weighted_losses=[], learning_rate=learning_rate)
+                      gradients={}, scales={}, weighted_losses=[], learning_rate=learning_rate,
+                      run_outs=run_outs)
     for replica in program.replicas:
         with tf.device(replica.device):
             scale = replica.scale
@@ -183,7 +191,8 @@ def _outputs(step: StepStart, kinds: _ShardKinds, train_op: tf.Operation,
     return SyncOutputs(
         train_op=train_op, ps_op=ps_op, after_step=after_step, scales=step.scales,
         weighted_loss=tf.add_n(step.weighted_losses), step=step.step, ssp=ssp,
-        asynchronous=bool(kinds.async_ps), refresh=refresh, learning_rate=step.learning_rate)
+        asynchronous=bool(kinds.async_ps), refresh=refresh, learning_rate=step.learning_rate,
+        run_outs=step.run_outs)
 
 
 def _check_loss_scaling(shards) -> None:

@@ -97,6 +97,9 @@ class DatasetStream:
     def lengths(self) -> list[int]:
         return [e.steps for e in self.epochs]
 
+    def epochs_run_out(self) -> list[bool]:
+        return [e.runs_out for e in self.epochs]
+
     def batch(self, index: int) -> GlobalBatch:
         """The global batch of step `index`; the earlier ones not asked for are skipped.
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import warnings
 from typing import Any, Mapping, Sequence
 
 from autodist.ir.errors import AutodistError
@@ -145,7 +144,6 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
             f"and Keras finds that out in epoch {empty}, which then runs no step. Declare "
             f"its length (dataset.apply(tf.data.experimental.assert_cardinality({batches}))) "
             "or change steps_per_epoch")
-    _warn_on_step_count(plan, graph_item, batches)
     static = flat.element_spec[0].shape[0] if flat.element_spec[0].shape.rank else None
     _check_batch_sizes(static, smallest, largest, smallest_batch, fixed_batch)
     return StreamedDataset(graph, dataclasses.replace(description, batches=batches,
@@ -214,33 +212,6 @@ def start_passes_like_keras(dataset, streamed: StreamedDataset, steps_per_epoch:
     for _ in range(passes - 1 if streamed.probed else passes):   # the probe started one
         iter(dataset)
     return passes
-
-
-def _warn_on_step_count(plan: list[batching.DatasetEpoch], graph_item: GraphItem,
-                        batches: int | None) -> None:
-    """Warns where Keras' update count would run ahead of the updates applied.
-
-    When Keras' `next()` finds a pass at its end, the TensorFlow backend's
-    train function has already run the optimizer's `iterations.assign_add(1)`
-    (it waits for no data), so Keras counts one update more than it applied
-    per pass that runs out. The cluster counts the updates applied: Adam's
-    bias correction and learning-rate schedules then differ slightly from
-    Keras after such a pass. With a known cardinality Keras stops before
-    the end and never runs out.
-    """
-    optimizer = graph_item.optimizer
-    counts_steps = optimizer.algorithm in ("adam", "adamw") or \
-        optimizer.HasField("learning_rate_schedule")
-    run_outs = sum(1 for epoch in plan[:-1] if epoch.runs_out)
-    if counts_steps and run_outs:
-        warnings.warn(
-            f"Keras' fit would find this dataset's end {run_outs} time(s) before the last "
-            "epoch (its cardinality is unknown, or steps_per_epoch outlasts it) and count one "
-            f"optimizer iteration more each time; {optimizer.class_name or optimizer.algorithm}"
-            "'s update depends on that count, so the run will differ slightly from Keras "
-            "after the first such epoch. Declare the length to read as Keras does without "
-            "this quirk: dataset.apply(tf.data.experimental.assert_cardinality("
-            f"{batches}))", UserWarning, stacklevel=4)
 
 
 def _check_batch_sizes(static: int | None, smallest: int | None, largest: int | None,

@@ -60,6 +60,10 @@ class StepData(Protocol):
     def examples(self, index: int) -> int:
         """Examples in the global batch of step `index` (one already read)."""
 
+    def epochs_run_out(self) -> list[bool]:
+        """Per epoch, whether Keras' step after its last finds the data's end
+        (`autodist.runtime.run_outs`)."""
+
     def close(self) -> None:
         """Stops reading ahead."""
 
@@ -81,6 +85,9 @@ class ArrayData:
                                                config.steps_per_epoch, batch_at)
         self.order = batching.ArrayOrder(self.num_examples, config.shuffle, config.seed,
                                          config.first_epoch, job.order())
+
+    def epochs_run_out(self) -> list[bool]:
+        return []   # Keras knows the arrays' length: it never reads past their end
 
     @property
     def lengths(self) -> list[int]:

@@ -102,19 +102,23 @@ class TaskStep:
         self._rate_assign: tuple[tf.Tensor, tf.Operation] | None = None
 
     def run(self, index: int, data: GlobalBatch, delay_s: float = 0.0,
-            since: float | None = None) -> StepResult:
+            since: float | None = None, run_outs: int = 0) -> StepResult:
         """Runs step `index` on `data` (after `delay_s`: an emulated slow worker).
 
         The step's time counts from `since` (a `time.perf_counter()` reading
         taken when the caller began preparing the step; default: now), so it
         holds the feed's preparation and any wait for stragglers, as a wall
-        clock sees the step; the emulated delay is left out.
+        clock sees the step; the emulated delay is left out. `run_outs`: the
+        iterations Keras' fit counted before this step beyond the updates
+        applied (`autodist.runtime.run_outs`), fed to each of its runs.
         """
         begun = time.perf_counter() if since is None else since
         outputs = self.task.program.outputs
         fetches, ps_op, after = self._fetches()
         parts = batching.virtual_node_rows(data.rows, self.task.strategy.num_virtual_nodes)
-        feed = {}
+        counted = {outputs.run_outs: run_outs} if run_outs and outputs.run_outs is not None \
+            else {}
+        feed = dict(counted)
         for replica in self.task.program.replicas:
             feed.update(self.replica_feed(replica, parts, data))
         lead = 0 if outputs.ssp is None else self._wait_for_stragglers(outputs.ssp, index)
@@ -138,9 +142,9 @@ class TaskStep:
                 f.write(LossRecord(index, loss).to_json())
         monitored = self._monitor_record(index, parts, result["monitor"]) if watch else None
         if ps_op is not None:
-            self.task.run(ps_op)
+            self.task.run(ps_op, feed_dict=counted or None)
         if after is not None:
-            self.task.run(after)
+            self.task.run(after, feed_dict=counted or None)
         seconds = prepared + time.perf_counter() - start
         return StepResult(
             loss, seconds, tuple(np.asarray(v).tolist() for v in result.get("metrics", ())),

@@ -41,6 +41,7 @@ from autodist.runtime import elastic
 from autodist.runtime import follow
 from autodist.runtime import initial_values
 from autodist.runtime import membership
+from autodist.runtime import run_outs
 from autodist.runtime import sharded_input
 from autodist.runtime import worker_results
 from autodist.runtime.dataset_stream import DatasetStream
@@ -150,6 +151,10 @@ class Trainer:
         self.membership.segments[:] = elastic.segments(
             sum(lengths), self.spec.num_worker_tasks, self.config.resize_at,
             self.config.switch_at)
+        # Epochs whose end Keras' step finds (a dataset of unknown length): what that
+        # step changes though it trains nothing (`run_outs`).
+        self.run_outs = run_outs.RunOuts.of(self.data.epochs_run_out(), self.schedule.starts)
+        self.seeds: run_outs.SeedAdvance | None = None
         # Chosen when training starts (`train`).
         self.reporter: StepReporter = Unreported(self.membership.segments, task_index)
         self._init_shared = True  # the chief initializes the PS variables
@@ -208,6 +213,8 @@ class Trainer:
         task = ProgramSession(self.program, self.session, self.strategy, self.graph_item,
                               self.run_options)
         self.values = TrainedValues(task, self.config)
+        if self.run_outs is not None:
+            self.seeds = run_outs.SeedAdvance(task)
         self.task_step = TaskStep(task, self.config, self.task_index,
                              self.job.file(f"losses_{self.task_index}.jsonl")
                              if self.config.on_failure == "continue" else None)
@@ -315,7 +322,15 @@ class Trainer:
         self._set_state(index)
         epoch, epoch_step, _, epoch_steps = self.schedule.locate(index)
         data = self.data.batch(index)
-        result = self.task_step.run(index, data, delay_s, since)
+        counted = 0 if self.run_outs is None else self.run_outs.before(index)
+
+        def step() -> StepResult:
+            return self.task_step.run(index, data, delay_s, since, counted)
+
+        seeds = self.seeds
+        result = seeds.measure(step) if seeds is not None and seeds.step is None else step()
+        if seeds is not None:
+            seeds.advance(self.run_outs.ending_after(index))
         done = self.initial_step + index - self.config.start_step + 1
         self.next_index = index + 1
         if self._checkpoint_due(done, last_of_epoch=epoch_step == epoch_steps - 1):
@@ -392,8 +407,13 @@ class Trainer:
     def final_weights(self, with_optimizer: bool = True) -> dict[str, np.ndarray]:
         """Trained values by variable name, shards reassembled (chief's view); with
         `with_optimizer`, also the optimizer's slots and update count (by checkpoint
-        key), which return into the Keras optimizer."""
-        return self.values.read(with_optimizer=with_optimizer)
+        key), which return into the Keras optimizer: as Keras counts its iterations,
+        with the steps that found the data's end."""
+        values = self.values.read(with_optimizer=with_optimizer)
+        if with_optimizer and self.run_outs is not None and checkpoint.ITERATIONS in values:
+            values[checkpoint.ITERATIONS] = np.asarray(
+                values[checkpoint.ITERATIONS] + self.run_outs.before(self.next_index), np.int64)
+        return values
 
     def _write_epoch_weights(self, epoch: int) -> None:
         """Chief: the weights after `epoch`, for the driver's callbacks."""
