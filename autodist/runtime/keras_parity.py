@@ -121,19 +121,33 @@ def _loss_masks(graph_item: GraphItem, strategy: Strategy) -> None:
 
 def _added_losses(graph_item: GraphItem, strategy: Strategy) -> None:
     """Loss terms added by layers: a mean or a sum over examples is reproduced; another
-    function of the batch cannot be."""
+    function of the batch cannot be (refused where nothing else could explain it, as a
+    coupled compiled loss is; a warning where batch statistics may, or where the terms
+    could not be evaluated)."""
     if strategy.num_virtual_nodes <= 1:
         return
-    other = sorted({t.layer for t in graph_item.added_losses if t.kind == "other"})
-    if other:
+    layers = {kind: sorted({t.layer for t in graph_item.added_losses if t.kind == kind})
+              for kind in ("other", "unknown")}
+    fix = ("A mean over examples (keras.ops.mean) or a sum (keras.ops.sum) of per-example "
+           "values trains as Keras does")
+    if layers["other"] and not graph_item.batch_norms:
+        raise AutodistError(
+            f"layer(s) {layers['other']} add a loss term (add_loss) that is neither a mean "
+            "nor a sum over the batch's examples (seen on random examples: a batch's term "
+            "is not that of its two halves), e.g. a load-balancing loss over the batch's "
+            f"routing: each of the {strategy.num_virtual_nodes} replicas or virtual nodes "
+            "would compute it on its own part of the batch, and train something else than "
+            f"Keras fit. {fix}, or train this model with Keras' fit on one device")
+    unsure = sorted(set(layers["unknown"]) | set(layers["other"]))
+    if unsure:
+        why = "it depends on batch statistics" if layers["other"] else \
+            "the step did not run on random examples"
         warnings.warn(
-            f"layer(s) {other} add a loss term (add_loss) that is neither a mean nor a sum "
-            "over the batch's examples (seen on random examples; or it depends on batch "
-            "statistics or random draws): each of the "
+            f"layer(s) {unsure} add a loss term (add_loss) that may be neither a mean nor a "
+            f"sum over the batch's examples ({why}, so it could not be told): each of the "
             f"{strategy.num_virtual_nodes} replicas or virtual nodes computes it on its "
-            "own part of the batch, so the run may differ from Keras fit. A mean over "
-            "examples (keras.ops.mean) or a sum (keras.ops.sum) of per-example values "
-            "trains as Keras does", ParityWarning, stacklevel=3)
+            f"own part of the batch, so the run may differ from Keras fit. {fix}",
+            ParityWarning, stacklevel=3)
 
 
 def _coupled_examples(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:

@@ -107,3 +107,34 @@ def test_virtual_nodes_count_a_sum_in_full():
     four = _step(item, strategy.with_virtual_nodes(12, 4), spec, x, y)
     for name in one:
         np.testing.assert_allclose(four[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_term_neither_mean_nor_sum_is_refused_before_launch(penalized):
+    """keras-io's Switch Transformer adds a load-balancing loss over the batch's routing:
+    each replica would compute it on its part and train something else (1.5% off Keras'
+    loss on 2 workers when it was only warned of)."""
+    from autodist.ir.errors import AutodistError
+    from autodist.runtime import keras_parity
+
+    model, item = penalized
+    spec = autodist.ResourceSpec.local(workers=1)
+    strategy = builders.AllReduce().build(item, spec)
+    keras_parity.check(model, item, strategy)   # one replica computes it as Keras
+    with pytest.raises(AutodistError, match=r"layer\(s\) \['.*batch_penalty.*'\] add a "
+                                            r"loss term .* neither a mean nor a sum"):
+        keras_parity.check(model, item, strategy.with_virtual_nodes(8, 2))
+
+
+def test_a_term_that_could_not_be_evaluated_is_warned_of(penalized):
+    from autodist.runtime import keras_parity
+    from autodist.runtime.keras_parity import ParityWarning
+
+    model, item = penalized
+    proto = type(item.proto)()
+    proto.CopyFrom(item.proto)
+    for term in proto.added_losses:
+        if term.kind == "other":
+            term.kind = "unknown"   # what a step that did not run on random examples leaves
+    strategy = builders.AllReduce().build(item, autodist.ResourceSpec.local(workers=1))
+    with pytest.warns(ParityWarning, match=r"the step did not run on random examples"):
+        keras_parity.check(model, autodist.GraphItem(proto), strategy.with_virtual_nodes(8, 2))

@@ -75,7 +75,7 @@ def classify_added_losses(item: GraphItem, model) -> None:
             variable.assign(value)
     kept = []
     for i, term in enumerate(terms):
-        kind = "other" if values is None else _kind(*(float(v[i]) for v in values))
+        kind = "unknown" if values is None else _kind(*(float(v[i]) for v in values))
         if kind != "constant":
             kept.append(graph_item_pb2.AddedLossInfo(tensor=term.tensor, layer=term.layer,
                                                      kind=kind, scale=term.scale))

@@ -33,7 +33,7 @@ def from_concrete_function(concrete, trainable, names, state, state_names, input
     terms = [t.op.inputs[0] if t.op.type == "Identity" else t
              for t in (rest[1] if len(rest) > 1 else [])]
     added = [graph_item_pb2.AddedLossInfo(tensor=t.name, layer=layer_scope(t.op.name),
-                                          kind="other", scale=f"{ADDED_LOSS_SCALE}_{i}")
+                                          kind="unknown", scale=f"{ADDED_LOSS_SCALE}_{i}")
              for i, t in enumerate(terms)]
     if loss.shape.rank not in (0, None):
         raise CaptureError(f"the loss must be a scalar. Received shape {loss.shape}")
