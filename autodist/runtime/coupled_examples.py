@@ -1,20 +1,24 @@
-"""What couples the examples of a batch, found on random values: compiled losses and
-layers that a replica holding part of the batch cannot compute as Keras does.
+"""What couples the examples of a batch, found on random values: compiled losses
+and layers that a replica holding part of the batch cannot compute as Keras
+does.
 
 A replica computes the compiled loss on its part of the global batch and is
-weighted by its share, which equals Keras' loss on the whole batch when the
-loss is a mean of per-example values (Keras' default reductions) or a sum of
-them (`reduction="sum"`, counted in full). A loss that compares the batch's
-examples with each other (keras-io's supervised contrastive loss: a softmax
-over every pair of the batch) is neither: each replica would compare only its
-own examples, and train something else than Keras. Such a loss is found by
-evaluating it, eagerly, on random predictions and targets of one batch and of
-its two halves. The same holds for the model itself: its outputs in inference
-mode for one half of a random batch, alone and within the batch, differ where
-a layer mixes examples (keras-io's Switch Transformer routes each token to an
-expert with a capacity counted over the whole batch). Batch normalization in
-training mode, masked losses' counts and random draws are made global by the
-runtime; they are not looked at here.
+weighted by its share, which equals Keras' loss on the whole batch when the loss
+is a mean of per-example values (Keras' default reductions) or a sum of them
+(`reduction="sum"`, counted in full). A loss that compares the batch's examples
+with each other (keras-io's supervised contrastive loss: a softmax over every
+pair of the batch) is neither: each replica would compare only its own examples,
+and train something else than Keras. Such a loss is found by evaluating it,
+eagerly, on random predictions and targets of one batch and of its two halves,
+and again on parts of 3 and 5 examples whose targets and predictions differ from
+example to example (a loss normalized by the batch's count of non-padding
+tokens, keras-io's NER loss, is its halves' mean to 3e-5 on balanced random
+targets; unequal parts with unequal counts tell). The same holds for the model
+itself: its outputs in inference mode for one half of a random batch, alone and
+within the batch, differ where a layer mixes examples (keras-io's Switch
+Transformer routes each token to an expert with a capacity counted over the
+whole batch). Batch normalization in training mode, masked losses' counts and
+random draws are made global by the runtime; they are not looked at here.
 """
 from __future__ import annotations
 
@@ -56,12 +60,8 @@ def coupled_losses(model: Any, graph_item: Any) -> list[str]:
         index = _output_index(tuple(entry.path), output_names)
         if index is None or index >= len(outputs) or targets[index] is None:
             continue
-        y_true = _random_targets(rng, list(targets[index].shape), targets[index].dtype)
-        y_pred = _random_predictions(rng, outputs[index].shape)
-        if y_true is None or y_pred is None:
-            continue
-        values = _loss_values(entry.loss, y_true, y_pred)
-        if values is not None and not _adds_up(*values):
+        shapes = (list(targets[index].shape), targets[index].dtype, outputs[index].shape)
+        if _couples(entry.loss, rng, *shapes):
             loss = entry.loss
             inner = getattr(loss, "fn", None)
             what = getattr(inner, "__name__", None) or type(loss).__name__
@@ -119,42 +119,79 @@ def _shape(dims: list[int | None]) -> list[int]:
     return [_BATCH] + [3 if d is None or d < 0 else int(d) for d in dims[1:]]
 
 
-def _random_targets(rng: np.random.Generator, shape: list[int], dtype: str):
+def _random_targets(rng: np.random.Generator, shape: list[int], dtype: str,
+                    varied: bool = False):
     """Targets a loss accepts: floats in (0, 1) (probabilities, regression values),
-    integers 0 or 1 (class ids, one-hot values); None for other dtypes."""
+    integers 0 or 1 (class ids, one-hot values); None for other dtypes. `varied`: the
+    k-th example's integers are 1 with probability (k + 0.5) / `_BATCH` (so parts of the
+    batch hold unequal counts of each class)."""
+    full = _shape(shape)
     if dtype.startswith("float") or dtype in ("half", "bfloat16"):
-        return rng.uniform(0.05, 0.95, _shape(shape)).astype("float32")
+        return rng.uniform(0.05, 0.95, full).astype("float32")
     if dtype.startswith(("int", "uint")) or dtype == "bool":
-        return rng.integers(0, 2, _shape(shape)).astype("int32")
+        if not varied:
+            return rng.integers(0, 2, full).astype("int32")
+        odds = ((np.arange(_BATCH) + 0.5) / _BATCH).reshape([_BATCH] + [1] * (len(full) - 1))
+        values = (rng.random(full) < odds).astype("int32")
+        first = (0,) * (len(full) - 1)
+        values[(1,) + first], values[(_BATCH - 1,) + first] = 1, 0   # each part holds both
+        return values
     return None
 
 
-def _random_predictions(rng: np.random.Generator, shape) -> np.ndarray | None:
-    """Predictions in (0, 1): valid probabilities and logits alike."""
+def _random_predictions(rng: np.random.Generator, shape,
+                        varied: bool = False) -> np.ndarray | None:
+    """Predictions in (0, 1): valid probabilities and logits alike; `varied`: the k-th
+    example's raised to the power 1 + k / 2 (losses that differ from example to example)."""
     try:
         dims = list(shape)
     except TypeError:
         return None
-    return rng.uniform(0.05, 0.95, _shape(dims)).astype("float32")
+    values = rng.uniform(0.05, 0.95, _shape(dims))
+    if varied:
+        values = values ** (1.0 + np.arange(_BATCH) / 2.0).reshape(
+            [_BATCH] + [1] * (values.ndim - 1))
+    return values.astype("float32")
 
 
-def _loss_values(loss: Any, y_true: np.ndarray, y_pred: np.ndarray
+def _couples(loss: Any, rng: np.random.Generator, target_shape: list, target_dtype: str,
+             output_shape) -> bool:
+    """Whether `loss` of a random batch is neither its parts' example-weighted mean nor
+    their sum: on two equal halves of uniform random values, then on parts of 3 and 5
+    examples that differ from each other. Not a loss that Keras itself normalizes by the
+    batch's count of values not ignored (`ignore_class`): the run sums that count over
+    replicas (`autodist.kernels.loss_masks`)."""
+    if getattr(loss, "ignore_class", None) is not None:
+        return False
+    for split, varied in ((_BATCH // 2, False), (3, True)):
+        y_true = _random_targets(rng, target_shape, target_dtype, varied)
+        y_pred = _random_predictions(rng, output_shape, varied)
+        if y_true is None or y_pred is None:
+            return False
+        values = _loss_values(loss, y_true, y_pred, split)
+        if values is not None and not _adds_up(*values, split):
+            return True
+    return False
+
+
+def _loss_values(loss: Any, y_true: np.ndarray, y_pred: np.ndarray, split: int
                  ) -> tuple[float, float, float] | None:
-    """The loss on the batch and on each half, or None where it cannot be evaluated."""
-    half = _BATCH // 2
+    """The loss on the batch and on its parts before and after example `split`, or None
+    where it cannot be evaluated."""
     try:
         values = tuple(float(np.asarray(loss(y_true[part], y_pred[part])))
-                       for part in (slice(None), slice(0, half), slice(half, None)))
+                       for part in (slice(None), slice(0, split), slice(split, None)))
     except Exception:  # noqa: BLE001  # a loss that does not take random values
         return None
     return values if all(math.isfinite(v) for v in values) else None
 
 
-def _adds_up(whole: float, first: float, second: float) -> bool:
-    """Whether the batch's value is its halves' mean (a mean reduction) or their sum."""
+def _adds_up(whole: float, first: float, second: float, split: int = _BATCH // 2) -> bool:
+    """Whether the batch's value is its parts' mean weighted by their examples (a mean
+    reduction) or their sum."""
     scale = max(abs(whole), abs(first), abs(second))
-    return any(abs(whole - want) <= _ATOL + _RTOL * scale
-               for want in ((first + second) / 2.0, first + second))
+    mean = (split * first + (_BATCH - split) * second) / _BATCH
+    return any(abs(whole - want) <= _ATOL + _RTOL * scale for want in (mean, first + second))
 
 
 def coupled_outputs(model: Any) -> bool:

@@ -168,9 +168,13 @@ def _coupled_examples(model: Any, graph_item: GraphItem, strategy: Strategy) -> 
             f"compiled loss(es) {coupled} of {graph_item.name!r} are neither a mean nor a "
             "sum of per-example values (seen on random values: the loss of a batch is not "
             "that of its two halves), e.g. a contrastive loss comparing every pair of "
-            f"examples in the batch: {parts}. Train this model with Keras' fit on one "
-            "device, or write the loss over pairs that each example holds (as a siamese "
-            "model's two inputs)")
+            f"examples in the batch, or one dividing by the batch's count of non-padding "
+            f"tokens: {parts}. For a loss over the non-padding tokens use "
+            "SparseCategoricalCrossentropy(ignore_class=<padding id>), or "
+            "reduction='mean_with_sample_weight' with the padding's sample weights 0 (both "
+            "train as Keras); write a pairwise loss over pairs that each example holds (as "
+            "a siamese model's two inputs); or train this model with Keras' fit on one "
+            "device")
     if coupled_outputs(model):
         raise AutodistError(
             f"the outputs of {graph_item.name!r} for an example depend on the other "
