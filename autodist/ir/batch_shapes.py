@@ -28,6 +28,13 @@ def graph_at_batch(graph_def, inputs, batch: int, handles: Mapping[str, tuple[st
         length: Substituted for the inputs' other unknown dimensions (variable
             lengths); default `batch`.
     """
+    return import_at_batch(graph_def, inputs, batch, handles, length)[0]
+
+
+def import_at_batch(graph_def, inputs, batch: int,
+                    handles: Mapping[str, tuple[str, Sequence[int]]],
+                    length: int | None = None) -> tuple[tf.Graph | None, str]:
+    """`graph_at_batch`, with the import's error message where it failed (else "")."""
     length = batch if length is None else length
     graph = tf.Graph()
     with graph.as_default():
@@ -44,6 +51,6 @@ def graph_at_batch(graph_def, inputs, batch: int, handles: Mapping[str, tuple[st
                                                           name=f"autodist_input_at_batch_{i}")
         try:
             tf.import_graph_def(graph_def, input_map=feeds, name="")
-        except (ValueError, tf.errors.OpError):
-            return None
-    return graph
+        except (ValueError, tf.errors.OpError) as e:
+            return None, str(e)
+    return graph, ""

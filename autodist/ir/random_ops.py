@@ -52,7 +52,7 @@ _UNREPRODUCIBLE = {
 # length), tried in turn: a stack of convolutions and poolings shrinks a short one
 # below zero and the step does not import (pretrained_word_embeddings's three
 # Conv1D(5) and two MaxPooling1D(5) need 149). Primes: never a trial batch's multiple.
-_STAND_IN_LENGTHS = (7, 61, 257, 1031, 4099)
+STAND_IN_LENGTHS = (7, 61, 257, 1031, 4099)
 TRIAL_BATCHES = (3, 5)
 UNINFERRED = ("its shape could not be inferred from the inputs' shapes (the step did not "
               "import with stand-ins for their unknown dimensions, or the shape depends on "
@@ -117,7 +117,7 @@ def _shapes_at_trial_batches(graph_def, inputs, nodes,
                              ) -> list[dict[str, list[int] | None]]:
     """The shape each node draws at each of `TRIAL_BATCHES` (empty where the step did not
     import), with the first stand-in length at which it imports at both."""
-    for length in _STAND_IN_LENGTHS:
+    for length in STAND_IN_LENGTHS:
         graphs = [graph_at_batch(graph_def, inputs, b, handles, length=length)
                   for b in TRIAL_BATCHES]
         if all(g is not None for g in graphs):

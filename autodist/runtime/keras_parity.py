@@ -7,6 +7,7 @@ the layer or feature and the alternative, before any process starts.
 """
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any
 
@@ -240,3 +241,47 @@ def _random_ops(graph_item: GraphItem, strategy: Strategy) -> None:
         "functions with a keras.random.SeedGenerator in custom layers",
         ParityWarning, stacklevel=3)
 
+
+
+def check_batch_parts(graph_item: GraphItem, strategy: Strategy, global_batch: int) -> None:
+    """A step whose shapes hold with the global batch but not with a replica's or virtual
+    node's part of it fixes a shape to the batch size (keras-io's Switch Transformer
+    reshapes its tokens to `[batch_size * tokens, d]`): every replica would fail at its
+    first step. Refused before launch, naming the op (seen by TensorFlow's shape
+    inference on the step, nothing run).
+
+    Raises:
+        AutodistError: naming the op, the batch and the part sizes.
+    """
+    import numpy as np
+
+    from autodist.ir.batch_shapes import import_at_batch
+    from autodist.ir.random_ops import STAND_IN_LENGTHS
+    from autodist.runtime.batching import virtual_node_rows
+
+    if strategy.num_virtual_nodes <= 1 or not global_batch:
+        return
+    parts = virtual_node_rows(np.arange(global_batch), strategy.num_virtual_nodes)
+    sizes = sorted({len(p) for p in parts if len(p)})
+    graph_def = graph_item.graph_def()
+    handles = {v.handle_node: (v.dtype, list(v.shape))
+               for v in list(graph_item.variables) + list(graph_item.state_variables)
+               if v.handle_node}
+    inputs = graph_item.inputs
+    length = next((n for n in STAND_IN_LENGTHS if import_at_batch(
+        graph_def, inputs, global_batch, handles, n)[0] is not None), None)
+    if length is None:
+        return   # not even the whole batch imports: nothing can be told
+    for size in sizes:
+        graph, error = import_at_batch(graph_def, inputs, size, handles, length)
+        if graph is None:
+            node = re.search(r"node ([^\s}]+)", error)
+            raise AutodistError(
+                f"the step of {graph_item.name!r} fixes a shape to the batch size: it holds "
+                f"for the global batch of {global_batch} examples but not for the parts of "
+                f"{sizes} examples that the strategy's {strategy.num_virtual_nodes} replicas "
+                "or virtual nodes run"
+                + (f" (at {node.group(1)!r})" if node else "")
+                + f": {error.strip().splitlines()[0][:300]}. Keras' fit runs it on whole "
+                "batches only. Compute the shape from the input (keras.ops.shape(x)[0], or "
+                "-1 in a reshape), or train this model with Keras' fit on one device")

@@ -320,6 +320,7 @@ class DistributedRun:
         options.steps_per_epoch = steps_per_execution.steps_run(
             keras_steps, steps_per_execution.of(self.model))
         ready = fit_input.prepare(x, y, options, self._input_context())
+        keras_parity.check_batch_parts(self.graph_item, self.strategy, ready.global_batch_size)
         members = tuple(range(self.resource_spec.num_worker_tasks))
         if options.membership_may_change:
             members = segments(sum(ready.epoch_steps), self.resource_spec.num_worker_tasks,

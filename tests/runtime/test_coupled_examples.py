@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras
 from keras import layers, ops
@@ -292,3 +293,49 @@ def test_per_example_layers_and_their_state_are_left_as_they_are() -> None:
     before = [np.array(v.numpy()) for v in model.variables]
     assert not coupled_outputs(model)
     assert all(np.array_equal(a, np.asarray(v.numpy())) for a, v in zip(before, model.variables))
+
+
+class FlatTokens(layers.Layer):
+    """keras-io's Switch Transformer's reshape: every token of the batch in one matrix,
+    its row count fixed to the global batch size the example trains with."""
+
+    def __init__(self, batch_size: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.batch_size = batch_size
+
+    def call(self, inputs):
+        flat = tf.reshape(inputs, [self.batch_size * 4, 3])
+        return tf.reshape(flat * 2.0, tf.shape(inputs))
+
+
+def _fixed_batch_model(batch_size: int) -> keras.Model:
+    inputs = keras.Input((4, 3))
+    h = FlatTokens(batch_size, name="flat_tokens")(inputs)
+    outputs = layers.Dense(1)(layers.GlobalAveragePooling1D()(layers.Dense(4)(h)))
+    model = keras.Model(inputs, outputs)
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    return model
+
+
+def test_a_shape_fixed_to_the_global_batch_is_refused_before_launch() -> None:
+    """It failed on the random batch of the outputs' check, which then let it pass, and
+    every worker crashed at its first step; now the fit refuses it naming the op."""
+    model = _fixed_batch_model(16)
+    item = capture(model)
+    strategy = _strategy(item)
+    keras_parity.check_batch_parts(item, strategy, 32)   # wrong batch: nothing told
+    with pytest.raises(AutodistError, match=r"fixes a shape to the batch size.*global batch "
+                                            r"of 16.*\[8\].*flat_tokens.*Reshape"):
+        keras_parity.check_batch_parts(item, strategy, 16)
+    x = np.zeros((32, 4, 3), "float32")
+    run = autodist.distribute(model, strategy, autodist.ResourceSpec.local(workers=2, ps=0))
+    with pytest.raises(AutodistError, match=r"fixes a shape to the batch size"):
+        run.fit(x, np.zeros((32, 1), "float32"), batch_size=16, verbose=0)
+
+
+def test_a_step_whose_shapes_follow_the_batch_passes() -> None:
+    model, x, y = _contrastive_model()
+    item = capture(model, x=x, y=y)
+    for strategy in (_strategy(item), _strategy(item, virtual_nodes=4)):
+        keras_parity.check_batch_parts(item, strategy, 16)
+    keras_parity.check_batch_parts(item, _strategy(item, virtual_nodes=4), 13)
