@@ -232,8 +232,15 @@ def conform(array: np.ndarray, info: Any, what: str, *, squeezable: bool) -> np.
         got = list(array.shape[1:])
     if not _matches(got, expected):
         shown = ", ".join(["N"] + ["None" if d < 0 else str(d) for d in expected])
+        hint = ""
+        if squeezable and getattr(info, "role", "") == "y":
+            # Without example targets the capture takes the model's output's shape.
+            hint = (". A loss that takes targets shaped unlike the model's output (class "
+                    "ids of a contrastive loss) needs them at capture: "
+                    "optimize(model, spec, x=..., y=...) or capture(model, x=..., y=...) "
+                    "with a batch of what fit gets")
         raise DataError(f"{what} needs an array of shape ({shown}) for N examples (None: "
-                        f"any length); received one of shape {tuple(array.shape)}")
+                        f"any length); received one of shape {tuple(array.shape)}{hint}")
     dtype = np.dtype(np.bytes_) if info.dtype == "string" else np.dtype(info.dtype)
     if (dtype.kind == "S") != (array.dtype.kind == "S"):
         raise DataError(f"{what} takes {'strings' if dtype.kind == 'S' else info.dtype}; "

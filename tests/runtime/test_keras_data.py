@@ -51,6 +51,17 @@ def test_missing_and_misshapen_inputs_are_named_as_the_user_named_them(dict_item
                               np.ones(4), None, dict_item)
 
 
+def test_targets_shaped_unlike_the_output_name_how_to_capture_them():
+    """keras-io's supervised contrastive learning: (N, 1) class ids for a (N, 16)
+    projection; without example targets the capture takes the output's shape."""
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(16)(inputs))
+    model.compile("sgd", "mse")
+    with pytest.raises(DataError, match=r"needs an array of shape \(N, 16\).*\(4, 1\).*"
+                                        r"optimize\(model, spec, x=\.\.\., y=\.\.\.\)"):
+        keras_data.fit_arrays(np.ones((4, 4)), np.ones((4, 1)), None, capture(model))
+
+
 def test_unnamed_inputs_are_numbered_not_named_after_keras_tensors():
     a, b = keras.Input((2,)), keras.Input((3,))
     model = keras.Model([a, b], keras.layers.Dense(1)(keras.layers.Concatenate()([a, b])))

@@ -64,11 +64,12 @@ def traced_step_error(model, error: Exception) -> CaptureError:
         f"the train step of model {model.name!r} (its outputs and compiled loss) failed "
         "when traced for batches of any size (the capture's batch dimension is unknown; "
         f"Keras' fit traces with the first batch's size): {type(error).__name__}: {text}. "
-        "Where the error is about shapes, an op whose result depends on a static batch "
-        "size, such as ops.squeeze without an axis (its rank is then unknown), fails "
-        "so: give it the axis "
-        "(ops.squeeze(labels, axis=-1)). A loss whose targets differ in shape from the "
-        "model's output needs example targets too: capture(model, x=..., y=...)")
+        "A loss whose targets differ in shape from the model's output (class ids for "
+        "probabilities, without example targets the capture takes the output's shape) "
+        "needs example targets: optimize(model, spec, x=..., y=...) or capture(model, "
+        "x=..., y=...). Otherwise, where the error is about shapes, an op whose result "
+        "depends on a static batch size, such as ops.squeeze without an axis (its rank "
+        "is then unknown), fails so: give it the axis (ops.squeeze(labels, axis=-1))")
 
 
 def check_keras_losses(model) -> None:
