@@ -235,13 +235,14 @@ def _read_like_keras(batches: int | None, cardinality_known: bool,
     return out, created
 
 
-def one_pass_epochs(lengths: Sequence[int]) -> list[DatasetEpoch]:
+def one_pass_epochs(lengths: Sequence[int], runs_out: bool = False) -> list[DatasetEpoch]:
     """Epochs of `lengths` steps read in turn from one pass: a dataset whose elements are
     already every step's batch in the run's order (a generator's or a PyDataset's,
-    read in the driver as Keras reads them, `python_data`)."""
+    read in the driver as Keras reads them, `python_data`); `runs_out`: Keras' step
+    after the last finds the input's end."""
     out, start = [], 0
-    for steps in lengths:
-        out.append(DatasetEpoch(0, start, steps))
+    for k, steps in enumerate(lengths):
+        out.append(DatasetEpoch(0, start, steps, runs_out and k == len(lengths) - 1))
         start += steps
     return out
 

@@ -78,7 +78,8 @@ class DatasetStream:
         if config.probe_steps:   # measure_throughput: the first probe_steps + 1 batches
             requested, epochs = config.probe_steps + 1, 1
         if d.epoch_lengths is not None and not config.probe_steps:
-            self.epochs = batching.one_pass_epochs(d.epoch_lengths)   # the driver's reading
+            self.epochs = batching.one_pass_epochs(d.epoch_lengths,   # the driver's reading
+                                                   d.runs_out)
         else:
             self.epochs = batching.dataset_epochs(d.batches, d.cardinality_known, requested,
                                                   epochs)

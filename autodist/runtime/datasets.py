@@ -76,7 +76,8 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
             smallest_batch: tuple[int, str], fixed_batch: int | None,
             class_weight: Any = None,
             earlier_passes: Mapping[tuple[str, ...], int] | None = None,
-            epoch_lengths: Sequence[int] | None = None) -> StreamedDataset:
+            epoch_lengths: Sequence[int] | None = None,
+            runs_out: bool = False) -> StreamedDataset:
     """Checks `dataset` against the model and Keras' reading of it; serializes it.
 
     Args:
@@ -99,6 +100,8 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
             are already the run's batches in order (read in the driver,
             `python_data`): one pass read across the epochs in turn, instead
             of Keras' reading of a dataset (`steps_per_epoch` is then unused).
+        runs_out: With `epoch_lengths`, Keras' step after the last epoch finds
+            the input's end (a generator read to its end).
 
     Raises:
         DatasetError: elements that do not match the model; a dataset that
@@ -134,7 +137,7 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
     if epoch_lengths is not None and (not known or sum(epoch_lengths) != batches):
         raise DatasetError(f"epochs of {list(epoch_lengths)[:8]} steps need a dataset of "
                            f"{sum(epoch_lengths)} batches; this one has {cardinality}")
-    plan = batching.one_pass_epochs(epoch_lengths) if epoch_lengths is not None else \
+    plan = batching.one_pass_epochs(epoch_lengths, runs_out) if epoch_lengths is not None else \
         batching.dataset_epochs(batches, known, steps_per_epoch, epochs)
     empty = next((e for e, epoch in enumerate(plan) if epoch.steps == 0), None)
     if empty is not None:
@@ -150,7 +153,8 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
                                                       cardinality_known=known,
                                                       passes_before=passes_before,
                                                       epoch_lengths=None if epoch_lengths
-                                                      is None else tuple(epoch_lengths)),
+                                                      is None else tuple(epoch_lengths),
+                                                      runs_out=runs_out),
                            plan, static, generators, probed=bool(generators))
 
 

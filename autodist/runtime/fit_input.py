@@ -159,7 +159,7 @@ class StreamedInput:
     num_examples = None
 
     def __init__(self, x: Any, y: Any, options: FitOptions, context: InputContext,
-                 epoch_lengths: list[int] | None = None) -> None:
+                 epoch_lengths: list[int] | None = None, runs_out: bool = False) -> None:
         if y is not None or options.sample_weight is not None:
             raise AutodistError("with a dataset, pass neither y nor sample_weight (as Keras): "
                                 "the dataset yields (x, y[, sample_weight]) batches. Received "
@@ -185,7 +185,8 @@ class StreamedInput:
             smallest_batch=global_batch.smallest_batch(context.graph_item, strategy),
             fixed_batch=strategy.global_batch_size,
             class_weight=options.class_weight if targets else None,   # Keras ignores it
-            earlier_passes=context.dataset_passes, epoch_lengths=epoch_lengths)
+            earlier_passes=context.dataset_passes, epoch_lengths=epoch_lengths,
+            runs_out=runs_out)
         if self._streamed.description.weighted:
             check_weighted(None, context)
         self.global_batch_size = strategy.global_batch_size or self._streamed.batch_size or 0
@@ -218,7 +219,7 @@ class PythonInput(StreamedInput):
                                            shuffle=options.shuffle)
         _check_python_batches(read.batches.batch_sizes(), what, context)
         super().__init__(read.batches.to_dataset(), None, options, context,
-                         epoch_lengths=read.epoch_lengths)
+                         epoch_lengths=read.epoch_lengths, runs_out=read.runs_out)
 
 
 def _check_python_batches(sizes: list[int], what: str, context: InputContext) -> None:

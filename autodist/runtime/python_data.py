@@ -73,10 +73,13 @@ class ReadInput:
     Attributes:
         batches: Every step's batch, in order.
         epoch_lengths: Steps of each epoch.
+        runs_out: Whether Keras' step after the last finds the input's end (a
+            generator read to its end: `autodist.runtime.run_outs`).
     """
 
     batches: HeldBatches
     epoch_lengths: list[int]
+    runs_out: bool = False
 
 
 def check_arguments(x: Any, *, epochs: int, steps_per_epoch: int | None,
@@ -149,7 +152,7 @@ def _read_generator(x: Any, epochs: int, steps_per_epoch: int | None) -> ReadInp
             f"steps_per_epoch * epochs at most {len(held.steps)}, or let the generator "
             "yield more (e.g. loop over the data)")
     lengths = [steps_per_epoch] * epochs if steps_per_epoch is not None else [len(held.steps)]
-    return ReadInput(held, lengths)
+    return ReadInput(held, lengths, runs_out=steps_per_epoch is None)
 
 
 def _read_py_dataset(x: Any, epochs: int, steps_per_epoch: int | None,

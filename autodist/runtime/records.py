@@ -624,6 +624,8 @@ class DatasetDescription:
             when the dataset's elements are already the run's batches in order
             (a generator or PyDataset read in the driver); None: the epochs
             Keras' reading of the dataset gives (`batching.dataset_epochs`).
+        runs_out: With `epoch_lengths`, whether Keras' step after the last epoch
+            finds the input's end (a generator read to its end).
     """
 
     dtypes: tuple[str, ...]
@@ -635,6 +637,7 @@ class DatasetDescription:
     cardinality_known: bool
     passes_before: int = 0
     epoch_lengths: tuple[int, ...] | None = None
+    runs_out: bool = False
 
     def to_json(self) -> bytes:
         return json.dumps({"dtypes": list(self.dtypes),
@@ -644,7 +647,8 @@ class DatasetDescription:
                            "cardinality_known": self.cardinality_known,
                            "passes_before": self.passes_before,
                            "epoch_lengths": None if self.epoch_lengths is None
-                           else list(self.epoch_lengths)}).encode()
+                           else list(self.epoch_lengths),
+                           "runs_out": self.runs_out}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> DatasetDescription:
@@ -659,7 +663,8 @@ class DatasetDescription:
             cardinality_known=_field(data, kind, "cardinality_known", _bool),
             passes_before=_field(data, kind, "passes_before", _int, 0),
             epoch_lengths=_field(data, kind, "epoch_lengths",
-                                 _optional(lambda v: tuple(_list_of(_int)(v))), None))
+                                 _optional(lambda v: tuple(_list_of(_int)(v))), None),
+            runs_out=_field(data, kind, "runs_out", _bool, False))
         components = description.num_inputs + description.num_targets + description.weighted
         if len(description.dtypes) != components or len(description.shapes) != components:
             raise RecordError(f"a {kind} needs {components} dtypes and shapes (inputs, "

@@ -72,6 +72,36 @@ def test_an_endless_generator_with_steps_per_epoch_trains_as_keras():
     assert_trains_as_keras(model, reference, history, keras_history)
 
 
+@pytest.mark.cluster
+def test_a_generator_read_to_its_end_leaves_keras_counts_for_the_next_fit():
+    """One epoch of a finite generator: Keras' step that finds its end advances the
+    Dropout's seed and counts an Adam iteration (5 for 4 batches), and the next fit
+    (on arrays) starts from them; so does the run's."""
+    def build():
+        keras.utils.set_random_seed(2)   # the same Dropout seed in both
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, activation="tanh"),
+                                  keras.layers.Dropout(0.5), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.05), "mse")
+        return model
+
+    def finite():
+        rng = np.random.default_rng(4)
+        for _ in range(4):
+            yield rng.normal(size=(16, 4)).astype("float32"), rng.normal(size=(16,))
+
+    model, reference = build(), build()
+    run = two_worker_run(model)
+    run.fit(finite(), epochs=1, verbose=0)
+    reference.fit(finite(), epochs=1, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 5 == \
+        int(reference.optimizer.iterations.numpy())
+    x, y = np.random.default_rng(5).normal(size=(32, 4)), np.random.default_rng(6).normal(
+        size=(32,))
+    history = run.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    keras_history = reference.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    assert_trains_as_keras(model, reference, history, keras_history)
+
+
 def test_what_keras_would_read_otherwise_is_refused_before_launch():
     model, _ = small_model_pair(lambda: keras.optimizers.SGD(0.1))
     run = two_worker_run(model)
