@@ -49,12 +49,17 @@ def small_model_pair(optimizer: Callable[[], Any], **compile_options):
 
 def twin_models(build: Callable[[], Any], seed: int):
     """Two models from `build` after Keras' global seed is set to `seed`: the one to
-    distribute and its single-device reference, with the first's weights."""
+    distribute and its single-device reference, with the first's weights and seed
+    generators (`set_weights` leaves those: a Dropout would draw other masks)."""
     import keras
 
     keras.utils.set_random_seed(seed)
     model, reference = build(), build()
     reference.set_weights(model.get_weights())
+    seeds = [(a, b) for a, b in zip(model.variables, reference.variables)
+             if "seed_generator_state" in a.path]
+    for source, target in seeds:
+        target.assign(source.numpy())
     return model, reference
 
 

@@ -204,11 +204,35 @@ def coupled_outputs(model: Any) -> bool:
     inference mode), is left alone. The model's non-trainable state (the seed
     generators such a layer advances) is put back after.
     """
+    structure = _input_structure(model)
+    if structure is None:
+        return False
+    return _mixes_examples(model, structure)
+
+
+def coupling_layer(model: Any) -> str | None:
+    """The first layer of a functional or Sequential model whose outputs mix the batch's
+    examples (`coupled_outputs` on the model cut after it), for messages; None where
+    none is found (a subclassed model, or layers that cannot be cut out)."""
     import keras
 
     structure = _input_structure(model)
     if structure is None:
-        return False
+        return None
+    for layer in getattr(model, "layers", []):
+        try:
+            cut = keras.Model(structure, layer.output)
+        except Exception:  # noqa: BLE001  # an input layer, a layer called several times
+            continue
+        if _mixes_examples(cut, structure):
+            return layer.name
+    return None
+
+
+def _mixes_examples(model: Any, structure) -> bool:
+    """`coupled_outputs` for a model called with inputs of `structure`."""
+    import keras
+
     rng = np.random.default_rng(1)
     batch = keras.tree.map_structure(lambda t: _random_inputs(rng, t), structure)
     half = _BATCH // 2

@@ -156,7 +156,7 @@ def _coupled_examples(model: Any, graph_item: GraphItem, strategy: Strategy) -> 
     loss over every pair of the batch), or a layer mixing them (a router with a
     capacity per batch), would be computed by each replica or virtual node on its own
     part: refused, as it would train something else."""
-    from autodist.runtime.coupled_examples import coupled_losses, coupled_outputs
+    from autodist.runtime.coupled_examples import coupled_losses, coupled_outputs, coupling_layer
 
     if strategy.num_virtual_nodes <= 1:
         return
@@ -177,9 +177,12 @@ def _coupled_examples(model: Any, graph_item: GraphItem, strategy: Strategy) -> 
             "a siamese model's two inputs); or train this model with Keras' fit on one "
             "device")
     if coupled_outputs(model):
+        layer = coupling_layer(model)
         raise AutodistError(
             f"the outputs of {graph_item.name!r} for an example depend on the other "
-            "examples of its batch (seen in inference mode on random inputs: half a "
+            "examples of its batch"
+            + (f", first after layer {layer!r}" if layer else "") +
+            " (seen in inference mode on random inputs: half a "
             "batch gives other outputs alone than within the batch), e.g. a mixture of "
             "experts whose capacity is counted over the batch, or a custom layer reducing "
             f"over the batch axis: {parts}. Train this model with Keras' fit on one "
