@@ -202,6 +202,28 @@ def test_the_order_of_rows_is_found_for_string_inputs_from_the_vocabulary():
     assert op.reproducible and list(op.row_blocks) == [1, 1]
 
 
+@pytest.mark.parametrize("lookup", ["string", "integer"])
+def test_a_draw_after_a_lookup_layer_is_drawn_for_the_batch(lookup):
+    """keras-io's movielens transformer: ids through StringLookup, an Embedding, Dropout.
+    The lookup's result had no shape when the step was imported at trial batches (its
+    table a bare placeholder), so the draw was "uninferred" and drawn per replica (2.6e-2
+    off Keras' weights on 4 virtual nodes); the table's key and value types now give it
+    the keys' shape."""
+    if lookup == "string":
+        inputs = keras.Input((3,), dtype="string", name="ids")
+        ids = keras.layers.StringLookup(vocabulary=["a", "b", "c"], mask_token=None,
+                                        num_oov_indices=0)(inputs)
+    else:
+        inputs = keras.Input((3,), dtype="int64", name="ids")
+        ids = keras.layers.IntegerLookup(vocabulary=[4, 5, 6], mask_token=None,
+                                         num_oov_indices=0)(inputs)
+    h = keras.layers.Dropout(0.5)(keras.layers.Flatten()(keras.layers.Embedding(3, 4)(ids)))
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
+    model.compile("sgd", "mse")
+    (op,) = capture(model).random_ops
+    assert (op.reproducible, op.batch_axis, op.reason) == (True, 0, "")
+
+
 def test_a_draw_of_examples_and_timesteps_is_one_block(noisy_item):
     assert all(not op.row_blocks for op in noisy_item.random_ops)
 
