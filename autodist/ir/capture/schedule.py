@@ -33,10 +33,15 @@ def trace_schedule(schedule) -> graph_item_pb2.LearningRateSchedule:
     if rate.shape.rank != 0 or not rate.dtype.is_floating:
         raise CaptureError(f"the learning-rate schedule {name} must return a float scalar. "
                            f"Received: {rate.dtype.name} of shape {rate.shape}")
-    for step in _SCHEDULE_CHECK_STEPS:
-        want = float(np.asarray(schedule(tf.constant(step, tf.int64))))
+    wants = {step: float(np.asarray(schedule(tf.constant(step, tf.int64))))
+             for step in _SCHEDULE_CHECK_STEPS}
+    # Eager float32 ops and the graph's (which Keras' fit runs, as the run does) round
+    # apart where terms cancel: keras-io's WarmUpCosine near the cosine's end differs by
+    # 1.8e-6 relative. What depends on other state differs by far more.
+    floor = 1e-6 * max(abs(w) for w in wants.values())
+    for step, want in wants.items():
         got = float(concrete(tf.constant(step, tf.int64)))
-        if not math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12):
+        if not math.isclose(got, want, rel_tol=1e-5, abs_tol=max(floor, 1e-12)):
             raise CaptureError(f"the learning-rate schedule {name} gives {want!r} at step "
                                f"{step} but its traced graph gives {got!r}: it depends on "
                                "something other than the step")
