@@ -27,7 +27,7 @@ from autodist.ir.batch_shapes import graph_at_batch
 from autodist.proto import graph_item_pb2
 
 # Stateless ops drawing a tensor of the shape given as input 0.
-_SHAPED = {"StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessTruncatedNormalV2",
+SHAPED = {"StatelessRandomUniformV2", "StatelessRandomNormalV2", "StatelessTruncatedNormalV2",
            "StatelessRandomUniformIntV2", "StatelessRandomUniformFullIntV2",
            "StatelessRandomUniform", "StatelessRandomNormal", "StatelessTruncatedNormal",
            "StatelessRandomUniformInt", "StatelessRandomUniformFullInt",
@@ -70,10 +70,10 @@ def analyze(graph_def, inputs,
         handles: The placeholder of each variable read by the step -> (dtype,
             shape), so shape inference knows what the reads give.
     """
-    candidates = [n for n in graph_def.node if n.op in _SHAPED or n.op in _UNREPRODUCIBLE]
+    candidates = [n for n in graph_def.node if n.op in SHAPED or n.op in _UNREPRODUCIBLE]
     if not candidates:
         return []
-    shaped = [n for n in candidates if n.op in _SHAPED]
+    shaped = [n for n in candidates if n.op in SHAPED]
     shapes = _shapes_at_trial_batches(graph_def, inputs, shaped, handles or {})
     out = []
     for node in candidates:

@@ -224,6 +224,19 @@ def test_a_draw_after_a_lookup_layer_is_drawn_for_the_batch(lookup):
     assert (op.reproducible, op.batch_axis, op.reason) == (True, 0, "")
 
 
+def test_a_draw_after_a_random_crop_is_drawn_for_the_batch():
+    """keras-io's shiftvit: RandomCrop's offsets (one draw for the whole batch) moved
+    between the capture's probe runs, so every later draw looked out of order and was
+    drawn per replica with a ParityWarning (7e-3 off Keras' weights)."""
+    inputs = keras.Input((12, 12, 3), dtype="uint8")
+    h = keras.layers.RandomCrop(8, 8)(keras.layers.Rescaling(1 / 255.0)(inputs))
+    h = keras.layers.Dropout(0.5)(keras.layers.Conv2D(2, 1)(h))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(h)))
+    model.compile("sgd", "mse")
+    ops = {op.layer.split("/")[-1].rsplit("_", 2)[0]: op for op in capture(model).random_ops}
+    assert (ops["dropout"].reproducible, ops["dropout"].batch_axis) == (True, 0)
+
+
 def test_a_draw_of_examples_and_timesteps_is_one_block(noisy_item):
     assert all(not op.row_blocks for op in noisy_item.random_ops)
 

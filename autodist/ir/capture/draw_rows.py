@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from autodist.ir.capture.example_runs import model_variable_handles, terms_runner
+from autodist.ir.capture.example_runs import every_draw, model_variable_handles, terms_runner
 from autodist.ir.graph_item import GraphItem
 
 EXAMPLES = 4   # examples in the probing batch
@@ -56,8 +56,10 @@ def find_row_blocks(item: GraphItem, model) -> None:
     state = [(v, np.array(v.numpy())) for v in model.variables if not v.trainable]
     outputs = None
     try:
+        # Every draw fixed: one that does not follow the batch (RandomCrop's offsets)
+        # would otherwise differ from run to run and move every row.
         run = terms_runner(graph_def, model_variable_handles(item, model),
-                           list(item.random_ops), fetches, item.tables)
+                           every_draw(graph_def, item.random_ops), fetches, item.tables)
         # Ids 1 and 2 first (0 is often padding, masked away); 0 and 1 where 2 is too many.
         attempts = [(ids, length) for length in _PROBE_LENGTHS for ids in ((1, 2), (0, 1))]
         for ids, length in attempts:

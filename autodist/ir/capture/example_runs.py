@@ -147,23 +147,24 @@ def _import_step(fixed, handles, batch: dict, tables, fetches, name: str) -> lis
 
 
 def _fixed_draws(graph_def, draws):
-    """`graph_def` with each random op a Fill of its shape: uniform draws just under 1
-    (every Dropout keeps everything), others 0."""
+    """`graph_def` with each random op of `draws` a Fill of its shape: uniform draws just
+    under 1 (every Dropout keeps everything), integers and others 0."""
     if not draws:
         return graph_def
+    names = {d.node for d in draws}
     out = tf.compat.v1.GraphDef()
     out.CopyFrom(graph_def)
-    names = {d.node for d in draws}
     for node in out.node:
-        if node.name not in names:
+        if node.name not in names or "dtype" not in node.attr:
             continue
         dtype = node.attr["dtype"].type
-        index_type = next((node.attr[k].type for k in ("Tshape", "T", "S") if k in node.attr),
+        index_type = next((node.attr[k].type for k in ("Tshape", "S", "T") if k in node.attr),
                           tf.int32.as_datatype_enum)
         value = out.node.add(name=f"{node.name}/fixed_value", op="Const")
         value.attr["dtype"].type = dtype
+        uniform = "Uniform" in node.op and tf.as_dtype(dtype).is_floating
         value.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(
-            0.999 if "Uniform" in node.op else 0.0, tf.as_dtype(dtype)))
+            0.999 if uniform else 0, tf.as_dtype(dtype)))
         shape = node.input[0]
         attrs = {"T": dtype, "index_type": index_type}
         node.ClearField("input")
@@ -173,3 +174,13 @@ def _fixed_draws(graph_def, draws):
         for key, enum in attrs.items():
             node.attr[key].type = enum
     return out
+
+
+def every_draw(graph_def, draws) -> list:
+    """`draws` and every other stateless draw of a shape in the step (RandomCrop's
+    offsets, one draw for the whole batch: runs on several batches must crop alike)."""
+    from autodist.proto import graph_item_pb2
+
+    listed = {d.node for d in draws}
+    return list(draws) + [graph_item_pb2.RandomOpInfo(node=n.name) for n in graph_def.node
+                          if n.op in random_ops.SHAPED and n.name not in listed]
