@@ -54,6 +54,8 @@ class TrainedValues:
         with program.graph.as_default():
             for var in graph_item.variables:
                 shards = program.shards[var.name]
+                if not var.handle_node:
+                    continue   # unused by the step: never updated, the model keeps its value
                 axis = shards[0].axis
 
                 def joined(parts, axis=axis):

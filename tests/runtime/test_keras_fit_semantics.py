@@ -117,3 +117,41 @@ def test_initial_epoch_numbers_the_epochs_and_reads_the_data_from_the_start_as_k
     assert history.epoch == keras_history.epoch == [2, 3]
     np.testing.assert_allclose(history.history["learning_rate"], [0.1 / 3, 0.1 / 4], rtol=1e-6)
     assert_trains_as_keras(model, reference, history, keras_history)
+
+
+class WithAnUnusedWeight(keras.Model):
+    """keras-io's deit: a subclass creates `pos_embedding` again, and the base class's
+    (same path) stays tracked but unused: Keras trains the model and leaves it as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = self.add_weight(shape=(1, 4), initializer="zeros", name="pos")
+        self.dense = keras.layers.Dense(1)
+        self.pos = self.add_weight(shape=(1, 4), initializer="ones", name="pos")
+
+    def call(self, x):
+        return self.dense(x + self.pos)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("ps", [0, 1], ids=["all-reduce", "PS"])
+def test_a_trainable_variable_the_step_does_not_use_is_left_as_keras_leaves_it(ps):
+    """The workers failed at the end reading the trained values of a variable no step
+    reads ("Could not find variable autodist/vars/.../replica_0"): it has no storage."""
+    def build():
+        keras.utils.set_random_seed(1)
+        model = WithAnUnusedWeight()
+        model.compile(keras.optimizers.Adam(0.05), "mse")
+        return model
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(32, 4)).astype("float32"), rng.normal(size=(32, 1))
+    model, reference = build(), build()
+    item = autodist.capture(model, x=x[:4], y=y[:4])
+    assert sum(not v.handle_node for v in item.variables) == 1
+    spec = autodist.ResourceSpec.local(workers=2, ps=ps)
+    strategy = (builders.PS() if ps else builders.AllReduce()).build(item, spec)
+    history = autodist.distribute(model, strategy, spec, graph_item=item).fit(
+        x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    keras_history = reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    assert_trains_as_keras(model, reference, history, keras_history)
