@@ -60,12 +60,12 @@ def keras_input_spec(model, x):
                                name=_input_name(getattr(t, "name", None), i))
                  for i, t in enumerate(inputs)]
         return specs[0] if len(specs) == 1 else specs
-    kind = "a Sequential model without keras.Input" if type(model).__name__ == "Sequential" \
-        else "a subclassed model"
-    raise CaptureError(f"cannot infer the input shape of model {model.name!r} ({kind}, "
-                       "not built on data yet; Keras' fit builds it on the first batch): "
+    kind = "a Sequential model without keras.Input, which Keras' fit builds on the first " \
+        "batch" if type(model).__name__ == "Sequential" else \
+        "a subclassed model: Keras keeps no input shape for it, even once called"
+    raise CaptureError(f"cannot infer the input shape of model {model.name!r} ({kind}): "
                        "pass an example batch, optimize(model, spec, x=..., y=...) or "
-                       "capture(model, x=..., y=...), or give the model a keras.Input")
+                       "capture(model, x=..., y=...)")
 
 
 # What Keras names an `Input` the user did not name.
