@@ -86,5 +86,8 @@ def _compare(named, runs, dense, label: str) -> None:
             f"{float(np.max(np.abs(total - expected))):.3g}, values up to {scale:.3g}), as "
             "a distributed run adds them up. The step couples the batch's examples (a "
             "contrastive loss, a statistic of the batch), reduces by a sum, or tracks a "
-            "value that is not a mean over examples. Replicas each running part of the "
-            "batch cannot reproduce it: train with Keras' fit on one device")
+            "value that is not a mean over examples (Keras 3's `compiled_metrics."
+            "update_state(y, y_pred)` feeds y_pred to every metric of `self.metrics`, its "
+            "`Mean` loss trackers too: update those with their loss values alone). "
+            "Replicas each running part of the batch cannot reproduce it: train with "
+            "Keras' fit on one device")
