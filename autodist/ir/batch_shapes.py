@@ -8,8 +8,8 @@ examples and with variable handles that carry their variable's shape lets
 TensorFlow's shape inference compute them. A table lookup's result has no
 shape there (its table is a placeholder of the captured step, and TensorFlow
 infers none through it), which would hide the batch from everything after a
-StringLookup: for the import each lookup becomes a `Fill` of its keys' shape
-with its default value, which has the lookup's shape and type. Used for the per-op cost
+StringLookup: for the import each lookup becomes its default value broadcast to
+the keys' shape (and the value's), which has the lookup's shape and type. Used for the per-op cost
 estimates and the rows of sparse gradients (`capture`) and for the shapes
 random ops draw (`random_ops`).
 """
@@ -64,30 +64,41 @@ _LOOKUPS = frozenset({"LookupTableFindV2", "LookupTableFind"})
 
 
 def _lookups_shaped(graph_def):
-    """`graph_def` with every table lookup (table, keys, default) replaced by a `Fill` of
-    the keys' shape with the default: the same shape and type, for shape inference only
-    (a lookup of scalar values, as Keras' lookup layers make)."""
+    """`graph_def` with every table lookup (table, keys, default) replaced by the default
+    broadcast to the keys' shape and its own: the lookup's shape and type, for shape
+    inference only."""
     if not any(node.op in _LOOKUPS for node in graph_def.node):
         return graph_def
     out = type(graph_def)()
     out.CopyFrom(graph_def)
+    int32 = tf.int32.as_datatype_enum
     for node in list(out.node):
         if node.op not in _LOOKUPS:
             continue
-        shape = out.node.add()
-        shape.name = f"{node.name}/autodist_keys_shape"
-        shape.op = "Shape"
-        shape.input.append(node.input[1])
-        shape.attr["T"].CopyFrom(node.attr["Tin"])
-        shape.attr["out_type"].type = tf.int32.as_datatype_enum
-        default = node.input[2]
+        keys, default = node.input[1], node.input[2]
+        shapes = []
+        for part, source, dtype in (("keys", keys, node.attr["Tin"]),
+                                    ("default", default, node.attr["Tout"])):
+            shape = out.node.add(name=f"{node.name}/autodist_{part}_shape", op="Shape")
+            shape.input.append(source)
+            shape.attr["T"].CopyFrom(dtype)
+            shape.attr["out_type"].type = int32
+            shapes.append(shape.name)
+        axis = out.node.add(name=f"{node.name}/autodist_axis", op="Const")
+        axis.attr["dtype"].type = int32
+        axis.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(0, tf.int32))
+        joined = out.node.add(name=f"{node.name}/autodist_shape", op="ConcatV2")
+        joined.input.extend(shapes + [axis.name])
+        joined.attr["N"].i = 2
+        joined.attr["T"].type = int32
+        joined.attr["Tidx"].type = int32
         controls = [i for i in node.input if i.startswith("^")]
         value_type = type(node.attr["Tout"])()
         value_type.CopyFrom(node.attr["Tout"])
-        node.op = "Fill"
+        node.op = "BroadcastTo"
         del node.input[:]
-        node.input.extend([shape.name, default] + controls)
+        node.input.extend([default, joined.name] + controls)
         node.attr.clear()
         node.attr["T"].CopyFrom(value_type)
-        node.attr["index_type"].type = tf.int32.as_datatype_enum
+        node.attr["Tidx"].type = int32
     return out

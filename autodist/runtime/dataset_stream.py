@@ -99,6 +99,8 @@ class DatasetStream:
         return [e.steps for e in self.epochs]
 
     def epochs_run_out(self) -> list[bool]:
+        if not self.description.end_step:
+            return []   # Keras (steps_per_execution > 1) runs no step at the data's end
         return [e.runs_out for e in self.epochs]
 
     def batch(self, index: int) -> GlobalBatch:

@@ -77,7 +77,7 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
             class_weight: Any = None,
             earlier_passes: Mapping[tuple[str, ...], int] | None = None,
             epoch_lengths: Sequence[int] | None = None,
-            runs_out: bool = False) -> StreamedDataset:
+            runs_out: bool = False, end_step: bool = True) -> StreamedDataset:
     """Checks `dataset` against the model and Keras' reading of it; serializes it.
 
     Args:
@@ -102,6 +102,8 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
             of Keras' reading of a dataset (`steps_per_epoch` is then unused).
         runs_out: With `epoch_lengths`, Keras' step after the last epoch finds
             the input's end (a generator read to its end).
+        end_step: Whether Keras runs a step that finds the data's end (with
+            `compile(steps_per_execution=k)`, k > 1, it does not: no run-outs).
 
     Raises:
         DatasetError: elements that do not match the model; a dataset that
@@ -154,7 +156,7 @@ def prepare(dataset, graph_item: GraphItem, *, steps_per_epoch: int | None, epoc
                                                       passes_before=passes_before,
                                                       epoch_lengths=None if epoch_lengths
                                                       is None else tuple(epoch_lengths),
-                                                      runs_out=runs_out),
+                                                      runs_out=runs_out, end_step=end_step),
                            plan, static, generators, probed=bool(generators))
 
 

@@ -186,7 +186,9 @@ class StreamedInput:
             fixed_batch=strategy.global_batch_size,
             class_weight=options.class_weight if targets else None,   # Keras ignores it
             earlier_passes=context.dataset_passes, epoch_lengths=epoch_lengths,
-            runs_out=runs_out)
+            runs_out=runs_out,
+            # With steps_per_execution > 1 Keras runs no step where the data ended.
+            end_step=steps_per_execution.of(context.model) == 1)
         if self._streamed.description.weighted:
             check_weighted(None, context)
         self.global_batch_size = strategy.global_batch_size or self._streamed.batch_size or 0
@@ -392,7 +394,7 @@ def _check_steps_per_execution(dataset: Any, options: FitOptions,
         "steps after the pass ends, which the run does not reproduce. Give the dataset "
         "its length (dataset.apply(tf.data.experimental.assert_cardinality(n))), repeat "
         "it (dataset.repeat()), leave steps_per_epoch out, or compile with "
-        "steps_per_execution=1 (the run's numbers do not depend on it)")
+        "steps_per_execution=1")
 
 
 def check_weighted(weights: np.ndarray | None, context: InputContext) -> None:

@@ -626,6 +626,9 @@ class DatasetDescription:
             Keras' reading of the dataset gives (`batching.dataset_epochs`).
         runs_out: With `epoch_lengths`, whether Keras' step after the last epoch
             finds the input's end (a generator read to its end).
+        end_step: Whether Keras' fit runs a step that finds the data's end
+            (with `steps_per_execution` > 1 it runs none there): where not, no
+            epoch runs out (`autodist.runtime.run_outs`).
     """
 
     dtypes: tuple[str, ...]
@@ -638,6 +641,7 @@ class DatasetDescription:
     passes_before: int = 0
     epoch_lengths: tuple[int, ...] | None = None
     runs_out: bool = False
+    end_step: bool = True
 
     def to_json(self) -> bytes:
         return json.dumps({"dtypes": list(self.dtypes),
@@ -648,7 +652,7 @@ class DatasetDescription:
                            "passes_before": self.passes_before,
                            "epoch_lengths": None if self.epoch_lengths is None
                            else list(self.epoch_lengths),
-                           "runs_out": self.runs_out}).encode()
+                           "runs_out": self.runs_out, "end_step": self.end_step}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> DatasetDescription:
@@ -664,7 +668,8 @@ class DatasetDescription:
             passes_before=_field(data, kind, "passes_before", _int, 0),
             epoch_lengths=_field(data, kind, "epoch_lengths",
                                  _optional(lambda v: tuple(_list_of(_int)(v))), None),
-            runs_out=_field(data, kind, "runs_out", _bool, False))
+            runs_out=_field(data, kind, "runs_out", _bool, False),
+            end_step=_field(data, kind, "end_step", _bool, True))
         components = description.num_inputs + description.num_targets + description.weighted
         if len(description.dtypes) != components or len(description.shapes) != components:
             raise RecordError(f"a {kind} needs {components} dtypes and shapes (inputs, "

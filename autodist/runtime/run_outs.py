@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import re
 from typing import Callable, Sequence
 
 import numpy as np
@@ -30,7 +31,9 @@ from autodist.kernels import replicator
 from autodist.runtime import initial_values
 from autodist.runtime.worker_session import ProgramSession, WorkerError
 
-_SEED_STATE = "seed_generator_state"   # Keras' SeedGenerator keeps its state under this name
+# Keras' SeedGenerator keeps its state under this name (the capture suffixes a repeated
+# path: "..._1").
+_SEED_STATE = re.compile(r"seed_generator_state(_\d+)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +80,7 @@ class SeedAdvance:
         self.task = task
         program = task.program
         self.names = sorted(s.name for s in task.graph_item.state_variables
-                            if s.name.rsplit("/", 1)[-1] == _SEED_STATE)
+                            if _SEED_STATE.fullmatch(s.name.rsplit("/", 1)[-1]))
         first = program.replicas[0].virtual_nodes[0].index
         with program.graph.as_default():
             self._reads = {name: program.storage[replicator.state_storage_name(name, first)]

@@ -2,7 +2,9 @@
 
 Keras 3's `fit` (TensorFlow backend) runs k batches per call of its train
 function. Each step is the one it runs for k = 1, so the numbers do not
-depend on k; what the user sees does:
+depend on k (but for data of unknown length: with k = 1 the step that finds
+the data's end still advances the seeds and counts an iteration, with k > 1
+no step runs there, `autodist.runtime.run_outs`); what the user sees does:
 
 * `on_train_batch_begin(s)` is called at the first batch of each group of k
   (s = 0, k, 2k, ...) and `on_train_batch_end(s + k - 1, logs)` after the

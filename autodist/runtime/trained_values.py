@@ -33,9 +33,22 @@ class TrainedValues:
     def __init__(self, task: ProgramSession, config: RunConfig) -> None:
         self.task = task
         self.config = config
+        # The values of trainable variables no step reads (no storage holds them):
+        # never updated, they are their values at the run's start (`keep_unused`).
+        self._unused: dict[str, np.ndarray] = {}
+        self._constants: dict[str, tf.Tensor] = {}
         self._save: tuple[tf.Tensor, tf.Operation] | None = None
         self._residual_reads: residuals.ResidualReads | None = None
         self._residuals_read = False
+
+    def keep_unused(self, values: dict[str, np.ndarray]) -> None:
+        """Keeps, from the run's starting `values`, those of the trainable variables the
+        step does not use (keras-io's deit: a variable created twice, one copy stale), so
+        that every read, checkpoint and the final weights hold them, unchanged as Keras
+        leaves them."""
+        self._unused = {v.name: np.asarray(values[v.name])
+                        for v in self.task.graph_item.variables
+                        if not v.handle_node and v.name in values}
 
     def tensors(self, with_optimizer: bool,
                 with_residuals: bool = False) -> dict[str, tf.Tensor]:
@@ -54,8 +67,12 @@ class TrainedValues:
         with program.graph.as_default():
             for var in graph_item.variables:
                 shards = program.shards[var.name]
-                if not var.handle_node:
-                    continue   # unused by the step: never updated, the model keeps its value
+                if not var.handle_node:   # no storage: its value at the start
+                    if var.name in self._unused:
+                        if var.name not in self._constants:
+                            self._constants[var.name] = tf.constant(self._unused[var.name])
+                        tensors[var.name] = self._constants[var.name]
+                    continue
                 axis = shards[0].axis
 
                 def joined(parts, axis=axis):

@@ -238,6 +238,7 @@ class Trainer:
                                                  self.config.job_timeout_s)
         if values is None:
             values = self.job.init_values()
+        self.values.keep_unused(values)
         initial_values.initialize_variables(
             self.task_step.task, values, init_shared=self._init_shared, is_chief=self.is_chief,
             ready_device=next(iter(self.spec.ps_devices), self.strategy.replicas[0]),
@@ -410,7 +411,9 @@ class Trainer:
         key), which return into the Keras optimizer: as Keras counts its iterations,
         with the steps that found the data's end."""
         values = self.values.read(with_optimizer=with_optimizer)
-        if with_optimizer and self.run_outs is not None and checkpoint.ITERATIONS in values:
+        counted = self.run_outs is not None and self.program is not None and \
+            self.program.outputs.run_outs is not None   # not under loss scaling
+        if with_optimizer and counted and checkpoint.ITERATIONS in values:
             values[checkpoint.ITERATIONS] = np.asarray(
                 values[checkpoint.ITERATIONS] + self.run_outs.before(self.next_index), np.int64)
         return values

@@ -229,10 +229,22 @@ def test_keras_counts_a_step_that_finds_the_data_end(mlp_8):
     assert counts == [(4, 4), (8, 8)]
     plan = dataset_epochs(3, False, None, 2)
     assert [(e.steps, e.runs_out) for e in plan] == [(3, True), (3, True)]
+    item = autodist.capture(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # trained as Keras: nothing to warn of
-        datasets.prepare(_indexed(known=False), autodist.capture(model), steps_per_epoch=None,
-                         epochs=2, smallest_batch=ONE, fixed_batch=None)
+        streamed = datasets.prepare(_indexed(known=False), item, steps_per_epoch=None,
+                                    epochs=2, smallest_batch=ONE, fixed_batch=None)
+    # compile(steps_per_execution=k > 1): Keras runs no step where the data ended (its
+    # loop asks for an optional next element first), so nothing advances there.
+    quiet = datasets.prepare(_indexed(known=False), item, steps_per_epoch=None, epochs=2,
+                             smallest_batch=ONE, fixed_batch=None, end_step=False)
+    ends = []
+    for prepared in (streamed, quiet):
+        stream = DatasetStream(DatasetFiles(prepared.graph, prepared.description.to_json()),
+                               RunConfig(global_batch_size=0, epochs=2), item, ONE, None)
+        ends.append(stream.epochs_run_out())
+        stream.close()
+    assert ends == [[True, True], []]
 
 
 def test_a_global_seed_makes_a_shuffle_without_seed_reproducible(mlp_8):

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from autodist.ir.capture.example_runs import model_variable_handles, random_examples, run_terms
+from autodist.ir.capture.example_runs import (every_draw, model_variable_handles,
+                                              random_examples, run_terms)
 from autodist.ir.graph_item import GraphItem
 from autodist.proto import graph_item_pb2
 
@@ -63,7 +64,7 @@ def classify_added_losses(item: GraphItem, model) -> None:
     full = random_examples(item, 4)
     batches = [full, {k: v[:2] for k, v in full.items()}, {k: v[2:] for k, v in full.items()}]
     graph_def = item.graph_def()
-    draws = list(item.random_ops)
+    draws = every_draw(graph_def, item.random_ops)   # RandomCrop's offsets too
     try:
         values = [run_terms(graph_def, handles, batch, draws, [t.tensor for t in terms],
                              item.tables)
