@@ -124,7 +124,7 @@ class WithAnUnusedWeight(keras.Model):
     (same path) stays tracked but unused: Keras trains the model and leaves it as it is."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(name="unused_weight")   # one name: a checkpoint restores into a twin
         self.pos = self.add_weight(shape=(1, 4), initializer="zeros", name="pos")
         self.dense = keras.layers.Dense(1)
         self.pos = self.add_weight(shape=(1, 4), initializer="ones", name="pos")
