@@ -3,15 +3,15 @@
 The traced step's inputs have an unknown batch dimension, so shape inference
 leaves every shape derived from it unknown, and a guess (the batch, for each
 unknown dimension) can be far off: an upsampling gradient reshapes to several
-dimensions at once. Importing the step with inputs of exactly `batch`
-examples and with variable handles that carry their variable's shape lets
-TensorFlow's shape inference compute them. A table lookup's result has no
-shape there (its table is a placeholder of the captured step, and TensorFlow
-infers none through it), which would hide the batch from everything after a
-StringLookup: for the import each lookup becomes its default value broadcast to
-the keys' shape (and the value's), which has the lookup's shape and type. Used for the per-op cost
-estimates and the rows of sparse gradients (`capture`) and for the shapes
-random ops draw (`random_ops`).
+dimensions at once. Importing the step with inputs of exactly `batch` examples
+and with variable handles that carry their variable's shape lets TensorFlow's
+shape inference compute them. A table lookup's result has no shape there (its
+table is a placeholder of the captured step, and TensorFlow infers none through
+it), which would hide the batch from everything after a StringLookup: for the
+import each lookup becomes its default value broadcast to the keys' shape (and
+the value's), which has the lookup's shape and type. Used for the per-op cost
+estimates and the rows of sparse gradients (`capture`) and for the shapes random
+ops draw (`random_ops`).
 """
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ import re
 import warnings
 from typing import Any
 
+import numpy as np
+
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.ir.strategy import Strategy
@@ -245,7 +247,6 @@ def _random_ops(graph_item: GraphItem, strategy: Strategy) -> None:
         ParityWarning, stacklevel=3)
 
 
-
 def check_batch_parts(graph_item: GraphItem, strategy: Strategy, global_batch: int) -> None:
     """A step whose shapes hold with the global batch but not with a replica's or virtual
     node's part of it fixes a shape to the batch size (keras-io's Switch Transformer
@@ -253,11 +254,14 @@ def check_batch_parts(graph_item: GraphItem, strategy: Strategy, global_batch: i
     first step. Refused before launch, naming the op (seen by TensorFlow's shape
     inference on the step, nothing run).
 
+    Args:
+        graph_item: The captured step.
+        strategy: The strategy the fit starts with (its virtual nodes' parts).
+        global_batch: The fit's global batch size (0: unknown, nothing checked).
+
     Raises:
         AutodistError: naming the op, the batch and the part sizes.
     """
-    import numpy as np
-
     from autodist.ir.batch_shapes import import_at_batch
     from autodist.ir.random_ops import STAND_IN_LENGTHS
     from autodist.runtime.batching import virtual_node_rows

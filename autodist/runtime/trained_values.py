@@ -33,10 +33,9 @@ class TrainedValues:
     def __init__(self, task: ProgramSession, config: RunConfig) -> None:
         self.task = task
         self.config = config
-        # The values of trainable variables no step reads (no storage holds them):
-        # never updated, they are their values at the run's start (`keep_unused`).
-        self._unused: dict[str, np.ndarray] = {}
-        self._constants: dict[str, tf.Tensor] = {}
+        # Trainable variables no step reads (no storage holds them): never updated,
+        # they are their values at the run's start, as constants (`keep_unused`).
+        self._unused: dict[str, tf.Tensor] = {}
         self._save: tuple[tf.Tensor, tf.Operation] | None = None
         self._residual_reads: residuals.ResidualReads | None = None
         self._residuals_read = False
@@ -46,9 +45,10 @@ class TrainedValues:
         step does not use (keras-io's deit: a variable created twice, one copy stale), so
         that every read, checkpoint and the final weights hold them, unchanged as Keras
         leaves them."""
-        self._unused = {v.name: np.asarray(values[v.name])
-                        for v in self.task.graph_item.variables
-                        if not v.handle_node and v.name in values}
+        with self.task.program.graph.as_default():
+            self._unused = {v.name: tf.constant(np.asarray(values[v.name]))
+                            for v in self.task.graph_item.variables
+                            if not v.handle_node and v.name in values}
 
     def tensors(self, with_optimizer: bool,
                 with_residuals: bool = False) -> dict[str, tf.Tensor]:
@@ -69,9 +69,7 @@ class TrainedValues:
                 shards = program.shards[var.name]
                 if not var.handle_node:   # no storage: its value at the start
                     if var.name in self._unused:
-                        if var.name not in self._constants:
-                            self._constants[var.name] = tf.constant(self._unused[var.name])
-                        tensors[var.name] = self._constants[var.name]
+                        tensors[var.name] = self._unused[var.name]
                     continue
                 axis = shards[0].axis
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 from autodist.ir import random_ops
 from autodist.ir.capture.names import keras_variable_names
 from autodist.ir.graph_item import GraphItem
+from autodist.proto import graph_item_pb2
 
 
 def random_examples(item: GraphItem, size: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -179,8 +180,6 @@ def _fixed_draws(graph_def, draws):
 def every_draw(graph_def, draws) -> list:
     """`draws` and every other stateless draw of a shape in the step (RandomCrop's
     offsets, one draw for the whole batch: runs on several batches must crop alike)."""
-    from autodist.proto import graph_item_pb2
-
     listed = {d.node for d in draws}
     return list(draws) + [graph_item_pb2.RandomOpInfo(node=n.name) for n in graph_def.node
                           if n.op in random_ops.SHAPED and n.name not in listed]
