@@ -19,6 +19,12 @@ from typing import Mapping, Sequence
 
 import tensorflow as tf
 
+# Stand-ins for an input's unknown dimension other than the batch's (a variable
+# length), tried in turn: a stack of convolutions and poolings shrinks a short one
+# below zero and the step does not import (pretrained_word_embeddings's three
+# Conv1D(5) and two MaxPooling1D(5) need 149). Primes: never a trial batch's multiple.
+STAND_IN_LENGTHS = (7, 61, 257, 1031, 4099)
+
 
 def graph_at_batch(graph_def, inputs, batch: int, handles: Mapping[str, tuple[str, Sequence[int]]],
                    length: int | None = None) -> tf.Graph | None:
@@ -58,6 +64,19 @@ def import_at_batch(graph_def, inputs, batch: int,
         except (ValueError, tf.errors.OpError) as e:
             return None, str(e)
     return graph, ""
+
+
+def graphs_at_batches(graph_def, inputs, batches: Sequence[int],
+                      handles: Mapping[str, tuple[str, Sequence[int]]]
+                      ) -> tuple[int, list[tf.Graph]] | None:
+    """The step imported at each of `batches`, with the first of `STAND_IN_LENGTHS` for
+    the other unknown dimensions at which it imports at all of them (that length and
+    the graphs); None where it imports at none."""
+    for length in STAND_IN_LENGTHS:
+        graphs = [graph_at_batch(graph_def, inputs, b, handles, length) for b in batches]
+        if all(g is not None for g in graphs):
+            return length, graphs
+    return None
 
 
 _LOOKUPS = frozenset({"LookupTableFindV2", "LookupTableFind"})

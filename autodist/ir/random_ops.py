@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 import tensorflow as tf
 
-from autodist.ir.batch_shapes import graph_at_batch
+from autodist.ir.batch_shapes import graphs_at_batches
 from autodist.proto import graph_item_pb2
 
 # Stateless ops drawing a tensor of the shape given as input 0.
@@ -48,11 +48,6 @@ _UNREPRODUCIBLE = {
     "StatelessMultinomial": "a draw whose shape comes from each replica's own data",
     "StatelessShuffle": "a shuffle of each replica's own rows",
 }
-# Stand-ins for an input's unknown dimension other than the batch's (a variable
-# length), tried in turn: a stack of convolutions and poolings shrinks a short one
-# below zero and the step does not import (pretrained_word_embeddings's three
-# Conv1D(5) and two MaxPooling1D(5) need 149). Primes: never a trial batch's multiple.
-STAND_IN_LENGTHS = (7, 61, 257, 1031, 4099)
 TRIAL_BATCHES = (3, 5)
 UNINFERRED = ("its shape could not be inferred from the inputs' shapes (the step did not "
               "import with stand-ins for their unknown dimensions, or the shape depends on "
@@ -117,12 +112,10 @@ def _shapes_at_trial_batches(graph_def, inputs, nodes,
                              ) -> list[dict[str, list[int] | None]]:
     """The shape each node draws at each of `TRIAL_BATCHES` (empty where the step did not
     import), with the first stand-in length at which it imports at both."""
-    for length in STAND_IN_LENGTHS:
-        graphs = [graph_at_batch(graph_def, inputs, b, handles, length=length)
-                  for b in TRIAL_BATCHES]
-        if all(g is not None for g in graphs):
-            return [_shapes_in(g, nodes) for g in graphs]
-    return [{} for _ in TRIAL_BATCHES]
+    imported = graphs_at_batches(graph_def, inputs, TRIAL_BATCHES, handles)
+    if imported is None:
+        return [{} for _ in TRIAL_BATCHES]
+    return [_shapes_in(g, nodes) for g in imported[1]]
 
 
 def _shapes_in(graph: tf.Graph, nodes) -> dict[str, list[int] | None]:

@@ -4,8 +4,10 @@ The chief writes TensorFlow's V2 checkpoint format with one tensor per
 original variable (shards concatenated), its optimizer slots as
 ``<variable>/optimizer/<slot>``, state variables (batch-norm statistics) by
 name, error-feedback residuals as ``<variable>/compressor/residual`` (one
-row per replica, `autodist.runtime.residuals`), and the number of applied
-updates as ``optimizer/iterations``. Plain
+row per replica, `autodist.runtime.residuals`), the number of applied
+updates as ``optimizer/iterations`` and, beside it, the steps Keras would have
+counted where the data ended as ``optimizer/run_outs``
+(`autodist.runtime.run_outs`; Keras' iteration count is their sum). Plain
 TensorFlow reads it (``tf.train.load_checkpoint(path).get_tensor(name)``);
 `restore_keras_weights` puts it into a Keras model; a new distributed run
 continues from it (`DistributedRun.fit(initial_checkpoint=...)`), slots and
@@ -52,6 +54,9 @@ from autodist.ir.atomic import (PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, NotRegularF
 from autodist.ir.errors import AutodistError, short_repr, shorten
 
 ITERATIONS = "optimizer/iterations"
+# Keras' extra iterations where epochs found the data's end (`runtime.run_outs`): kept
+# apart from ITERATIONS, which recovery reads as the steps applied.
+RUN_OUTS = "optimizer/run_outs"
 PREFIX = "ckpt"
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -67,6 +72,21 @@ _HASH_CHUNK = 1 << 20
 
 class CheckpointError(AutodistError):
     """A checkpoint is missing, incomplete or damaged, or cannot be written."""
+
+
+def keras_iterations(values) -> int:
+    """Keras' iteration count of saved values: the updates applied plus the run-outs."""
+    return int(np.asarray(values[ITERATIONS])) + int(np.asarray(values.get(RUN_OUTS, 0)))
+
+
+def continued(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Saved values as a new run starts from them: its update count is Keras' iteration
+    count (the saved run's run-outs included)."""
+    values = dict(values)
+    if ITERATIONS in values:
+        values[ITERATIONS] = np.asarray(keras_iterations(values), np.int64)
+    values.pop(RUN_OUTS, None)
+    return values
 
 
 def slot_key(var_name: str, slot: str) -> str:

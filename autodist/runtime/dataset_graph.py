@@ -24,7 +24,7 @@ from autodist.ir.errors import AutodistError
 
 # DatasetToGraphV2's external_state_policy: refuse state that cannot be serialized.
 _FAIL_ON_EXTERNAL_STATE = 2
-_MESSAGE_LIMIT = 300
+_MESSAGE_LIMIT = 500
 _fresh_names = itertools.count()
 
 
@@ -47,15 +47,64 @@ def serialize(dataset) -> bytes:
             external_state_policy=_FAIL_ON_EXTERNAL_STATE,
             strip_device_assignment=True).numpy()
     except tf.errors.OpError as e:
-        reason = e.message.rsplit("graph:", 1)[-1].strip()[:_MESSAGE_LIMIT]
+        reason = e.message.rsplit("graph:", 1)[-1].split("[Op:", 1)[0].strip().rstrip(".")
+        scopes = _stateful_scopes(dataset)
+        if scopes:
+            named = [f"{scope!r} ({', '.join(sorted(ops))})"
+                     for scope, ops in sorted(scopes.items())[:_SCOPES_NAMED]]
+            more = len(scopes) - len(named)
+            reason += (f" (stateful ops in its functions, under {', '.join(named)}"
+                       + (f" and {more} more" if more > 0 else "") + ")")
+        variables = any(ops & _VARIABLE_OPS for ops in scopes.values())
         raise DatasetGraphError(
             "the workers read the dataset themselves, so its graph must be serializable, "
-            f"and TensorFlow could not serialize it: {reason}. Python code "
+            f"and TensorFlow could not serialize it: {reason[:_MESSAGE_LIMIT]}. "
+            + ("Keras preprocessing layers (RandomFlip, RandomRotation, ...) keep their "
+               "seed in a variable: call them in the model instead (they run in training "
+               "only, as in Keras). " if variables else "")
+            + "Python code "
             "(Dataset.from_generator, tf.py_function, tf.numpy_function), variables, "
-            "stateful random ops (tf.random.uniform, tf.image.random_*, Keras preprocessing "
-            "layers) and shuffles inside a map or interleave function cannot run in another "
+            "stateful random ops (tf.random.uniform, tf.image.random_*) and shuffles "
+            "inside a map or interleave function cannot run in another "
             "process: read files (e.g. TFRecordDataset) or tensors (from_tensor_slices), use "
             "stateless random ops (tf.random.stateless_*), or pass arrays as x and y") from None
+
+
+_IGNORE_EXTERNAL_STATE = 1
+_SCOPES_NAMED = 4
+_VARIABLE_OPS = frozenset({"ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp",
+                           "AssignSubVariableOp", "VarHandleOp"})
+
+
+def _stateful_scopes(dataset) -> dict[str, set[str]]:
+    """The stateful ops of `dataset`'s functions (map, filter, ...) by the name scope they
+    sit in (a Keras layer's, e.g. "augmentation/random_flip"); ops outside any scope are
+    left out (their op's name is TensorFlow's message already)."""
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2
+    from tensorflow.python.framework import op_def_registry
+
+    try:
+        graph = tf.raw_ops.DatasetToGraphV2(
+            input_dataset=tf.data.experimental.to_variant(dataset),
+            external_state_policy=_IGNORE_EXTERNAL_STATE, strip_device_assignment=True).numpy()
+    except tf.errors.OpError:
+        return {}
+    graph_def = graph_pb2.GraphDef()
+    graph_def.ParseFromString(graph)
+    scopes: dict[str, set[str]] = {}
+    for function in graph_def.library.function:
+        for node in function.node_def:
+            op_def = op_def_registry.get(node.op)
+            parts = node.name.split("/")[:-1][:2]
+            if op_def is None or not op_def.is_stateful or "Dataset" in node.op or not parts:
+                continue
+            scopes.setdefault("/".join(parts), set()).add(node.op)
+    for scope in sorted(scopes, key=len, reverse=True):   # "layer/Add" into "layer"
+        outer = scope.rsplit("/", 1)[0]
+        if outer != scope and outer in scopes:
+            scopes[outer] |= scopes.pop(scope)
+    return scopes
 
 
 def check_reproducible(graph: bytes) -> None:

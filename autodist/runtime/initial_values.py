@@ -70,21 +70,47 @@ def initialize_variables(task: ProgramSession, values: dict[str, np.ndarray], *,
         task.run(program.outputs.refresh)
 
 
-def assign_state(task: ProgramSession, values: dict[str, Any]) -> None:
-    """Sets the state variables named in `values` in every virtual node's copy."""
-    program = task.program
-    with program.graph.as_default():
+class StateAssign:
+    """Sets state variables in every virtual node's copy.
+
+    Its assign ops are built at the first call and reused (a run sets state
+    once per epoch and after each run-out; ops built per call would grow the
+    graph with every epoch).
+
+    Args:
+        task: The program and its session.
+    """
+
+    def __init__(self, task: ProgramSession) -> None:
+        self.task = task
+        self._assigns: dict[str, list[tuple[Any, Any, np.dtype]]] | None = None
+
+    def __call__(self, values: dict[str, Any]) -> None:
+        """Sets the state variables named (by single-device name) in `values`."""
         assigns, feeds = [], {}
-        for name, var in program.storage.items():
-            role = program.roles.get(name)
-            if role is None or role.kind != "state" or role.state not in values:
-                continue
-            placeholder = tf.compat.v1.placeholder(var.dtype.base_dtype, var.shape)
-            assigns.append(var.assign(placeholder, read_value=False))
-            feeds[placeholder] = np.asarray(values[role.state],
-                                            var.dtype.base_dtype.as_numpy_dtype)
-    if assigns:
-        task.run(assigns, feed_dict=feeds)
+        for name, value in values.items():
+            for placeholder, assign, dtype in self._by_state().get(name, ()):
+                assigns.append(assign)
+                feeds[placeholder] = np.asarray(value, dtype)
+        if assigns:
+            self.task.run(assigns, feed_dict=feeds)
+
+    def _by_state(self) -> dict[str, list[tuple[Any, Any, np.dtype]]]:
+        """Per state variable, each storage copy's placeholder, assign and dtype."""
+        if self._assigns is None:
+            program = self.task.program
+            self._assigns = {}
+            with program.graph.as_default():
+                for name, var in program.storage.items():
+                    role = program.roles.get(name)
+                    if role is None or role.kind != "state":
+                        continue
+                    dtype = var.dtype.base_dtype
+                    placeholder = tf.compat.v1.placeholder(dtype, var.shape)
+                    self._assigns.setdefault(role.state, []).append(
+                        (placeholder, var.assign(placeholder, read_value=False),
+                         dtype.as_numpy_dtype))
+        return self._assigns
 
 
 def shard_part(full: np.ndarray, shard) -> np.ndarray:

@@ -262,8 +262,7 @@ def check_batch_parts(graph_item: GraphItem, strategy: Strategy, global_batch: i
     Raises:
         AutodistError: naming the op, the batch and the part sizes.
     """
-    from autodist.ir.batch_shapes import import_at_batch
-    from autodist.ir.random_ops import STAND_IN_LENGTHS
+    from autodist.ir.batch_shapes import graphs_at_batches, import_at_batch
     from autodist.runtime.batching import virtual_node_rows
 
     if strategy.num_virtual_nodes <= 1 or not global_batch:
@@ -275,10 +274,10 @@ def check_batch_parts(graph_item: GraphItem, strategy: Strategy, global_batch: i
                for v in list(graph_item.variables) + list(graph_item.state_variables)
                if v.handle_node}
     inputs = graph_item.inputs
-    length = next((n for n in STAND_IN_LENGTHS if import_at_batch(
-        graph_def, inputs, global_batch, handles, n)[0] is not None), None)
-    if length is None:
+    imported = graphs_at_batches(graph_def, inputs, [global_batch], handles)
+    if imported is None:
         return   # not even the whole batch imports: nothing can be told
+    length = imported[0]
     for size in sizes:
         graph, error = import_at_batch(graph_def, inputs, size, handles, length)
         if graph is None:

@@ -115,5 +115,5 @@ def write(model, graph_item, values: Mapping[str, Any]) -> bool:
         for key, var in loss_scale.items():
             var.assign(np.asarray(values[key]).astype(var.dtype))
     else:
-        _inner(optimizer).iterations.assign(int(np.asarray(values[checkpoint.ITERATIONS])))
+        _inner(optimizer).iterations.assign(checkpoint.keras_iterations(values))
     return True

@@ -331,7 +331,7 @@ class DistributedRun:
             task_step_delay_s=self.task_step_delay_s)
         init_values = self._state.initial_values()
         if options.initial_checkpoint:
-            init_values.update(checkpoint.load(options.initial_checkpoint))
+            init_values.update(checkpoint.continued(checkpoint.load(options.initial_checkpoint)))
         path, job = self._new_job(config, init_values, ready.data)
         finished = False
         try:

@@ -74,10 +74,12 @@ class SeedAdvance:
 
     Args:
         task: The task's program and session.
+        assign_state: Sets the task's state variables (built once per program).
     """
 
-    def __init__(self, task: ProgramSession) -> None:
+    def __init__(self, task: ProgramSession, assign_state: initial_values.StateAssign) -> None:
         self.task = task
+        self.assign_state = assign_state
         program = task.program
         self.names = sorted(s.name for s in task.graph_item.state_variables
                             if _SEED_STATE.fullmatch(s.name.rsplit("/", 1)[-1]))
@@ -107,5 +109,5 @@ class SeedAdvance:
             raise WorkerError("a run-out came before this task ran a step: what a step "
                               "adds to the seed generators is not known")
         now = self.task.run(self._reads)
-        initial_values.assign_state(self.task, {
+        self.assign_state({
             name: np.asarray(now[name]) + steps * self.step[name] for name in self.names})

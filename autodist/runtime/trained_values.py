@@ -124,31 +124,37 @@ class TrainedValues:
         self.wait_for_residuals()
         return self.task.run(self.tensors(with_optimizer=True, with_residuals=True))
 
-    def save_checkpoint(self, step: int) -> pathlib.Path:
-        """Writes a checkpoint atomically and durably (chief only); returns its directory."""
+    def save_checkpoint(self, step: int, run_outs: int = 0) -> pathlib.Path:
+        """Writes a checkpoint atomically and durably (chief only); returns its directory.
+        `run_outs`: Keras' extra iterations so far (`checkpoint.RUN_OUTS`)."""
         if self._save is None:
             tensors = self.tensors(with_optimizer=True, with_residuals=True)
-            names = sorted(tensors)
             with self.task.program.graph.as_default():
+                counted = tf.compat.v1.placeholder(tf.int64, [])
+                tensors[checkpoint.RUN_OUTS] = counted
+                names = sorted(tensors)
                 prefix = tf.compat.v1.placeholder(tf.string, [])
                 op = tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names,
                                        shape_and_slices=[""] * len(names),
                                        tensors=[tensors[n] for n in names])
-            self._save = (prefix, op)
-        prefix, op = self._save
+            self._save = (prefix, counted, op)
+        prefix, counted, op = self._save
         self.wait_for_residuals()
 
         def write(path: str) -> None:
-            self.task.session.run(op, {prefix: path}, options=self.task.run_options)
+            self.task.session.run(op, {prefix: path, counted: run_outs},
+                                  options=self.task.run_options)
 
         return checkpoint.save(self.config.checkpoint_dir, step, write,
                                keep=self.config.checkpoints_to_keep)
 
-    def save_recovery(self, path: pathlib.Path, next_index: int) -> None:
-        """Writes the values (with slots and the update count) and the step to resume
-        at to `path`, atomically. Residuals are not among them (a dead worker's
-        cannot be read): after a recovery they start at zero."""
+    def save_recovery(self, path: pathlib.Path, next_index: int, run_outs: int = 0) -> None:
+        """Writes the values (with slots, the update count and `run_outs`, as a
+        checkpoint) and the step to resume at to `path`, atomically. Residuals are not
+        among them (a dead worker's cannot be read): after a recovery they start at
+        zero."""
         values = self.task.run(self.tensors(with_optimizer=True))
+        values[checkpoint.RUN_OUTS] = np.asarray(run_outs, np.int64)
         values[recovery.NEXT_STEP] = np.asarray(next_index, np.int64)
         buffer = io.BytesIO()
         np.savez(buffer, **values)

@@ -164,6 +164,7 @@ class Trainer:
         self.session: tf.compat.v1.Session | None = None
         self.task_step: TaskStep | None = None
         self.values: TrainedValues | None = None
+        self.assign_state: initial_values.StateAssign | None = None
         self._snapshot: dict[str, np.ndarray] | None = None
         self._handover_start = 0.0
         # Chief: the tasks it released when they left for good (told they are done).
@@ -213,8 +214,9 @@ class Trainer:
         task = ProgramSession(self.program, self.session, self.strategy, self.graph_item,
                               self.run_options)
         self.values = TrainedValues(task, self.config)
+        self.assign_state = initial_values.StateAssign(task)
         if self.run_outs is not None:
-            self.seeds = run_outs.SeedAdvance(task)
+            self.seeds = run_outs.SeedAdvance(task, self.assign_state)
         self.task_step = TaskStep(task, self.config, self.task_index,
                              self.job.file(f"losses_{self.task_index}.jsonl")
                              if self.config.on_failure == "continue" else None)
@@ -351,7 +353,7 @@ class Trainer:
         if values is None or self._state_set == index:
             return
         self._state_set = index
-        initial_values.assign_state(self.task_step.task, values)
+        self.assign_state(values)
 
     def _probe(self) -> WorkerResult:
         """Times each local replica's forward and backward passes; no update.
@@ -407,16 +409,21 @@ class Trainer:
     # ------------------------------------------------------------- finish
     def final_weights(self, with_optimizer: bool = True) -> dict[str, np.ndarray]:
         """Trained values by variable name, shards reassembled (chief's view); with
-        `with_optimizer`, also the optimizer's slots and update count (by checkpoint
-        key), which return into the Keras optimizer: as Keras counts its iterations,
-        with the steps that found the data's end."""
+        `with_optimizer`, also the optimizer's slots, update count and the steps that
+        found the data's end (`checkpoint.RUN_OUTS`), which return into the Keras
+        optimizer as Keras counts its iterations."""
         values = self.values.read(with_optimizer=with_optimizer)
-        counted = self.run_outs is not None and self.program is not None and \
-            self.program.outputs.run_outs is not None   # not under loss scaling
-        if with_optimizer and counted and checkpoint.ITERATIONS in values:
-            values[checkpoint.ITERATIONS] = np.asarray(
-                values[checkpoint.ITERATIONS] + self.run_outs.before(self.next_index), np.int64)
+        if with_optimizer and checkpoint.ITERATIONS in values:
+            values[checkpoint.RUN_OUTS] = np.asarray(self._run_outs_before(self.next_index),
+                                                     np.int64)
         return values
+
+    def _run_outs_before(self, index: int) -> int:
+        """Keras' extra iterations before step `index` where the run counts them (not
+        under loss scaling, whose update count Keras' run-out step leaves)."""
+        counted = self.run_outs is not None and self.program is not None and \
+            self.program.outputs.run_outs is not None
+        return self.run_outs.before(index) if counted else 0
 
     def _write_epoch_weights(self, epoch: int) -> None:
         """Chief: the weights after `epoch`, for the driver's callbacks."""
@@ -461,7 +468,7 @@ class Trainer:
 
     def save_checkpoint(self, step: int) -> pathlib.Path:
         """Writes a checkpoint atomically and durably (chief only); returns its directory."""
-        return self.values.save_checkpoint(step)
+        return self.values.save_checkpoint(step, self._run_outs_before(self.next_index))
 
     def save_recovery(self) -> None:
         """Chief, after a failed step: the state after the last completed step.
@@ -474,7 +481,8 @@ class Trainer:
         residuals are not (a dead worker's cannot be read): after a
         recovery they start at zero.
         """
-        self.values.save_recovery(self.job.recovery(), self.next_index)
+        self.values.save_recovery(self.job.recovery(), self.next_index,
+                                  self._run_outs_before(self.next_index))
 
     def close(self) -> None:
         """Closes the current session (none after leaving an elastic job) and stops

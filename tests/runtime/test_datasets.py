@@ -18,7 +18,7 @@ from autodist import models
 from autodist.kernels import global_batch
 from autodist.launch.job import DatasetFiles
 from autodist.runtime.run_config import RunConfig
-from autodist.runtime import datasets
+from autodist.runtime import checkpoint, datasets
 from autodist.runtime.batching import dataset_epochs
 from autodist.runtime.dataset_graph import DatasetGraphError
 from autodist.runtime.dataset_stream import DatasetStream
@@ -299,6 +299,12 @@ def _generator_dataset(x, y):
         tf.TensorSpec([None, 8], tf.float32), tf.TensorSpec([None], tf.int32)))
 
 
+def _noise_in_map(dataset):
+    """A Keras layer with a seed generator (a variable) called in a dataset's map."""
+    noise = keras.layers.GaussianNoise(0.1, seed=1, name="noise_in_map")
+    return dataset.map(lambda x, y: (noise(x, training=True), y))
+
+
 @pytest.mark.parametrize("make,error,message", [
     (lambda d: d.batch(32).map(lambda x, y: (x, y, y, y)), DatasetError,
      r"\(x, y, sample_weight\) batch; received a tuple of 4"),
@@ -318,6 +324,10 @@ def _generator_dataset(x, y):
     (lambda d: d.batch(32).map(lambda x, y: (x + tf.random.uniform([8]), y)),
      DatasetGraphError, "RandomUniform is stateful.*tf.random.stateless_"),
     (lambda d: _generator_dataset(*_data()), DatasetGraphError, "PyFunc is stateful"),
+    (lambda d: _noise_in_map(d.batch(32)), DatasetGraphError,
+     r"ReadVariableOp is stateful \(stateful ops in its functions, under 'noise_in_map(_1)?' "
+     r"\(AssignVariableOp, ReadVariableOp\)\)\. Keras preprocessing layers .* call them "
+     "in the model instead"),
     (lambda d: d.batch(32).cache("/tmp/autodist-test-cache"), DatasetGraphError,
      r"cache writes files \(CacheDatasetV2 with a filename\)"),
     (lambda d: d.filter(lambda x, y: True).batch(32), DatasetError,
@@ -455,13 +465,15 @@ def test_an_infinite_dataset_with_steps_per_epoch_and_sample_weights_trains_as_k
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("ps", [0, 1], ids=["all-reduce, 4 virtual nodes", "PS"])
-def test_epochs_ending_at_the_data_end_train_as_keras_fit(ps):
+def test_epochs_ending_at_the_data_end_train_as_keras_fit(ps, tmp_path):
     """A dataset of unknown length (a filter), Dropout and Adam, 3 epochs on 2 workers (with
     2 virtual nodes each, or a parameter server): after each epoch Keras' step that finds
     the end advances the Dropout's seed and counts an iteration (Adam's bias correction
     reads it), and so does the run (before, the second epoch's masks were others: a
     similar model 8% off Keras' loss, with SGD too, and no warning). Each epoch's weights,
-    the loss, the seed and the iteration count after fit equal Keras'."""
+    the loss, the seed and the iteration count after fit equal Keras'. The checkpoints
+    keep the run-outs beside the steps applied, so a fit continued from one counts as
+    Keras does (before, it started 3 iterations short)."""
     def build():
         keras.utils.set_random_seed(3)
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
@@ -482,7 +494,8 @@ def test_epochs_ending_at_the_data_end_train_as_keras_fit(ps):
     ours, theirs = _EpochWeights(), _EpochWeights()
     run = autodist.distribute(model, strategy if ps else strategy.with_virtual_nodes(16, 4),
                               spec)
-    history = run.fit(dataset(), epochs=3, verbose=0, callbacks=[ours], shuffle=False)
+    history = run.fit(dataset(), epochs=3, verbose=0, callbacks=[ours], shuffle=False,
+                      checkpoint_dir=str(tmp_path))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # Keras: "Your input ran out of data"
         expected = reference.fit(dataset(), epochs=3, verbose=0, callbacks=[theirs],
@@ -495,6 +508,16 @@ def test_epochs_ending_at_the_data_end_train_as_keras_fit(ps):
     assert seeds[0] == seeds[1] and seeds[0][0][1] == 12   # 9 steps and 3 run-outs
     assert int(model.optimizer.iterations.numpy()) == \
         int(reference.optimizer.iterations.numpy()) == 12
+    saved = checkpoint.load(checkpoint.latest(tmp_path))
+    assert (int(saved[checkpoint.ITERATIONS]), int(saved[checkpoint.RUN_OUTS])) == (9, 3)
+    if ps:   # a fit continued from the checkpoint
+        run.fit(dataset(), epochs=1, verbose=0, shuffle=False,
+                initial_checkpoint=str(checkpoint.latest(tmp_path)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reference.fit(dataset(), epochs=1, verbose=0, shuffle=False)
+        assert int(model.optimizer.iterations.numpy()) == 16
+        _assert_weights_equal(model.get_weights(), reference.get_weights())
 
 
 def _write_tfrecords(directory, x, y, files=2):

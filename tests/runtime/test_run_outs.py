@@ -2,6 +2,9 @@
 tests are in `test_datasets.py` and `test_fit_python_data.py`)."""
 from __future__ import annotations
 
+import numpy as np
+
+from autodist.runtime import checkpoint
 from autodist.runtime.run_outs import _SEED_STATE, RunOuts
 
 
@@ -22,3 +25,17 @@ def test_every_copy_of_a_seed_generator_is_matched_by_name():
     assert [bool(_SEED_STATE.fullmatch(n)) for n in (
         "seed_generator_state", "seed_generator_state_1", "seed_generator_stateful",
         "moving_mean")] == [True, True, False, False]
+
+
+def test_saved_values_count_keras_iterations_with_their_run_outs():
+    """Checkpoints keep the steps applied (recovery resumes from them) and the run-outs
+    apart; a new run, or the Keras optimizer, counts both."""
+    saved = {checkpoint.ITERATIONS: np.int64(9), checkpoint.RUN_OUTS: np.int64(3),
+             "w": np.ones(2)}
+    assert checkpoint.keras_iterations(saved) == 12
+    continued = checkpoint.continued(saved)
+    assert int(continued[checkpoint.ITERATIONS]) == 12 and checkpoint.RUN_OUTS not in continued
+    assert int(saved[checkpoint.ITERATIONS]) == 9   # the loaded values are left as they are
+    older = {checkpoint.ITERATIONS: np.int64(9)}    # written before run-outs were kept
+    assert checkpoint.keras_iterations(older) == 9
+    assert int(checkpoint.continued(older)[checkpoint.ITERATIONS]) == 9
