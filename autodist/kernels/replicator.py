@@ -410,13 +410,20 @@ def _draw_rows(replica: Replica, vn: VirtualNode, vn_index: int, gi) -> dict[str
 
 
 def _default_weight_shape(gi, info, replica: Replica):
-    """The shape of unit sample weights for weight input `info`: the leading
-    dimensions (as many as the weights have) of its target, else the examples."""
+    """The shape of unit sample weights for weight input `info`: its own dimensions
+    where the capture fixed them (a loss returning (batch, 1) per example, as
+    `ctc_batch_cost`), else its target's (as many as the weights have), else the
+    examples."""
     weights = gi.sample_weight_inputs
     targets = gi.target_inputs
     k = next(i for i, w in enumerate(weights) if w.name == info.name)
     if k < len(targets) and targets[k].name in replica.inputs and info.shape:
-        return tf.shape(replica.inputs[targets[k].name])[:len(info.shape)]
+        target = replica.inputs[targets[k].name]
+        if all(d < 0 for d in info.shape[1:]) or target.shape.rank is None:
+            return tf.shape(target)[:len(info.shape)]
+        dims = [d if d >= 0 else tf.shape(target)[i] if i < target.shape.rank else 1
+                for i, d in enumerate(info.shape)]
+        return tf.stack([tf.cast(d, tf.int32) for d in dims])
     return tf.shape(replica.inputs[gi.model_inputs[0].name])[:1]
 
 

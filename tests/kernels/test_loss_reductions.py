@@ -269,3 +269,39 @@ def test_two_replicas_train_as_keras_train_on_batch():
     for info, variable in zip(item.variables, reference.trainable_variables):
         np.testing.assert_allclose(got[info.name], variable.numpy(), rtol=0, atol=2e-5,
                                    err_msg=info.name)
+
+
+def _per_example_column(y_true, y_pred):
+    """A loss of shape (batch, 1) per example over targets (batch, 9), as
+    `keras.backend.ctc_batch_cost` returns (keras-io's ctc_asr)."""
+    target = tf.reduce_mean(tf.cast(y_true, tf.float32), axis=1, keepdims=True)
+    return tf.reduce_mean(tf.square(y_pred - target), axis=1, keepdims=True)
+
+
+def test_a_loss_of_one_column_per_example_over_wider_targets_weighs_each_example_once():
+    """Keras trains it; the replicas' unit sample weights took the targets' shape (batch,
+    9) where the loss's weights are (batch, 1), and every worker failed building its step
+    (found on keras-io's ctc_asr). Two replicas' loss and gradients equal Keras'."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,), name="features")
+    model = keras.Model(inputs, keras.layers.Dense(3)(inputs))
+    model.compile(keras.optimizers.SGD(0.1), loss=_per_example_column)
+    rng = np.random.default_rng(0)
+    data = {"features": rng.normal(size=(N, 4)).astype(np.float32),
+            "y": rng.integers(0, 5, size=(N, 9)).astype(np.int64)}
+    item = capture(model, x=data["features"][:4], y=data["y"][:4])
+    spec = autodist.ResourceSpec.local(workers=1, cpu_replicas_per_worker=2)
+    (x_info,), (y_info,) = item.model_inputs, item.target_inputs
+    feed = {x_info.name: data["features"],
+            y_info.name: data["y"].astype(tf.as_dtype(y_info.dtype).as_numpy_dtype)}
+    got = _step(item, spec, builders.AllReduce().build(item, spec), feed)
+    values = _values(item)
+    for variable, info in zip(model.trainable_variables, item.variables):
+        variable.assign(values[info.name])
+    x, y = tf.constant(data["features"]), tf.constant(data["y"])
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x, y, model(x, training=True), training=True)
+    grads = tape.gradient(loss, model.trainable_variables)
+    np.testing.assert_allclose(got["loss"], float(loss), rtol=1e-6)
+    for info, grad in zip(item.variables, grads):
+        np.testing.assert_allclose(got[info.name], grad.numpy(), rtol=1e-5, atol=1e-6)
