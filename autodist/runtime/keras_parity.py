@@ -84,14 +84,22 @@ def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
     if strategy.batch_norm == "auto" and strategy.global_batch_size is not None:
         warnings.warn(
             f"batch normalization: with the strategy's {strategy.num_virtual_nodes} virtual "
-            "nodes each normalizes with its own "
-            f"{strategy.global_batch_size}/{strategy.num_virtual_nodes} examples ('ghost "
+            "nodes each normalizes with its own part of the batch ("
+            f"{_part_sizes(strategy.global_batch_size, strategy.num_virtual_nodes)} of "
+            f"{strategy.global_batch_size} examples; 'ghost "
             "batch normalization', the same on any hardware for this global batch and number "
             "of virtual nodes) where Keras uses the whole batch's statistics; the moving "
             "statistics are virtual node 0's. strategy.with_batch_norm('ghost') says this is "
             "intended (no warning); a strategy without virtual nodes, or "
             "with_batch_norm('sync') with one virtual node per replica, gives Keras' numbers",
             ParityWarning, stacklevel=3)
+
+
+def _part_sizes(global_batch: int, parts: int) -> str:
+    """The examples of each of `parts` virtual nodes of a global batch, as text: "4",
+    or "4 or 5" where they differ."""
+    small, large = global_batch // parts, -(-global_batch // parts)
+    return str(small) if small == large else f"{small} or {large}"
 
 
 def _loss_masks(graph_item: GraphItem, strategy: Strategy) -> None:
