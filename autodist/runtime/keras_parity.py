@@ -152,12 +152,16 @@ def _added_losses(graph_item: GraphItem, strategy: Strategy) -> None:
     unsure = sorted(set(layers["unknown"]) | set(layers["other"]))
     if unsure:
         why = "it depends on batch statistics" if layers["other"] else \
-            "the step did not run on random examples"
+            "the step failed on random examples, normal values and ids 1 and 2"
         warnings.warn(
             f"layer(s) {unsure} add a loss term (add_loss) that may be neither a mean nor a "
             f"sum over the batch's examples ({why}, so it could not be told): each of the "
             f"{strategy.num_virtual_nodes} replicas or virtual nodes computes it on its "
-            f"own part of the batch, so the run may differ from Keras fit. {fix}",
+            "own part of the batch, and the run takes it for a mean over examples (each "
+            "part's term weighted by its share of the batch): where it is a sum (add_loss "
+            "of per-example values, as a CTC endpoint layer), the run's term and its "
+            f"gradients are 1/{strategy.num_virtual_nodes} of Keras'. {fix}; a model the "
+            "step runs on with random inputs is classified exactly",
             ParityWarning, stacklevel=3)
 
 

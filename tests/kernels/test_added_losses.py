@@ -42,6 +42,17 @@ class BatchPenalty(keras.layers.Layer):
         return h
 
 
+class PerExampleCost(keras.layers.Layer):
+    """An endpoint layer adding one cost per example, shape (batch, 1), looked up by a
+    float label that must be a non-negative integer (as keras-io's captcha_ocr adds
+    `ctc_batch_cost` of float labels): it fails on normal random values."""
+    def call(self, h, label):
+        costs = tf.constant([1.0, 2.0, 3.0])
+        picked = tf.gather(costs, tf.cast(label, tf.int32))   # (batch, 1)
+        self.add_loss(picked * ops.mean(ops.square(h), axis=1, keepdims=True))
+        return h
+
+
 @pytest.fixture(scope="module")
 def penalized():
     inputs = keras.Input((6,), name="features")
@@ -109,6 +120,20 @@ def test_virtual_nodes_count_a_sum_in_full():
         np.testing.assert_allclose(four[name], one[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_a_term_of_per_example_values_over_float_labels_is_a_sum():
+    """Keras adds a term of several values as their sum. The step fails on normal random
+    labels (a negative index); ids 1 and 2 tell the term apart. Before, its kind was
+    "unknown" (taken for a mean: the run's term 1/R of Keras'), and a (batch, 1) term
+    crashed the capture."""
+    features = keras.Input((6,), name="features")
+    label = keras.Input((1,), name="label")
+    h = keras.layers.Dense(4, activation="tanh")(features)
+    model = keras.Model([features, label], PerExampleCost()(h, label))
+    model.compile(keras.optimizers.SGD(0.1))
+    item = capture(model)
+    assert [t.kind for t in item.added_losses] == ["sum"]
+
+
 def test_a_term_neither_mean_nor_sum_is_refused_before_launch(penalized):
     """keras-io's Switch Transformer adds a load-balancing loss over the batch's routing:
     each replica would compute it on its part and train something else (1.5% off Keras'
@@ -136,5 +161,5 @@ def test_a_term_that_could_not_be_evaluated_is_warned_of(penalized):
         if term.kind == "other":
             term.kind = "unknown"   # what a step that did not run on random examples leaves
     strategy = builders.AllReduce().build(item, autodist.ResourceSpec.local(workers=1))
-    with pytest.warns(ParityWarning, match=r"the step did not run on random examples"):
+    with pytest.warns(ParityWarning, match=r"the step failed on random examples.*1/2 of Keras"):
         keras_parity.check(model, autodist.GraphItem(proto), strategy.with_virtual_nodes(8, 2))

@@ -49,10 +49,12 @@ def classify_added_losses(item: GraphItem, model) -> None:
     """Finds how each added loss term depends on the batch, and drops the constant ones
     (`AddedLossInfo.kind`).
 
-    The captured step runs on random examples (4, and each half), its random
-    draws fixed (uniform ones just under 1, normal ones 0: every row alike), so a
-    term that is a sum over examples is the halves' sum and a mean their mean.
-    The step's state updates (moving statistics, seed generators) are undone.
+    The captured step runs on random examples (4, and each half; ids 1 and 2 for
+    every number where normal values do not suit the model), its random draws
+    fixed (uniform ones just under 1, normal ones 0: every row alike), so a term
+    that is a sum over examples is the halves' sum and a mean their mean. A term
+    with several values counts as their sum, as Keras adds it to the loss. The
+    step's state updates (moving statistics, seed generators) are undone.
     """
     terms = list(item.proto.added_losses)
     if not terms:
@@ -61,22 +63,27 @@ def classify_added_losses(item: GraphItem, model) -> None:
                                                     if not v.trainable]
     state = [(v, np.array(v.numpy())) for v in variables if not v.trainable]
     handles = model_variable_handles(item, model)
-    full = random_examples(item, 4)
-    batches = [full, {k: v[:2] for k, v in full.items()}, {k: v[2:] for k, v in full.items()}]
     graph_def = item.graph_def()
     draws = every_draw(graph_def, item.random_ops)   # RandomCrop's offsets too
+    values = None
     try:
-        values = [run_terms(graph_def, handles, batch, draws, [t.tensor for t in terms],
-                             item.tables)
-                  for batch in batches]
-    except Exception:  # noqa: BLE001  # examples that do not suit the model
-        values = None
+        for ids in (False, True):
+            full = random_examples(item, 4, ids=ids)
+            batches = [full, {k: v[:2] for k, v in full.items()},
+                       {k: v[2:] for k, v in full.items()}]
+            try:
+                values = [run_terms(graph_def, handles, batch, draws,
+                                    [t.tensor for t in terms], item.tables)
+                          for batch in batches]
+                break
+            except Exception:  # noqa: BLE001  # examples that do not suit the model
+                continue
     finally:
         for variable, value in state:
             variable.assign(value)
     kept = []
     for i, term in enumerate(terms):
-        kind = "unknown" if values is None else _kind(*(float(v[i]) for v in values))
+        kind = "unknown" if values is None else _kind(*(float(np.sum(v[i])) for v in values))
         if kind != "constant":
             kept.append(graph_item_pb2.AddedLossInfo(tensor=term.tensor, layer=term.layer,
                                                      kind=kind, scale=term.scale))

@@ -13,9 +13,12 @@ from autodist.ir.graph_item import GraphItem
 from autodist.proto import graph_item_pb2
 
 
-def random_examples(item: GraphItem, size: int, seed: int = 0) -> dict[str, np.ndarray]:
+def random_examples(item: GraphItem, size: int, seed: int = 0,
+                    ids: bool = False) -> dict[str, np.ndarray]:
     """Random examples for the step's inputs: normal floats (unit sample weights), zero
-    ids, empty strings; unknown dimensions of length 3."""
+    ids, empty strings; unknown dimensions of length 3. With `ids`, numbers are ids
+    1 and 2 instead, floats too (a float input of labels: keras-io's captcha_ocr feeds
+    its CTC loss float labels, which must be non-negative integers)."""
     rng = np.random.default_rng(seed)
     out = {}
     for info in item.inputs:
@@ -25,6 +28,8 @@ def random_examples(item: GraphItem, size: int, seed: int = 0) -> dict[str, np.n
             out[info.tensor] = np.full(shape, b"")
         elif info.role == "sample_weight":
             out[info.tensor] = np.ones(shape, dtype.as_numpy_dtype)
+        elif ids:
+            out[info.tensor] = rng.integers(1, 3, size=shape).astype(dtype.as_numpy_dtype)
         elif dtype.is_floating:
             out[info.tensor] = rng.normal(size=shape).astype(dtype.as_numpy_dtype)
         else:
