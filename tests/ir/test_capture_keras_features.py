@@ -513,3 +513,51 @@ def test_a_draw_from_a_seed_generator_outside_the_model_is_refused_naming_the_fi
     with pytest.raises(CaptureError, match=r"drop_path.*self\.seed_generator = "
                                            r"keras\.random\.SeedGenerator"):
         capture(model)
+
+
+def _ctc_like_model():
+    """Spectrogram frames of any number in, per-frame class scores out (keras-io's
+    ctc_asr); its loss compares them with label sequences of any length."""
+    def loss(y_true, y_pred):
+        target = tf.reduce_mean(tf.cast(y_true, tf.float32), axis=1, keepdims=True)
+        return tf.reduce_mean(tf.square(tf.reduce_mean(y_pred, axis=1) - target), axis=1,
+                              keepdims=True)
+
+    inputs = keras.Input((None, 5), name="frames")
+    model = keras.Model(inputs, keras.layers.Dense(4)(inputs))
+    model.compile(keras.optimizers.SGD(0.1), loss=loss)
+    return model
+
+
+def test_an_example_batch_fixes_no_length_the_model_takes_any_of():
+    """A padded batch as x has one length; the model takes any (keras.Input((None, 5))):
+    the capture keeps it unknown (before, the fit's batches of other lengths failed at
+    their first step)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 11, 5)).astype(np.float32)
+    y = rng.integers(0, 3, size=(4, 7))
+    item = capture(_ctc_like_model(), x=x, y=y)
+    shapes = {info.name: list(info.shape) for info in item.inputs}
+    assert shapes["frames"] == [-1, -1, 5]
+    assert shapes["y"] == [-1, 7]   # targets: as the example, unless given as specs
+
+
+def test_the_dataset_fit_reads_gives_the_inputs_and_targets():
+    """capture(model, x=dataset): the batches' specs, lengths padded_batch leaves
+    unknown unknown, as Keras' traced step has them."""
+    rng = np.random.default_rng(0)
+
+    def examples():
+        for n in (6, 9, 4, 8):
+            yield (rng.normal(size=(n, 5)).astype(np.float32),
+                   rng.integers(0, 3, size=n // 2))
+
+    dataset = tf.data.Dataset.from_generator(examples, output_signature=(
+        tf.TensorSpec([None, 5], tf.float32), tf.TensorSpec([None], tf.int64))
+    ).padded_batch(2)
+    item = capture(_ctc_like_model(), x=dataset)
+    shapes = {info.name: (list(info.shape), tf.as_dtype(info.dtype).name)
+              for info in item.inputs}
+    assert shapes["frames"] == ([-1, -1, 5], "float32")
+    assert shapes["y"] == ([-1, -1], "int64")
+    assert shapes["sample_weight"] == ([-1, 1], "float32")

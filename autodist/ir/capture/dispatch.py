@@ -31,7 +31,10 @@ def capture(target: Any, *, x: Any = None, y: Any = None,
             `tf.compat.v1` graph (then `optimizer` is a `tf.compat.v1.train`
             optimizer).
         x: Keras only: an example batch of inputs (or a TensorSpec structure);
-            needed for subclassed models, otherwise taken from `model.inputs`.
+            needed for subclassed models, otherwise taken from `model.inputs`
+            (an example's dimensions count only where the model's inputs leave
+            them unknown). Or a `tf.data.Dataset` of (inputs, targets[,
+            weights]) batches, as `fit` takes it: its element spec gives both.
         y: Keras only: an example batch of targets (or a TensorSpec); by
             default inferred from the model output and the loss.
         input_signature: Function only: TensorSpecs of the inputs.
@@ -52,6 +55,7 @@ def capture(target: Any, *, x: Any = None, y: Any = None,
     if estimate_batch_size < 1:
         raise CaptureError(f"estimate_batch_size must be >= 1. Received: {estimate_batch_size!r}")
     if isinstance(target, keras.Model):
+        x, y = _dataset_specs(x, y)
         if variables is not None or input_signature is not None or optimizer is not None:
             raise CaptureError("a Keras model takes its variables, inputs and optimizer from "
                                "the model and its compile(); pass x=/y= examples instead")
@@ -69,6 +73,19 @@ def capture(target: Any, *, x: Any = None, y: Any = None,
                                  estimate_batch_size)
     raise CaptureError("capture() takes a compiled keras.Model, a loss function, or a "
                        f"tf.compat.v1 loss tensor. Received: {type(target).__name__}")
+
+
+def _dataset_specs(x: Any, y: Any) -> tuple[Any, Any]:
+    """A dataset passed as `x` stands for its batches' specs: inputs, and targets unless
+    `y` is given (lengths it leaves unknown stay unknown, as in Keras' traced step)."""
+    if not isinstance(x, tf.data.Dataset):
+        return x, y
+    spec = x.element_spec
+    if isinstance(spec, tuple) and len(spec) in (2, 3):
+        return spec[0], spec[1] if y is None else y
+    if isinstance(spec, tuple) and len(spec) == 1:
+        spec = spec[0]
+    return spec, y
 
 
 def _func_graph_type() -> type:

@@ -67,7 +67,8 @@ def traced_step_error(model, error: Exception) -> CaptureError:
         "A loss whose targets differ in shape from the model's output (class ids for "
         "probabilities, without example targets the capture takes the output's shape) "
         "needs example targets: optimize(model, spec, x=..., y=...) or capture(model, "
-        "x=..., y=...). Otherwise, where the error is about shapes, an op whose result "
+        "x=..., y=...), with a batch of arrays, TensorSpecs (None for a length that "
+        "varies), or the dataset you fit on (x=dataset). Otherwise, where the error is about shapes, an op whose result "
         "depends on a static batch size, such as ops.squeeze without an axis (its rank "
         "is then unknown), fails so: give it the axis (ops.squeeze(labels, axis=-1))")
 

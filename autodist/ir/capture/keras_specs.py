@@ -42,10 +42,46 @@ def keras_input_spec(model, x):
     keys name the inputs); otherwise a list in `model.inputs` order, or the
     structure of the example `x`.
     """
+    declared = _declared_input_spec(model)
     if x is not None:
         if isinstance(x, dict):
-            return {key: _named(spec_of(value), str(key)) for key, value in x.items()}
-        return tf.nest.map_structure(spec_of, x)
+            spec = {key: _named(spec_of(value), str(key)) for key, value in x.items()}
+        else:
+            spec = tf.nest.map_structure(spec_of, x)
+        return spec if declared is None else _relaxed(spec, declared)
+    if declared is not None:
+        return declared
+    kind = "a Sequential model without keras.Input, which Keras' fit builds on the first " \
+        "batch" if type(model).__name__ == "Sequential" else \
+        "a subclassed model: Keras keeps no input shape for it, even once called"
+    raise CaptureError(f"cannot infer the input shape of model {model.name!r} ({kind}): "
+                       "pass an example batch, optimize(model, spec, x=..., y=...) or "
+                       "capture(model, x=..., y=...)")
+
+
+def _relaxed(spec, declared):
+    """The example's specs with the dimensions the model's inputs leave unknown unknown
+    (a batch of padded sequences fixes a length the model takes any of) and the inputs'
+    names; as they are where the structures or ranks differ."""
+    try:
+        tf.nest.assert_same_structure(spec, declared, check_types=False)
+    except (ValueError, TypeError):
+        return spec
+
+    def relax(example: tf.TensorSpec, model_spec: tf.TensorSpec) -> tf.TensorSpec:
+        if example.shape.rank is None or example.shape.rank != model_spec.shape.rank:
+            return example
+        dims = [None if m is None else e
+                for e, m in zip(example.shape.as_list(), model_spec.shape.as_list())]
+        return tf.TensorSpec(dims, example.dtype, name=model_spec.name or example.name)
+
+    return tf.nest.map_structure(relax, spec, declared, check_types=False)
+
+
+def _declared_input_spec(model):
+    """The specs of the model's declared inputs (`keras.Input`s), in the structure it is
+    called with; None where it declares none (a subclassed model, a Sequential without
+    an Input)."""
     try:
         inputs = model.inputs
     except (AttributeError, ValueError):
@@ -60,12 +96,7 @@ def keras_input_spec(model, x):
                                name=_input_name(getattr(t, "name", None), i))
                  for i, t in enumerate(inputs)]
         return specs[0] if len(specs) == 1 else specs
-    kind = "a Sequential model without keras.Input, which Keras' fit builds on the first " \
-        "batch" if type(model).__name__ == "Sequential" else \
-        "a subclassed model: Keras keeps no input shape for it, even once called"
-    raise CaptureError(f"cannot infer the input shape of model {model.name!r} ({kind}): "
-                       "pass an example batch, optimize(model, spec, x=..., y=...) or "
-                       "capture(model, x=..., y=...)")
+    return None
 
 
 # What Keras names an `Input` the user did not name.
