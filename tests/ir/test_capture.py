@@ -287,6 +287,37 @@ def test_subclassed_model_needs_build_or_example():
     assert gi.optimizer.algorithm == "rmsprop"
 
 
+class GCRMSprop(keras.optimizers.RMSprop):
+    """keras-io's gradient centralization: Keras 2's `get_gradients`, which Keras 3's
+    fit never calls (it trains as RMSprop)."""
+    def get_gradients(self, loss, params):
+        return [g - keras.ops.mean(g) for g in super().get_gradients(loss, params)]
+
+
+class RMSprop(keras.optimizers.RMSprop):
+    """A built-in's name whose update is changed (Keras trains the change)."""
+    def apply_gradients(self, grads_and_vars):
+        return super().apply_gradients([(g * 0.0, v) for g, v in grads_and_vars])
+
+
+def test_an_optimizer_whose_update_is_changed_is_refused_naming_the_change():
+    """Before, the run rebuilt the plain optimizer from its config under the class's
+    name: it trained the unchanged update silently (keras-io's gradient centralization
+    written for Keras 3: 2e-3 off)."""
+    model = models.mlp(input_dim=4, hidden=(2,))
+    model.compile(optimizer=RMSprop(0.01), loss="mse")
+    with pytest.raises(CaptureError, match=r"RMSprop whose update is changed \(RMSprop "
+                                           r"overrides \['apply_gradients'\]\).*train_step"):
+        capture(model)
+    patched = keras.optimizers.SGD(0.1)
+    patched.apply_gradients = lambda grads_and_vars: None
+    model.compile(optimizer=patched, loss="mse")
+    with pytest.raises(CaptureError, match=r"the instance's \['apply_gradients'\] replace"):
+        capture(model)
+    model.compile(optimizer=GCRMSprop(0.01), loss="mse")
+    assert capture(model).optimizer.algorithm == "rmsprop"
+
+
 def test_uncompiled_and_unsupported_optimizer_errors():
     model = models.mlp(input_dim=4, hidden=(2,))
     model.compile(optimizer=keras.optimizers.Lion(), loss="mse")

@@ -68,9 +68,10 @@ def traced_step_error(model, error: Exception) -> CaptureError:
         "probabilities, without example targets the capture takes the output's shape) "
         "needs example targets: optimize(model, spec, x=..., y=...) or capture(model, "
         "x=..., y=...), with a batch of arrays, TensorSpecs (None for a length that "
-        "varies), or the dataset you fit on (x=dataset). Otherwise, where the error is about shapes, an op whose result "
-        "depends on a static batch size, such as ops.squeeze without an axis (its rank "
-        "is then unknown), fails so: give it the axis (ops.squeeze(labels, axis=-1))")
+        "varies), or the dataset you fit on (x=dataset). Otherwise, where the error is "
+        "about shapes, an op whose result depends on a static batch size, such as "
+        "ops.squeeze without an axis (its rank is then unknown), fails so: give it the "
+        "axis (ops.squeeze(labels, axis=-1))")
 
 
 def check_keras_losses(model) -> None:

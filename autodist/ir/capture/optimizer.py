@@ -30,6 +30,48 @@ _V1_HYPERPARAMETERS = {"_learning_rate": "learning_rate", "_lr": "learning_rate"
                        "initial_accumulator_value", "_decay": "rho", "_centered": "centered"}
 
 
+# Methods a subclass of a supported Keras optimizer may define without changing its
+# update: construction and config, and `get_gradients` (Keras 2's; Keras 3's fit never
+# calls it: keras-io's gradient centralization overrides it and trains as RMSprop).
+_HARMLESS_OVERRIDES = frozenset({"__init__", "get_config", "from_config", "get_gradients"})
+
+
+def _keras_base_name(optimizer) -> str:
+    """The name of the supported Keras optimizer class `optimizer` is, or subclasses
+    without changing its update (its own class name where it is none of them).
+
+    Raises:
+        CaptureError: a subclass, or the instance itself, redefines a method of the
+            optimizer (`apply_gradients`, `update_step`, ...): the run would build
+            the plain optimizer's update and train something else than Keras fit.
+    """
+    import inspect
+
+    import keras
+
+    mro = type(optimizer).__mro__
+    base = next((k for k in mro if k.__name__ in _KERAS_ALGORITHMS and
+                 getattr(keras.optimizers, k.__name__, None) is k), None)
+    if base is None:
+        return type(optimizer).__name__
+    overridden = sorted({name for klass in mro[:mro.index(base)] for name in vars(klass)
+                         if name not in _HARMLESS_OVERRIDES and callable(getattr(base, name,
+                                                                                 None))})
+    patched = sorted(name for name, value in vars(optimizer).items()
+                     if callable(value) and inspect.isfunction(getattr(base, name, None)))
+    if overridden or patched:
+        where = (f"{type(optimizer).__qualname__} overrides {overridden}" if overridden else
+                 f"the instance's {patched} replace keras.optimizers.{base.__name__}'s")
+        raise CaptureError(
+            f"the model's optimizer is a keras.optimizers.{base.__name__} whose update is "
+            f"changed ({where}): autodist builds {base.__name__}'s update from its config on "
+            "every task, so the change would not run and the run would train something "
+            "else than Keras fit. Change the gradients in the model's own train_step "
+            f"(compute them, change them, then self.optimizer.apply(...) of a plain "
+            f"{base.__name__}), or train this model with Keras' fit on one device")
+    return base.__name__
+
+
 def describe_optimizer(optimizer, variables,
                     names: Sequence[str] | None = None) -> graph_item_pb2.OptimizerInfo:
     """The optimizer as data.
@@ -64,10 +106,14 @@ def describe_optimizer(optimizer, variables,
     if isinstance(optimizer, keras.optimizers.Optimizer):
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             return _loss_scale_info(optimizer, variables, names)
+        class_name = _keras_base_name(optimizer)
         algorithm = _KERAS_ALGORITHMS.get(class_name)
         if algorithm is None:
-            raise CaptureError(f"unsupported Keras optimizer {class_name}; supported: "
-                               f"{sorted(_KERAS_ALGORITHMS)}")
+            raise CaptureError(
+                f"unsupported Keras optimizer {type(optimizer).__name__}; supported: "
+                f"{sorted(_KERAS_ALGORITHMS)} (autodist builds their updates from the "
+                "optimizer's config on every task). Another update can run in the model's "
+                "own train_step only as one of these")
         config = _keras_optimizer_config(optimizer)
         hyper = {}
         for key, value in config.items():
