@@ -34,7 +34,28 @@ def check(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
     _loss_masks(graph_item, strategy)
     _added_losses(graph_item, strategy)
     _coupled_examples(model, graph_item, strategy)
+    _repeated_lookups(graph_item, strategy)
     _loss_scaling(graph_item, strategy)
+
+
+def _repeated_lookups(graph_item: GraphItem, strategy: Strategy) -> None:
+    """A table read at fixed indices that repeat, under an optimizer that squares each
+    lookup of the batch's gradient (`ir.capture.fixed_lookups`): the replicas' parts
+    cannot give those squares. Refused where the batch is split."""
+    if strategy.num_virtual_nodes <= 1:
+        return
+    tables = sorted(v.name for v in graph_item.variables if v.gradient.repeated_lookups)
+    if tables:
+        raise AutodistError(
+            f"variable(s) {tables} of {graph_item.name!r} are read at indices that do not "
+            "depend on the batch, some row more than once (e.g. a relative position bias "
+            "table gathered through a fixed index), and the optimizer "
+            f"({graph_item.optimizer.class_name}) squares the gradient: Keras squares each "
+            "lookup's gradient over the whole batch before adding the repeats, which "
+            f"{strategy.num_virtual_nodes} replicas or virtual nodes, each holding a part "
+            "of every lookup, cannot reproduce (the run would train other numbers). SGD "
+            "(with or without momentum, without clipnorm) trains it as Keras; or train "
+            "this model with Keras' fit on one device")
 
 
 def _input_names(graph_item: GraphItem) -> None:

@@ -10,6 +10,7 @@ from autodist.ir.capture.added_losses import (added_loss_terms, classify_added_l
 from autodist.ir.capture.constraints import attach_constraints
 from autodist.ir.capture.draw_rows import find_row_blocks
 from autodist.ir.capture.example_runs import infer_draw_shapes
+from autodist.ir.capture.fixed_lookups import FIXED_ROWS_SCOPE, find_repeated_lookups
 from autodist.ir.capture.keras_loss import (check_keras_losses, keras_compute_loss,
                                            record_loss_reductions, sum_scaled_weights)
 from autodist.ir.capture.keras_metrics import (build_keras_metrics, keras_metric_variables,
@@ -102,6 +103,7 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     infer_draw_shapes(item, model)
     find_row_blocks(item, model)
     classify_added_losses(item, model)
+    find_repeated_lookups(item, model)
     record_loss_reductions(item, model, y_spec)
     # Keras resolves jit_compile="auto" when compiling: True where XLA serves the model.
     item.proto.jit_compile = getattr(model, "jit_compile", False) is True
@@ -123,7 +125,8 @@ def rows_per_example(gradients: list, inputs) -> list:
     out = []
     for grad in gradients:
         if isinstance(grad, tf.IndexedSlices) and not _reads_any(grad.indices, sources):
-            grad = tf.convert_to_tensor(grad)
+            with tf.name_scope(FIXED_ROWS_SCOPE):   # found again by `fixed_lookups`
+                grad = tf.convert_to_tensor(grad)
         out.append(grad)
     return out
 

@@ -23,6 +23,7 @@ import tensorflow as tf
 from autodist.ir.capture.constraints import attach_constraints
 from autodist.ir.capture.example_runs import infer_draw_shapes
 from autodist.ir.capture.draw_rows import find_row_blocks
+from autodist.ir.capture.fixed_lookups import find_repeated_lookups
 from autodist.ir.capture.keras_metrics import (count_batches_once, counts_batches,
                                                keras_metric_variables)
 from autodist.ir.capture.keras_model import (check_compiled, check_keras_stateful_layers,
@@ -98,6 +99,7 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size) -> Grap
     attach_constraints(item, trainable, names)
     infer_draw_shapes(item, model)
     find_row_blocks(item, model)
+    find_repeated_lookups(item, model)
     item.proto.jit_compile = getattr(model, "jit_compile", False) is True
     info = item.proto.custom_step
     info.step_class = step_class.__qualname__
