@@ -12,7 +12,12 @@ their gradients are one device's:
   two passes as `tf.nn.moments`);
 * backward: each moment's gradient, the upstream gradient broadcast over the
   count, takes the upstream gradient summed over replicas (every replica's
-  loss depends on the shared moments) over the global count.
+  loss depends on the shared moments) over the global count. A replica's
+  loss is its examples' mean, weighted by its share of the batch afterwards
+  (`synchronizer`), so each upstream gradient is weighted by its replica's
+  share in the sum, and the sum divided by this replica's share (which the
+  weighting then cancels): replicas holding unequal parts of a batch (a short
+  last batch split 5/4) add up to one device's gradient.
 
 The moving statistics then follow the global batch's on every replica, as
 Keras'. Where a replica runs several virtual nodes one after the other, they
@@ -26,7 +31,7 @@ from typing import Mapping, Sequence
 import tensorflow as tf
 
 from autodist.ir.graph_item import GraphItem
-from autodist.kernels import graph_edit
+from autodist.kernels import batch_share, graph_edit
 from autodist.kernels.replica_sums import ReplicaSums
 
 def syncable(graph_item: GraphItem) -> list:
@@ -49,6 +54,7 @@ def for_global_batch(graph_def, batch_norms: Sequence, sums: ReplicaSums,
     """
     nodes = {node.name: node for node in graph_def.node}
     output_bytes = output_bytes or {}
+    shares: dict[tf.DType, str] = {}
     for info in batch_norms:
         mean_count = _moment(graph_def, nodes[info.mean], sums, output_bytes.get(info.mean))
         variance_count = _moment(graph_def, nodes[info.variance], sums,
@@ -56,9 +62,9 @@ def for_global_batch(graph_def, batch_norms: Sequence, sums: ReplicaSums,
         if not info.mean_gradient:   # it normalizes the model's input: no backward
             continue
         _gradient(graph_def, nodes[info.mean_gradient], nodes[info.mean_upstream], sums,
-                  mean_count, output_bytes.get(info.mean_upstream))
+                  mean_count, shares, output_bytes.get(info.mean_upstream))
         _gradient(graph_def, nodes[info.variance_gradient], nodes[info.variance_upstream],
-                  sums, variance_count, output_bytes.get(info.variance_upstream))
+                  sums, variance_count, shares, output_bytes.get(info.variance_upstream))
 
 
 def _elements(size_bytes: int | None, dtype: tf.DType, extra: int = 0) -> int | None:
@@ -122,12 +128,22 @@ def _moment(graph_def, mean, sums: ReplicaSums,
 
 
 def _gradient(graph_def, div, reshape, sums: ReplicaSums, count: tuple[str, tf.DType],
-              size_bytes: int | None = None) -> None:
-    """broadcast(g) / count -> broadcast(sum over replicas of g) / the global `count`."""
+              shares: dict[tf.DType, str], size_bytes: int | None = None) -> None:
+    """broadcast(g) / count -> broadcast(sum over replicas of share * g, over this
+    replica's share) / the global `count` (`shares`: this replica's share of the batch
+    by dtype, added once)."""
     prefix = f"{div.name}/autodist_sync"
     dtype = tf.as_dtype(div.attr["T"].type)
+    if dtype not in shares:
+        shares[dtype] = batch_share.global_share(
+            graph_def, f"autodist_batch_norm_share_{dtype.name}", dtype)
+    share = shares[dtype]
     upstream = reshape.input[0]
-    reshape.input[0] = sums.sum(f"{prefix}/upstream_sum", upstream, dtype,
-                                _elements(size_bytes, dtype))
+    weighted = graph_edit.add(graph_def, f"{prefix}/upstream_weighted", "Mul",
+                              [upstream, share], T=dtype)
+    summed = sums.sum(f"{prefix}/upstream_sum", weighted, dtype, _elements(size_bytes, dtype))
+    # 0 on a replica without examples (nothing flows back to its empty batch).
+    reshape.input[0] = graph_edit.add(graph_def, f"{prefix}/upstream_global", "DivNoNan",
+                                      [summed, share], T=dtype)
     div.input[1] = graph_edit.add(graph_def, f"{prefix}/global_count", "Cast", [count[0]],
                                   SrcT=count[1], DstT=dtype, Truncate=False)
