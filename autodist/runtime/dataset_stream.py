@@ -179,12 +179,27 @@ class DatasetStream:
                     if not self._put(self._global_batch(index, arrays, last)):
                         return
                     index += 1
+                if epoch.runs_out:
+                    self._find_the_end(iterator, index)
         except Exception as e:  # noqa: BLE001
             if not isinstance(e, DatasetError):
                 e = DatasetError(f"reading the dataset failed at step {index} "
                                  f"({type(e).__name__}): {str(e)[:500]}. The workers read "
                                  "the files a dataset names at the same paths as the driver")
             self._put(_Failure(e))
+
+    def _find_the_end(self, iterator, index: int) -> None:
+        """Reads on to the pass's end, as Keras' step after an epoch's last finds it:
+        what an iterator does there, not before, happens (an in-memory `cache()`
+        completes, and the next passes replay it; without this they reshuffled)."""
+        try:
+            next(iterator)
+        except StopIteration:
+            return
+        raise DatasetError(
+            f"the dataset gave another batch after step {index - 1}, where the driver "
+            f"found the end of a pass of {self.description.batches} batches when it "
+            "prepared the run: did its files change?")
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
