@@ -118,6 +118,33 @@ def test_a_cached_shuffled_dataset_is_replayed_where_keras_replays_it(mlp_8, kno
     assert expected[0] == expected[1] == expected[2]
 
 
+def test_an_ordered_dict_of_inputs_out_of_name_order_is_said_to_differ_from_keras():
+    """Keras 3 feeds an OrderedDict's values (make_csv_dataset's columns, in file order)
+    by position to a dict model's inputs sorted by name: keras-io's decision forests
+    then feeds 'workclass' ids to the 'education' embedding. The run feeds by name and
+    says so (it trained other numbers silently); a plain dict is fed by name by both."""
+    import collections
+
+    from autodist.runtime.keras_parity import ParityWarning
+
+    inputs = {"b_col": keras.Input((1,), name="b_col"), "a_col": keras.Input((1,), name="a_col")}
+    out = keras.layers.Dense(1)(keras.layers.Concatenate()([inputs["a_col"], inputs["b_col"]]))
+    model = keras.Model(inputs, out)
+    model.compile("sgd", "mse")
+    item = autodist.capture(model)
+    columns = collections.OrderedDict([("b_col", np.ones((8, 1), "float32")),
+                                       ("a_col", np.zeros((8, 1), "float32"))])
+    ordered = tf.data.Dataset.from_tensor_slices((columns, np.ones((8, 1), "float32"))).batch(4)
+    with pytest.warns(ParityWarning, match=r"OrderedDict \(keys in the order \['b_col', "
+                                           r"'a_col'\].*feeds each input the column of its name"):
+        datasets.prepare(ordered, item, steps_per_epoch=None, epochs=1, smallest_batch=ONE,
+                         fixed_batch=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ParityWarning)
+        datasets.prepare(ordered.map(lambda x, y: (dict(x), y)), item, steps_per_epoch=None,
+                         epochs=1, smallest_batch=ONE, fixed_batch=None)
+
+
 @pytest.mark.parametrize("known", [True, False], ids=["cardinality", "no-cardinality"])
 def test_a_dataset_read_before_fit_is_read_on_from_where_keras_would(mlp_8, known):
     """A dataset read before fit outside it (keras-io's FeatureSpace example adapts its
