@@ -142,7 +142,7 @@ class MemoryModel:
         self.num_replicas = len(replicas)
         self.num_nodes = len(resource_spec.nodes)
         self.batch_size = batch_size
-        self.per_replica_batch = batch_size / self.num_replicas
+        self.per_replica_batch = max(batch_size / self.num_replicas, 1.0)   # the busiest
         self.columns = _HOST0 + self.num_nodes
         self._rows = dict(rows_per_example or {})
         self._cache: dict[tuple, np.ndarray] = {}

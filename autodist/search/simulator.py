@@ -289,14 +289,14 @@ class Simulator:
         self.num_nodes = len(spec.nodes)
         estimate = space.graph_item.estimate_batch_size
         self.batch_size = batch_size or space.batch_size
-        if self.batch_size < self.num_replicas:
-            raise InvalidArgumentError(f"batch_size {self.batch_size} is smaller than the number "
-                                       "of "
-                                       f"replicas {self.num_replicas}")
+        if self.batch_size < 1:
+            raise InvalidArgumentError(f"batch_size must be >= 1. Received: {self.batch_size}")
         self.memory = (space.memory if self.batch_size == space.batch_size else
                        MemoryModel(space.graph_item, spec, self.batch_size,
                                    space.lookups_per_example))
-        self.per_replica_batch = self.batch_size / self.num_replicas
+        # A batch smaller than the replicas (Keras takes batch_size=1; the run gives some
+        # replicas no examples): the busiest replica holds one example.
+        self.per_replica_batch = max(self.batch_size / self.num_replicas, 1.0)
         self.bandwidth = np.array([spec.bandwidth_gbps(n) * 1e9 / 8
                                    for n in range(self.num_nodes)])
         self.replicas_on = np.bincount(self.replica_nodes, minlength=self.num_nodes)

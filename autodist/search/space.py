@@ -229,10 +229,8 @@ class SearchSpace:
         self.lookups_per_example = lookups_per_example(graph_item)
         replicas = len(resource_spec.replica_devices)
         self.batch_size = batch_size or graph_item.estimate_batch_size * replicas
-        if self.batch_size < replicas:
-            raise InvalidArgumentError(f"batch_size {self.batch_size} is smaller than the number "
-                                       "of "
-                                       f"replicas {replicas}")
+        if self.batch_size < 1:
+            raise InvalidArgumentError(f"batch_size must be >= 1. Received: {self.batch_size}")
         self.memory = MemoryModel(graph_item, resource_spec, self.batch_size,
                                   self.lookups_per_example)
         self.options: list[list[strategy_pb2.VariableConfig]] = [

@@ -54,6 +54,18 @@ def test_dense_variable_on_a_ps_node():
     assert p.lower_bound_s[0] == pytest.approx(2e-3)
 
 
+def test_a_batch_smaller_than_the_replicas_is_priced_at_one_example_on_the_busiest():
+    """Keras takes batch_size=1 (keras-io's attention MIL); on 2 replicas one holds the
+    example and the other none (the runtime trains it as Keras). It was refused."""
+    spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=8)
+    space = SearchSpace(_dense_1mb(), spec, batch_size=1)
+    sim = Simulator(space, CAL, batch_size=1)
+    p = sim.predict([[_index(space, 0, _is_ps), 0]])
+    assert p.parts["compute_s"][0] == pytest.approx(1e-4)     # 1e6 FLOPs at 10, 1 example
+    with pytest.raises(Exception, match="batch_size must be >= 1"):
+        Simulator(space, CAL, batch_size=-1)
+
+
 def test_dense_variable_all_reduced_and_compressed():
     spec = ResourceSpec.local(workers=2, ps=1, bandwidth_gbps=8)
     space = SearchSpace(_dense_1mb(), spec, SpaceOptions(compressors=("none", "fp16")))
