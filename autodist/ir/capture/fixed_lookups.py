@@ -35,7 +35,8 @@ def find_repeated_lookups(item: GraphItem, model) -> None:
         while node is not None and node.op == "Identity":
             node = nodes.get(op_name(node.input[0]))
         if node is not None and node.op == "UnsortedSegmentSum" and any(
-                scope.startswith(FIXED_ROWS_SCOPE) for scope in node.name.split("/")[:-1]):
+                scope.startswith(FIXED_ROWS_SCOPE) for scope in node.name.split("/")[:-1]) \
+                and not _a_range(nodes, node.input[1]):
             indices[var.name] = node.input[1] if ":" in node.input[1] else f"{node.input[1]}:0"
     if not indices:
         return
@@ -53,3 +54,12 @@ def find_repeated_lookups(item: GraphItem, model) -> None:
     for var in item.proto.variables:
         if var.name in repeated:
             var.gradient.repeated_lookups = True
+
+
+def _a_range(nodes, tensor: str) -> bool:
+    """Whether `tensor` is an `arange` (through casts and reshapes): unique indices, as a
+    position embedding's, with nothing to evaluate."""
+    node = nodes.get(op_name(tensor))
+    while node is not None and node.op in ("Identity", "Cast", "Reshape") and node.input:
+        node = nodes.get(op_name(node.input[0]))
+    return node is not None and node.op == "Range"
