@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 from autodist.ir.errors import AutodistError
 from autodist.ir.graph_item import GraphItem
 from autodist.runtime import batching, dataset_graph
+from autodist.runtime.keras_parity import warn_of_ordered_inputs
 from autodist.runtime.records import DatasetDescription
 from autodist.runtime.targets import class_weight_table
 
@@ -268,7 +269,7 @@ def _flattened(dataset, graph_item: GraphItem, class_weight: Any
     x_infos = list(graph_item.model_inputs)
     y_infos = list(graph_item.target_inputs)
     x_specs = _x_parts(spec[0], [i.name for i in x_infos])
-    _warn_of_ordered_inputs(spec[0])
+    warn_of_ordered_inputs(spec[0], "the dataset's x")
     y_specs = _y_parts(spec[1], y_infos)
     for part, info in zip(x_specs, x_infos):
         _check_shape(part, info, squeezable=True)
@@ -323,29 +324,6 @@ def _class_weights(y, table: dict[int, float]):
     match = tf.equal(labels[:, None], keys[None, :])
     found = tf.reduce_sum(tf.where(match, values[None, :], 0.0), axis=1)
     return tf.where(tf.reduce_any(match, axis=1), found, 1.0)
-
-
-def _warn_of_ordered_inputs(x) -> None:
-    """Keras 3 (3.15) flattens an `OrderedDict` of inputs in its own order, a model built
-    on a dict of inputs its inputs by sorted name, and feeds them by position: where the
-    orders differ (`make_csv_dataset`'s columns in file order), its fit feeds one
-    column to another input. The run feeds by name: said, not copied."""
-    import collections
-
-    if not isinstance(x, collections.OrderedDict) or list(x) == sorted(x):
-        return
-    import warnings
-
-    from autodist.runtime.keras_parity import ParityWarning
-
-    warnings.warn(
-        f"the dataset's x is an OrderedDict (keys in the order {list(x)[:8]}, e.g. from "
-        "tf.data.experimental.make_csv_dataset): for a model built on a dict of inputs, "
-        "Keras 3's fit feeds its values by position in that order to the inputs sorted by "
-        f"name ({sorted(x)[:8]}), i.e. some columns to other inputs. autodist feeds each "
-        "input the column of its name, so its numbers differ from Keras fit's here. "
-        "Map the elements to a plain dict (dataset.map(lambda x, y: (dict(x), y))) to "
-        "have Keras feed by name too", ParityWarning, stacklevel=4)
 
 
 def _x_parts(x, input_names: list[str]) -> list[Any]:

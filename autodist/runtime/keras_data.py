@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from autodist.ir.errors import AutodistError
+from autodist.runtime.keras_parity import warn_of_ordered_inputs
 
 
 class DataError(AutodistError, ValueError):
@@ -79,6 +80,7 @@ def flatten_inputs(x: Any, infos: Sequence[Any]) -> list[Any]:
     """
     names = [info.name for info in infos]
     if isinstance(x, dict):
+        warn_of_ordered_inputs(x, "x")
         missing = [n for n in names if n not in x]
         if missing:
             if len(infos) == 1 and len(x) == 1:

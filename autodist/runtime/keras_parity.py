@@ -38,6 +38,25 @@ def check(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
     _loss_scaling(graph_item, strategy)
 
 
+def warn_of_ordered_inputs(x: Any, what: str) -> None:
+    """Keras 3 (3.15) flattens an `OrderedDict` of inputs in its own order, a model built
+    on a dict of inputs its inputs by sorted name, and feeds them by position: where the
+    orders differ (`make_csv_dataset`'s columns in file order), its fit feeds one
+    column to another input. The run feeds by name: said, not copied."""
+    import collections
+
+    if not isinstance(x, collections.OrderedDict) or list(x) == sorted(x):
+        return
+    warnings.warn(
+        f"{what} is an OrderedDict (keys in the order {list(x)[:8]}, e.g. from "
+        "tf.data.experimental.make_csv_dataset): for a model built on a dict of inputs, "
+        "Keras 3's fit feeds its values by position in that order to the inputs sorted by "
+        f"name ({sorted(x)[:8]}), i.e. some columns to other inputs. autodist feeds each "
+        "input the column of its name, so its numbers differ from Keras fit's here. "
+        "Pass a plain dict (for a dataset: dataset.map(lambda x, y: (dict(x), y))) to "
+        "have Keras feed by name too", ParityWarning, stacklevel=4)
+
+
 def _repeated_lookups(graph_item: GraphItem, strategy: Strategy) -> None:
     """A table read at fixed indices that repeat, under an optimizer that squares each
     lookup of the batch's gradient (`ir.capture.fixed_lookups`): the replicas' parts

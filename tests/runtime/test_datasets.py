@@ -18,7 +18,7 @@ from autodist import models
 from autodist.kernels import global_batch
 from autodist.launch.job import DatasetFiles
 from autodist.runtime.run_config import RunConfig
-from autodist.runtime import checkpoint, datasets
+from autodist.runtime import checkpoint, datasets, keras_data
 from autodist.runtime.batching import dataset_epochs
 from autodist.runtime.dataset_graph import DatasetGraphError
 from autodist.runtime.dataset_stream import DatasetStream
@@ -143,6 +143,9 @@ def test_an_ordered_dict_of_inputs_out_of_name_order_is_said_to_differ_from_kera
         warnings.simplefilter("error", ParityWarning)
         datasets.prepare(ordered.map(lambda x, y: (dict(x), y)), item, steps_per_epoch=None,
                          epochs=1, smallest_batch=ONE, fixed_batch=None)
+        keras_data.flatten_inputs(dict(columns), item.model_inputs)
+    with pytest.warns(ParityWarning, match=r"x is an OrderedDict"):   # fit(x=...) too
+        keras_data.flatten_inputs(columns, item.model_inputs)
 
 
 @pytest.mark.parametrize("known", [True, False], ids=["cardinality", "no-cardinality"])
