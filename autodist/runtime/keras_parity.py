@@ -122,9 +122,11 @@ def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
             "several: they cannot share statistics within a step. Use one virtual node per "
             "replica, or with_batch_norm('ghost') (each virtual node its own statistics)")
     if strategy.batch_norm == "auto" and strategy.global_batch_size is not None:
+        named = sorted(bn.layer for bn in batch_norm.syncable(graph_item))
+        shown = f"{named[:6]}" + (f" and {len(named) - 6} more" if len(named) > 6 else "")
         warnings.warn(
-            f"batch normalization: with the strategy's {strategy.num_virtual_nodes} virtual "
-            "nodes each normalizes with its own part of the batch ("
+            f"batch normalization (layers {shown}): with the strategy's "
+            f"{strategy.num_virtual_nodes} virtual nodes each normalizes with its own part of the batch ("
             f"{_part_sizes(strategy.global_batch_size, strategy.num_virtual_nodes)} of "
             f"{strategy.global_batch_size} examples; 'ghost "
             "batch normalization', the same on any hardware for this global batch and number "

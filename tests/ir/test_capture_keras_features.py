@@ -603,3 +603,16 @@ def test_a_table_read_at_fixed_rows_that_repeat_is_refused_where_squares_differ(
             keras_parity.check(model, item, split)
     else:
         keras_parity.check(model, item, split)
+
+
+def test_a_model_whose_inference_path_does_not_trace_is_captured_as_fit_builds_it():
+    """RandomCrop passes the resized image through uncropped at inference (Keras 3.15),
+    so a Reshape sized for the crop fails there; Keras' fit never traces inference mode
+    (keras-io's token_learner). The capture built the metrics with Keras' inference-mode
+    build and refused the model; it now builds them in training mode, as fit does."""
+    inputs = keras.Input((12, 12, 3))
+    h = keras.layers.Reshape((64 * 3,))(keras.layers.RandomCrop(8, 8, seed=3)(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(h))
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    item = capture(model)
+    assert item.metric_states and item.variables

@@ -29,7 +29,14 @@ def build_keras_metrics(model, x_spec, y_spec) -> None:
         try:
             model._symbolic_build(data_batch=(x_spec, y_spec))  # noqa: SLF001
         except (ValueError, TypeError) as e:
-            raise traced_step_error(model, e) from e
+            # Keras' own build traces the model in inference mode, which its fit (one
+            # device) never does: it builds them in the training step's trace. A model
+            # whose inference path does not trace (RandomCrop passes the resized image
+            # through uncropped at inference: keras-io's token_learner) is built so.
+            try:
+                _build_in_training_mode(model, x_spec, y_spec)
+            except (ValueError, TypeError):
+                raise traced_step_error(model, e) from e
     known = [model._loss_tracker, compiled]  # noqa: SLF001
     known += list(compile_loss.metrics) if compile_loss is not None else []
     for metric in model.metrics:
@@ -43,6 +50,26 @@ def build_keras_metrics(model, x_spec, y_spec) -> None:
         if not type(metric).__module__.startswith("keras.") and \
                 not isinstance(metric, (keras.metrics.Mean, keras.metrics.Sum)):
             _check_additive(metric, model.name)
+
+
+def _build_in_training_mode(model, x_spec, y_spec) -> None:
+    """The compiled metrics and loss built on the model's training-mode output spec, as
+    the first trace of Keras' train step builds them."""
+    import keras
+    from keras.src import backend
+
+    def symbolic(spec):
+        return None if spec is None else keras.KerasTensor(spec.shape, spec.dtype.name)
+
+    x = tf.nest.map_structure(symbolic, x_spec)
+    y = tf.nest.map_structure(symbolic, y_spec)
+    y_pred = backend.compute_output_spec(model, x, training=True)
+    compiled, compile_loss = model._compile_metrics, model._compile_loss  # noqa: SLF001
+    if compiled is not None and not compiled.built:
+        backend.compute_output_spec(model.compute_metrics, x, y, y_pred, sample_weight=None)
+    if compile_loss is not None and not compile_loss.built:
+        backend.compute_output_spec(model._compute_loss, x, y, y_pred,  # noqa: SLF001
+                                    sample_weight=None, training=False)
 
 
 def _check_not_a_summed_loss(metric, model_name: str) -> None:
