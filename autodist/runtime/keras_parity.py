@@ -126,7 +126,8 @@ def _batch_norms(model: Any, graph_item: GraphItem, strategy: Strategy) -> None:
         shown = f"{named[:6]}" + (f" and {len(named) - 6} more" if len(named) > 6 else "")
         warnings.warn(
             f"batch normalization (layers {shown}): with the strategy's "
-            f"{strategy.num_virtual_nodes} virtual nodes each normalizes with its own part of the batch ("
+            f"{strategy.num_virtual_nodes} virtual nodes each normalizes with its own part "
+            "of the batch ("
             f"{_part_sizes(strategy.global_batch_size, strategy.num_virtual_nodes)} of "
             f"{strategy.global_batch_size} examples; 'ghost "
             "batch normalization', the same on any hardware for this global batch and number "
