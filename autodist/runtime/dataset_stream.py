@@ -175,8 +175,7 @@ class DatasetStream:
                             f"the {d.batches} batches of a pass it had when the driver "
                             "prepared the run: did its files change?") from None
                     arrays = [t.numpy() for t in element]
-                    last = d.batches is not None and epoch.start + k == d.batches - 1
-                    if not self._put(self._global_batch(index, arrays, last)):
+                    if not self._put(self._global_batch(index, arrays)):
                         return
                     index += 1
                 if epoch.runs_out:
@@ -210,8 +209,7 @@ class DatasetStream:
                 continue
         return False
 
-    def _global_batch(self, index: int, arrays: Sequence[np.ndarray],
-                      last_of_pass: bool) -> GlobalBatch:
+    def _global_batch(self, index: int, arrays: Sequence[np.ndarray]) -> GlobalBatch:
         """An element as a checked global batch (a shard's: this worker's rows of it)."""
         d = self.description
         size = len(arrays[0])
@@ -234,12 +232,13 @@ class DatasetStream:
                 f"step {index}: the dataset's batch has {size} examples, fewer than "
                 f"{self._smallest_batch[0]} ({self._smallest_batch[1]}): drop the short batch "
                 "(batch(n, drop_remainder=True)) or batch more examples")
-        if held is None and self._fixed_batch is not None and (
-                size > self._fixed_batch or size < self._fixed_batch and not last_of_pass):
+        # A smaller batch is split over the virtual nodes as a short last batch is, also
+        # inside a pass (keras-io's traffic forecasting batches, then shuffles the batches).
+        if held is None and self._fixed_batch is not None and size > self._fixed_batch:
             raise DatasetError(
                 f"step {index}: the dataset's batch has {size} examples; the strategy fixes "
-                f"the global batch at {self._fixed_batch} (only a pass's last batch may be "
-                "smaller)")
+                f"the global batch at {self._fixed_batch} (a batch may be smaller, not "
+                "larger)")
         inputs = list(arrays[:d.num_inputs])
         ys = list(arrays[d.num_inputs:d.num_inputs + d.num_targets])
         weights = arrays[-1] if d.weighted else None

@@ -118,6 +118,26 @@ def test_a_cached_shuffled_dataset_is_replayed_where_keras_replays_it(mlp_8, kno
     assert expected[0] == expected[1] == expected[2]
 
 
+def test_a_short_batch_inside_a_pass_is_read_with_a_fixed_global_batch(mlp_8):
+    """keras-io's traffic forecasting batches, then shuffles the batches: a short batch
+    lands inside the pass. Virtual nodes fix the global batch; a smaller batch is split
+    over them as a short last batch is (it failed the run at its step)."""
+    _, graph_item = mlp_8
+    x, y = _data(99)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).shuffle(100, seed=3)
+    sizes = [len(b[1]) for b in dataset]
+    assert sizes.index(3) < len(sizes) - 1
+    streamed = datasets.prepare(dataset, graph_item, steps_per_epoch=None, epochs=1,
+                                smallest_batch=ONE, fixed_batch=16)
+    stream = DatasetStream(DatasetFiles(streamed.graph, streamed.description.to_json()),
+                           RunConfig(global_batch_size=16, epochs=1), graph_item, ONE, 16)
+    try:
+        read = [stream.batch(i).size for i in range(len(sizes))]
+        assert sorted(read) == sorted(sizes) and read[-1] == 16   # 3 inside the pass
+    finally:
+        stream.close()
+
+
 def test_an_ordered_dict_of_inputs_out_of_name_order_is_said_to_differ_from_keras():
     """Keras 3 feeds an OrderedDict's values (make_csv_dataset's columns, in file order)
     by position to a dict model's inputs sorted by name: keras-io's decision forests
