@@ -616,3 +616,22 @@ def test_a_model_whose_inference_path_does_not_trace_is_captured_as_fit_builds_i
     model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
     item = capture(model)
     assert item.metric_states and item.variables
+
+
+class OwnLossModel(keras.Model):
+    """A model's own compute_loss, compiled without a loss (keras-io's masked language
+    model): Keras' step hands it the targets."""
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        return keras.ops.mean((y - y_pred) ** 2)
+
+
+def test_a_compute_loss_override_without_a_compiled_loss_takes_the_targets():
+    """Before, the capture took no targets (no compiled loss or metrics) and the step
+    failed on `y - y_pred` with y None, asking for y=, which the user had given."""
+    inputs = keras.Input((4,), name="features")
+    model = OwnLossModel(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(keras.optimizers.SGD(0.1))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 4)).astype(np.float32)
+    item = capture(model, x=x, y=x[:, :1])
+    assert [info.name for info in item.target_inputs] == ["y"]

@@ -37,9 +37,11 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     x_spec = keras_input_spec(model, x)
     build_model(model, x, x_spec)
     # Compiled without a loss, Keras' step computes only the terms the layers add
-    # (`add_loss`); it reads the targets only for compiled metrics, else the step takes none.
+    # (`add_loss`); it reads the targets only for compiled metrics or the model's own
+    # compute_loss (it hands them over: keras-io's masked language model), else none.
     reads_targets = model.loss is not None or \
-        getattr(model, "_compile_metrics", None) is not None
+        getattr(model, "_compile_metrics", None) is not None or \
+        (y is not None and _overrides_compute_loss(model))
     y_spec = keras_target_spec(model, x_spec, y) if reads_targets else None
     trainable = list(model.trainable_variables)
     if not trainable:
@@ -108,6 +110,15 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     # Keras resolves jit_compile="auto" when compiling: True where XLA serves the model.
     item.proto.jit_compile = getattr(model, "jit_compile", False) is True
     return item
+
+
+def _overrides_compute_loss(model) -> bool:
+    """Whether a class of the user's defines `compute_loss` (Keras' step passes it the
+    targets even where the model is compiled without a loss)."""
+    for klass in type(model).__mro__:
+        if "compute_loss" in vars(klass):
+            return not klass.__module__.startswith("keras.")
+    return False
 
 
 def rows_per_example(gradients: list, inputs) -> list:
