@@ -13,12 +13,14 @@ from autodist.ir.graph_item import GraphItem
 from autodist.proto import graph_item_pb2
 
 
-def random_examples(item: GraphItem, size: int, seed: int = 0,
-                    ids: bool = False) -> dict[str, np.ndarray]:
+def random_examples(item: GraphItem, size: int, seed: int = 0, ids: bool = False,
+                    unit: bool = False) -> dict[str, np.ndarray]:
     """Random examples for the step's inputs: normal floats (unit sample weights), zero
     ids, empty strings; unknown dimensions of length 3. With `ids`, numbers are ids
     1 and 2 instead, floats too (a float input of labels: keras-io's captcha_ocr feeds
-    its CTC loss float labels, which must be non-negative integers)."""
+    its CTC loss float labels, which must be non-negative integers). With `unit`,
+    floats are uniform in [0, 1), as images scaled to it (keras-io's Zero-DCE iterates
+    a curve that normal values drive to infinity)."""
     rng = np.random.default_rng(seed)
     out = {}
     for info in item.inputs:
@@ -30,6 +32,8 @@ def random_examples(item: GraphItem, size: int, seed: int = 0,
             out[info.tensor] = np.ones(shape, dtype.as_numpy_dtype)
         elif ids:
             out[info.tensor] = rng.integers(1, 3, size=shape).astype(dtype.as_numpy_dtype)
+        elif unit and dtype.is_floating:
+            out[info.tensor] = rng.uniform(size=shape).astype(dtype.as_numpy_dtype)
         elif dtype.is_floating:
             out[info.tensor] = rng.normal(size=shape).astype(dtype.as_numpy_dtype)
         else:

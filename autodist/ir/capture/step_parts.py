@@ -43,19 +43,16 @@ def check_parts_add_up(item: GraphItem, model, label: str) -> None:
         [(f"metric state {n!r}", t) for n, t in metrics]
     graph_def = item.graph_def()
     has_part = any(node.name == BATCH_PART_INPUT for node in graph_def.node)
-    whole = random_examples(item, _WHOLE, seed=1)
     state = [(v, np.array(v.numpy())) for v in model.variables if not v.trainable]
-    batches, shares = [], []
-    for rows in (slice(0, _WHOLE), slice(0, _CUT), slice(_CUT, _WHOLE)):
-        batch = {name: value[rows] for name, value in whole.items()}
-        shares.append((rows.stop - rows.start) / _WHOLE)
-        if has_part:
-            batch[f"{BATCH_PART_INPUT}:0"] = np.float32(shares[-1])
-        batches.append(batch)
     try:
-        runs = list(zip(shares, run_batches(
-            graph_def, model_variable_handles(item, model), batches, item.random_ops,
-            [t for _, t in named], item.tables)))
+        # Normal values first; where the step's values are not finite on them, values
+        # in [0, 1) (a step finite on its real data may not be on normal values).
+        for unit in (False, True):
+            runs = _run_parts(item, model, graph_def, has_part, named, unit)
+            if all(np.all(np.isfinite(v)) for v in runs[0][1]):
+                break
+        else:
+            return   # not finite on either: nothing can be told
     except Exception as e:  # whatever the user's step raises
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CaptureError(
@@ -67,6 +64,22 @@ def check_parts_add_up(item: GraphItem, model, label: str) -> None:
         for variable, value in state:
             variable.assign(value)
     _compare(named, runs, dense, label)
+
+
+def _run_parts(item: GraphItem, model, graph_def, has_part: bool, named, unit: bool) -> list:
+    """The step's `named` tensors on a random batch and on its two parts, with each
+    part's share of the examples."""
+    whole = random_examples(item, _WHOLE, seed=1, unit=unit)
+    batches, shares = [], []
+    for rows in (slice(0, _WHOLE), slice(0, _CUT), slice(_CUT, _WHOLE)):
+        batch = {name: value[rows] for name, value in whole.items()}
+        shares.append((rows.stop - rows.start) / _WHOLE)
+        if has_part:
+            batch[f"{BATCH_PART_INPUT}:0"] = np.float32(shares[-1])
+        batches.append(batch)
+    return list(zip(shares, run_batches(
+        graph_def, model_variable_handles(item, model), batches, item.random_ops,
+        [t for _, t in named], item.tables)))
 
 
 def _compare(named, runs, dense, label: str) -> None:
