@@ -635,3 +635,22 @@ def test_a_compute_loss_override_without_a_compiled_loss_takes_the_targets():
     x = rng.normal(size=(8, 4)).astype(np.float32)
     item = capture(model, x=x, y=x[:, :1])
     assert [info.name for info in item.target_inputs] == ["y"]
+
+
+class PlainVariableLayer(keras.layers.Layer):
+    """A weight made as a plain tf.Variable (keras-io's traffic forecasting GraphConv):
+    Keras 3 does not track it."""
+    def build(self, input_shape):
+        self.weight = tf.Variable(tf.ones((input_shape[-1], 2)))
+
+    def call(self, h):
+        return tf.matmul(h, self.weight)
+
+
+def test_a_plain_tf_variable_in_a_layer_is_refused_naming_add_weight():
+    inputs = keras.Input((4,), name="features")
+    model = keras.Model(inputs, keras.layers.Dense(1)(PlainVariableLayer()(inputs)))
+    model.compile("sgd", "mse")
+    with pytest.raises(CaptureError, match=r"not one of the model's variables.*plain "
+                                           r"tf.Variable.*self.add_weight"):
+        capture(model)

@@ -52,8 +52,13 @@ def drop_foreign_state(graph, graph_def, variable_handles: set[str], outputs) ->
                 "run cannot carry their state to the workers. Give the layer its own, "
                 "self.seed_generator = keras.random.SeedGenerator(seed) in __init__, and "
                 "pass seed=self.seed_generator")
-        raise CaptureError(f"the loss or a gradient reads {reached[0]!r}, a resource that is "
-                           "not one of the model's variables; only variables may be read")
+        raise CaptureError(
+            f"the loss or a gradient reads {reached[0]!r}, a resource that is not one of "
+            "the model's variables (model.variables); only those may be read. A plain "
+            "tf.Variable made in a layer is one: Keras 3 does not track it (its fit never "
+            "trains or saves it). Make it with self.add_weight(...) (trainable=False for a "
+            "constant), or hold a constant as a tensor (keras-io's traffic forecasting "
+            "GraphConv)")
     kept = [n for n in graph_def.node if n.name not in dropped]
     for node in kept:
         inputs = [i for i in node.input if not (i.startswith("^") and i[1:] in dropped)]

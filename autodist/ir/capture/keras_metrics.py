@@ -44,7 +44,11 @@ def build_keras_metrics(model, x_spec, y_spec) -> None:
             raise CaptureError(
                 f"model {model.name!r} has metric {metric.name!r} ({type(metric).__name__}) "
                 "outside compile(metrics=...): a layer's or the model's own metric is updated "
-                "where the distributed step cannot gather it. Pass it to compile(metrics=...)")
+                "where the distributed step cannot gather it (a tracker updated in "
+                "compute_loss, keras-io's masked language model, is one). Pass it to "
+                "compile(metrics=...) where it is a metric of y and y_pred, or update it in "
+                "the model's own train_step (its trackers are gathered), or compile a "
+                "loss and let Keras track it")
     for metric in compiled.metrics if compiled is not None else []:
         _check_not_a_summed_loss(metric, model.name)
         if not type(metric).__module__.startswith("keras.") and \

@@ -31,8 +31,10 @@ def build_model(model, x, x_spec) -> None:
         model(tf.nest.map_structure(lambda v: tf.convert_to_tensor(
             np.asarray(v)[:1], spec_of(v).dtype), x))
     if not model.built:
-        raise CaptureError(f"model {model.name!r} is not built: call it on a batch, or pass "
-                           "capture(model, x=example_batch)")
+        given = " (TensorSpecs or a dataset say its shapes, not how to build it)" \
+            if x is not None else ""
+        raise CaptureError(f"model {model.name!r} is not built{given}: call it on a batch, "
+                           "or pass capture(model, x=example_batch) with arrays")
 
 
 def keras_input_spec(model, x):
