@@ -84,18 +84,27 @@ def _step(item, spec, strategy, x, y):
         return out, session.run(states), program
 
 
-def test_two_replicas_compute_one_devices_gradients_and_moving_statistics(cnn):
-    _, item = cnn
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(12, 5, 5, 2)).astype(np.float32)
-    y = rng.normal(size=(12, 1)).astype(np.float32)
+def _one_and_two_replicas(item, examples: int, seed: int):
+    """One replica's step on a random batch of `examples`, then two replicas' (the batch
+    split as `np.array_split` splits it): (outputs, states), and (outputs, states,
+    program, strategy, spec, x, y)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(examples, 5, 5, 2)).astype(np.float32)
+    y = rng.normal(size=(examples, 1)).astype(np.float32)
     one_spec = autodist.ResourceSpec.local(workers=1)
     two_spec = autodist.ResourceSpec.local(workers=1, cpu_replicas_per_worker=2)
     (one,), one_states, _ = _step(item, one_spec, builders.AllReduce().build(item, one_spec),
                                   x, y)
     strategy = builders.AllReduce().build(item, two_spec)
-    assert global_batch.sums_over_replicas(item, strategy)
     two, two_states, program = _step(item, two_spec, strategy, x, y)
+    return (one, one_states), (two, two_states, program, strategy, two_spec, x, y)
+
+
+def test_two_replicas_compute_one_devices_gradients_and_moving_statistics(cnn):
+    _, item = cnn
+    (one, one_states), (two, two_states, program, strategy, two_spec, x, y) = \
+        _one_and_two_replicas(item, 12, seed=0)
+    assert global_batch.sums_over_replicas(item, strategy)
     assert program.step_collectives
     assert two[0]["loss"] + two[1]["loss"] == pytest.approx(2 * one["loss"], rel=1e-5)
     for name in one:
@@ -118,13 +127,7 @@ def test_unequal_parts_of_a_batch_add_up_to_one_devices_gradients(cnn):
     off Keras' weights after two epochs (keras-io's gnn_citations baseline, 81 examples
     in batches of 32)."""
     _, item = cnn
-    rng = np.random.default_rng(2)
-    x = rng.normal(size=(9, 5, 5, 2)).astype(np.float32)
-    y = rng.normal(size=(9, 1)).astype(np.float32)
-    one_spec = autodist.ResourceSpec.local(workers=1)
-    two_spec = autodist.ResourceSpec.local(workers=1, cpu_replicas_per_worker=2)
-    (one,), _, _ = _step(item, one_spec, builders.AllReduce().build(item, one_spec), x, y)
-    two, _, _ = _step(item, two_spec, builders.AllReduce().build(item, two_spec), x, y)
+    (one, _), (two, *_) = _one_and_two_replicas(item, 9, seed=2)
     shares = [5 / 9, 4 / 9]
     assert sum(s * t["loss"] for s, t in zip(shares, two)) == pytest.approx(one["loss"],
                                                                            rel=1e-5)
