@@ -426,3 +426,45 @@ def test_the_parts_check_retries_on_values_the_step_is_finite_on():
     x = np.random.default_rng(0).uniform(size=(8, 4)).astype(np.float32)
     item = capture(model, x=x)
     assert item.proto.HasField("custom_step")
+
+
+class PerTimestepWeightsStep(keras.Model):
+    """A step weighing each timestep's loss by the dataset's (batch, T) weights, compiled
+    without a loss (the masked language model's older train_step form)."""
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(3, activation="softmax")
+        self.tracker = keras.metrics.Mean(name="loss")
+
+    def call(self, x):
+        return self.dense(x)
+
+    def train_step(self, data):
+        x, y, weights = data
+        with tf.GradientTape() as tape:
+            loss = keras.losses.SparseCategoricalCrossentropy()(y, self(x),
+                                                                sample_weight=weights)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        self.tracker.update_state(loss)
+        return {"loss": self.tracker.result()}
+
+    @property
+    def metrics(self):
+        return [self.tracker]
+
+
+def test_a_datasets_sample_weights_give_the_custom_steps_weight_shape():
+    """capture(model, x=dataset) of (x, y, weights (batch, T)): the step is traced with
+    the dataset's weights; it took (batch,) weights and was refused as a shape fixed to
+    the batch size."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 5, 4)).astype(np.float32)
+    y = rng.integers(0, 3, (16, 5))
+    w = (rng.uniform(size=(16, 5)) < 0.5).astype(np.float32)
+    model = PerTimestepWeightsStep()
+    model.compile("sgd")
+    model(x[:1])
+    item = capture(model, x=tf.data.Dataset.from_tensor_slices((x, y, w)).batch(8))
+    (weights,) = item.sample_weight_inputs
+    assert list(weights.shape) == [-1, 5]

@@ -55,13 +55,14 @@ def capture(target: Any, *, x: Any = None, y: Any = None,
     if estimate_batch_size < 1:
         raise CaptureError(f"estimate_batch_size must be >= 1. Received: {estimate_batch_size!r}")
     if isinstance(target, keras.Model):
-        x, y = _dataset_specs(x, y)
+        x, y, weights = _dataset_specs(x, y)
         if variables is not None or input_signature is not None or optimizer is not None:
             raise CaptureError("a Keras model takes its variables, inputs and optimizer from "
                                "the model and its compile(); pass x=/y= examples instead")
         custom = custom_train_step_class(target)
         if custom is not None:  # the user's own step, as it runs
-            return capture_custom_step(target, custom, x, y, name, estimate_batch_size)
+            return capture_custom_step(target, custom, x, y, name, estimate_batch_size,
+                                       weights=weights)
         return capture_keras(target, x, y, name, estimate_batch_size)
     if isinstance(target, tf.Tensor):
         if tf.is_symbolic_tensor(target) and not isinstance(target.graph, _func_graph_type()):
@@ -75,17 +76,18 @@ def capture(target: Any, *, x: Any = None, y: Any = None,
                        f"tf.compat.v1 loss tensor. Received: {type(target).__name__}")
 
 
-def _dataset_specs(x: Any, y: Any) -> tuple[Any, Any]:
-    """A dataset passed as `x` stands for its batches' specs: inputs, and targets unless
-    `y` is given (lengths it leaves unknown stay unknown, as in Keras' traced step)."""
+def _dataset_specs(x: Any, y: Any) -> tuple[Any, Any, Any]:
+    """A dataset passed as `x` stands for its batches' specs: inputs, targets unless `y`
+    is given, and sample weights where its elements hold them (lengths it leaves unknown
+    stay unknown, as in Keras' traced step)."""
     if not isinstance(x, tf.data.Dataset):
-        return x, y
+        return x, y, None
     spec = x.element_spec
     if isinstance(spec, tuple) and len(spec) in (2, 3):
-        return spec[0], spec[1] if y is None else y
+        return spec[0], spec[1] if y is None else y, spec[2] if len(spec) == 3 else None
     if isinstance(spec, tuple) and len(spec) == 1:
         spec = spec[0]
-    return spec, y
+    return spec, y, None
 
 
 def _func_graph_type() -> type:

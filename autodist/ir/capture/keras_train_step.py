@@ -46,13 +46,16 @@ _DESIGN = "docs/design_custom_train_step.md"
 _WITHOUT = "train this model with Keras' fit on one device"
 
 
-def capture_custom_step(model, step_class: type, x, y, name, batch_size) -> GraphItem:
+def capture_custom_step(model, step_class: type, x, y, name, batch_size,
+                        weights=None) -> GraphItem:
     """The step of a compiled model whose class `step_class` overrides `train_step`.
 
     The step takes its data as Keras' fit packs it: `x` alone for a model whose
     step reads no targets (compiled without a loss or metrics, and no example
     `y`), else `(x, y, sample_weight)` with unit weights unless fit passes some,
     or `(x, y)` when the step cannot take three (it then takes no weights).
+    `weights`: the specs of the sample weights a dataset gives (else the loss
+    values' shape, one per example without a compiled loss).
 
     Raises:
         CaptureError: what the step does that a distributed run cannot (named).
@@ -67,8 +70,13 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size) -> Grap
     reads_targets = y is not None or model.loss is not None or \
         getattr(model, "_compile_metrics", None) is not None
     y_spec = keras_target_spec(model, x_spec, y) if reads_targets else None
-    weight_spec = _first_trace(model, x_spec, y_spec,
-                               sample_weight_spec(model, x_spec, y_spec), label)
+    derived = sample_weight_spec(model, x_spec, y_spec)
+    if weights is not None and derived is not None and \
+            len(tf.nest.flatten(weights)) == len(tf.nest.flatten(derived)):
+        derived = tf.nest.pack_sequence_as(derived, [   # the dataset's (per timestep)
+            tf.TensorSpec([None] + w.shape.as_list()[1:], tf.float32)
+            for w in tf.nest.flatten(weights)])
+    weight_spec = _first_trace(model, x_spec, y_spec, derived, label)
     trainable = list(model.trainable_variables)
     if not trainable:
         raise CaptureError(f"model {model.name!r} has no trainable variables")
