@@ -492,7 +492,7 @@ class _Prober:
         local, small, large = self._timed(session, fetches, [reader, sender])
         if large <= small:   # the payload's transfer lost in the noise: time it longer, once
             local, small, large = self._timed(session, fetches, [reader, sender],
-                                              _RETIMED * self.repeats)
+                                              rounds=_RETIMED * self.repeats)
         session.close()
         return self._link(reader, sender, "server", small - local, large - small)
 

@@ -654,3 +654,18 @@ def test_a_plain_tf_variable_in_a_layer_is_refused_naming_add_weight():
     with pytest.raises(CaptureError, match=r"not one of the model's variables.*plain "
                                            r"tf.Variable.*self.add_weight"):
         capture(model)
+
+
+def test_a_dict_of_examples_for_a_model_of_listed_inputs_is_matched_by_name():
+    """The zoo's ticket_triage: inputs listed (title, body, tags), x a dict (sorted: body,
+    tags, title). The example's dims relaxed in list order took another input's shape."""
+    title = keras.Input((None,), name="title")
+    tags = keras.Input((6,), name="tags")
+    h = keras.layers.Concatenate()([keras.layers.GlobalAveragePooling1D()(
+        keras.layers.Embedding(10, 4)(title)), tags])
+    model = keras.Model([title, tags], keras.layers.Dense(1)(h))
+    model.compile("sgd", "mse")
+    x = {"title": np.ones((4, 9), np.int64), "tags": np.ones((4, 6), np.float32)}
+    item = capture(model, x=x, y=np.ones((4, 1), np.float32))
+    shapes = {info.name: list(info.shape) for info in item.model_inputs}
+    assert shapes == {"title": [-1, -1], "tags": [-1, 6]}

@@ -63,21 +63,27 @@ def keras_input_spec(model, x):
 
 def _relaxed(spec, declared):
     """The example's specs with the dimensions the model's inputs leave unknown unknown
-    (a batch of padded sequences fixes a length the model takes any of) and the inputs'
-    names; as they are where the structures or ranks differ."""
-    try:
-        tf.nest.assert_same_structure(spec, declared, check_types=False)
-    except (ValueError, TypeError):
-        return spec
-
-    def relax(example: tf.TensorSpec, model_spec: tf.TensorSpec) -> tf.TensorSpec:
+    (a batch of padded sequences fixes a length the model takes any of). A dict's
+    inputs are matched by name (keeping its keys as names), others in order (taking
+    the inputs' names); left as they are where they do not match."""
+    def relax(example: tf.TensorSpec, model_spec: tf.TensorSpec, name: str | None
+              ) -> tf.TensorSpec:
         if example.shape.rank is None or example.shape.rank != model_spec.shape.rank:
             return example
         dims = [None if m is None else e
                 for e, m in zip(example.shape.as_list(), model_spec.shape.as_list())]
-        return tf.TensorSpec(dims, example.dtype, name=model_spec.name or example.name)
+        return tf.TensorSpec(dims, example.dtype, name=name)
 
-    return tf.nest.map_structure(relax, spec, declared, check_types=False)
+    if isinstance(spec, dict):
+        by_name = declared if isinstance(declared, dict) else \
+            {s.name: s for s in tf.nest.flatten(declared)}
+        return {key: relax(value, by_name[key], value.name) if key in by_name else value
+                for key, value in spec.items()}
+    flat, flat_declared = tf.nest.flatten(spec), tf.nest.flatten(declared)
+    if isinstance(declared, dict) or len(flat) != len(flat_declared):
+        return spec
+    return tf.nest.pack_sequence_as(spec, [
+        relax(e, m, m.name or e.name) for e, m in zip(flat, flat_declared)])
 
 
 def _declared_input_spec(model):
