@@ -394,11 +394,12 @@ def test_apply_records_the_gradient_before_clipping_and_decay():
     assert capture(clipped).optimizer.hyperparameters["clipnorm"] == pytest.approx(1e-3)
 
 
-class SqrtOfInputsStep(keras.Model):
-    """A step finite on its data (inputs in [0, 1]) and NaN on normal values."""
-    def __init__(self):
+class TrackedLossStep(keras.Model):
+    """A Dense model whose own step applies the gradients of `step_loss(data)` and logs
+    its mean (a `Mean` tracker)."""
+    def __init__(self, units: int, activation=None):
         super().__init__()
-        self.dense = keras.layers.Dense(1)
+        self.dense = keras.layers.Dense(units, activation=activation)
         self.tracker = keras.metrics.Mean(name="loss")
 
     def call(self, x):
@@ -406,7 +407,7 @@ class SqrtOfInputsStep(keras.Model):
 
     def train_step(self, data):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.sqrt(data) * self(data))
+            loss = self.step_loss(data)
         grads = tape.gradient(loss, self.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
         self.tracker.update_state(loss)
@@ -415,6 +416,15 @@ class SqrtOfInputsStep(keras.Model):
     @property
     def metrics(self):
         return [self.tracker]
+
+
+class SqrtOfInputsStep(TrackedLossStep):
+    """A step finite on its data (inputs in [0, 1]) and NaN on normal values."""
+    def __init__(self):
+        super().__init__(1)
+
+    def step_loss(self, data):
+        return tf.reduce_mean(tf.sqrt(data) * self(data))
 
 
 def test_the_parts_check_retries_on_values_the_step_is_finite_on():
@@ -428,30 +438,15 @@ def test_the_parts_check_retries_on_values_the_step_is_finite_on():
     assert item.proto.HasField("custom_step")
 
 
-class PerTimestepWeightsStep(keras.Model):
+class PerTimestepWeightsStep(TrackedLossStep):
     """A step weighing each timestep's loss by the dataset's (batch, T) weights, compiled
     without a loss (the masked language model's older train_step form)."""
     def __init__(self):
-        super().__init__()
-        self.dense = keras.layers.Dense(3, activation="softmax")
-        self.tracker = keras.metrics.Mean(name="loss")
+        super().__init__(3, activation="softmax")
 
-    def call(self, x):
-        return self.dense(x)
-
-    def train_step(self, data):
+    def step_loss(self, data):
         x, y, weights = data
-        with tf.GradientTape() as tape:
-            loss = keras.losses.SparseCategoricalCrossentropy()(y, self(x),
-                                                                sample_weight=weights)
-        grads = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
-        self.tracker.update_state(loss)
-        return {"loss": self.tracker.result()}
-
-    @property
-    def metrics(self):
-        return [self.tracker]
+        return keras.losses.SparseCategoricalCrossentropy()(y, self(x), sample_weight=weights)
 
 
 def test_a_datasets_sample_weights_give_the_custom_steps_weight_shape():

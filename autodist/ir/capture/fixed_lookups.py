@@ -31,12 +31,11 @@ def find_repeated_lookups(item: GraphItem, model) -> None:
     nodes = {node.name: node for node in graph_def.node}
     indices = {}
     for var in item.proto.variables:
-        node = nodes.get(op_name(var.gradient.dense)) if var.gradient.dense else None
-        while node is not None and node.op == "Identity":
-            node = nodes.get(op_name(node.input[0]))
+        node = _source(nodes, var.gradient.dense, ("Identity",)) if var.gradient.dense \
+            else None
         if node is not None and node.op == "UnsortedSegmentSum" and any(
                 scope.startswith(FIXED_ROWS_SCOPE) for scope in node.name.split("/")[:-1]) \
-                and not _a_range(nodes, node.input[1]):
+                and not _is_range(_source(nodes, node.input[1], _RESHAPING)):
             indices[var.name] = node.input[1] if ":" in node.input[1] else f"{node.input[1]}:0"
     if not indices:
         return
@@ -56,10 +55,18 @@ def find_repeated_lookups(item: GraphItem, model) -> None:
             var.gradient.repeated_lookups = True
 
 
-def _a_range(nodes, tensor: str) -> bool:
-    """Whether `tensor` is an `arange` (through casts and reshapes): unique indices, as a
-    position embedding's, with nothing to evaluate."""
+# Ops that pass their first input's values on (an `arange` seen through them is one).
+_RESHAPING = ("Identity", "Cast", "Reshape")
+
+
+def _source(nodes, tensor: str, through: tuple[str, ...]):
+    """The node computing `tensor`, seen through the ops `through` (None if absent)."""
     node = nodes.get(op_name(tensor))
-    while node is not None and node.op in ("Identity", "Cast", "Reshape") and node.input:
+    while node is not None and node.op in through and node.input:
         node = nodes.get(op_name(node.input[0]))
+    return node
+
+
+def _is_range(node) -> bool:
+    """An `arange`: unique indices (a position embedding's), with nothing to evaluate."""
     return node is not None and node.op == "Range"

@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 
 from autodist.ir.capture.keras_loss import loss_weights_structure, traced_step_error
+from autodist.ir.capture.keras_specs import symbolic
 from autodist.ir.errors import CaptureError
 from autodist.ir.graph_item import BATCH_PART_INPUT
 
@@ -59,11 +60,7 @@ def build_keras_metrics(model, x_spec, y_spec) -> None:
 def _build_in_training_mode(model, x_spec, y_spec) -> None:
     """The compiled metrics and loss built on the model's training-mode output spec, as
     the first trace of Keras' train step builds them."""
-    import keras
     from keras.src import backend
-
-    def symbolic(spec):
-        return None if spec is None else keras.KerasTensor(spec.shape, spec.dtype.name)
 
     x = tf.nest.map_structure(symbolic, x_spec)
     y = tf.nest.map_structure(symbolic, y_spec)

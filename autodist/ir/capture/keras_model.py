@@ -18,7 +18,8 @@ from autodist.ir.capture.keras_metrics import (build_keras_metrics, keras_metric
 from autodist.ir.capture.keras_specs import (build_model, custom_train_step_class,
                                              keras_input_names, keras_input_spec,
                                              keras_target_names, keras_target_spec,
-                                             sample_weight_name, sample_weight_spec)
+                                             sample_weight_name, sample_weight_spec,
+                                             user_override)
 from autodist.ir.capture.names import unique_names
 from autodist.ir.capture.optimizer import describe_optimizer
 from autodist.ir.capture.traced_function import from_concrete_function
@@ -41,7 +42,7 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     # compute_loss (it hands them over: keras-io's masked language model), else none.
     reads_targets = model.loss is not None or \
         getattr(model, "_compile_metrics", None) is not None or \
-        (y is not None and _overrides_compute_loss(model))
+        (y is not None and user_override(model, "compute_loss") is not None)
     y_spec = keras_target_spec(model, x_spec, y) if reads_targets else None
     trainable = list(model.trainable_variables)
     if not trainable:
@@ -110,15 +111,6 @@ def capture_keras(model, x, y, name, batch_size) -> GraphItem:
     # Keras resolves jit_compile="auto" when compiling: True where XLA serves the model.
     item.proto.jit_compile = getattr(model, "jit_compile", False) is True
     return item
-
-
-def _overrides_compute_loss(model) -> bool:
-    """Whether a class of the user's defines `compute_loss` (Keras' step passes it the
-    targets even where the model is compiled without a loss)."""
-    for klass in type(model).__mro__:
-        if "compute_loss" in vars(klass):
-            return not klass.__module__.startswith("keras.")
-    return False
 
 
 def rows_per_example(gradients: list, inputs) -> list:

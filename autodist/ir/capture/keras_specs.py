@@ -12,12 +12,17 @@ from autodist.ir.device_names import op_name
 from autodist.ir.errors import CaptureError
 
 
-def custom_train_step_class(model) -> type | None:
-    """The class of `model` whose `train_step` overrides Keras' own, or None."""
+def user_override(model, method: str) -> type | None:
+    """The class of `model` whose `method` overrides Keras' own, or None."""
     for klass in type(model).__mro__:
-        if "train_step" in vars(klass):
+        if method in vars(klass):
             return None if klass.__module__.startswith("keras.") else klass
     return None
+
+
+def custom_train_step_class(model) -> type | None:
+    """The class of `model` whose `train_step` overrides Keras' own, or None."""
+    return user_override(model, "train_step")
 
 
 def build_model(model, x, x_spec) -> None:
@@ -146,7 +151,7 @@ def sample_weight_spec(model, x_spec, y_spec):
         return None
     losses = losses_by_target(model, y_spec)
     try:
-        outputs = model.compute_output_spec(tf.nest.map_structure(_symbolic, x_spec))
+        outputs = model.compute_output_spec(tf.nest.map_structure(symbolic, x_spec))
     except Exception:  # noqa: BLE001  # Keras raises many types here
         outputs = None
     flat_y = tf.nest.flatten(y_spec)
@@ -184,7 +189,7 @@ def _loss_values_shape(loss, target: tf.TensorSpec, output) -> list[int | None]:
         return [None]
     y_pred = tf.TensorSpec(_batch_free(output.shape), tf.as_dtype(output.dtype))
     try:
-        resolved = compile_utils.get_loss(loss, _symbolic(target), _symbolic(y_pred))
+        resolved = compile_utils.get_loss(loss, symbolic(target), symbolic(y_pred))
         if not isinstance(resolved, keras.losses.Loss):
             return [None]
         values = tf.function(lambda t, p: resolved.call(t, p), autograph=False) \
@@ -205,7 +210,7 @@ def keras_target_spec(model, x_spec, y):
         return spec
     try:
         out = model.compute_output_spec(
-            tf.nest.map_structure(lambda s: _symbolic(s), x_spec))
+            tf.nest.map_structure(symbolic, x_spec))
     except Exception as e:  # Keras raises many types here
         raise CaptureError(f"cannot infer the output of model {model.name!r} ({e}); "
                            "pass capture(model, x=..., y=example_targets)") from e
@@ -265,9 +270,10 @@ def keras_target_names(model, y_spec) -> list[str]:
     return unique_names([target_name(n) for n in names])
 
 
-def _symbolic(spec: tf.TensorSpec):
+def symbolic(spec: tf.TensorSpec | None):
+    """A Keras symbolic tensor of `spec` (None for None)."""
     import keras
-    return keras.KerasTensor(spec.shape, dtype=spec.dtype.name)
+    return None if spec is None else keras.KerasTensor(spec.shape, dtype=spec.dtype.name)
 
 
 def _is_sparse_categorical(loss) -> bool:
