@@ -7,6 +7,7 @@ the layer or feature and the alternative, before any process starts.
 """
 from __future__ import annotations
 
+import collections
 import re
 import warnings
 from typing import Any
@@ -43,8 +44,6 @@ def warn_of_ordered_inputs(x: Any, what: str) -> None:
     on a dict of inputs its inputs by sorted name, and feeds them by position: where the
     orders differ (`make_csv_dataset`'s columns in file order), its fit feeds one
     column to another input. The run feeds by name: said, not copied."""
-    import collections
-
     if not isinstance(x, collections.OrderedDict) or list(x) == sorted(x):
         return
     warnings.warn(
