@@ -19,6 +19,7 @@ whose shape cannot be inferred, draws shaped by data (`StatelessMultinomial`).
 """
 from __future__ import annotations
 
+import re
 from typing import Mapping, Sequence
 
 import tensorflow as tf
@@ -48,6 +49,10 @@ _UNREPRODUCIBLE = {
     "StatelessMultinomial": "a draw whose shape comes from each replica's own data",
     "StatelessShuffle": "a shuffle of each replica's own rows",
 }
+# The name scopes TensorFlow's and Keras' random functions open around their ops.
+_RANDOM_FUNCTION_SCOPE = re.compile(
+    r"(stateless_\w+|stateful_\w+|(random|truncated_normal|multinomial|categorical|shuffle|"
+    r"parameterized_truncated_normal)\w*)$")
 TRIAL_BATCHES = (3, 5)
 UNINFERRED = ("its shape could not be inferred from the inputs' shapes (the step did not "
               "import with stand-ins for their unknown dimensions, or the shape depends on "
@@ -129,6 +134,10 @@ def _shapes_in(graph: tf.Graph, nodes) -> dict[str, list[int] | None]:
 
 
 def _layer(node_name: str) -> str:
-    """The Keras layer a node belongs to: its name scope below the model's."""
-    parts = node_name.split("/")
-    return "/".join(parts[:2]) if len(parts) > 2 else "/".join(parts[:-1]) or node_name
+    """The Keras layer a node belongs to: its name scopes without those TensorFlow's
+    random functions open (`random_uniform`, `stateless_random_normal_1`, ...), so a
+    layer nested in blocks is named to the innermost one (`model/block_2/drop_path`)."""
+    scopes = node_name.split("/")[:-1]
+    while len(scopes) > 1 and _RANDOM_FUNCTION_SCOPE.match(scopes[-1]):
+        scopes.pop()
+    return "/".join(scopes) or node_name

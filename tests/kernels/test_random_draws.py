@@ -54,11 +54,25 @@ def test_a_stateful_random_op_is_listed_as_not_reproducible():
         def call(self, x, training=None):
             return x + tf.random.uniform(tf.shape(x), seed=3) if training else x
 
+    class Block(keras.layers.Layer):
+        """keras-io's Swin: a drop path nested in a transformer block."""
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense, self.drop_path = keras.layers.Dense(3), Jitter(name="drop_path")
+
+        def call(self, x, training=None):
+            return x + self.drop_path(self.dense(x), training=training)
+
     inputs = keras.Input((3,))
-    model = keras.Model(inputs, keras.layers.Dense(1)(Jitter()(inputs)))
+    model = keras.Model(inputs, keras.layers.Dense(1)(Block(name="swin_block")(inputs)))
     model.compile("sgd", "mse")
     (op,) = capture(model).random_ops
-    assert not op.reproducible and "stateful" in op.reason and "jitter" in op.layer
+    assert not op.reproducible and "stateful" in op.reason
+    # Named to the innermost layer (it was the outer block's name), without the
+    # scopes tf.random.uniform opens.
+    assert re.fullmatch(r"functional(_\d+)*/swin_block(_\d+)*/drop_path(_\d+)*", op.layer), \
+        op.layer
 
 
 def _run_step(graph_item, strategy, spec, x, y, input_name="sequence"):
