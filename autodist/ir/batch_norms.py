@@ -41,8 +41,9 @@ def analyze(graph_def, trainable_handles=frozenset()) -> list[graph_item_pb2.Bat
     out = []
     for node in graph_def.node:
         if node.op != "Mean" or not node.name.endswith("/moments/mean") or \
-                not _reduces_examples(node, nodes):
-            continue   # not moments, or per example (LayerNormalization, GroupNormalization)
+                not _reduces_examples(node, nodes) or not _reads_examples(node, nodes):
+            continue   # not moments, per example (LayerNormalization, GroupNormalization)
+            # or of weights (a standardized kernel: keras-io's subclassing_conv_layers)
         scope = node.name[:-len("/moments/mean")]
         info = graph_item_pb2.BatchNormInfo(layer=_layer(scope), mean=node.name)
         variance = nodes.get(f"{scope}/moments/variance")
@@ -78,6 +79,26 @@ def _reduces_examples(mean, nodes) -> bool:
     if axes is None or axes.op != "Const":
         return False
     return 0 in tf.make_ndarray(axes.attr["value"].tensor).reshape(-1).tolist()
+
+
+def _reads_examples(mean, nodes) -> bool:
+    """Whether a Mean's input is computed from the step's inputs (a placeholder that is
+    not a variable's handle), not from weights alone."""
+    from tensorflow.core.framework import types_pb2
+
+    seen, todo = set(), [op_name(mean.input[0])]
+    while todo:
+        name = todo.pop()
+        node = nodes.get(name)
+        if name in seen or node is None:
+            continue
+        seen.add(name)
+        if node.op == "Placeholder":
+            if node.attr["dtype"].type != types_pb2.DT_RESOURCE:
+                return True
+            continue
+        todo.extend(input_op(i) for i in node.input)
+    return False
 
 
 def _gradient_of(mean, nodes, consumers) -> tuple[str, str] | None:

@@ -166,6 +166,32 @@ def test_per_example_normalizations_are_not_batch_statistics():
     assert capture(model).batch_norms == []
 
 
+@pytest.mark.parametrize("trainable", [True, False])
+def test_moments_of_weights_are_not_batch_statistics(trainable):
+    """keras-io's subclassing_conv_layers standardizes its kernel with tf.nn.moments over
+    axes [0, 1, 2]: the Mean reduces axis 0 but reads no example. It was taken for batch
+    statistics: warned of as unsyncable (trainable), or summed over the replicas each
+    step (frozen)."""
+    class StandardizedConv2D(keras.layers.Conv2D):
+        def convolution_op(self, inputs, kernel):
+            mean, var = tf.nn.moments(kernel, axes=[0, 1, 2], keepdims=True)
+            return tf.nn.conv2d(inputs, (kernel - mean) / tf.sqrt(var + 1e-10),
+                                strides=1, padding="VALID")
+
+    inputs = keras.Input((6, 6, 2))
+    conv = StandardizedConv2D(3, 3, trainable=trainable)
+    h = keras.layers.BatchNormalization()(conv(keras.layers.Conv2D(2, 1)(inputs)))
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(h)))
+    model.compile("sgd", "mse")
+    item = capture(model)
+    assert [(bn.layer.split("/")[-1].startswith("batch_normalization"), bn.syncable)
+            for bn in item.batch_norms] == [(True, True)]
+    strategy = builders.AllReduce().build(item, autodist.ResourceSpec.local(workers=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keras_parity.check(model, item, strategy)
+
+
 def test_batch_normalization_run_in_inference_mode_is_not_batch_statistics():
     # A custom call that runs its BatchNormalization with training=False (as keras-io's
     # GNN example ends up doing) normalizes with the moving statistics, as Keras does:
