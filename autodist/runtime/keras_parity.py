@@ -51,7 +51,9 @@ def warn_of_ordered_inputs(x: Any, what: str) -> None:
         "tf.data.experimental.make_csv_dataset): for a model built on a dict of inputs, "
         "Keras 3's fit feeds its values by position in that order to the inputs sorted by "
         f"name ({sorted(x)[:8]}), i.e. some columns to other inputs. autodist feeds each "
-        "input the column of its name, so its numbers differ from Keras fit's here. "
+        "input the column of its name, so its numbers differ from Keras fit's here (or Keras "
+        "fails where a column of another dtype reaches an input, e.g. 'Cast int32 to "
+        "string is not supported'). "
         "Pass a plain dict (for a dataset: dataset.map(lambda x, y: (dict(x), y))) to "
         "have Keras feed by name too", ParityWarning, stacklevel=4)
 
