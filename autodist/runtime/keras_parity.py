@@ -176,16 +176,17 @@ def _loss_masks(graph_item: GraphItem, strategy: Strategy) -> None:
 
 def _added_losses(graph_item: GraphItem, strategy: Strategy) -> None:
     """Loss terms added by layers: a mean or a sum over examples is reproduced; another
-    function of the batch cannot be (refused where nothing else could explain it, as a
-    coupled compiled loss is; a warning where batch statistics may, or where the terms
-    could not be evaluated)."""
+    function of the batch cannot be (refused, as a coupled compiled loss is; the terms
+    are classified with each batch normalization normalizing each example on its own,
+    so its batch statistics do not couple them; a warning where the terms could not be
+    evaluated)."""
     if strategy.num_virtual_nodes <= 1:
         return
     layers = {kind: sorted({t.layer for t in graph_item.added_losses if t.kind == kind})
               for kind in ("other", "unknown")}
     fix = ("A mean over examples (keras.ops.mean) or a sum (keras.ops.sum) of per-example "
            "values trains as Keras does")
-    if layers["other"] and not graph_item.batch_norms:
+    if layers["other"]:
         raise AutodistError(
             f"layer(s) {layers['other']} add a loss term (add_loss) that is neither a mean "
             "nor a sum over the batch's examples (seen on random examples: a batch's term "
@@ -193,13 +194,12 @@ def _added_losses(graph_item: GraphItem, strategy: Strategy) -> None:
             f"routing: each of the {strategy.num_virtual_nodes} replicas or virtual nodes "
             "would compute it on its own part of the batch, and train something else than "
             f"Keras fit. {fix}, or train this model with Keras' fit on one device")
-    unsure = sorted(set(layers["unknown"]) | set(layers["other"]))
+    unsure = layers["unknown"]
     if unsure:
-        why = "it depends on batch statistics" if layers["other"] else \
-            "the step failed on random examples, normal values and ids 1 and 2"
         warnings.warn(
             f"layer(s) {unsure} add a loss term (add_loss) that may be neither a mean nor a "
-            f"sum over the batch's examples ({why}, so it could not be told): each of the "
+            "sum over the batch's examples (the step failed on random examples, normal "
+            "values and ids 1 and 2, so it could not be told): each of the "
             f"{strategy.num_virtual_nodes} replicas or virtual nodes computes it on its "
             "own part of the batch, and the run takes it for a mean over examples (each "
             "part's term weighted by its share of the batch): where it is a sum (add_loss "

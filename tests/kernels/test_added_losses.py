@@ -163,3 +163,51 @@ def test_a_term_that_could_not_be_evaluated_is_warned_of(penalized):
     strategy = builders.AllReduce().build(item, autodist.ResourceSpec.local(workers=1))
     with pytest.warns(ParityWarning, match=r"the step failed on random examples.*1/2 of Keras"):
         keras_parity.check(model, autodist.GraphItem(proto), strategy.with_virtual_nodes(8, 2))
+
+
+class OrthogonalRegularizer(keras.regularizers.Regularizer):
+    """keras-io's PointNet: ||X X^T - I||^2 of the transform, with its tensordot over the
+    whole batch (every example's transform times every other's)."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, x):
+        x = tf.reshape(x, (-1, self.k, self.k))
+        xxt = tf.reshape(tf.tensordot(x, x, axes=(2, 2)), (-1, self.k, self.k))
+        return tf.reduce_sum(1e-3 * tf.square(xxt - tf.eye(self.k)))
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_a_term_comparing_examples_is_refused_at_any_weights(batch_norm):
+    """PointNet's T-net ends in a Dense with a zero kernel and the identity as bias: at
+    those weights every example's transform is the same, and the pairwise term scaled
+    like a sum (trained 1.2e-2 off Keras, said nothing). With a BatchNormalization before
+    it, the term was only warned of ("depends on batch statistics"), and trained 2% off
+    Keras' loss. The probe now perturbs the weights and normalizes each example on its
+    own; a per-example term beside the batch norm stays a mean."""
+    from autodist.ir.errors import AutodistError
+    from autodist.runtime import keras_parity
+
+    k = 4
+    inputs = keras.Input((6,))
+    h = keras.layers.Dense(8, activation="tanh")(inputs)
+    if batch_norm:
+        h = keras.layers.BatchNormalization()(h)
+    t = keras.layers.Dense(k * k, kernel_initializer="zeros",
+                           bias_initializer=keras.initializers.Constant(np.eye(k).flatten()),
+                           activity_regularizer=OrthogonalRegularizer(k))(h)
+    h = MeanPenalty()(h)
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Concatenate()([h, t])))
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    before = [v.numpy().copy() for v in model.variables]
+    item = capture(model)
+    kinds = sorted((re.sub(r"(_\d+)+$", "", t.layer.split("/")[-1]), t.kind)
+                   for t in item.added_losses)
+    assert kinds == [("dense", "other"), ("mean_penalty", "mean")]
+    for variable, value in zip(model.variables, before):   # the perturbation is undone
+        np.testing.assert_array_equal(variable.numpy(), value)
+    strategy = builders.AllReduce().build(item, autodist.ResourceSpec.local(workers=2))
+    with pytest.raises(AutodistError, match=r"layer\(s\) \['.*dense.*'\] add a loss term "
+                                            r".* neither a mean nor a sum"):
+        keras_parity.check(model, item, strategy)

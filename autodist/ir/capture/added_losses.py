@@ -8,6 +8,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from autodist.ir.capture.draw_rows import without_batch_statistics
 from autodist.ir.capture.example_runs import (every_draw, model_variable_handles,
                                               random_examples, run_terms)
 from autodist.ir.graph_item import GraphItem
@@ -51,35 +52,37 @@ def classify_added_losses(item: GraphItem, model) -> None:
 
     The captured step runs on random examples (4, and each half; ids 1 and 2 for
     every number where normal values do not suit the model), its random draws
-    fixed (uniform ones just under 1, normal ones 0: every row alike), so a term
-    that is a sum over examples is the halves' sum and a mean their mean. A term
-    with several values counts as their sum, as Keras adds it to the loss. The
-    step's state updates (moving statistics, seed generators) are undone.
+    fixed (uniform ones just under 1, normal ones 0: every row alike) and its
+    batch normalizations normalizing each example on its own (batch mean 0,
+    variance 1: through batch statistics every term would depend on the whole
+    batch), so a term that is a sum over examples is the halves' sum and a mean
+    their mean. The trainable weights are perturbed for the probe (where the step
+    stays finite): at weights as initialized every example can give the same
+    values (a zero kernel: keras-io's PointNet), and a term comparing the batch's
+    examples then scales as a sum. A term with several values counts as their
+    sum, as Keras adds it to the loss. The step's state updates (moving
+    statistics, seed generators) and the perturbation are undone.
     """
     terms = list(item.proto.added_losses)
     if not terms:
         return
-    variables = list(model.trainable_variables) + [v for v in model.variables
-                                                    if not v.trainable]
-    state = [(v, np.array(v.numpy())) for v in variables if not v.trainable]
+    trainable = [(v, np.array(v.numpy())) for v in model.trainable_variables]
+    state = [(v, np.array(v.numpy())) for v in model.variables if not v.trainable]
     handles = model_variable_handles(item, model)
-    graph_def = item.graph_def()
+    graph_def = without_batch_statistics(item.graph_def(), item.batch_norms)
     draws = every_draw(graph_def, item.random_ops)   # RandomCrop's offsets too
+    fetches = [t.tensor for t in terms]
     values = None
     try:
-        for ids in (False, True):
-            full = random_examples(item, 4, ids=ids)
-            batches = [full, {k: v[:2] for k, v in full.items()},
-                       {k: v[2:] for k, v in full.items()}]
-            try:
-                values = [run_terms(graph_def, handles, batch, draws,
-                                    [t.tensor for t in terms], item.tables)
-                          for batch in batches]
+        for perturbed in (True, False):
+            for variable, value in trainable:
+                variable.assign(_perturbed(value) if perturbed else value)
+            values = _term_values(item, graph_def, handles, draws, fetches)
+            if values is not None and all(np.isfinite(v).all() for run in values
+                                          for v in run):
                 break
-            except Exception:  # noqa: BLE001  # examples that do not suit the model
-                continue
     finally:
-        for variable, value in state:
+        for variable, value in trainable + state:
             variable.assign(value)
     kept = []
     for i, term in enumerate(terms):
@@ -89,6 +92,30 @@ def classify_added_losses(item: GraphItem, model) -> None:
                                                      kind=kind, scale=term.scale))
     del item.proto.added_losses[:]
     item.proto.added_losses.extend(kept)
+
+
+def _term_values(item: GraphItem, graph_def, handles, draws, fetches) -> list | None:
+    """The terms on 4 random examples and on each half (None where the step fails on
+    normal values and on ids)."""
+    for ids in (False, True):
+        full = random_examples(item, 4, ids=ids)
+        batches = [full, {k: v[:2] for k, v in full.items()},
+                   {k: v[2:] for k, v in full.items()}]
+        try:
+            return [run_terms(graph_def, handles, batch, draws, fetches, item.tables)
+                    for batch in batches]
+        except Exception:  # noqa: BLE001  # examples that do not suit the model
+            continue
+    return None
+
+
+def _perturbed(value: np.ndarray) -> np.ndarray:
+    """A weight moved by noise a tenth of its spread (at least 0.01), seeded."""
+    if not np.issubdtype(value.dtype, np.floating):
+        return value
+    rng = np.random.default_rng(value.size)
+    scale = 0.1 * max(float(np.std(value)), 0.1)
+    return (value + scale * rng.normal(size=value.shape)).astype(value.dtype)
 
 
 def _kind(whole: float, a: float, b: float) -> str:

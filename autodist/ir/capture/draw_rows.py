@@ -44,7 +44,7 @@ def find_row_blocks(item: GraphItem, model) -> None:
     ops = [op for op in item.proto.random_ops if op.reproducible and op.batch_axis >= 0]
     if not ops:
         return
-    graph_def = _without_batch_statistics(item.graph_def(), item.batch_norms)
+    graph_def = without_batch_statistics(item.graph_def(), item.batch_norms)
     nodes = {node.name: node for node in graph_def.node}
     sources = {op.node: _shape_source(nodes, nodes[op.node].input[op.shape_input])
                for op in ops}
@@ -220,7 +220,7 @@ def _blocks(owners: np.ndarray | None) -> list[int] | None:
     return blocks
 
 
-def _without_batch_statistics(graph_def, batch_norms):
+def without_batch_statistics(graph_def, batch_norms):
     """`graph_def` with each batch normalization's batch mean 0 and variance 1, for the
     probe only: through batch statistics an example's change moves every row of a
     4-example batch, often more than its own (keras-io's movielens transformer:
