@@ -463,3 +463,60 @@ def test_a_datasets_sample_weights_give_the_custom_steps_weight_shape():
     item = capture(model, x=tf.data.Dataset.from_tensor_slices((x, y, w)).batch(8))
     (weights,) = item.sample_weight_inputs
     assert list(weights.shape) == [-1, 5]
+
+
+class MixedTrackerStep(keras.Model):
+    """keras-io's consistency training (reduced): a Mean tracker fed the predictions (Keras
+    3's compiled_metrics shim feeds y_pred to every metric) and then the batch's loss."""
+    def __init__(self, batch_norm):
+        super().__init__()
+        self.net = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(3, use_bias=not batch_norm)]
+            + ([keras.layers.BatchNormalization()] if batch_norm else [])
+            + [keras.layers.Dense(1)])
+        self.tracker = keras.metrics.Mean(name="total_loss")
+
+    def call(self, x):
+        return self.net(x)
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            p = self.net(x, training=True)
+            loss = tf.reduce_mean(tf.square(p - y))
+        grads = tape.gradient(loss, self.net.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.net.trainable_variables))
+        self.tracker.update_state(p)
+        self.tracker.update_state(loss)
+        return {m.name: m.result() for m in self.metrics}
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_a_tracker_of_examples_and_a_batch_value_is_refused_beside_batch_norm(batch_norm):
+    """With a BatchNormalization the parts check was skipped: the tracker's History came
+    out 37-276% off Keras' on 2 workers, said nothing. The check now runs with each batch
+    normalization normalizing each example on its own."""
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    model = MixedTrackerStep(batch_norm)
+    model.compile(keras.optimizers.SGD(0.05))
+    with pytest.raises(CaptureError, match=r"metric state 'total_loss/.*' on a batch of 7 "
+                                           r"examples is not that of two parts"):
+        capture(model, x=x, y=x[:, :1])
+
+
+def test_a_step_with_batch_norm_and_a_loss_tracker_is_not_refused():
+    class TrackedBatchNormStep(MixedTrackerStep):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(self.net(x, training=True) - y))
+            grads = tape.gradient(loss, self.net.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.net.trainable_variables))
+            self.tracker.update_state(loss)
+            return {m.name: m.result() for m in self.metrics}
+
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    model = TrackedBatchNormStep(batch_norm=True)
+    model.compile(keras.optimizers.SGD(0.05))
+    item = capture(model, x=x, y=x[:, :1])
+    assert item.proto.HasField("custom_step") and item.batch_norms

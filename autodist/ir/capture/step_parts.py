@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from autodist.ir.capture.draw_rows import without_batch_statistics
 from autodist.ir.capture.example_runs import model_variable_handles, random_examples, run_batches
 from autodist.ir.errors import CaptureError
 from autodist.ir.graph_item import BATCH_PART_INPUT, GraphItem
@@ -28,20 +29,24 @@ def check_parts_add_up(item: GraphItem, model, label: str) -> None:
     """Refuses a step whose gradients or metric contributions on two parts of a batch do
     not add up to the whole batch's.
 
-    Not checked where batch normalization or a masked loss normalizes by the batch:
-    the run's global-batch rewrites make those add up, which this run does not apply.
+    Batch normalizations normalize each example on its own here (batch mean 0,
+    variance 1, no gradient through them): the run's global-batch rewrite makes
+    their batch statistics add up, which this run does not apply. Not checked
+    where a masked loss normalizes by the batch's count (also rewritten by the
+    run), or where a batch normalization's moments or their gradients are not
+    found (not syncable).
 
     Raises:
         CaptureError: naming the variable or metric that does not add up, or the
             step failing on part of a batch.
     """
-    if item.batch_norms or item.loss_masks:
+    if item.loss_masks or not all(bn.syncable for bn in item.batch_norms):
         return
     dense = [(v.name, v.gradient.dense) for v in item.variables if v.gradient.dense]
     metrics = [(m.name, m.tensor) for m in item.metric_states]
     named = [(f"the gradient of {n!r}", t) for n, t in dense] + \
         [(f"metric state {n!r}", t) for n, t in metrics]
-    graph_def = item.graph_def()
+    graph_def = without_batch_statistics(item.graph_def(), item.batch_norms)
     has_part = any(node.name == BATCH_PART_INPUT for node in graph_def.node)
     state = [(v, np.array(v.numpy())) for v in model.variables if not v.trainable]
     try:
