@@ -35,6 +35,11 @@ class DatasetGraphError(AutodistError, ValueError):
 def serialize(dataset) -> bytes:
     """The dataset's graph (a serialized GraphDef).
 
+    TensorFlow's serializer refuses a function call op (a `tf.function` used as a
+    map function) whatever its body holds: where the refusal names no op with
+    external state (only asserts, prints and control flow, whose bodies are in the
+    graph's library), the graph is written without that check.
+
     Raises:
         DatasetGraphError: it holds state TensorFlow cannot serialize,
             naming the op, and how to avoid it.
@@ -48,57 +53,85 @@ def serialize(dataset) -> bytes:
             strip_device_assignment=True).numpy()
     except tf.errors.OpError as e:
         reason = e.message.rsplit("graph:", 1)[-1].split("[Op:", 1)[0].strip().rstrip(".")
-        scopes = _stateful_scopes(dataset)
-        if scopes:
-            named = [f"{scope!r} ({', '.join(sorted(ops))})"
-                     for scope, ops in sorted(scopes.items())[:_SCOPES_NAMED]]
-            more = len(scopes) - len(named)
-            reason += (f" (stateful ops in its functions, under {', '.join(named)}"
-                       + (f" and {more} more" if more > 0 else "") + ")")
-        variables = any(ops & _VARIABLE_OPS for ops in scopes.values())
-        raise DatasetGraphError(
-            "the workers read the dataset themselves, so its graph must be serializable, "
-            f"and TensorFlow could not serialize it: {reason[:_MESSAGE_LIMIT]}. "
-            + ("Keras preprocessing layers (RandomFlip, RandomRotation, ...) keep their "
-               "seed in a variable: call them in the model instead (they run in training "
-               "only, as in Keras). " if variables else "")
-            + "Python code "
-            "(Dataset.from_generator, tf.py_function, tf.numpy_function), variables, "
-            "stateful random ops (tf.random.uniform, tf.image.random_*) and shuffles "
-            "inside a map or interleave function cannot run in another "
-            "process: read files (e.g. TFRecordDataset) or tensors (from_tensor_slices), use "
-            "stateless random ops (tf.random.stateless_*), or pass arrays as x and y") from None
+    graph = _without_state_check(dataset)
+    found = _external_state(graph) if graph is not None else None
+    if found is not None and not found:
+        return graph   # only asserts and calls: nothing that holds state
+    if found and reason.split(" ", 1)[0] in _WITHOUT_STATE:   # "StatefulPartitionedCall
+        reason = f"{found[0].op} is stateful"                # is stateful": name the op
+    scopes = _scopes(found or [])
+    if scopes:
+        named = [f"{scope!r} ({', '.join(sorted(ops))})"
+                 for scope, ops in sorted(scopes.items())[:_SCOPES_NAMED]]
+        more = len(scopes) - len(named)
+        reason += (f" (stateful ops in its functions, under {', '.join(named)}"
+                   + (f" and {more} more" if more > 0 else "") + ")")
+    variables = any(ops & _VARIABLE_OPS for ops in scopes.values())
+    raise DatasetGraphError(
+        "the workers read the dataset themselves, so its graph must be serializable, "
+        f"and TensorFlow could not serialize it: {reason[:_MESSAGE_LIMIT]}. "
+        + ("Keras preprocessing layers (RandomFlip, RandomRotation, ...) keep their "
+           "seed in a variable: call them in the model instead (they run in training "
+           "only, as in Keras). " if variables else "")
+        + "Python code "
+        "(Dataset.from_generator, tf.py_function, tf.numpy_function), variables, "
+        "stateful random ops (tf.random.uniform, tf.image.random_*) and shuffles "
+        "inside a map or interleave function cannot run in another "
+        "process: read files (e.g. TFRecordDataset) or tensors (from_tensor_slices), use "
+        "stateless random ops (tf.random.stateless_*, "
+        "tf.random.experimental.stateless_shuffle), or pass arrays as x and y"
+    ) from None
 
 
 _IGNORE_EXTERNAL_STATE = 1
 _SCOPES_NAMED = 4
 _VARIABLE_OPS = frozenset({"ReadVariableOp", "AssignVariableOp", "AssignAddVariableOp",
                            "AssignSubVariableOp", "VarHandleOp"})
+# Stateful by their op definitions, but holding no state a worker would lack: asserts and
+# prints, and calls and control flow (their bodies are in the library, judged there).
+_WITHOUT_STATE = frozenset({"Assert", "Print", "PrintV2", "If", "While", "Case",
+                            "StatefulPartitionedCall", "PartitionedCall"})
 
 
-def _stateful_scopes(dataset) -> dict[str, set[str]]:
-    """The stateful ops of `dataset`'s functions (map, filter, ...) by the name scope they
-    sit in (a Keras layer's, e.g. "augmentation/random_flip"); ops outside any scope are
-    left out (their op's name is TensorFlow's message already)."""
+def _without_state_check(dataset) -> bytes | None:
+    """The dataset's graph written ignoring external state (None: it cannot be)."""
     import tensorflow as tf
-    from tensorflow.core.framework import graph_pb2
-    from tensorflow.python.framework import op_def_registry
 
     try:
-        graph = tf.raw_ops.DatasetToGraphV2(
+        return tf.raw_ops.DatasetToGraphV2(
             input_dataset=tf.data.experimental.to_variant(dataset),
             external_state_policy=_IGNORE_EXTERNAL_STATE, strip_device_assignment=True).numpy()
     except tf.errors.OpError:
-        return {}
+        return None
+
+
+def _external_state(graph: bytes) -> list:
+    """The ops of the graph's functions (map, filter, ...) that hold state: stateful by
+    their op definitions, not asserts, prints, calls or dataset ops."""
+    from tensorflow.core.framework import graph_pb2
+    from tensorflow.python.framework import op_def_registry
+
     graph_def = graph_pb2.GraphDef()
     graph_def.ParseFromString(graph)
-    scopes: dict[str, set[str]] = {}
+    found = []
     for function in graph_def.library.function:
         for node in function.node_def:
             op_def = op_def_registry.get(node.op)
-            parts = node.name.split("/")[:-1][:2]
-            if op_def is None or not op_def.is_stateful or "Dataset" in node.op or not parts:
+            if op_def is None or not op_def.is_stateful or node.op in _WITHOUT_STATE or \
+                    "Dataset" in node.op:
                 continue
+            found.append(node)
+    return found
+
+
+def _scopes(nodes) -> dict[str, set[str]]:
+    """The ops by the name scope they sit in (a Keras layer's, e.g.
+    "augmentation/random_flip"); ops outside any scope are left out (their op's name is
+    TensorFlow's message already)."""
+    scopes: dict[str, set[str]] = {}
+    for node in nodes:
+        parts = node.name.split("/")[:-1][:2]
+        if parts:
             scopes.setdefault("/".join(parts), set()).add(node.op)
     for scope in sorted(scopes, key=len, reverse=True):   # "layer/Add" into "layer"
         outer = scope.rsplit("/", 1)[0]

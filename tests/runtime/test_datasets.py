@@ -374,6 +374,34 @@ def _noise_in_map(dataset):
     return dataset.map(lambda x, y: (noise(x, training=True), y))
 
 
+@tf.function
+def _checked_noise(x, y):
+    """keras-io's cutmix: a tf.function map body whose image ops assert their arguments."""
+    tf.debugging.assert_non_negative(tf.abs(x))
+    with tf.name_scope("noise"):
+        return x + tf.random.uniform([8]), y
+
+
+@tf.function
+def _checked_clip(x, y):
+    tf.debugging.assert_non_negative(tf.abs(x))
+    return tf.clip_by_value(x, -1.0, 1.0), y
+
+
+def test_a_tf_function_map_with_asserts_reads_in_the_workers():
+    """TensorFlow's serializer refuses a tf.function map body (a StatefulPartitionedCall)
+    whatever it holds: keras-io's cutmix with stateless random ops was refused, telling the
+    user to use stateless random ops."""
+    from autodist.runtime import dataset_graph
+
+    dataset = tf.data.Dataset.from_tensor_slices(_data()).map(_checked_clip).batch(16)
+    graph = dataset_graph.serialize(dataset)
+    restored = dataset_graph.restore(graph, dataset.element_spec)
+    for (x, y), (x2, y2) in zip(dataset, restored):
+        np.testing.assert_array_equal(x, x2)
+        np.testing.assert_array_equal(y, y2)
+
+
 @pytest.mark.parametrize("make,error,message", [
     (lambda d: d.batch(32).map(lambda x, y: (x, y, y, y)), DatasetError,
      r"\(x, y, sample_weight\) batch; received a tuple of 4"),
@@ -392,6 +420,9 @@ def _noise_in_map(dataset):
      DatasetGraphError, "could not serialize it: EagerPyFunc is stateful.*from_generator"),
     (lambda d: d.batch(32).map(lambda x, y: (x + tf.random.uniform([8]), y)),
      DatasetGraphError, "RandomUniform is stateful.*tf.random.stateless_"),
+    (lambda d: d.batch(32).map(_checked_noise), DatasetGraphError,
+     r"could not serialize it: RandomUniform is stateful \(stateful ops in its functions, "
+     r"under 'noise/random_uniform' \(RandomUniform\)\)"),
     (lambda d: _generator_dataset(*_data()), DatasetGraphError, "PyFunc is stateful"),
     (lambda d: _noise_in_map(d.batch(32)), DatasetGraphError,
      r"ReadVariableOp is stateful \(stateful ops in its functions, under 'noise_in_map(_1)?' "
@@ -405,6 +436,7 @@ def _noise_in_map(dataset):
      "fixes the global batch at 32 examples; the dataset's batches have 16"),
 ])
 def test_datasets_fit_cannot_read_as_keras_are_named(mlp_8, make, error, message):
+    tf.random.set_seed(None)   # building the fixture's model seeded TensorFlow
     x, y = _data()
     dataset = make(tf.data.Dataset.from_tensor_slices((x, y)))
     fixed = 32 if "fixes" in message else None
