@@ -520,3 +520,53 @@ def test_a_step_with_batch_norm_and_a_loss_tracker_is_not_refused():
     model.compile(keras.optimizers.SGD(0.05))
     item = capture(model, x=x, y=x[:, :1])
     assert item.proto.HasField("custom_step") and item.batch_norms
+
+
+class AnchorPositiveStep(keras.Model):
+    """keras-io's metric learning: a functional model whose step takes x holding
+    (anchors, positives), each shaped as the model's input."""
+    def train_step(self, data):
+        anchors, positives = data[0][0], data[0][1]
+        with tf.GradientTape() as tape:
+            similarities = tf.einsum("ae,pe->ap", self(anchors), self(positives))
+            loss = tf.reduce_mean(tf.square(similarities))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+def test_a_step_taking_data_of_another_shape_is_told_to_pass_an_example():
+    inputs = keras.Input((4,))
+    model = AnchorPositiveStep(inputs, keras.layers.Dense(3)(inputs))
+    model.compile("sgd")
+    with pytest.raises(CaptureError, match=r"traced with x shaped as the model's inputs "
+                                           r"\(\(None, 4\)\).*pass an example batch"):
+        capture(model)
+
+
+def test_a_step_with_batch_norm_and_a_weight_regularizer_is_captured():
+    """A weight regularizer beside a BatchNormalization was refused ("the capture cannot
+    check that they add up"); the parts check now runs there."""
+    class RegularizedStep(MixedTrackerStep):
+        def __init__(self):
+            keras.Model.__init__(self)
+            self.net = keras.Sequential([
+                keras.Input((4,)), keras.layers.Dense(3, kernel_regularizer="l2"),
+                keras.layers.BatchNormalization(), keras.layers.Dense(1)])
+            self.tracker = keras.metrics.Mean(name="total_loss")
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(self.net(x, training=True) - y)) + \
+                    tf.add_n(self.net.losses)
+            grads = tape.gradient(loss, self.net.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.net.trainable_variables))
+            self.tracker.update_state(loss)
+            return {m.name: m.result() for m in self.metrics}
+
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    model = RegularizedStep()
+    model.compile(keras.optimizers.SGD(0.05))
+    item = capture(model, x=x, y=x[:, :1])
+    assert item.proto.HasField("custom_step") and item.batch_norms

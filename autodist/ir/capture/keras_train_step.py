@@ -76,7 +76,7 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size,
         derived = tf.nest.pack_sequence_as(derived, [   # the dataset's (per timestep)
             tf.TensorSpec([None] + w.shape.as_list()[1:], tf.float32)
             for w in tf.nest.flatten(weights)])
-    weight_spec = _first_trace(model, x_spec, y_spec, derived, label)
+    weight_spec = _first_trace(model, x_spec, y_spec, derived, label, x_given=x is not None)
     trainable = list(model.trainable_variables)
     if not trainable:
         raise CaptureError(f"model {model.name!r} has no trainable variables")
@@ -154,17 +154,19 @@ def _check_supported(model, label: str) -> None:
 def _check_added_losses(item: GraphItem, label: str, added: int) -> None:
     """Layers' added losses (regularizers, `add_loss`) in the step: a weight regularizer
     or a mean over examples adds up over replicas as the loss does, which the parts
-    check verifies; where it does not run (batch normalization, masked losses) they
-    are refused, since a sum over examples would count once per replica."""
-    if added and (item.batch_norms or item.loss_masks):
+    check verifies; where it does not run (a batch normalization whose moments were
+    not found, masked losses) they are refused, since a sum over examples would count
+    once per replica."""
+    if added and (item.loss_masks or not all(bn.syncable for bn in item.batch_norms)):
         raise CaptureError(
             f"{label}: the model's layers add {added} loss term(s) (add_loss, regularizers) "
-            "next to batch normalization or a masked loss, where the capture cannot check "
+            "next to a batch normalization computed in its own way or a masked loss, "
+            "where the capture cannot check "
             "that they add up over replicas (a sum over examples would not); remove them, "
             f"or {_WITHOUT}")
 
 
-def _first_trace(model, x_spec, y_spec, weight_spec, label: str):
+def _first_trace(model, x_spec, y_spec, weight_spec, label: str, x_given: bool):
     """Traces the step once as Keras' fit first does, which builds the optimizer and the
     metrics outside any stateless scope; the weights' spec the step takes (None: it
     cannot take three elements, `x, y = data`)."""
@@ -179,19 +181,30 @@ def _first_trace(model, x_spec, y_spec, weight_spec, label: str):
         trace(weight_spec)
         return weight_spec
     except Exception as first:  # the user's step raises anything
+        # Without an example, the step was traced with x shaped as the model's inputs.
+        shaped = "" if x_given else \
+            f"; it was traced with x shaped as the model's inputs ({_shapes(x_spec)}): if " \
+            "the step takes data of another structure or shape (pairs of images, a " \
+            "zip of datasets), pass an example batch as fit receives it, " \
+            "capture(model, x=...) or optimize(model, spec, x=...)"
         if weight_spec is None:
             hint = "" if y_spec is not None else \
                 "; it was given x alone (no loss, no compiled metrics): if it reads " \
                 "targets, pass capture(model, x=..., y=example_targets)"
             raise CaptureError(f"{label} fails when traced ({type(first).__name__}: "
-                               f"{str(first)[:300]}){hint}") from first
+                               f"{str(first)[:300]}){shaped}{hint}") from first
         try:
             trace(None)
         except Exception as e:  # whatever the step raises
             raise CaptureError(f"{label} fails when traced, with sample weights "
                                f"({type(first).__name__}: {str(first)[:300]}) and without "
-                               f"({type(e).__name__}: {str(e)[:300]})") from e
+                               f"({type(e).__name__}: {str(e)[:300]}){shaped}") from e
         return None
+
+
+def _shapes(spec) -> str:
+    """The shapes of a (nested) spec, e.g. "(None, 32, 32, 3)"."""
+    return ", ".join(str(tuple(s.shape.as_list())) for s in tf.nest.flatten(spec))
 
 
 def _specs(x_spec, y_spec, weight_spec) -> tuple:
