@@ -656,6 +656,27 @@ def test_a_plain_tf_variable_in_a_layer_is_refused_naming_add_weight():
         capture(model)
 
 
+def test_an_untracked_seed_generator_is_refused_naming_the_attribute_to_make():
+    """keras-io's Perceiver: the model calls a module-level data_augmentation Sequential
+    that is not one of its attributes (its RandomFlip's seed generator is untracked)."""
+    augmentation = keras.Sequential([keras.layers.RandomFlip("horizontal", seed=1)])
+
+    class UntrackedAugmentation(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.head = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.head(keras.layers.Flatten()(augmentation(x)))
+
+    model = UntrackedAugmentation()
+    model.compile("sgd", "mse")
+    x = np.zeros((4, 3, 3, 1), np.float32)
+    with pytest.raises(CaptureError, match=r"seed generator that is not one of the model's "
+                                           r"variables .*self.data_augmentation = "):
+        capture(model, x=x, y=x[:, 0, 0])
+
+
 def test_a_dict_of_examples_for_a_model_of_listed_inputs_is_matched_by_name():
     """The zoo's ticket_triage: inputs listed (title, body, tags), x a dict (sorted: body,
     tags, title). The example's dims relaxed in list order took another input's shape."""

@@ -51,7 +51,10 @@ def drop_foreign_state(graph, graph_def, variable_handles: set[str], outputs) ->
                 "the layer (a module-level one) is not tracked by the model either: the "
                 "run cannot carry their state to the workers. Give the layer its own, "
                 "self.seed_generator = keras.random.SeedGenerator(seed) in __init__, and "
-                "pass seed=self.seed_generator")
+                "pass seed=self.seed_generator. A Keras layer with its own generator "
+                "(RandomFlip, Dropout) called by the model but not one of its attributes "
+                "(a module-level data_augmentation Sequential, as keras-io's Perceiver) is "
+                "not tracked either: make it one (self.data_augmentation = ...)")
         raise CaptureError(
             f"the loss or a gradient reads {reached[0]!r}, a resource that is not one of "
             "the model's variables (model.variables); only those may be read. A plain "
