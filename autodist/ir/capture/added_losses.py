@@ -8,9 +8,9 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from autodist.ir.capture.draw_rows import without_batch_statistics
 from autodist.ir.capture.example_runs import (every_draw, model_variable_handles,
-                                              random_examples, run_terms)
+                                              random_examples, run_terms,
+                                              without_batch_statistics)
 from autodist.ir.graph_item import GraphItem
 from autodist.proto import graph_item_pb2
 

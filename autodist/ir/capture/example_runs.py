@@ -192,3 +192,30 @@ def every_draw(graph_def, draws) -> list:
     listed = {d.node for d in draws}
     return list(draws) + [graph_item_pb2.RandomOpInfo(node=n.name) for n in graph_def.node
                           if n.op in random_ops.SHAPED and n.name not in listed]
+
+
+def without_batch_statistics(graph_def, batch_norms):
+    """`graph_def` with each batch normalization's batch mean 0 and variance 1, and no
+    gradient through them, for probes only: each example is normalized on its own.
+    Through batch statistics an example's change moves every row of a 4-example batch,
+    often more than its own (keras-io's movielens transformer: Dense ->
+    BatchNormalization -> Dropout looked out of row order), and a batch's gradients or
+    added loss terms are not those of its parts (the run's global-batch rewrite makes
+    them so)."""
+    if not batch_norms:
+        return graph_def
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    nodes = {node.name: node for node in out.node}
+    for info in batch_norms:
+        for name, fill in ((info.mean, "ZerosLike"), (info.variance, "OnesLike"),
+                           (info.mean_gradient, "ZerosLike"),
+                           (info.variance_gradient, "ZerosLike")):
+            node = nodes.get(name)
+            if node is None or not node.input:
+                continue
+            filled = out.node.add(name=f"{name}/autodist_{fill.lower()}", op=fill)
+            filled.input.append(node.input[0])
+            filled.attr["T"].CopyFrom(node.attr["T"])
+            node.input[0] = filled.name
+    return out

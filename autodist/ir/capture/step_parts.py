@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from autodist.ir.capture.draw_rows import without_batch_statistics
-from autodist.ir.capture.example_runs import model_variable_handles, random_examples, run_batches
+from autodist.ir.capture.example_runs import (model_variable_handles, random_examples,
+                                              run_batches, without_batch_statistics)
 from autodist.ir.errors import CaptureError
 from autodist.ir.graph_item import BATCH_PART_INPUT, GraphItem
 
