@@ -491,6 +491,18 @@ class MixedTrackerStep(keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
 
+class LossTrackerStep(MixedTrackerStep):
+    """The same step, its tracker fed the loss alone."""
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self.net(x, training=True) - y))
+        grads = tape.gradient(loss, self.net.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.net.trainable_variables))
+        self.tracker.update_state(loss)
+        return {m.name: m.result() for m in self.metrics}
+
+
 @pytest.mark.parametrize("batch_norm", [False, True])
 def test_a_tracker_of_examples_and_a_batch_value_is_refused_beside_batch_norm(batch_norm):
     """With a BatchNormalization the parts check was skipped: the tracker's History came
@@ -505,18 +517,8 @@ def test_a_tracker_of_examples_and_a_batch_value_is_refused_beside_batch_norm(ba
 
 
 def test_a_step_with_batch_norm_and_a_loss_tracker_is_not_refused():
-    class TrackedBatchNormStep(MixedTrackerStep):
-        def train_step(self, data):
-            x, y = data
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(self.net(x, training=True) - y))
-            grads = tape.gradient(loss, self.net.trainable_variables)
-            self.optimizer.apply_gradients(zip(grads, self.net.trainable_variables))
-            self.tracker.update_state(loss)
-            return {m.name: m.result() for m in self.metrics}
-
     x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
-    model = TrackedBatchNormStep(batch_norm=True)
+    model = LossTrackerStep(batch_norm=True)
     model.compile(keras.optimizers.SGD(0.05))
     item = capture(model, x=x, y=x[:, :1])
     assert item.proto.HasField("custom_step") and item.batch_norms
@@ -570,3 +572,21 @@ def test_a_step_with_batch_norm_and_a_weight_regularizer_is_captured():
     model.compile(keras.optimizers.SGD(0.05))
     item = capture(model, x=x, y=x[:, :1])
     assert item.proto.HasField("custom_step") and item.batch_norms
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_a_dataset_of_fixed_batches_leaves_the_batch_unknown(batch_norm):
+    """capture(model, x=dataset) of batch(16, drop_remainder=True) traced the step with a
+    batch of 16: beside a BatchNormalization its moments' gradients were not found (each
+    replica would normalize with its own half, and the parts check did not run: a
+    coupling loss was not refused); without one, a per-example loss was refused as "a
+    shape fixed to the batch size" (keras-io's Barlow Twins batches so)."""
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    dataset = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(16, drop_remainder=True)
+    model = LossTrackerStep(batch_norm)
+    model.compile(keras.optimizers.SGD(0.05))
+    model(x[:1])
+    item = capture(model, x=dataset)
+    assert [list(i.shape) for i in item.inputs if i.role == "x"] == [[-1, 4]]
+    assert all(bn.syncable for bn in item.batch_norms) and len(item.batch_norms) == batch_norm
+

@@ -79,15 +79,24 @@ def capture(target: Any, *, x: Any = None, y: Any = None,
 def _dataset_specs(x: Any, y: Any) -> tuple[Any, Any, Any]:
     """A dataset passed as `x` stands for its batches' specs: inputs, targets unless `y`
     is given, and sample weights where its elements hold them (lengths it leaves unknown
-    stay unknown, as in Keras' traced step)."""
+    stay unknown, as in Keras' traced step). The batch dimension is left unknown also
+    where the dataset fixes it (`batch(..., drop_remainder=True)`): replicas run parts
+    of a batch, and the capture's analyses need it unknown."""
     if not isinstance(x, tf.data.Dataset):
         return x, y, None
-    spec = x.element_spec
+    spec = tf.nest.map_structure(_any_batch, x.element_spec)
     if isinstance(spec, tuple) and len(spec) in (2, 3):
         return spec[0], spec[1] if y is None else y, spec[2] if len(spec) == 3 else None
     if isinstance(spec, tuple) and len(spec) == 1:
         spec = spec[0]
     return spec, y, None
+
+
+def _any_batch(spec: Any) -> Any:
+    """`spec` with an unknown first (batch) dimension."""
+    if isinstance(spec, tf.TensorSpec) and spec.shape.rank:
+        return tf.TensorSpec([None] + spec.shape.as_list()[1:], spec.dtype, spec.name)
+    return spec
 
 
 def _func_graph_type() -> type:
