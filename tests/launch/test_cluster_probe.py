@@ -178,7 +178,9 @@ def test_the_probe_finds_devices_memory_and_a_capped_link(served_cluster):
     assert [n.cpu_memory_bytes for n in spec.nodes] == [host // 4] * 3
     links = {(link.sender, link.reader): link for link in probe.links}
     assert len(links) == 6   # every pair, both ways
-    assert all(link.path == "server" and 0 < link.latency_s < 0.5 for link in links.values())
+    # A round trip within the noise of a loaded machine measures 0 even when timed longer.
+    assert all(link.path == "server" and 0 <= link.latency_s < 0.5 for link in links.values())
+    assert any(link.latency_s > 0 for link in links.values())
     if not shaped:
         pytest.skip("no cap: tc needs root in a private network namespace (devices, memory "
                     "and links were checked)")
