@@ -590,3 +590,41 @@ def test_a_dataset_of_fixed_batches_leaves_the_batch_unknown(batch_norm):
     assert [list(i.shape) for i in item.inputs if i.role == "x"] == [[-1, 4]]
     assert all(bn.syncable for bn in item.batch_norms) and len(item.batch_norms) == batch_norm
 
+
+
+class DictDataStep(keras.Model):
+    """keras-io's Transformer ASR: the dataset yields dicts {"source", "target"} alone and
+    the step computes the compiled loss from them."""
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+        self.tracker = keras.metrics.Mean(name="loss")
+
+    @property
+    def metrics(self):
+        return [self.tracker]
+
+    def call(self, x):
+        return self.dense(x)
+
+    def train_step(self, batch):
+        with tf.GradientTape() as tape:
+            predictions = self(batch["source"], training=True)
+            loss = self.compute_loss(None, batch["target"], predictions)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        self.tracker.update_state(loss)
+        return {"loss": self.tracker.result()}
+
+
+def test_a_dataset_of_inputs_alone_is_the_steps_data_whatever_is_compiled():
+    """It was refused: with a compiled loss the capture took (x, y) data and asked for
+    example targets the data does not have."""
+    rng = np.random.default_rng(0)
+    data = {"source": rng.normal(size=(16, 4)).astype(np.float32),
+            "target": rng.normal(size=(16, 1)).astype(np.float32)}
+    model = DictDataStep()
+    model.compile(keras.optimizers.SGD(0.05), loss="mse")
+    model(data["source"][:1])
+    item = capture(model, x=tf.data.Dataset.from_tensor_slices(data).batch(8))
+    assert sorted(i.role for i in item.inputs) == ["x", "x"]

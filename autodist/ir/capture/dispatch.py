@@ -55,14 +55,17 @@ def capture(target: Any, *, x: Any = None, y: Any = None,
     if estimate_batch_size < 1:
         raise CaptureError(f"estimate_batch_size must be >= 1. Received: {estimate_batch_size!r}")
     if isinstance(target, keras.Model):
+        from_dataset = isinstance(x, tf.data.Dataset)
         x, y, weights = _dataset_specs(x, y)
         if variables is not None or input_signature is not None or optimizer is not None:
             raise CaptureError("a Keras model takes its variables, inputs and optimizer from "
                                "the model and its compile(); pass x=/y= examples instead")
         custom = custom_train_step_class(target)
         if custom is not None:  # the user's own step, as it runs
+            # A dataset of inputs alone: fit hands the step x alone, whatever is compiled.
             return capture_custom_step(target, custom, x, y, name, estimate_batch_size,
-                                       weights=weights)
+                                       weights=weights,
+                                       targets=not from_dataset or y is not None)
         return capture_keras(target, x, y, name, estimate_batch_size)
     if isinstance(target, tf.Tensor):
         if tf.is_symbolic_tensor(target) and not isinstance(target.graph, _func_graph_type()):

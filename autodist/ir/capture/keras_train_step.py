@@ -47,7 +47,7 @@ _WITHOUT = "train this model with Keras' fit on one device"
 
 
 def capture_custom_step(model, step_class: type, x, y, name, batch_size,
-                        weights=None) -> GraphItem:
+                        weights=None, targets: bool = True) -> GraphItem:
     """The step of a compiled model whose class `step_class` overrides `train_step`.
 
     The step takes its data as Keras' fit packs it: `x` alone for a model whose
@@ -55,7 +55,9 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size,
     `y`), else `(x, y, sample_weight)` with unit weights unless fit passes some,
     or `(x, y)` when the step cannot take three (it then takes no weights).
     `weights`: the specs of the sample weights a dataset gives (else the loss
-    values' shape, one per example without a compiled loss).
+    values' shape, one per example without a compiled loss). `targets=False`: the
+    data has none (a dataset of inputs alone: keras-io's Transformer ASR yields
+    dicts of source and target, its step computing the loss from them).
 
     Raises:
         CaptureError: what the step does that a distributed run cannot (named).
@@ -67,8 +69,8 @@ def capture_custom_step(model, step_class: type, x, y, name, batch_size,
     x_spec = keras_input_spec(model, x)
     if not model.built and _has_call(model):
         build_model(model, x, x_spec)  # as the step would on its first call
-    reads_targets = y is not None or model.loss is not None or \
-        getattr(model, "_compile_metrics", None) is not None
+    reads_targets = y is not None or targets and (
+        model.loss is not None or getattr(model, "_compile_metrics", None) is not None)
     y_spec = keras_target_spec(model, x_spec, y) if reads_targets else None
     derived = sample_weight_spec(model, x_spec, y_spec)
     if weights is not None and derived is not None and \
