@@ -647,9 +647,15 @@ class PlainVariableLayer(keras.layers.Layer):
         return tf.matmul(h, self.weight)
 
 
-def test_a_plain_tf_variable_in_a_layer_is_refused_naming_add_weight():
+@pytest.mark.parametrize("dropout", [False, True])
+def test_a_plain_tf_variable_in_a_layer_is_refused_naming_add_weight(dropout):
+    """Before a Dropout (keras-io's small-data ViT: LSA's temperature), whose draw's shape
+    follows the layer's output, it was named a seed generator."""
     inputs = keras.Input((4,), name="features")
-    model = keras.Model(inputs, keras.layers.Dense(1)(PlainVariableLayer()(inputs)))
+    h = PlainVariableLayer()(inputs)
+    if dropout:
+        h = keras.layers.Dropout(0.1)(h)
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
     model.compile("sgd", "mse")
     with pytest.raises(CaptureError, match=r"not one of the model's variables.*plain "
                                            r"tf.Variable.*self.add_weight"):

@@ -75,18 +75,24 @@ def drop_foreign_state(graph, graph_def, variable_handles: set[str], outputs) ->
 def _seeds_random_draws(graph_def, resource: str, consumers: dict[str, list[str]],
                         needed: set[str]) -> bool:
     """Whether what the step reads from `resource` seeds a stateless random draw (a
-    Keras SeedGenerator's state: its read, a few casts and slices, then the draw)."""
+    Keras SeedGenerator's state: its read, a few casts and slices, then the draw). A
+    shape carries no values: a weight before a Dropout reaches the draw only through its
+    shape (`Shape(x)`), and is no seed."""
     ops = {n.name: n.op for n in graph_def.node}
     seen, stack = set(), [resource]
     while stack:
         name = stack.pop()
-        if name in seen or (name != resource and name not in needed):
+        if name in seen or (name != resource and name not in needed) or \
+                ops.get(name) in _SHAPE_OPS:
             continue
         seen.add(name)
         if ops.get(name, "").startswith("StatelessRandom"):
             return True
         stack.extend(consumers.get(name, []))
     return False
+
+
+_SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
 
 def _flat_tensors(values) -> list:
