@@ -456,3 +456,14 @@ def test_a_graph_item_read_from_bytes_is_checked_field_by_field(mlp_item, tmp_pa
     path.write_bytes(b"\x08" + b"\xff" * 40)
     with pytest.raises(CaptureError, match="is not a GraphItem protobuf"):
         GraphItem.load(path)
+
+
+def test_a_long_traced_error_keeps_its_last_line():
+    """TensorFlow puts a traced error's cause last; a cut at 300 characters dropped it
+    (keras-io's small-data ViT schedule: "where() got an unexpected keyword argument")."""
+    from autodist.ir.capture.user_function import short_error
+
+    error = ValueError("in user code:\n" + "    File ...\n" * 40 + "TypeError: the cause")
+    text = short_error(error)
+    assert len(text) < 320 and text.startswith("ValueError: in user code") and \
+        text.endswith("TypeError: the cause")

@@ -47,6 +47,11 @@ def serialized_graph(concrete) -> bytes:
 
 
 def short_error(error: Exception, limit: int = 300) -> str:
-    """`error`'s type and message, cut at `limit` characters."""
+    """`error`'s type and message, cut to `limit` characters in the middle: TensorFlow
+    puts the cause last (a traced error's final line, `TypeError: where() got an
+    unexpected keyword argument 'name'`), Python first."""
     text = f"{type(error).__name__}: {error}"
-    return text if len(text) <= limit else text[:limit] + " ..."
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 5
+    return f"{text[:head]} ... {text[-(limit - head):]}"
