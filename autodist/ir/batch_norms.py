@@ -86,19 +86,8 @@ def _reads_examples(mean, nodes) -> bool:
     not a variable's handle), not from weights alone."""
     from tensorflow.core.framework import types_pb2
 
-    seen, todo = set(), [op_name(mean.input[0])]
-    while todo:
-        name = todo.pop()
-        node = nodes.get(name)
-        if name in seen or node is None:
-            continue
-        seen.add(name)
-        if node.op == "Placeholder":
-            if node.attr["dtype"].type != types_pb2.DT_RESOURCE:
-                return True
-            continue
-        todo.extend(input_op(i) for i in node.input)
-    return False
+    return _reaches(op_name(mean.input[0]), nodes, lambda node: (
+        node.op == "Placeholder" and node.attr["dtype"].type != types_pb2.DT_RESOURCE))
 
 
 def _gradient_of(mean, nodes, consumers) -> tuple[str, str] | None:
@@ -125,14 +114,19 @@ def _gradient_of(mean, nodes, consumers) -> tuple[str, str] | None:
 
 def _depends_on(node, nodes, handles: set) -> bool:
     """Whether `node` is computed from any of the nodes named `handles`."""
-    seen, todo = set(), [node.name]
+    return _reaches(node.name, nodes, lambda found: found.name in handles)
+
+
+def _reaches(start: str, nodes, hit) -> bool:
+    """Whether `start` or a node it is computed from is one `hit` holds for."""
+    seen, todo = set(), [start]
     while todo:
         name = todo.pop()
-        if name in handles:
-            return True
         if name in seen or name not in nodes:
             continue
         seen.add(name)
+        if hit(nodes[name]):
+            return True
         todo.extend(input_op(i) for i in nodes[name].input)
     return False
 

@@ -34,7 +34,7 @@ from autodist.ir.capture.keras_specs import (build_model, keras_input_names, ker
 from autodist.ir.capture.names import unique_names
 from autodist.ir.capture.optimizer import describe_optimizer
 from autodist.ir.capture.step_logs import check_epoch_logs, flat_logs, logs_graph
-from autodist.ir.capture.step_parts import check_parts_add_up
+from autodist.ir.capture.step_parts import check_parts_add_up, parts_checked
 from autodist.ir.capture.traced_function import from_concrete_function
 from autodist.ir.errors import CaptureError
 from autodist.ir.graph_item import GraphItem
@@ -159,7 +159,7 @@ def _check_added_losses(item: GraphItem, label: str, added: int) -> None:
     check verifies; where it does not run (a batch normalization whose moments were
     not found, masked losses) they are refused, since a sum over examples would count
     once per replica."""
-    if added and (item.loss_masks or not all(bn.syncable for bn in item.batch_norms)):
+    if added and not parts_checked(item):
         raise CaptureError(
             f"{label}: the model's layers add {added} loss term(s) (add_loss, regularizers) "
             "next to a batch normalization computed in its own way or a masked loss, "

@@ -40,7 +40,7 @@ def check_parts_add_up(item: GraphItem, model, label: str) -> None:
         CaptureError: naming the variable or metric that does not add up, or the
             step failing on part of a batch.
     """
-    if item.loss_masks or not all(bn.syncable for bn in item.batch_norms):
+    if not parts_checked(item):
         return
     dense = [(v.name, v.gradient.dense) for v in item.variables if v.gradient.dense]
     metrics = [(m.name, m.tensor) for m in item.metric_states]
@@ -69,6 +69,12 @@ def check_parts_add_up(item: GraphItem, model, label: str) -> None:
         for variable, value in state:
             variable.assign(value)
     _compare(named, runs, dense, label)
+
+
+def parts_checked(item: GraphItem) -> bool:
+    """Whether `check_parts_add_up` checks the step: not with a masked loss, nor with a
+    batch normalization whose moments or their gradients were not found."""
+    return not item.loss_masks and all(bn.syncable for bn in item.batch_norms)
 
 
 def _run_parts(item: GraphItem, model, graph_def, has_part: bool, named, unit: bool) -> list:
